@@ -1,0 +1,43 @@
+# Two commands do all the set-up on a fresh machine with Python 3.10+:
+#   make demo   migrate, enqueue, work, show the result (embedded PostgreSQL unless DATABASE_URL)
+#   make test   ruff, mypy and the whole test suite against real PostgreSQL
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test lint typecheck pytest bench bench-quick clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev,embedded,prometheus]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python examples/demo.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+pytest: $(STAMP)
+	$(BIN)/pytest
+
+test: lint typecheck pytest
+
+$(VENV)/.bench: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,embedded,prometheus,bench]'
+	touch $(VENV)/.bench
+
+bench: $(VENV)/.bench
+	$(BIN)/python benchmarks/run.py
+
+bench-quick: $(VENV)/.bench
+	$(BIN)/python benchmarks/run.py --quick
+
+clean:
+	rm -rf $(VENV) .pgdata .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,60 @@
+"""sqla_jobs: reliable background jobs for SQLAlchemy applications, on PostgreSQL alone.
+
+Jobs are rows of the ``jobs`` table (:class:`Job`), inserted in the caller's own
+transaction (:func:`enqueue`, :func:`enqueue_many` or ``session.add(Job(...))``) and run
+by ``python -m sqla_jobs.worker app.module:registry``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from sqla_jobs.config import WorkerConfig
+from sqla_jobs.exceptions import (
+    ConfigError,
+    InvalidJobError,
+    JobNotFoundError,
+    RegistryError,
+    SchemaNotReadyError,
+    SqlaJobsError,
+)
+from sqla_jobs.models import Base, Job, JobStatus
+from sqla_jobs.producer import NewJob, enqueue, enqueue_async, enqueue_many
+from sqla_jobs.retry import Backoff
+from sqla_jobs.tasks import Handler, JobContext, Registry, current_job
+
+if TYPE_CHECKING:
+    from sqla_jobs.worker import Worker
+
+__all__ = [
+    "Backoff",
+    "Base",
+    "ConfigError",
+    "Handler",
+    "InvalidJobError",
+    "Job",
+    "JobContext",
+    "JobNotFoundError",
+    "JobStatus",
+    "NewJob",
+    "Registry",
+    "RegistryError",
+    "SchemaNotReadyError",
+    "SqlaJobsError",
+    "Worker",
+    "WorkerConfig",
+    "current_job",
+    "enqueue",
+    "enqueue_async",
+    "enqueue_many",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # The worker is exported lazily: importing it eagerly here would make
+    # ``python -m sqla_jobs.worker`` import the module twice (as __main__ and by name).
+    if name == "Worker":
+        from sqla_jobs.worker import Worker
+
+        return Worker
+    raise AttributeError(f"module 'sqla_jobs' has no attribute {name!r}")

@@ -1,0 +1,139 @@
+"""Worker configuration: one frozen object, validated when it is built.
+
+The environment is read only by the command-line entry points (``main()``), never here,
+so a ``WorkerConfig`` means the same thing wherever it is built.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import socket
+from dataclasses import dataclass, field
+
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError
+
+from sqla_jobs import validation
+from sqla_jobs.exceptions import ConfigError, InvalidJobError
+
+#: Defaults, each documented in the README's configuration table.
+DEFAULT_CONCURRENCY = 1
+DEFAULT_QUEUES = ("default",)
+DEFAULT_LOCK_SECONDS = 30.0
+DEFAULT_POLL_INTERVAL = 1.0
+DEFAULT_SHUTDOWN_TIMEOUT = 30.0
+DEFAULT_RESCUE_INTERVAL = 5.0
+MAX_CONCURRENCY = 512
+MIN_LOCK_SECONDS = 0.5
+
+_CHANNEL_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+
+def database_url(raw: str) -> URL:
+    """Parse a libpq or SQLAlchemy URL and make it use the psycopg 3 driver.
+
+    ``postgresql://``, ``postgres://`` and ``postgresql+psycopg://`` are accepted; any
+    other scheme is a ConfigError, raised before any connection is attempted.
+    """
+    if not isinstance(raw, str) or not raw.strip():
+        raise ConfigError("database URL is empty; set DATABASE_URL or pass --database-url")
+    text = raw.strip()
+    if text.startswith("postgres://"):
+        text = "postgresql://" + text[len("postgres://") :]
+    try:
+        url = make_url(text)
+    except ArgumentError as exc:
+        raise ConfigError(f"invalid database URL: {exc}") from None
+    if url.get_backend_name() != "postgresql":
+        raise ConfigError(f"database URL must be PostgreSQL, got {url.drivername!r}")
+    if url.drivername not in ("postgresql", "postgresql+psycopg"):
+        raise ConfigError(
+            f"sqla_jobs uses psycopg 3; use postgresql+psycopg:// (got {url.drivername!r})"
+        )
+    return url.set(drivername="postgresql+psycopg")
+
+
+def default_worker_id() -> str:
+    """``host:pid``, as in the seed; unique per process among live workers."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _positive(name: str, value: float, minimum: float = 0.0, allow_zero: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigError(f"{name} must be a finite number, got {value!r}")
+    if value < minimum or (value == minimum and not allow_zero and minimum == 0):
+        raise ConfigError(f"{name} must be {'>=' if allow_zero else '>'} {minimum}, got {value}")
+    return float(value)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerConfig:
+    """Everything a worker needs besides its registry.
+
+    Attributes:
+        database_url: where the jobs table lives (``postgresql://`` or ``+psycopg``).
+        concurrency: handlers run at once, each in a thread with its own connection.
+            Defaults to 1.
+        queues: queues this worker claims from. Defaults to ``("default",)``.
+        lock_seconds: visibility timeout of a claim; heartbeats renew it every third.
+            Defaults to 30.
+        poll_interval: longest idle wait between claims when no notification arrives.
+            Defaults to 1.0.
+        shutdown_timeout: on SIGTERM, how long running handlers may take to finish.
+            Defaults to 30.
+        rescue_interval: how often the worker requeues jobs whose lease expired.
+            Defaults to 5.0.
+        listen: wake on LISTEN/NOTIFY as well as polling. Defaults to True.
+        worker_id: recorded in ``jobs.worker`` and used to fence completions.
+            Defaults to ``host:pid``.
+    """
+
+    database_url: str
+    concurrency: int = DEFAULT_CONCURRENCY
+    queues: tuple[str, ...] = DEFAULT_QUEUES
+    lock_seconds: float = DEFAULT_LOCK_SECONDS
+    poll_interval: float = DEFAULT_POLL_INTERVAL
+    shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT
+    rescue_interval: float = DEFAULT_RESCUE_INTERVAL
+    listen: bool = True
+    worker_id: str = field(default_factory=default_worker_id)
+
+    def __post_init__(self) -> None:
+        database_url(self.database_url)
+        if isinstance(self.concurrency, bool) or not isinstance(self.concurrency, int):
+            raise ConfigError(f"concurrency must be an int, got {self.concurrency!r}")
+        if not 1 <= self.concurrency <= MAX_CONCURRENCY:
+            raise ConfigError(f"concurrency must be between 1 and {MAX_CONCURRENCY}")
+        if isinstance(self.queues, str) or not self.queues:
+            raise ConfigError("queues must be a non-empty sequence of queue names")
+        try:
+            object.__setattr__(
+                self, "queues", tuple(dict.fromkeys(validation.check_queue(q) for q in self.queues))
+            )
+        except InvalidJobError as exc:
+            raise ConfigError(str(exc)) from None
+        if _positive("lock_seconds", self.lock_seconds) < MIN_LOCK_SECONDS:
+            raise ConfigError(f"lock_seconds must be >= {MIN_LOCK_SECONDS}")
+        _positive("poll_interval", self.poll_interval)
+        _positive("shutdown_timeout", self.shutdown_timeout, allow_zero=True)
+        _positive("rescue_interval", self.rescue_interval)
+        if not isinstance(self.worker_id, str) or not self.worker_id or "\x00" in self.worker_id:
+            raise ConfigError("worker_id must be a non-empty string without NUL characters")
+
+    @property
+    def url(self) -> URL:
+        return database_url(self.database_url)
+
+    @property
+    def heartbeat_interval(self) -> float:
+        """Leases are renewed three times per lease, so one missed beat loses nothing."""
+        return self.lock_seconds / 3
+
+
+def check_channel(channel: str) -> str:
+    """LISTEN takes an identifier, not a parameter, so the name is whitelisted."""
+    if not isinstance(channel, str) or not _CHANNEL_RE.match(channel):
+        raise ConfigError(f"notify channel must match {_CHANNEL_RE.pattern}, got {channel!r}")
+    return channel

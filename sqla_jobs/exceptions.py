@@ -1,0 +1,38 @@
+"""The exceptions sqla_jobs raises, in one tree::
+
+    SqlaJobsError
+     ├── InvalidJobError          (also ValueError)   bad input refused at enqueue
+     ├── ConfigError              (also ValueError)   bad worker/CLI configuration
+     ├── RegistryError                                handler registration or app loading failed
+     ├── SchemaNotReadyError                          the jobs table is missing or not migrated
+     └── JobNotFoundError         (also LookupError)  no job has the given id
+
+Every error is raised at the boundary where the bad value enters, before anything is
+written, so the caller's transaction stays usable.
+"""
+
+from __future__ import annotations
+
+
+class SqlaJobsError(Exception):
+    """Base class of every error raised by sqla_jobs."""
+
+
+class InvalidJobError(SqlaJobsError, ValueError):
+    """A job was refused at enqueue time (bad kind, payload, schedule or limits)."""
+
+
+class ConfigError(SqlaJobsError, ValueError):
+    """A worker or command-line setting is invalid."""
+
+
+class RegistryError(SqlaJobsError):
+    """A handler could not be registered, or an app registry could not be loaded."""
+
+
+class SchemaNotReadyError(SqlaJobsError):
+    """The database has no (or an outdated) sqla_jobs schema; run the migrations."""
+
+
+class JobNotFoundError(SqlaJobsError, LookupError):
+    """No job has the given id."""

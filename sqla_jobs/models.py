@@ -1,0 +1,150 @@
+"""The ``jobs`` table as a declarative model.
+
+``Base.metadata`` is the schema sqla_jobs owns. It has its own ``DeclarativeBase`` and
+naming convention so an application can list it beside its own metadata in Alembic's
+``target_metadata`` without name clashes, and so constraint names are stable across
+autogenerate runs.
+
+Two partial indexes keep the hot paths small no matter how many finished rows pile up:
+
+* ``jobs_claim_idx (priority, run_at) WHERE status = 'queued'``: the claim walks it one
+  priority at a time with an index range bound on ``run_at``, so future (scheduled) jobs
+  are never scanned.
+* ``jobs_lease_idx (locked_until) WHERE status = 'running'``: finds expired leases.
+
+The seed design had one index over ``status IN ('queued', 'running')`` and a claim with
+an ``OR (status = 'running' AND locked_until < now())`` branch. That branch cannot be
+bounded by a ``run_at`` range, so we split it: the claim reads queued rows only, and
+expired leases are requeued by a separate statement (see ``statements.rescue_expired``).
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, validates
+
+from sqla_jobs import validation
+
+NAMING_CONVENTION = {
+    "ix": "%(table_name)s_%(column_0_N_name)s_idx",
+    "uq": "%(table_name)s_%(column_0_N_name)s_key",
+    "ck": "%(table_name)s_%(constraint_name)s_check",
+    "fk": "%(table_name)s_%(column_0_name)s_fkey",
+    "pk": "%(table_name)s_pkey",
+}
+
+#: Defaults applied by the database when a job does not say otherwise.
+DEFAULT_QUEUE = "default"
+DEFAULT_PRIORITY = 0
+DEFAULT_MAX_ATTEMPTS = 8
+
+
+class Base(DeclarativeBase):
+    """Declarative base for sqla_jobs' tables; add ``Base.metadata`` to your Alembic env."""
+
+    metadata = sa.MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class JobStatus(str, enum.Enum):
+    """Life cycle: queued -> running -> done | queued (retry) | dead."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    DEAD = "dead"
+
+
+job_status = sa.Enum(
+    JobStatus,
+    name="job_status",
+    values_callable=lambda members: [m.value for m in members],
+    validate_strings=True,
+)
+
+
+class Job(Base):
+    """One background job. ``session.add(Job(kind=..., payload=...))`` enqueues it.
+
+    Values are checked when set (see :mod:`sqla_jobs.validation`), so a bad job raises
+    :class:`~sqla_jobs.exceptions.InvalidJobError` before the session is flushed.
+    """
+
+    __tablename__ = "jobs"
+
+    id: Mapped[int] = mapped_column(sa.BigInteger, sa.Identity(always=True), primary_key=True)
+    kind: Mapped[str] = mapped_column(sa.Text)
+    queue: Mapped[str] = mapped_column(sa.Text, server_default=DEFAULT_QUEUE)
+    priority: Mapped[int] = mapped_column(sa.SmallInteger, server_default=str(DEFAULT_PRIORITY))
+    payload: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    status: Mapped[JobStatus] = mapped_column(job_status, server_default=JobStatus.QUEUED.value)
+    run_at: Mapped[datetime] = mapped_column(
+        sa.DateTime(timezone=True), server_default=sa.func.now()
+    )
+    locked_until: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
+    attempts: Mapped[int] = mapped_column(sa.Integer, server_default="0")
+    max_attempts: Mapped[int] = mapped_column(sa.Integer, server_default=str(DEFAULT_MAX_ATTEMPTS))
+    idempotency_key: Mapped[str | None] = mapped_column(sa.Text, unique=True)
+    worker: Mapped[str | None] = mapped_column(sa.Text)
+    last_error: Mapped[str | None] = mapped_column(sa.Text)
+    created_at: Mapped[datetime] = mapped_column(
+        sa.DateTime(timezone=True), server_default=sa.func.now()
+    )
+    finished_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
+
+    __table_args__ = (
+        sa.CheckConstraint(
+            f"priority BETWEEN {validation.MIN_PRIORITY} AND {validation.MAX_PRIORITY}",
+            name="priority_range",
+        ),
+        sa.CheckConstraint("max_attempts >= 1", name="max_attempts_positive"),
+        sa.Index(
+            "jobs_claim_idx",
+            "priority",
+            "run_at",
+            postgresql_where=sa.text("status = 'queued'"),
+        ),
+        sa.Index(
+            "jobs_lease_idx",
+            "locked_until",
+            postgresql_where=sa.text("status = 'running'"),
+        ),
+    )
+
+    @validates("kind")
+    def _check_kind(self, _key: str, value: object) -> str:
+        return validation.check_kind(value)
+
+    @validates("queue")
+    def _check_queue(self, _key: str, value: object) -> str:
+        return validation.check_queue(value)
+
+    @validates("priority")
+    def _check_priority(self, _key: str, value: object) -> int:
+        return validation.check_priority(value)
+
+    @validates("max_attempts")
+    def _check_max_attempts(self, _key: str, value: object) -> int:
+        return validation.check_max_attempts(value)
+
+    @validates("run_at")
+    def _check_run_at(self, _key: str, value: object) -> datetime | None:
+        return validation.check_run_at(value)
+
+    @validates("idempotency_key")
+    def _check_key(self, _key: str, value: object) -> str | None:
+        return validation.check_key(value)
+
+    @validates("payload")
+    def _check_payload(self, _key: str, value: object) -> dict[str, Any]:
+        return validation.check_payload(value)
+
+    def __repr__(self) -> str:
+        return f"<Job id={self.id} kind={self.kind!r} status={self.status}>"
+
+
+jobs: sa.Table = Job.__table__  # type: ignore[assignment]

@@ -1,0 +1,168 @@
+"""Enqueue jobs inside the caller's unit of work.
+
+``enqueue`` and ``enqueue_many`` execute on the ``Session`` or ``Connection`` they are
+given and never begin, commit or roll back a transaction themselves: the job commits
+with the caller's own writes, or not at all. That is the property the whole design rests
+on (the table is the outbox). The same holds for ``session.add(Job(...))``.
+
+Every value is checked before any SQL runs, so a bad job raises
+:class:`~sqla_jobs.exceptions.InvalidJobError` and leaves the caller's transaction usable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.orm import Session
+
+from sqla_jobs import statements, validation
+from sqla_jobs.exceptions import InvalidJobError
+
+Executor = Session | Connection
+AsyncExecutor = AsyncSession | AsyncConnection
+
+#: enqueue_many sends at most this many jobs per statement (bounds the parameter arrays).
+ENQUEUE_MANY_CHUNK = 5_000
+
+
+@dataclass(frozen=True)
+class NewJob:
+    """A job to insert, validated when built. ``None`` fields take the table defaults.
+
+    ``run_at`` (timezone-aware) and ``delay`` (seconds or timedelta) are exclusive; with
+    neither the job is ready at once. Defaults: queue ``"default"``, priority 0 (0-9,
+    lower first), max_attempts 8.
+    """
+
+    kind: str
+    payload: Mapping[str, Any] = field(default_factory=dict)
+    key: str | None = None
+    run_at: datetime | None = None
+    delay: float | timedelta | None = None
+    queue: str | None = None
+    priority: int | None = None
+    max_attempts: int | None = None
+    payload_json: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        validation.check_kind(self.kind)
+        object.__setattr__(self, "payload_json", validation.dump_payload(self.payload))
+        validation.check_key(self.key)
+        validation.check_run_at(self.run_at)
+        object.__setattr__(self, "delay", validation.check_delay(self.delay))
+        if self.run_at is not None and self.delay is not None:
+            raise InvalidJobError("give run_at or delay, not both")
+        if self.queue is not None:
+            validation.check_queue(self.queue)
+        if self.priority is not None:
+            validation.check_priority(self.priority)
+        if self.max_attempts is not None:
+            validation.check_max_attempts(self.max_attempts)
+
+
+_OPTIONAL_COLUMNS = (
+    ("queue", "queue"),
+    ("priority", "priority"),
+    ("max_attempts", "max_attempts"),
+    ("key", "idempotency_key"),
+)
+
+
+def _single_insert(job: NewJob) -> tuple[Any, dict[str, Any]]:
+    params: dict[str, Any] = {"kind": job.kind, "payload": job.payload_json}
+    columns = []
+    for attr, column in _OPTIONAL_COLUMNS:
+        value = getattr(job, attr)
+        if value is not None:
+            columns.append(column)
+            params[column] = value
+    if job.run_at is not None:
+        params["run_at"] = job.run_at
+    if job.delay is not None:
+        params["delay"] = job.delay
+    stmt = statements.insert_job(
+        has_run_at=job.run_at is not None, has_delay=job.delay is not None, columns=columns
+    )
+    return stmt, params
+
+
+def enqueue(
+    session: Executor,
+    kind: str,
+    payload: Mapping[str, Any] | None = None,
+    *,
+    key: str | None = None,
+    run_at: datetime | None = None,
+    delay: float | timedelta | None = None,
+    queue: str | None = None,
+    priority: int | None = None,
+    max_attempts: int | None = None,
+) -> int | None:
+    """Insert one job in the caller's transaction and return its id.
+
+    Returns ``None`` when ``key`` is given and a job with that idempotency key already
+    exists (``ON CONFLICT DO NOTHING``): the existing job is left as it is. If another
+    transaction holding the same key has not committed yet, this call waits for it; if
+    that transaction rolls back, this job is inserted and its id returned.
+
+    Never commits: call ``session.commit()`` when your own work is done.
+    """
+    job = NewJob(
+        kind,
+        {} if payload is None else payload,
+        key=key,
+        run_at=run_at,
+        delay=delay,
+        queue=queue,
+        priority=priority,
+        max_attempts=max_attempts,
+    )
+    stmt, params = _single_insert(job)
+    return session.execute(stmt, params).scalar_one_or_none()
+
+
+async def enqueue_async(
+    session: AsyncExecutor,
+    kind: str,
+    payload: Mapping[str, Any] | None = None,
+    **options: Any,
+) -> int | None:
+    """``enqueue`` for an ``AsyncSession`` or ``AsyncConnection``; same rules, same result."""
+    stmt, params = _single_insert(NewJob(kind, {} if payload is None else payload, **options))
+    result = await session.execute(stmt, params)
+    return result.scalar_one_or_none()
+
+
+def _columns(batch: list[NewJob]) -> dict[str, list[Any]]:
+    return {
+        "kinds": [j.kind for j in batch],
+        "payloads": [j.payload_json for j in batch],
+        "queues": [j.queue for j in batch],
+        "priorities": [j.priority for j in batch],
+        "max_attempts": [j.max_attempts for j in batch],
+        "keys": [j.key for j in batch],
+        "run_ats": [j.run_at for j in batch],
+        "delays": [j.delay for j in batch],
+    }
+
+
+def enqueue_many(session: Executor, jobs: Iterable[NewJob]) -> list[int]:
+    """Insert many jobs in the caller's transaction, one statement per 5,000 jobs.
+
+    Every job is validated (as ``NewJob``) before the first statement is sent. Returns
+    the ids of the jobs inserted, in no particular order; jobs whose idempotency key
+    already existed (in the table or earlier in the same batch) are skipped and have no
+    id. Never commits.
+    """
+    batch = list(jobs)
+    stmt = statements.insert_jobs_unnest()
+    ids: list[int] = []
+    for start in range(0, len(batch), ENQUEUE_MANY_CHUNK):
+        chunk = batch[start : start + ENQUEUE_MANY_CHUNK]
+        ids.extend(session.execute(stmt, _columns(chunk)).scalars())
+    return ids

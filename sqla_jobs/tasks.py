@@ -1,0 +1,241 @@
+"""The handler registry: which function runs each kind of job, and its defaults.
+
+::
+
+    registry = Registry()
+
+    @registry.handler("send_welcome_email", max_attempts=5)
+    def send_welcome_email(session, payload):
+        ...
+
+    send_welcome_email.enqueue(session, {"user_id": 42})   # kind typed once
+
+A handler takes ``(session, payload)`` or ``(session, payload, job)``; ``job`` is a
+:class:`JobContext` (id, kind, attempt, ...), also available anywhere in the handler's
+call stack through :func:`current_job`. The worker imports the module that builds the
+registry, so importing it must register every handler.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import importlib
+import inspect
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Generic, TypeVar
+
+from sqlalchemy.orm import Session
+
+from sqla_jobs import producer, validation
+from sqla_jobs.exceptions import InvalidJobError, RegistryError
+from sqla_jobs.retry import Backoff
+
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class JobContext:
+    """What a running handler may know about its own job.
+
+    ``id`` and ``attempt`` together identify this run: derive downstream idempotency
+    keys from ``id`` (stable across retries), not from ``attempt``.
+    """
+
+    id: int
+    kind: str
+    queue: str
+    attempt: int
+    max_attempts: int
+    worker: str
+
+
+_current: contextvars.ContextVar[JobContext] = contextvars.ContextVar("sqla_jobs_current_job")
+
+
+def current_job() -> JobContext:
+    """The job being run by the calling handler; LookupError outside a handler."""
+    try:
+        return _current.get()
+    except LookupError:
+        raise LookupError("current_job() is only available inside a running handler") from None
+
+
+class Handler(Generic[R]):
+    """A registered handler: call it like the function, or ``.enqueue`` a job for it."""
+
+    def __init__(
+        self,
+        kind: str,
+        fn: Callable[..., R],
+        *,
+        max_attempts: int | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        backoff: Backoff | None = None,
+    ) -> None:
+        try:
+            self.kind = validation.check_kind(kind)
+            self.max_attempts = (
+                None if max_attempts is None else validation.check_max_attempts(max_attempts)
+            )
+            self.queue = None if queue is None else validation.check_queue(queue)
+            self.priority = None if priority is None else validation.check_priority(priority)
+        except InvalidJobError as exc:
+            raise RegistryError(f"handler {kind!r}: {exc}") from None
+        if not callable(fn):
+            raise RegistryError(f"handler {kind!r} is not callable")
+        self.fn = fn
+        self.backoff = backoff or Backoff()
+        self.wants_job = _takes_job_argument(fn)
+
+    def __call__(self, session: Session, payload: Mapping[str, Any], job: JobContext) -> R:
+        token = _current.set(job)
+        try:
+            if self.wants_job:
+                return self.fn(session, payload, job)
+            return self.fn(session, payload)
+        finally:
+            _current.reset(token)
+
+    def new(
+        self,
+        payload: Mapping[str, Any] | None = None,
+        *,
+        key: str | None = None,
+        run_at: datetime | None = None,
+        delay: float | timedelta | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+    ) -> producer.NewJob:
+        """A :class:`NewJob` of this kind, with this handler's defaults, for enqueue_many."""
+        return producer.NewJob(
+            self.kind,
+            {} if payload is None else payload,
+            key=key,
+            run_at=run_at,
+            delay=delay,
+            queue=queue if queue is not None else self.queue,
+            priority=priority if priority is not None else self.priority,
+            max_attempts=max_attempts if max_attempts is not None else self.max_attempts,
+        )
+
+    def enqueue(
+        self,
+        session: producer.Executor,
+        payload: Mapping[str, Any] | None = None,
+        **options: Any,
+    ) -> int | None:
+        """``sqla_jobs.enqueue`` for this kind with this handler's defaults. Never commits."""
+        job = self.new(payload, **options)
+        return producer.enqueue(
+            session,
+            job.kind,
+            job.payload,
+            key=job.key,
+            run_at=job.run_at,
+            delay=job.delay,
+            queue=job.queue,
+            priority=job.priority,
+            max_attempts=job.max_attempts,
+        )
+
+    def __repr__(self) -> str:
+        return f"<Handler {self.kind!r} -> {getattr(self.fn, '__qualname__', self.fn)!r}>"
+
+
+def _takes_job_argument(fn: Callable[..., Any]) -> bool:
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    positional = [
+        p
+        for p in params
+        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    ]
+    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params):
+        return True
+    if len(positional) < 2:
+        raise RegistryError(
+            f"handler {getattr(fn, '__qualname__', fn)!r} must accept (session, payload[, job])"
+        )
+    return len(positional) >= 3
+
+
+class Registry:
+    """Maps job kinds to handlers. One registry per application (or per worker)."""
+
+    def __init__(self) -> None:
+        self._handlers: dict[str, Handler[Any]] = {}
+
+    def handler(
+        self,
+        kind: str,
+        *,
+        max_attempts: int | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        backoff: Backoff | None = None,
+    ) -> Callable[[Callable[..., R]], Handler[R]]:
+        """Decorator registering ``fn(session, payload[, job])`` for ``kind``."""
+
+        def register(fn: Callable[..., R]) -> Handler[R]:
+            return self.register(
+                kind, fn, max_attempts=max_attempts, queue=queue, priority=priority, backoff=backoff
+            )
+
+        return register
+
+    def register(
+        self,
+        kind: str,
+        fn: Callable[..., R],
+        *,
+        max_attempts: int | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        backoff: Backoff | None = None,
+    ) -> Handler[R]:
+        if kind in self._handlers:
+            raise RegistryError(f"kind {kind!r} is already registered")
+        handler = Handler(
+            kind, fn, max_attempts=max_attempts, queue=queue, priority=priority, backoff=backoff
+        )
+        self._handlers[kind] = handler
+        return handler
+
+    def __getitem__(self, kind: str) -> Handler[Any]:
+        return self._handlers[kind]
+
+    def __contains__(self, kind: object) -> bool:
+        return kind in self._handlers
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._handlers))
+
+    def __len__(self) -> int:
+        return len(self._handlers)
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return tuple(sorted(self._handlers))
+
+
+def load_registry(path: str) -> Registry:
+    """Import ``"package.module:attribute"`` and return the Registry it names."""
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise RegistryError(f"app must look like 'package.module:registry', got {path!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise RegistryError(f"cannot import {module_name!r}: {exc}") from None
+    registry = getattr(module, attr, None)
+    if not isinstance(registry, Registry):
+        raise RegistryError(f"{path!r} is not a sqla_jobs.Registry (got {type(registry).__name__})")
+    if not len(registry):
+        raise RegistryError(f"{path!r} has no handlers registered")
+    return registry

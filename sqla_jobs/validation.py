@@ -1,0 +1,142 @@
+"""Checks applied to every job before it is written.
+
+Both ways in (``enqueue``/``enqueue_many`` and ``session.add(Job(...))``) call these, so
+bad input is refused with :class:`~sqla_jobs.exceptions.InvalidJobError` before any SQL
+runs and the caller's transaction stays usable. PostgreSQL would refuse some of these
+values too (jsonb rejects ``\\u0000`` and ``NaN``), but only after aborting the caller's
+transaction, which is exactly what a job queue must not do to its caller.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqla_jobs.exceptions import InvalidJobError
+
+#: Largest accepted payload, measured as UTF-8 bytes of its JSON text.
+MAX_PAYLOAD_BYTES = 1_048_576
+#: Longest accepted kind and idempotency key.
+MAX_KIND_LENGTH = 255
+MAX_KEY_LENGTH = 255
+#: Priorities run from 0 (first) to 9 (last), as in Oban; the claim walks them in order.
+MIN_PRIORITY, MAX_PRIORITY = 0, 9
+MAX_MAX_ATTEMPTS = 10_000
+
+# Queue names end up in LISTEN payloads, metrics labels and command lines, so they are
+# restricted to a conservative identifier-like alphabet.
+_QUEUE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:\-]{0,62}$")
+
+
+def _text(field: str, value: object, max_length: int) -> str:
+    if not isinstance(value, str):
+        raise InvalidJobError(f"{field} must be a string, got {type(value).__name__}")
+    if not value.strip():
+        raise InvalidJobError(f"{field} must not be empty")
+    if "\x00" in value:
+        raise InvalidJobError(f"{field} must not contain NUL characters")
+    if len(value) > max_length:
+        raise InvalidJobError(f"{field} is longer than {max_length} characters")
+    return value
+
+
+def check_kind(kind: object) -> str:
+    return _text("kind", kind, MAX_KIND_LENGTH)
+
+
+def check_key(key: object) -> str | None:
+    return None if key is None else _text("idempotency key", key, MAX_KEY_LENGTH)
+
+
+def check_queue(queue: object) -> str:
+    if not isinstance(queue, str) or not _QUEUE_RE.match(queue):
+        raise InvalidJobError(
+            f"queue must match {_QUEUE_RE.pattern} (letters, digits, _ . : -; at most 63), "
+            f"got {queue!r}"
+        )
+    return queue
+
+
+def check_priority(priority: object) -> int:
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise InvalidJobError(f"priority must be an int, got {type(priority).__name__}")
+    if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+        raise InvalidJobError(
+            f"priority must be between {MIN_PRIORITY} and {MAX_PRIORITY}, got {priority}"
+        )
+    return priority
+
+
+def check_max_attempts(max_attempts: object) -> int:
+    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
+        raise InvalidJobError(f"max_attempts must be an int, got {type(max_attempts).__name__}")
+    if not 1 <= max_attempts <= MAX_MAX_ATTEMPTS:
+        raise InvalidJobError(
+            f"max_attempts must be between 1 and {MAX_MAX_ATTEMPTS}, got {max_attempts}"
+        )
+    return max_attempts
+
+
+def check_run_at(run_at: object) -> datetime | None:
+    if run_at is None:
+        return None
+    if not isinstance(run_at, datetime):
+        raise InvalidJobError(f"run_at must be a datetime, got {type(run_at).__name__}")
+    if run_at.tzinfo is None or run_at.utcoffset() is None:
+        raise InvalidJobError(
+            "run_at must be timezone-aware (a naive datetime is ambiguous); "
+            "use datetime.now(timezone.utc) or pass delay="
+        )
+    return run_at
+
+
+def check_delay(delay: object) -> float | None:
+    if delay is None:
+        return None
+    if isinstance(delay, timedelta):
+        seconds = delay.total_seconds()
+    elif isinstance(delay, (int, float)) and not isinstance(delay, bool):
+        seconds = float(delay)
+    else:
+        raise InvalidJobError(f"delay must be seconds or a timedelta, got {type(delay).__name__}")
+    if not math.isfinite(seconds) or seconds < 0:
+        raise InvalidJobError(f"delay must be a finite number of seconds >= 0, got {delay!r}")
+    return seconds
+
+
+def dump_payload(payload: object) -> str:
+    """Return the payload's JSON text, or raise InvalidJobError if jsonb would refuse it."""
+    if not isinstance(payload, Mapping):
+        raise InvalidJobError(
+            f"payload must be a JSON object (a dict), got {type(payload).__name__}"
+        )
+    try:
+        text = json.dumps(payload, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise InvalidJobError(f"payload is not JSON-serializable: {exc}") from None
+    # json.dumps escapes every NUL (in keys and values) as \u0000, which jsonb refuses;
+    # the text test is a cheap filter, the walk rules out an escaped backslash before it.
+    if "\\u0000" in text and _has_nul(payload):
+        raise InvalidJobError("payload must not contain NUL characters (jsonb refuses \\u0000)")
+    if len(text.encode()) > MAX_PAYLOAD_BYTES:
+        raise InvalidJobError(f"payload is larger than {MAX_PAYLOAD_BYTES} bytes as JSON")
+    return text
+
+
+def _has_nul(value: object) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, Mapping):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return any(_has_nul(v) for v in value)
+    return False
+
+
+def check_payload(payload: Any) -> dict[str, Any]:
+    dump_payload(payload)
+    return dict(payload)

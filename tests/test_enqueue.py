@@ -1,0 +1,274 @@
+"""Enqueue joins the caller's unit of work: it commits or rolls back with the caller."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import URL
+from sqlalchemy.orm import Session
+
+from sqla_jobs import (
+    InvalidJobError,
+    Job,
+    JobStatus,
+    NewJob,
+    Registry,
+    enqueue,
+    enqueue_many,
+    validation,
+)
+from sqla_jobs.models import jobs
+
+
+def count(engine: sa.Engine, *where: Any) -> int:
+    with engine.connect() as conn:
+        return conn.execute(sa.select(sa.func.count()).select_from(jobs).where(*where)).scalar_one()
+
+
+def test_session_add_job_commits_with_the_callers_data(engine: sa.Engine) -> None:
+    with Session(engine) as s:
+        s.add(Job(kind="send_welcome_email", payload={"user_id": 42}))
+        s.commit()
+    with Session(engine) as s:
+        job = s.scalars(sa.select(Job)).one()
+    assert (job.kind, job.payload, job.status) == (
+        "send_welcome_email",
+        {"user_id": 42},
+        JobStatus.QUEUED,
+    )
+    assert (job.queue, job.priority, job.attempts, job.max_attempts) == ("default", 0, 0, 8)
+
+
+def test_rollback_leaves_no_job(engine: sa.Engine) -> None:
+    with Session(engine) as s:
+        s.add(Job(kind="a", payload={}))
+        enqueue(s, "b", {"x": 1})
+        enqueue_many(s, [NewJob("c", {"i": i}) for i in range(10)])
+        s.rollback()
+    assert count(engine) == 0
+
+
+def test_job_is_invisible_to_other_connections_until_commit(engine: sa.Engine) -> None:
+    with Session(engine) as s:
+        job_id = enqueue(s, "k", {"n": 1})
+        assert job_id is not None
+        assert count(engine) == 0
+        s.commit()
+    assert count(engine, jobs.c.id == job_id) == 1
+
+
+def test_enqueue_works_on_a_core_connection(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        job_id = enqueue(conn, "k", {"n": 1}, queue="mail", priority=3, max_attempts=2)
+    with engine.connect() as conn:
+        row = conn.execute(sa.select(jobs).where(jobs.c.id == job_id)).one()
+    assert (row.queue, row.priority, row.max_attempts) == ("mail", 3, 2)
+
+
+def test_enqueue_never_commits(engine: sa.Engine) -> None:
+    with Session(engine) as s:
+        enqueue(s, "k", {})
+        assert s.in_transaction()
+    assert count(engine) == 0
+
+
+def test_notify_is_delivered_only_after_commit(engine: sa.Engine, db_url: URL) -> None:
+    dsn = db_url.render_as_string(hide_password=False).replace("+psycopg", "")
+    with psycopg.connect(dsn, autocommit=True) as listener:
+        listener.execute("LISTEN jobs")
+        with Session(engine) as s:
+            enqueue(s, "k", {})
+            s.flush()
+            assert list(listener.notifies(timeout=0.3, stop_after=1)) == []
+            s.commit()
+        received = list(listener.notifies(timeout=5, stop_after=1))
+    assert [n.channel for n in received] == ["jobs"]
+
+
+def test_bulk_insert_sends_one_notification_not_one_per_row(engine: sa.Engine, db_url: URL) -> None:
+    dsn = db_url.render_as_string(hide_password=False).replace("+psycopg", "")
+    with psycopg.connect(dsn, autocommit=True) as listener:
+        listener.execute("LISTEN jobs")
+        with Session(engine) as s:
+            enqueue_many(s, [NewJob("k", {"i": i}) for i in range(2000)])
+            s.commit()
+        received = list(listener.notifies(timeout=1.0))
+    assert len(received) == 1
+
+
+def test_delay_and_run_at_schedule_in_database_time(engine: sa.Engine) -> None:
+    at = datetime(2031, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    with Session(engine) as s:
+        later = enqueue(s, "k", {}, delay=timedelta(hours=1))
+        fixed = enqueue(s, "k", {}, run_at=at)
+        db_now = s.execute(sa.select(sa.func.now())).scalar_one()
+        s.commit()
+    with engine.connect() as conn:
+        run_at = dict(conn.execute(sa.select(jobs.c.id, jobs.c.run_at)).tuples().all())
+    assert run_at[fixed] == at
+    assert run_at[later] == db_now + timedelta(hours=1)
+
+
+def test_idempotency_key_dedupes_and_second_enqueue_returns_none(engine: sa.Engine) -> None:
+    with Session(engine) as s:
+        first = enqueue(s, "invoice", {"n": 42}, key="invoice-42")
+        s.commit()
+    with Session(engine) as s:
+        second = enqueue(s, "invoice", {"n": 43}, key="invoice-42")
+        s.commit()
+    assert isinstance(first, int)
+    assert second is None
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(jobs.c.payload)).scalars().all() == [{"n": 42}]
+
+
+def test_enqueue_many_skips_duplicate_keys_within_and_across_batches(engine: sa.Engine) -> None:
+    with Session(engine) as s:
+        enqueue(s, "k", {}, key="dup")
+        ids = enqueue_many(
+            s,
+            [
+                NewJob("k", {}, key="dup"),
+                NewJob("k", {}, key="new"),
+                NewJob("k", {}, key="new"),
+                NewJob("k", {"plain": True}),
+            ],
+        )
+        s.commit()
+    assert len(ids) == 2
+    assert count(engine) == 3
+
+
+def test_enqueue_many_inserts_thousands_with_their_options(engine: sa.Engine) -> None:
+    at = datetime(2030, 1, 1, tzinfo=timezone.utc)
+    new = [NewJob("bulk", {"i": i}) for i in range(12_000)]
+    new.append(NewJob("opt", {}, queue="q", priority=9, max_attempts=3, run_at=at, key="o"))
+    with Session(engine) as s:
+        ids = enqueue_many(s, new)
+        s.commit()
+    assert len(set(ids)) == 12_001
+    with engine.connect() as conn:
+        row = conn.execute(sa.select(jobs).where(jobs.c.kind == "opt")).one()
+    assert (row.queue, row.priority, row.max_attempts, row.run_at, row.idempotency_key) == (
+        "q",
+        9,
+        3,
+        at,
+        "o",
+    )
+    assert count(engine, jobs.c.kind == "bulk", jobs.c.queue == "default") == 12_000
+
+
+def test_registered_handler_enqueues_its_own_kind_with_its_defaults(engine: sa.Engine) -> None:
+    registry = Registry()
+
+    @registry.handler("send_welcome_email", max_attempts=3, queue="mail", priority=2)
+    def send_welcome_email(session: Session, payload: dict[str, Any]) -> None:
+        pass
+
+    with Session(engine) as s:
+        send_welcome_email.enqueue(s, {"user_id": 42})
+        send_welcome_email.enqueue(s, {"user_id": 43}, priority=0)
+        s.commit()
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(jobs).order_by(jobs.c.id)).all()
+    assert [(r.kind, r.queue, r.max_attempts, r.priority) for r in rows] == [
+        ("send_welcome_email", "mail", 3, 2),
+        ("send_welcome_email", "mail", 3, 0),
+    ]
+
+
+class Unserializable:
+    pass
+
+
+BAD_INPUTS: list[tuple[str, dict[str, Any], str]] = [
+    ("empty kind", {"kind": ""}, "kind must not be empty"),
+    ("non-string kind", {"kind": 5}, "kind must be a string"),
+    ("NUL in kind", {"kind": "a\x00b"}, "kind must not contain NUL"),
+    ("not JSON", {"payload": {"x": Unserializable()}}, "not JSON-serializable"),
+    ("NaN", {"payload": {"x": float("nan")}}, "not JSON-serializable"),
+    ("not an object", {"payload": [1, 2]}, "payload must be a JSON object"),
+    ("NUL in value", {"payload": {"x": ["ok", "a\x00"]}}, "must not contain NUL"),
+    ("NUL in key", {"payload": {"a\x00": 1}}, "must not contain NUL"),
+    ("oversized", {"payload": {"x": "y" * validation.MAX_PAYLOAD_BYTES}}, "larger than"),
+    ("naive run_at", {"run_at": datetime(2030, 1, 1)}, "timezone-aware"),
+    ("negative delay", {"delay": -1}, "delay must be a finite number"),
+    ("run_at and delay", {"delay": 1, "run_at": datetime.now(timezone.utc)}, "not both"),
+    ("zero max_attempts", {"max_attempts": 0}, "max_attempts must be between 1"),
+    ("priority out of range", {"priority": 10}, "priority must be between 0 and 9"),
+    ("bad queue", {"queue": "no spaces"}, "queue must match"),
+    ("empty key", {"key": ""}, "idempotency key must not be empty"),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "override", "message"), BAD_INPUTS, ids=[c[0] for c in BAD_INPUTS]
+)
+def test_bad_input_is_refused_before_writing_and_the_transaction_stays_usable(
+    engine: sa.Engine, case: str, override: dict[str, Any], message: str
+) -> None:
+    args: dict[str, Any] = {"kind": "k", "payload": {"ok": True}, **override}
+    with Session(engine) as s:
+        s.execute(sa.text("SELECT 1"))  # a transaction is in progress
+        with pytest.raises(InvalidJobError, match=message):
+            enqueue(s, args.pop("kind"), args.pop("payload"), **args)
+        with pytest.raises(InvalidJobError, match=message):
+            enqueue_many(
+                s, [NewJob("fine", {}), NewJob(**{"kind": "k", "payload": {"ok": 1}, **override})]
+            )
+        enqueue(s, "still_fine", {})
+        s.commit()
+    assert count(engine) == 1
+
+
+def test_bad_job_model_values_raise_when_set(engine: sa.Engine) -> None:
+    with pytest.raises(InvalidJobError, match="must not contain NUL"):
+        Job(kind="k", payload={"x": "\x00"})
+    with pytest.raises(InvalidJobError, match="timezone-aware"):
+        Job(kind="k", payload={}, run_at=datetime(2030, 1, 1))
+    assert count(engine) == 0
+
+
+def test_concurrent_enqueues_of_one_key_leave_exactly_one_row(engine: sa.Engine) -> None:
+    barrier = threading.Barrier(20)
+
+    def attempt(i: int) -> int | None:
+        with Session(engine) as s:
+            barrier.wait()
+            result = enqueue(s, "k", {"i": i}, key="same")
+            s.commit()
+            return result
+
+    with ThreadPoolExecutor(20) as pool:
+        results = list(pool.map(attempt, range(20)))
+    assert len([r for r in results if r is not None]) == 1
+    assert count(engine) == 1
+
+
+def test_waiting_enqueue_inserts_when_the_key_holder_rolls_back(engine: sa.Engine) -> None:
+    holder = Session(engine)
+    enqueue(holder, "k", {"who": "first"}, key="K")
+    result: list[int | None] = []
+
+    def second() -> None:
+        with Session(engine) as s:
+            result.append(enqueue(s, "k", {"who": "second"}, key="K"))
+            s.commit()
+
+    t = threading.Thread(target=second)
+    t.start()
+    t.join(0.5)
+    assert t.is_alive(), "the second enqueue should wait on the first's uncommitted key"
+    holder.rollback()
+    holder.close()
+    t.join(10)
+    assert isinstance(result[0], int)
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(jobs.c.payload)).scalars().all() == [{"who": "second"}]

@@ -1,0 +1,152 @@
+"""Alembic owns the schema: models and migrations agree, and both ways in work."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy.engine import URL
+
+from sqla_jobs import migrations
+from sqla_jobs.models import Base
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _libpq(url: URL) -> str:
+    return url.render_as_string(hide_password=False)
+
+
+def _alembic(args: list[str], cwd: Path, url: URL) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "DATABASE_URL": _libpq(url)}
+    return subprocess.run(
+        [sys.executable, "-m", "alembic", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _tables(url: URL) -> set[str]:
+    engine = sa.create_engine(url, poolclass=sa.NullPool)
+    try:
+        return set(sa.inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+
+
+def test_models_and_migrations_agree(db_url: URL) -> None:
+    engine = sa.create_engine(db_url, poolclass=sa.NullPool)
+    with engine.connect() as conn:
+        context = MigrationContext.configure(
+            conn,
+            opts={
+                "version_table": migrations.VERSION_TABLE,
+                "compare_type": True,
+                "compare_server_default": True,
+            },
+        )
+        diff = compare_metadata(context, Base.metadata)
+    engine.dispose()
+    assert diff == []
+
+
+def test_standalone_downgrade_base_then_upgrade_head_round_trips(empty_db_url: URL) -> None:
+    up = _alembic(["upgrade", "head"], REPO, empty_db_url)
+    assert up.returncode == 0, up.stderr
+    assert _tables(empty_db_url) == {"jobs", migrations.VERSION_TABLE}
+    down = _alembic(["downgrade", "base"], REPO, empty_db_url)
+    assert down.returncode == 0, down.stderr
+    assert _tables(empty_db_url) == {migrations.VERSION_TABLE}
+    again = _alembic(["upgrade", "head"], REPO, empty_db_url)
+    assert again.returncode == 0, again.stderr
+    assert "jobs" in _tables(empty_db_url)
+
+
+def test_standalone_upgrade_without_database_url_says_what_is_missing(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    result = subprocess.run(
+        [sys.executable, "-m", "alembic", "upgrade", "head"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0
+    assert "DATABASE_URL is not set" in result.stderr
+
+
+APP_ENV = """
+import os
+from alembic import context
+from sqlalchemy import Column, Integer, MetaData, Table, create_engine, pool
+from sqla_jobs.models import Base as JobsBase
+
+app_metadata = MetaData()
+Table("users", app_metadata, Column("id", Integer, primary_key=True))
+target_metadata = [app_metadata, JobsBase.metadata]
+
+url = os.environ["DATABASE_URL"].replace("postgresql://", "postgresql+psycopg://", 1)
+engine = create_engine(url,
+                       poolclass=pool.NullPool)
+with engine.connect() as connection:
+    context.configure(connection=connection, target_metadata=target_metadata)
+    with context.begin_transaction():
+        context.run_migrations()
+"""
+
+APP_REVISION = '''
+"""app: create users"""
+import sqlalchemy as sa
+from alembic import op
+
+revision = "app_0001"
+down_revision = None
+branch_labels = ("app",)
+depends_on = None
+
+
+def upgrade():
+    op.create_table("users", sa.Column("id", sa.Integer, primary_key=True))
+
+
+def downgrade():
+    op.drop_table("users")
+'''
+
+
+def test_app_history_upgrades_to_a_head_that_includes_sqla_jobs(
+    tmp_path: Path, empty_db_url: URL
+) -> None:
+    (tmp_path / "migrations" / "versions").mkdir(parents=True)
+    (tmp_path / "migrations" / "env.py").write_text(APP_ENV)
+    (tmp_path / "migrations" / "versions" / "app_0001.py").write_text(textwrap.dedent(APP_REVISION))
+    (tmp_path / "alembic.ini").write_text(
+        "[alembic]\n"
+        "script_location = %(here)s/migrations\n"
+        "version_locations = %(here)s/migrations/versions sqla_jobs:migrations/versions\n"
+        "path_separator = space\n"
+    )
+    result = _alembic(["upgrade", "heads"], tmp_path, empty_db_url)
+    assert result.returncode == 0, result.stderr
+    # The app's own version table holds both heads; sqla_jobs' standalone table is unused.
+    assert _tables(empty_db_url) == {"users", "jobs", "alembic_version"}
+    engine = sa.create_engine(empty_db_url, poolclass=sa.NullPool)
+    with engine.connect() as conn:
+        heads = set(conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalars())
+    engine.dispose()
+    # Two branches in one version table: the app's head and sqla_jobs' head.
+    jobs_heads = set(ScriptDirectory.from_config(migrations.alembic_config()).get_heads())
+    assert heads == {"app_0001"} | jobs_heads
+    check = _alembic(["check"], tmp_path, empty_db_url)
+    assert check.returncode == 0, check.stdout + check.stderr
