@@ -229,7 +229,7 @@ def _fence(worker: str, leases: Sequence[tuple[int, int]]) -> list[sa.ColumnElem
         jobs.c.id == fence.c.id,
         jobs.c.attempts == fence.c.attempt,
         jobs.c.status == _status(JobStatus.RUNNING),
-        jobs.c.worker == sa.bindparam("worker", worker, sa.Text),
+        jobs.c.worker == sa.bindparam("fence_worker", worker, sa.Text),
     ]
     return conditions
 

@@ -1,0 +1,597 @@
+"""The worker: claim, run, complete or retry, with leases, heartbeats and fencing.
+
+One process runs one :class:`Worker`. Its threads:
+
+* the **dispatcher** claims up to as many ready jobs as there are free handler slots, in
+  one short committed transaction, and hands them to the handler pool;
+* **handler threads** (``concurrency`` of them) run one job each. A handler gets a
+  :class:`HandlerSession`; if it wrote anything, its writes and the done-mark commit in
+  one transaction (exactly-once effect for database-only handlers). A handler that did
+  not touch the database is completed by the **completer**, which marks finished jobs
+  done in batches;
+* the **heartbeat** extends the lease (``locked_until``) of every job this worker holds,
+  every ``lock_seconds / 3``;
+* the **listener** holds a dedicated connection that LISTENs on ``jobs`` and wakes the
+  dispatcher when jobs are inserted; the poll interval remains the fallback, and the
+  listener reconnects (and triggers a poll) after losing its connection.
+
+Every completion, retry, heartbeat and release is fenced on ``(id, attempts, worker,
+status = 'running')``: after a takeover the stale worker's statements update zero rows,
+its handler transaction is rolled back, and the loss is logged.
+
+The worker never runs DDL, so it can run as a role with only DML on the jobs table.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import signal
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+import psycopg
+import sqlalchemy as sa
+from psycopg import sql
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.orm import Session
+
+from sqla_jobs import config as config_mod
+from sqla_jobs import migrations, statements
+from sqla_jobs.config import WorkerConfig
+from sqla_jobs.exceptions import SchemaNotReadyError, SqlaJobsError
+from sqla_jobs.models import JobStatus
+from sqla_jobs.tasks import JobContext, Registry
+
+log = logging.getLogger("sqla_jobs.worker")
+
+#: last_error keeps this much of the traceback (characters, from the end).
+MAX_TRACEBACK_CHARS = 4_000
+#: Longest pause after a database error before the dispatcher tries again.
+MAX_ERROR_BACKOFF = 5.0
+#: Largest batch the completer marks done in one statement.
+COMPLETE_BATCH = 1_000
+
+
+class HandlerTransactionError(SqlaJobsError):
+    """A handler tried to commit or close the session the worker gave it.
+
+    The worker owns the handler's transaction: it commits the handler's writes together
+    with the done-mark, so that a job is never marked done without its effects (or the
+    other way round). A handler that commits or closes its session is recorded as a
+    failed attempt and all of its writes are rolled back.
+    """
+
+
+class HandlerSession(Session):
+    """The Session a handler receives. ``commit()`` and ``close()`` are refused.
+
+    Use ``flush()`` to send writes early and ``rollback()`` to discard them; the worker
+    commits what is left when the handler returns.
+    """
+
+    _sqla_jobs_violation: str | None = None
+
+    def commit(self) -> None:
+        self._sqla_jobs_violation = "commit()"
+        raise HandlerTransactionError(
+            "handlers must not call session.commit(): the worker commits the handler's "
+            "writes together with the job's done-mark"
+        )
+
+    def close(self) -> None:
+        self._sqla_jobs_violation = "close()"
+        raise HandlerTransactionError("handlers must not call session.close()")
+
+    def _worker_commit(self) -> None:
+        Session.commit(self)
+
+    def _worker_close(self) -> None:
+        Session.close(self)
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A job this worker claimed: ``(id, attempt)`` is its fence."""
+
+    id: int
+    kind: str
+    queue: str
+    payload: dict[str, Any]
+    attempt: int
+    max_attempts: int
+
+    @property
+    def lease(self) -> tuple[int, int]:
+        return (self.id, self.attempt)
+
+
+def _describe(exc: BaseException) -> str:
+    """``Type: message`` plus the end of the traceback, NUL-free, for ``last_error``."""
+    head = f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}"
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    if len(tb) > MAX_TRACEBACK_CHARS:
+        tb = "...\n" + tb[-MAX_TRACEBACK_CHARS:]
+    return f"{head}\n\n{tb}".replace("\x00", "")
+
+
+def _fields(job: Claimed, **more: Any) -> dict[str, Any]:
+    return {"job_id": job.id, "kind": job.kind, "attempt": job.attempt, **more}
+
+
+class Worker:
+    """Runs the handlers of ``registry`` for jobs in ``config.queues`` until stopped.
+
+    ``run()`` blocks; ``stop()`` (or SIGTERM/SIGINT when ``run`` installs the handlers)
+    stops claiming, lets running handlers finish for up to ``shutdown_timeout`` seconds
+    and returns. Jobs not finished by then keep their lease until it expires and are
+    then taken by another worker: never lost.
+    """
+
+    def __init__(
+        self, registry: Registry, config: WorkerConfig, *, engine: sa.Engine | None = None
+    ) -> None:
+        if not len(registry):
+            raise SqlaJobsError("the registry has no handlers")
+        self.registry = registry
+        self.config = config
+        self.engine = engine or sa.create_engine(
+            config.url,
+            pool_size=config.concurrency + 4,
+            max_overflow=config.concurrency + 4,
+            # No pre-ping (it would cost a round trip per checkout): a disconnect error
+            # invalidates the whole pool, and every caller below retries or records it.
+            pool_timeout=60,
+        )
+        self._kinds = list(registry.kinds)
+        self._lock = threading.Lock()
+        self._held: dict[int, int] = {}  # job id -> attempt, for the heartbeat
+        self._running = 0
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._stopped = threading.Event()
+        self._signals = 0
+        self._completions: queue.Queue[Claimed | None] = queue.Queue()
+        self._pool = ThreadPoolExecutor(config.concurrency, thread_name_prefix="sqla_jobs-job")
+        self._threads: list[threading.Thread] = []
+        self.on_event: Callable[[str, Claimed], None] | None = None  # metrics hook
+
+    # --- life cycle -------------------------------------------------------------------
+
+    def check_schema(self) -> None:
+        """Raise SchemaNotReadyError unless the jobs table has every column and status."""
+        try:
+            with self.engine.connect() as conn:
+                conn.execute(statements.schema_probe())
+                found = set(conn.execute(statements.status_values()).scalars())
+        except sa_exc.ProgrammingError as exc:
+            raise SchemaNotReadyError(
+                "the jobs table is missing or outdated; run `alembic upgrade head` "
+                f"(or `alembic upgrade heads` in your app): {exc.orig}"
+            ) from None
+        missing = {s.value for s in JobStatus} - found
+        if missing:
+            raise SchemaNotReadyError(
+                f"job_status lacks {sorted(missing)}; run `alembic upgrade head`"
+            )
+
+    def run(self, *, install_signal_handlers: bool = False) -> None:
+        """Work until ``stop()`` (or a signal); returns after a graceful drain."""
+        self.check_schema()
+        if install_signal_handlers:
+            signal.signal(signal.SIGTERM, self._on_signal)
+            signal.signal(signal.SIGINT, self._on_signal)
+        self._start_thread(self._heartbeat_loop, "heartbeat")
+        self._start_thread(self._complete_loop, "completer")
+        if self.config.listen:
+            self._start_thread(self._listen_loop, "listener")
+        log.info(
+            "worker %s started: queues=%s kinds=%s concurrency=%d",
+            self.config.worker_id,
+            ",".join(self.config.queues),
+            ",".join(self._kinds),
+            self.config.concurrency,
+        )
+        try:
+            self._dispatch_loop()
+        finally:
+            self._drain()
+
+    def stop(self) -> None:
+        """Stop claiming; running handlers finish (up to shutdown_timeout)."""
+        self._stopping.set()
+        self._wake.set()
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        self._signals += 1
+        if self._signals > 1:
+            log.warning(
+                "second %s: exiting now; unfinished jobs go back when their lease expires",
+                signal.Signals(signum).name,
+            )
+            logging.shutdown()
+            os._exit(1)
+        log.info("received %s: no more claims, draining", signal.Signals(signum).name)
+        self.stop()
+
+    def _start_thread(self, target: Callable[[], None], name: str) -> None:
+        thread = threading.Thread(target=target, name=f"sqla_jobs-{name}", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _drain(self) -> None:
+        deadline = time.monotonic() + self.config.shutdown_timeout
+        while self._busy() and time.monotonic() < deadline:
+            self._wake.wait(0.05)
+            self._wake.clear()
+        unfinished = self._busy()
+        self._completions.put(None)  # flush and stop the completer
+        for thread in self._threads:
+            if thread.name == "sqla_jobs-completer":
+                thread.join(max(1.0, deadline - time.monotonic()))
+        self._stopped.set()
+        for thread in self._threads:
+            thread.join(2.0)  # the listener and heartbeat notice _stopped within a second
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        if unfinished:
+            log.warning(
+                "shutdown timeout: %d job(s) still running; their leases will expire and "
+                "another worker will take them",
+                unfinished,
+            )
+        log.info("worker %s stopped", self.config.worker_id)
+
+    def _busy(self) -> int:
+        with self._lock:
+            return self._running
+
+    # --- dispatcher -------------------------------------------------------------------
+
+    def _dispatch_loop(self) -> None:
+        errors = 0
+        next_rescue = 0.0
+        while not self._stopping.is_set():
+            # Cleared before looking at the table, so a wake-up that arrives while we
+            # claim is not lost: the wait below then returns at once.
+            self._wake.clear()
+            try:
+                if time.monotonic() >= next_rescue:
+                    self._rescue()
+                    next_rescue = time.monotonic() + self.config.rescue_interval
+                free = self.config.concurrency - self._busy()
+                claimed = self._claim(free) if free > 0 else []
+                errors = 0
+            except sa_exc.DBAPIError as exc:
+                errors += 1
+                pause = min(MAX_ERROR_BACKOFF, 0.1 * 2**errors)
+                log.warning(
+                    "database error in dispatcher (retrying in %.1fs): %s", pause, exc.orig or exc
+                )
+                self._stopping.wait(pause)
+                continue
+            for job in claimed:
+                self._start(job)
+            if len(claimed) < free or free <= 0:
+                # Nothing more is ready (or no slot is free): wait for a notification,
+                # a finished handler, or the poll interval.
+                self._wake.wait(self.config.poll_interval)
+
+    def _claim(self, limit: int) -> list[Claimed]:
+        stmt = statements.claim(
+            worker=self.config.worker_id,
+            lock_seconds=self.config.lock_seconds,
+            queues=self.config.queues,
+            kinds=self._kinds,
+            limit=limit,
+        )
+        with self.engine.begin() as conn:
+            rows = conn.execute(stmt).all()
+        jobs = [Claimed(r.id, r.kind, r.queue, r.payload, r.attempts, r.max_attempts) for r in rows]
+        with self._lock:
+            for job in jobs:
+                self._held[job.id] = job.attempt
+            self._running += len(jobs)
+        return jobs
+
+    def _rescue(self) -> None:
+        with self.engine.begin() as conn:
+            rows = conn.execute(statements.rescue_expired()).all()
+        for row in rows:
+            level = logging.ERROR if row.status == JobStatus.DEAD else logging.WARNING
+            log.log(
+                level,
+                "job %s (%s) lease expired on attempt %s (worker %s): %s",
+                row.id,
+                row.kind,
+                row.attempts,
+                row.worker,
+                "dead" if row.status == JobStatus.DEAD else "requeued",
+                extra={
+                    "job_id": row.id,
+                    "kind": row.kind,
+                    "attempt": row.attempts,
+                    "outcome": "dead" if row.status == JobStatus.DEAD else "rescued",
+                },
+            )
+
+    def _start(self, job: Claimed) -> None:
+        try:
+            self._pool.submit(self._run_job, job)
+        except RuntimeError:  # pool shut down: give the job back
+            self._release([job])
+            self._finished(job)
+
+    # --- running one job --------------------------------------------------------------
+
+    def _finished(self, job: Claimed) -> None:
+        with self._lock:
+            self._held.pop(job.id, None)
+            self._running -= 1
+        self._wake.set()
+
+    def _run_job(self, job: Claimed) -> None:
+        if self._stopping.is_set():
+            # Claimed but not started before shutdown: hand it back unspent.
+            self._release([job])
+            self._finished(job)
+            return
+        handed_to_completer = False
+        started = time.monotonic()
+        try:
+            handed_to_completer = self._execute(job, started)
+        except Exception:  # bookkeeping itself failed (database down): the lease expires
+            log.exception(
+                "could not record the outcome of job %s; it will be retried after "
+                "its lease expires",
+                job.id,
+                extra=_fields(job, outcome="unknown"),
+            )
+        finally:
+            if not handed_to_completer:
+                self._finished(job)
+
+    def _execute(self, job: Claimed, started: float) -> bool:
+        """Run the handler and record the outcome; True if the completer now owns the job."""
+        handler = self.registry[job.kind]
+        ctx = JobContext(
+            job.id, job.kind, job.queue, job.attempt, job.max_attempts, self.config.worker_id
+        )
+        session = HandlerSession(self.engine, autoflush=True, expire_on_commit=False)
+        try:
+            try:
+                handler(session, job.payload, ctx)
+                if session._sqla_jobs_violation:
+                    raise HandlerTransactionError(
+                        f"handler called session.{session._sqla_jobs_violation} "
+                        "and swallowed the error"
+                    )
+                wrote = session.in_transaction()
+                if wrote:
+                    session.flush()
+                    if not self._complete_in(session, job):
+                        return False
+            except BaseException as exc:
+                self._discard(session)
+                self._retry(job, exc, time.monotonic() - started)
+                return False
+        finally:
+            self._discard(session)
+        if wrote:
+            self._log_done(job, started)
+            return False
+        self._completions.put(job)
+        self._log_done(job, started)
+        return True
+
+    def _complete_in(self, session: HandlerSession, job: Claimed) -> bool:
+        """Done-mark in the handler's transaction; False (rolled back) if the claim was lost."""
+        done = (
+            session.execute(statements.complete(worker=self.config.worker_id, leases=[job.lease]))
+            .scalars()
+            .all()
+        )
+        if not done:
+            session.rollback()
+            log.warning(
+                "job %s: claim lost (lease expired and the job was taken over); "
+                "rolled back this run's writes",
+                job.id,
+                extra=_fields(job, outcome="lost"),
+            )
+            return False
+        session._worker_commit()
+        return True
+
+    @staticmethod
+    def _discard(session: HandlerSession) -> None:
+        try:
+            session.rollback()
+            session._worker_close()
+        except Exception:
+            log.debug("discarding a broken handler session", exc_info=True)
+
+    def _retry(self, job: Claimed, exc: BaseException, duration: float) -> None:
+        handler = self.registry[job.kind]
+        delay = handler.backoff.delay(job.attempt)
+        stmt = statements.retry(
+            worker=self.config.worker_id,
+            job_id=job.id,
+            attempt=job.attempt,
+            delay_seconds=delay,
+            error=_describe(exc),
+        )
+        with self.engine.begin() as conn:
+            row = conn.execute(stmt).one_or_none()
+        fields = _fields(job, duration=round(duration, 6), error=f"{type(exc).__name__}: {exc}")
+        if row is None:
+            log.warning(
+                "job %s: claim lost before its failure was recorded: %r",
+                job.id,
+                exc,
+                extra={**fields, "outcome": "lost"},
+            )
+        elif row.status == JobStatus.DEAD:
+            log.error(
+                "job %s (%s) dead after attempt %s/%s: %r",
+                job.id,
+                job.kind,
+                job.attempt,
+                job.max_attempts,
+                exc,
+                extra={**fields, "outcome": "dead"},
+            )
+            self._emit("dead", job)
+        else:
+            log.warning(
+                "job %s (%s) failed attempt %s/%s, retry in %.1fs: %r",
+                job.id,
+                job.kind,
+                job.attempt,
+                job.max_attempts,
+                delay,
+                exc,
+                extra={**fields, "outcome": "retry"},
+            )
+            self._emit("retry", job)
+
+    def _log_done(self, job: Claimed, started: float) -> None:
+        duration = time.monotonic() - started
+        log.debug(
+            "job %s (%s) done in %.3fs",
+            job.id,
+            job.kind,
+            duration,
+            extra=_fields(job, duration=round(duration, 6), outcome="done"),
+        )
+        self._emit("done", job)
+
+    def _emit(self, event: str, job: Claimed) -> None:
+        if self.on_event is not None:
+            self.on_event(event, job)
+
+    def _release(self, jobs: Iterable[Claimed]) -> None:
+        leases = [j.lease for j in jobs]
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(statements.release(worker=self.config.worker_id, leases=leases))
+        except sa_exc.DBAPIError as exc:
+            log.warning(
+                "could not release %d unstarted job(s); they return when their lease expires: %s",
+                len(leases),
+                exc.orig or exc,
+            )
+
+    # --- completer --------------------------------------------------------------------
+
+    def _complete_loop(self) -> None:
+        """Mark done, in batches, the jobs whose handlers wrote nothing."""
+        stopping = False
+        while not stopping:
+            batch: list[Claimed] = []
+            item = self._completions.get()
+            while True:
+                if item is None:
+                    stopping = True
+                else:
+                    batch.append(item)
+                if len(batch) >= COMPLETE_BATCH:
+                    break
+                try:
+                    item = self._completions.get_nowait()
+                except queue.Empty:
+                    break
+            if batch:
+                self._complete_batch(batch)
+
+    def _complete_batch(self, batch: list[Claimed]) -> None:
+        stmt = statements.complete(worker=self.config.worker_id, leases=[j.lease for j in batch])
+        for attempt in range(5):
+            try:
+                with self.engine.begin() as conn:
+                    done = set(conn.execute(stmt).scalars())
+                break
+            except sa_exc.DBAPIError as exc:
+                log.warning(
+                    "could not mark %d job(s) done (try %d): %s",
+                    len(batch),
+                    attempt + 1,
+                    exc.orig or exc,
+                )
+                time.sleep(min(MAX_ERROR_BACKOFF, 0.2 * 2**attempt))
+        else:
+            done = set()
+        for job in batch:
+            if job.id not in done:
+                log.warning(
+                    "job %s: claim lost before its done-mark; it may run again",
+                    job.id,
+                    extra=_fields(job, outcome="lost"),
+                )
+            self._finished(job)
+
+    # --- heartbeat --------------------------------------------------------------------
+
+    def _heartbeat_loop(self) -> None:
+        while not self._stopped.wait(self.config.heartbeat_interval):
+            with self._lock:
+                leases = list(self._held.items())
+            if not leases:
+                continue
+            stmt = statements.heartbeat(
+                worker=self.config.worker_id,
+                leases=leases,
+                lock_seconds=self.config.lock_seconds,
+            )
+            try:
+                with self.engine.begin() as conn:
+                    kept = set(conn.execute(stmt).scalars())
+            except sa_exc.DBAPIError as exc:
+                log.warning("heartbeat failed (will retry): %s", exc.orig or exc)
+                continue
+            for job_id, attempt in leases:
+                if job_id not in kept:
+                    with self._lock:
+                        still_held = self._held.get(job_id) == attempt
+                    if still_held:
+                        log.warning(
+                            "job %s: lease lost (expired and taken over, or the job "
+                            "was changed by an operator)",
+                            job_id,
+                            extra={"job_id": job_id, "attempt": attempt, "outcome": "lost"},
+                        )
+
+    # --- listener ---------------------------------------------------------------------
+
+    def _listen_loop(self) -> None:
+        channel = config_mod.check_channel(migrations.NOTIFY_CHANNEL)
+        conninfo = self.config.url.set(drivername="postgresql").render_as_string(
+            hide_password=False
+        )
+        failures = 0
+        while not self._stopped.is_set():
+            try:
+                with psycopg.connect(conninfo, autocommit=True) as conn:
+                    conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+                    failures = 0
+                    self._wake.set()  # notifications sent while we were away are lost: poll
+                    while not self._stopped.is_set():
+                        for _ in conn.notifies(timeout=1.0, stop_after=1):
+                            self._wake.set()
+            except psycopg.Error as exc:
+                failures += 1
+                pause = min(MAX_ERROR_BACKOFF, 0.1 * 2**failures)
+                log.warning("listener connection lost (reconnecting in %.1fs): %s", pause, exc)
+                self._stopped.wait(pause)
+
+
+if __name__ == "__main__":
+    from sqla_jobs import cli
+
+    raise SystemExit(cli.worker_main())

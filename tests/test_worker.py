@@ -1,0 +1,283 @@
+"""The worker, in process: claim order and filters, transactional completion, retries."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from helpers import rows, scalar, setup_app_tables, url_text, wait_for
+from jobapp import registry as app_registry
+from sqlalchemy.engine import URL
+from sqlalchemy.orm import Session
+
+from sqla_jobs import (
+    Backoff,
+    JobContext,
+    NewJob,
+    Registry,
+    SchemaNotReadyError,
+    Worker,
+    WorkerConfig,
+    enqueue,
+    enqueue_many,
+    statements,
+)
+
+
+@contextmanager
+def running(registry: Registry, url: URL, **options: Any) -> Iterator[Worker]:
+    options.setdefault("poll_interval", 0.2)
+    options.setdefault("lock_seconds", 5)
+    worker = Worker(registry, WorkerConfig(database_url=url_text(url), **options))
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        thread.join(30)
+        assert not thread.is_alive()
+        worker.engine.dispose()
+
+
+def status_counts(engine: sa.Engine) -> dict[str, int]:
+    return dict(rows(engine, "SELECT status::text, count(*) FROM jobs GROUP BY 1"))
+
+
+def test_handler_writes_commit_with_the_done_mark(engine: sa.Engine, db_url: URL) -> None:
+    setup_app_tables(engine)
+    with Session(engine) as s:
+        ids = enqueue_many(s, [NewJob("effect", {}) for _ in range(20)])
+        s.commit()
+    with running(app_registry, db_url, concurrency=4):
+        wait_for(lambda: status_counts(engine) == {"done": 20}, message="20 done")
+    assert sorted(r[0] for r in rows(engine, "SELECT job_id FROM effects")) == sorted(ids)
+
+
+def test_failed_handler_rolls_back_its_writes_and_schedules_a_retry(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    setup_app_tables(engine)
+    with Session(engine) as s:
+        job_id = enqueue(s, "effect", {"fail_after_write": True}, max_attempts=2)
+        s.commit()
+    with running(app_registry, db_url):
+        wait_for(
+            lambda: (
+                scalar(engine, "SELECT attempts FROM jobs") == 1
+                and scalar(engine, "SELECT status::text FROM jobs") == "queued"
+            )
+        )
+    assert scalar(engine, "SELECT count(*) FROM effects") == 0
+    error = scalar(engine, "SELECT last_error FROM jobs WHERE id = :i", i=job_id)
+    assert error.startswith("builtins.RuntimeError: failed after writing")
+    assert "Traceback" in error
+    delay = scalar(engine, "SELECT extract(epoch FROM run_at - now()) FROM jobs")
+    assert -1 < delay <= 2.0  # first retry ceiling: base 2 s
+
+
+def test_job_goes_dead_at_max_attempts_and_is_kept(engine: sa.Engine, db_url: URL) -> None:
+    registry = Registry()
+
+    @registry.handler("fail", max_attempts=3, backoff=Backoff(base=0.01, cap=0.01))
+    def fail(session: Session, payload: dict[str, Any]) -> None:
+        raise ValueError("boom")
+
+    with Session(engine) as s:
+        fail.enqueue(s, {})
+        s.commit()
+    with running(registry, db_url):
+        wait_for(lambda: status_counts(engine) == {"dead": 1}, message="dead")
+    row = rows(engine, "SELECT attempts, finished_at IS NOT NULL, last_error FROM jobs")[0]
+    assert row[0] == 3 and row[1] is True and "ValueError: boom" in row[2]
+
+
+def test_claim_order_is_priority_then_run_at(engine: sa.Engine, db_url: URL) -> None:
+    setup_app_tables(engine)
+    with Session(engine) as s:
+        for label, priority in [("p5", 5), ("p0-late", 0), ("p9", 9)]:
+            enqueue(s, "order_log", {"label": label}, priority=priority)
+        s.execute(
+            sa.text(
+                "UPDATE jobs SET run_at = now() - interval '1 hour' WHERE payload->>'label' = 'p5'"
+            )
+        )
+        enqueue(s, "order_log", {"label": "p0-early"}, priority=0)
+        s.execute(
+            sa.text(
+                "UPDATE jobs SET run_at = now() - interval '1 minute' "
+                "WHERE payload->>'label' = 'p0-early'"
+            )
+        )
+        s.commit()
+    with running(app_registry, db_url, concurrency=1):
+        wait_for(lambda: scalar(engine, "SELECT count(*) FROM effects") == 4)
+    order = [
+        r[0]
+        for r in rows(
+            engine,
+            "SELECT e.worker FROM effects e JOIN jobs j ON j.id = e.job_id ORDER BY j.finished_at",
+        )
+    ]
+    assert order == ["p0-early", "p0-late", "p5", "p9"]
+
+
+def test_claim_takes_only_registered_kinds_and_own_queues(engine: sa.Engine) -> None:
+    with Session(engine) as s:
+        enqueue(s, "known", {}, queue="a")
+        enqueue(s, "known", {}, queue="b")
+        enqueue(s, "unknown", {}, queue="a")
+        enqueue(s, "known", {}, queue="a", delay=3600)
+        s.commit()
+    with engine.begin() as conn:
+        got = conn.execute(
+            statements.claim(worker="w", lock_seconds=30, queues=["a"], kinds=["known"], limit=10)
+        ).all()
+    assert [(r.kind, r.queue, r.attempts) for r in got] == [("known", "a", 1)]
+    assert status_counts(engine) == {"running": 1, "queued": 3}
+
+
+def test_concurrent_claims_never_hand_out_a_job_twice(engine: sa.Engine) -> None:
+    with Session(engine) as s:
+        enqueue_many(s, [NewJob("k", {}) for _ in range(500)])
+        s.commit()
+    claimed: list[int] = []
+    lock = threading.Lock()
+
+    def claimer(n: int) -> None:
+        while True:
+            with engine.begin() as conn:
+                got = (
+                    conn.execute(
+                        statements.claim(
+                            worker=f"w{n}",
+                            lock_seconds=30,
+                            queues=["default"],
+                            kinds=["k"],
+                            limit=7,
+                        )
+                    )
+                    .scalars()
+                    .all()
+                )
+            if not got:
+                return
+            with lock:
+                claimed.extend(got)
+
+    threads = [threading.Thread(target=claimer, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(claimed) == 500 == len(set(claimed))
+
+
+def test_completion_of_a_lost_claim_updates_nothing(engine: sa.Engine) -> None:
+    with Session(engine) as s:
+        job_id = enqueue(s, "k", {})
+        s.commit()
+    with engine.begin() as conn:
+        conn.execute(
+            statements.claim(
+                worker="old", lock_seconds=30, queues=["default"], kinds=["k"], limit=1
+            )
+        )
+        # The lease expires and another worker takes the job over.
+        conn.execute(sa.text("UPDATE jobs SET locked_until = now() - interval '1 s'"))
+        conn.execute(statements.rescue_expired())
+        conn.execute(
+            statements.claim(
+                worker="new", lock_seconds=30, queues=["default"], kinds=["k"], limit=1
+            )
+        )
+    assert job_id is not None
+    with engine.begin() as conn:
+        stale = [
+            statements.complete(worker="old", leases=[(job_id, 1)]),
+            statements.heartbeat(worker="old", leases=[(job_id, 1)], lock_seconds=30),
+            statements.retry(worker="old", job_id=job_id, attempt=1, delay_seconds=0, error="x"),
+            statements.release(worker="old", leases=[(job_id, 1)]),
+            statements.complete(worker="new", leases=[(job_id, 1)]),  # right worker, old attempt
+        ]
+        assert [conn.execute(s).all() for s in stale] == [[], [], [], [], []]
+        assert conn.execute(statements.complete(worker="new", leases=[(job_id, 2)])).all()
+
+
+def test_handler_can_read_its_own_job(engine: sa.Engine, db_url: URL) -> None:
+    seen: list[JobContext] = []
+    registry = Registry()
+
+    @registry.handler("introspect")
+    def introspect(session: Session, payload: dict[str, Any], job: JobContext) -> None:
+        seen.append(job)
+
+    with Session(engine) as s:
+        job_id = introspect.enqueue(s, {})
+        s.commit()
+    with running(registry, db_url):
+        wait_for(lambda: seen)
+    assert (seen[0].id, seen[0].kind, seen[0].attempt, seen[0].max_attempts) == (
+        job_id,
+        "introspect",
+        1,
+        8,
+    )
+
+
+@pytest.mark.parametrize("what", ["commit", "commit_swallowed", "close", "invalidate", "sql_error"])
+def test_misbehaving_handler_is_a_failure_with_no_partial_writes(
+    engine: sa.Engine, db_url: URL, what: str
+) -> None:
+    setup_app_tables(engine)
+    with Session(engine) as s:
+        enqueue(s, "misbehave", {"what": what}, max_attempts=1)
+        enqueue(s, "noop", {})
+        s.commit()
+    with running(app_registry, db_url):
+        wait_for(lambda: status_counts(engine) == {"dead": 1, "done": 1}, message="outcomes")
+    assert scalar(engine, "SELECT count(*) FROM effects") == 0
+
+
+@pytest.mark.parametrize("which", ["SystemExit", "KeyboardInterrupt", "BaseException"])
+def test_base_exceptions_from_handlers_do_not_kill_the_worker(
+    engine: sa.Engine, db_url: URL, which: str
+) -> None:
+    setup_app_tables(engine)
+    with Session(engine) as s:
+        enqueue(s, "raise_base", {"which": which}, max_attempts=1)
+        s.commit()
+    with running(app_registry, db_url) as worker:
+        wait_for(lambda: status_counts(engine) == {"dead": 1})
+        with Session(engine) as s:
+            enqueue(s, "noop", {})
+            s.commit()
+        wait_for(lambda: status_counts(engine) == {"dead": 1, "done": 1})
+        assert not worker._stopping.is_set()
+    assert scalar(engine, "SELECT count(*) FROM effects") == 0
+
+
+def test_worker_refuses_an_unmigrated_database(empty_db_url: URL) -> None:
+    worker = Worker(app_registry, WorkerConfig(database_url=url_text(empty_db_url)))
+    with pytest.raises(SchemaNotReadyError, match="alembic upgrade head"):
+        worker.check_schema()
+    worker.engine.dispose()
+
+
+def test_backoff_is_full_jitter_under_a_capped_exponential_ceiling() -> None:
+    import random
+
+    backoff = Backoff()
+    rng = random.Random(7)
+    assert [backoff.ceiling(n) for n in range(1, 11)] == [2, 4, 8, 16, 32, 64, 128, 256, 300, 300]
+    for attempt in (1, 3, 9, 500):
+        samples = [backoff.delay(attempt, rng) for _ in range(2000)]
+        assert min(samples) >= 0 and max(samples) <= backoff.ceiling(attempt)
+        # Uniform below the ceiling: the mean sits near half of it.
+        assert abs(sum(samples) / len(samples) - backoff.ceiling(attempt) / 2) < (
+            backoff.ceiling(attempt) * 0.05
+        )

@@ -1,0 +1,236 @@
+"""The worker as real processes: signals, crashes, heartbeats, fencing, LISTEN, CLI errors."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import sqlalchemy as sa
+from helpers import rows, scalar, setup_app_tables, start_worker, stop, url_text, wait_for
+from sqlalchemy.engine import URL
+from sqlalchemy.orm import Session
+
+from sqla_jobs import NewJob, enqueue, enqueue_many
+
+
+def started(engine: sa.Engine, n: int = 1) -> bool:
+    return bool(scalar(engine, "SELECT count(*) FROM runs") >= n)
+
+
+def test_sigterm_drains_running_jobs_claims_nothing_more_and_exits_zero(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    setup_app_tables(engine)
+    with Session(engine) as s:
+        enqueue_many(
+            s, [NewJob("effect", {"sleep": 1.5, "log": True}, priority=0) for _ in range(2)]
+        )
+        enqueue_many(s, [NewJob("effect", {}, priority=5) for _ in range(10)])
+        s.commit()
+    proc = start_worker(db_url, "--concurrency", "2")
+    try:
+        wait_for(lambda: started(engine, 2), message="two handlers running")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        out = stop(proc)
+    assert "draining" in out
+    counts = dict(rows(engine, "SELECT status::text, count(*) FROM jobs GROUP BY 1"))
+    assert counts == {"done": 2, "queued": 10}, out
+    assert scalar(engine, "SELECT max(attempts) FROM jobs WHERE status = 'queued'") == 0
+
+
+def test_job_longer_than_shutdown_timeout_is_left_to_its_lease_not_lost(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    setup_app_tables(engine)
+    with Session(engine) as s:
+        enqueue(s, "effect", {"sleep": 4, "log": True})
+        s.commit()
+    first = start_worker(db_url, "--shutdown-timeout", "0.5", "--lock-seconds", "2")
+    try:
+        wait_for(lambda: started(engine), message="handler running")
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(30) == 0
+    finally:
+        out = stop(first)
+    assert "still running" in out
+    assert scalar(engine, "SELECT status::text FROM jobs") == "running"
+    second = start_worker(db_url, "--rescue-interval", "0.5")
+    try:
+        wait_for(lambda: scalar(engine, "SELECT status::text FROM jobs") == "done", timeout=40)
+    finally:
+        stop(second)
+    assert scalar(engine, "SELECT count(*) FROM effects") == 1
+
+
+def test_sigkill_mid_handler_reruns_the_job_after_its_lease(engine: sa.Engine, db_url: URL) -> None:
+    setup_app_tables(engine)
+    with Session(engine) as s:
+        job_id = enqueue(s, "effect", {"sleep": 3, "log": True})
+        s.commit()
+    victim = start_worker(db_url, "--lock-seconds", "1.5")
+    try:
+        wait_for(lambda: started(engine), message="handler running")
+        victim.kill()
+        victim.wait(10)
+    finally:
+        stop(victim)
+    assert scalar(engine, "SELECT count(*) FROM effects") == 0
+    rescuer = start_worker(db_url, "--rescue-interval", "0.3", "--lock-seconds", "1.5")
+    try:
+        wait_for(lambda: scalar(engine, "SELECT status::text FROM jobs") == "done", timeout=40)
+    finally:
+        out = stop(rescuer)
+    assert rows(engine, "SELECT job_id, attempt FROM effects") == [(job_id, 2)], out
+
+
+def test_poison_job_that_kills_its_worker_goes_dead_after_max_attempts(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    with Session(engine) as s:
+        enqueue(s, "kill_self", {}, max_attempts=2)
+        s.commit()
+    procs: list[subprocess.Popen[str]] = []
+    deadline = time.monotonic() + 60
+    try:
+        while scalar(engine, "SELECT status::text FROM jobs") != "dead":
+            assert time.monotonic() < deadline, "poison job never went dead"
+            if not procs or procs[-1].poll() is not None:  # a supervisor restarting it
+                procs.append(
+                    start_worker(db_url, "--lock-seconds", "0.6", "--rescue-interval", "0.2")
+                )
+            time.sleep(0.1)
+    finally:
+        for p in procs:
+            stop(p)
+    attempts, error = rows(engine, "SELECT attempts, last_error FROM jobs")[0]
+    assert attempts == 2
+    assert "lease expired during attempt 2 of 2" in error
+
+
+def test_heartbeat_keeps_a_job_longer_than_its_lease(engine: sa.Engine, db_url: URL) -> None:
+    setup_app_tables(engine)
+    with Session(engine) as s:
+        enqueue(s, "effect", {"sleep": 4, "log": True})
+        s.commit()
+    a = start_worker(db_url, "--lock-seconds", "1", "--rescue-interval", "0.2")
+    b = start_worker(db_url, "--lock-seconds", "1", "--rescue-interval", "0.2")
+    try:
+        wait_for(lambda: scalar(engine, "SELECT status::text FROM jobs") == "done", timeout=40)
+    finally:
+        out = stop(a) + stop(b)
+    assert scalar(engine, "SELECT count(*) FROM runs") == 1, out
+    assert scalar(engine, "SELECT attempts FROM jobs") == 1
+
+
+def test_stale_worker_paused_past_its_lease_is_fenced(engine: sa.Engine, db_url: URL) -> None:
+    setup_app_tables(engine)
+    with Session(engine) as s:
+        job_id = enqueue(s, "effect", {"sleep": 2, "log": True})
+        s.commit()
+    stale = start_worker(db_url, "--lock-seconds", "1", "--worker-id", "stale")
+    try:
+        wait_for(lambda: started(engine), message="stale worker started the job")
+        stale.send_signal(signal.SIGSTOP)
+        other = start_worker(
+            db_url, "--lock-seconds", "5", "--rescue-interval", "0.3", "--worker-id", "other"
+        )
+        try:
+            wait_for(lambda: scalar(engine, "SELECT status::text FROM jobs") == "done", timeout=40)
+        finally:
+            stop(other)
+        # The stale worker wakes and finishes its handler (SIGTERM lets it drain); its
+        # outcome, whichever it is, is fenced: zero rows, its writes rolled back.
+        stale.send_signal(signal.SIGCONT)
+        stale.send_signal(signal.SIGTERM)
+        assert stale.wait(30) == 0
+    finally:
+        out = stop(stale)
+    assert "claim lost" in out
+    assert rows(engine, "SELECT job_id, worker, attempt FROM effects") == [(job_id, "other", 2)]
+    assert rows(engine, "SELECT worker, attempts, status::text FROM jobs") == [("other", 2, "done")]
+
+
+def test_listen_wakes_an_idle_worker_without_waiting_for_the_poll(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    proc = start_worker(db_url, "--poll-interval", "60", "--rescue-interval", "60")
+    try:
+        wait_for(
+            lambda: (
+                scalar(engine, "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN%'")
+                == 1
+            ),
+            message="listener up",
+        )
+        time.sleep(0.3)  # let the first (start-up) poll pass; the worker is now idle
+        with Session(engine) as s:
+            enqueue(s, "noop", {})
+            s.commit()
+        t0 = time.monotonic()
+        wait_for(lambda: scalar(engine, "SELECT status::text FROM jobs") == "done", timeout=20)
+        assert time.monotonic() - t0 < 10, "picked up by polling, not by notification"
+    finally:
+        stop(proc)
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["nosuchmodule:registry"], {}, "cannot import 'nosuchmodule'"),
+        (["jobapp"], {}, "must look like 'package.module:registry'"),
+        (["jobapp:nothing"], {}, "is not a sqla_jobs.Registry"),
+        (["jobapp:registry", "--concurrency", "0"], {}, "concurrency must be between"),
+        (["jobapp:registry", "--queues", "bad queue"], {}, "queue must match"),
+        (["jobapp:registry"], {"DATABASE_URL": "mysql://x@localhost/db"}, "must be PostgreSQL"),
+        (["jobapp:registry"], {"DATABASE_URL": ""}, "database URL is empty"),
+        (
+            ["jobapp:registry"],
+            {"DATABASE_URL": "postgresql://postgres@127.0.0.1:1/x"},
+            "cannot connect to the database",
+        ),
+    ],
+)
+def test_cli_errors_exit_2_with_a_clear_message(
+    db_url: URL, args: list[str], env: dict[str, str], message: str
+) -> None:
+    proc = start_worker(db_url, *args[1:], app=args[0], env=env)
+    out = stop(proc) if proc.wait(60) is not None else ""
+    assert proc.returncode == 2, out
+    assert message in out
+    assert "Traceback" not in out
+
+
+def test_cli_names_the_migration_command_for_an_unmigrated_database(empty_db_url: URL) -> None:
+    proc = start_worker(empty_db_url)
+    proc.wait(60)
+    out = stop(proc)
+    assert proc.returncode == 2
+    assert "alembic upgrade head" in out and "Traceback" not in out
+
+
+def test_python_dash_m_sqla_jobs_lists_the_worker_command() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "sqla_jobs", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0 and "worker" in result.stdout
+
+
+def test_database_url_option_overrides_the_environment(engine: sa.Engine, db_url: URL) -> None:
+    with Session(engine) as s:
+        enqueue(s, "noop", {})
+        s.commit()
+    proc = start_worker(
+        db_url,
+        "--database-url",
+        url_text(db_url),
+        env={"DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none"},
+    )
+    try:
+        wait_for(lambda: scalar(engine, "SELECT status::text FROM jobs") == "done", timeout=30)
+    finally:
+        stop(proc)
