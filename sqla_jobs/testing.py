@@ -17,6 +17,7 @@ import os
 import socket
 import tempfile
 import uuid
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -46,7 +47,10 @@ def embedded_server(datadir: str | os.PathLike[str] | None = None) -> URL:
     """
     global _embedded
     try:
-        import pgserver
+        with warnings.catch_warnings():
+            # platformdirs warns when XDG_RUNTIME_DIR is unset (CI, containers): harmless.
+            warnings.simplefilter("ignore")
+            import pgserver
     except ImportError:
         raise RuntimeError(
             "no PostgreSQL server found: set DATABASE_URL, start one on 127.0.0.1:5432, "
@@ -54,9 +58,11 @@ def embedded_server(datadir: str | os.PathLike[str] | None = None) -> URL:
         ) from None
     path = Path(datadir) if datadir else Path(tempfile.mkdtemp(prefix="sqla_jobs_pg_"))
     path.mkdir(parents=True, exist_ok=True)
-    server = pgserver.get_server(  # type: ignore[attr-defined]
-        str(path), cleanup_mode="stop"
-    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        server = pgserver.get_server(  # type: ignore[attr-defined]
+            str(path), cleanup_mode="stop"
+        )
     _embedded = server
     return config.database_url(server.get_uri())
 

@@ -460,6 +460,12 @@ class Worker:
                 extra={**fields, "outcome": "retry"},
             )
             self._emit("retry", job)
+            if delay < self.config.poll_interval:
+                # A retry is an UPDATE, which fires no notification: wake up for it
+                # ourselves instead of leaving it to the next poll.
+                timer = threading.Timer(delay, self._wake.set)
+                timer.daemon = True
+                timer.start()
 
     def _log_done(self, job: Claimed, started: float) -> None:
         duration = time.monotonic() - started
