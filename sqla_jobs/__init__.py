@@ -5,9 +5,7 @@ transaction (:func:`enqueue`, :func:`enqueue_many` or ``session.add(Job(...))``)
 by ``python -m sqla_jobs.worker app.module:registry``.
 """
 
-from __future__ import annotations
-
-from typing import TYPE_CHECKING, Any
+import typing as _typing
 
 from sqla_jobs.config import WorkerConfig
 from sqla_jobs.exceptions import (
@@ -23,7 +21,7 @@ from sqla_jobs.producer import NewJob, enqueue, enqueue_async, enqueue_many
 from sqla_jobs.retry import Backoff
 from sqla_jobs.tasks import Handler, JobContext, Registry, current_job
 
-if TYPE_CHECKING:
+if _typing.TYPE_CHECKING:
     from sqla_jobs.worker import Worker
 
 __all__ = [
@@ -50,7 +48,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _typing.Any:
     # The worker is exported lazily: importing it eagerly here would make
     # ``python -m sqla_jobs.worker`` import the module twice (as __main__ and by name).
     if name == "Worker":

@@ -355,3 +355,26 @@ def schema_probe() -> sa.Select[Any]:
 
 def status_values() -> sa.TextClause:
     return sa.text("SELECT unnest(enum_range(NULL::job_status))::text")
+
+
+# --- test helpers ----------------------------------------------------------------------
+
+
+def queues_of_kinds(kinds: Sequence[str]) -> sa.Select[Any]:
+    """Distinct queues holding live jobs of ``kinds`` (sqla_jobs.testing.drain)."""
+    return (
+        sa.select(jobs.c.queue)
+        .where(jobs.c.kind == sa.any_(_text_array(kinds)),
+               jobs.c.status.in_([_status(JobStatus.QUEUED), _status(JobStatus.RUNNING)]))
+        .distinct()
+    )
+
+
+def pending_count(kinds: Sequence[str], queues: Sequence[str]) -> sa.Select[Any]:
+    """Jobs of ``kinds`` in ``queues`` that are ready now or running."""
+    ready = sa.and_(jobs.c.status == _status(JobStatus.QUEUED), jobs.c.run_at <= sa.func.now())
+    return sa.select(sa.func.count()).where(
+        jobs.c.kind == sa.any_(_text_array(kinds)),
+        jobs.c.queue == sa.any_(_text_array(queues)),
+        sa.or_(ready, jobs.c.status == _status(JobStatus.RUNNING)),
+    )

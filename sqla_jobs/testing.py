@@ -16,16 +16,21 @@ from __future__ import annotations
 import os
 import socket
 import tempfile
+import threading
+import time
 import uuid
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
-from sqla_jobs import config, migrations
+from sqla_jobs import config, migrations, statements
+from sqla_jobs.tasks import Registry
 
 LOCAL_SERVER = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 
@@ -136,3 +141,53 @@ def scratch_database(
         yield url
     finally:
         drop_database(admin_url, name)
+
+
+def drain(
+    url: URL | str,
+    registry: Registry,
+    *,
+    timeout: float = 30.0,
+    queues: tuple[str, ...] | None = None,
+) -> None:
+    """Run ``registry``'s handlers in this process until none of its jobs is ready or running.
+
+    Like Oban.Testing's ``drain_queue``: a real worker against the real database, stopped
+    once the queue is empty. Jobs scheduled in the future are left alone. Raises
+    TimeoutError if jobs are still ready or running after ``timeout`` seconds.
+    """
+    from sqla_jobs.worker import Worker
+
+    text = url if isinstance(url, str) else url.render_as_string(hide_password=False)
+    options: dict[str, Any] = {"queues": queues} if queues else {}
+    worker = Worker(
+        registry,
+        config.WorkerConfig(
+            database_url=text, listen=False, poll_interval=0.05, shutdown_timeout=timeout, **options
+        ),
+    )
+    if not queues:
+        # Every queue the registry's jobs sit in (read once, before running).
+        with worker.engine.connect() as conn:
+            found = conn.execute(statements.queues_of_kinds(list(registry.kinds))).scalars()
+            worker = Worker(
+                registry,
+                replace(worker.config, queues=tuple(found) or ("default",)),
+                engine=worker.engine,
+            )
+    thread = threading.Thread(target=worker.run, name="sqla_jobs-drain", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    stmt = statements.pending_count(list(registry.kinds), list(worker.config.queues))
+    try:
+        while True:
+            with worker.engine.connect() as conn:
+                if conn.execute(stmt).scalar_one() == 0:
+                    return
+            if time.monotonic() > deadline or not thread.is_alive():
+                raise TimeoutError(f"jobs still ready or running after {timeout}s")
+            time.sleep(0.02)
+    finally:
+        worker.stop()
+        thread.join(timeout)
+        worker.engine.dispose()

@@ -1,0 +1,69 @@
+"""The README's examples run as written, and the idempotent patterns hold on a re-run."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+import sqlalchemy as sa
+from helpers import scalar, url_text
+from sqlalchemy.engine import URL
+from sqlalchemy.orm import Session
+
+import sqla_jobs
+from sqla_jobs import testing
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples"))
+
+import idempotent_handlers as ex  # noqa: E402
+
+
+def test_public_api_is_exactly_what_all_lists() -> None:
+    public = {n for n in dir(sqla_jobs) if not n.startswith("_")} | {"Worker"}
+    modules = {n for n in public if type(getattr(sqla_jobs, n)).__name__ == "module"}
+    assert sorted(sqla_jobs.__all__) == sqla_jobs.__all__
+    assert set(sqla_jobs.__all__) == public - modules
+    for name in sqla_jobs.__all__:
+        assert getattr(sqla_jobs, name) is not None
+
+
+def test_readme_enqueue_example_runs(engine: sa.Engine, db_url: URL) -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Enqueue", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S)
+    assert code is not None
+    os.environ["DATABASE_URL"] = url_text(db_url)
+    namespace: dict[str, object] = {"__name__": "readme"}
+    try:
+        exec(compile(code.group(1), "README.md", "exec"), namespace)
+    finally:
+        del os.environ["DATABASE_URL"]
+        engine_in_readme = namespace.get("engine")
+        if isinstance(engine_in_readme, sa.Engine):
+            engine_in_readme.dispose()
+    assert scalar(engine, "SELECT count(*) FROM jobs") == 1003
+
+
+def test_idempotent_patterns_take_effect_once_when_a_job_runs_twice(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    ex.ExampleBase.metadata.create_all(engine)
+    with Session(engine) as s:
+        s.add(ex.Order(id=1, email="a@example.com"))
+        s.flush()
+        ex.send_receipt.enqueue(s, {"order_id": 1})
+        ex.charge.enqueue(s, {"order_id": 1, "cents": 500})
+        ex.credit_points.enqueue(s, {"user_id": 7})
+        s.commit()
+    testing.drain(db_url, ex.registry)
+    # At least once: the same jobs run again (as after a crash before the done-mark).
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE jobs SET status = 'queued'"))
+    testing.drain(db_url, ex.registry)
+    assert scalar(engine, "SELECT count(*) FROM jobs WHERE status = 'done'") == 3
+    assert len(ex.mailer.calls) == 1  # pattern 1: the second run did nothing
+    assert len(ex.payments.calls) == 2 and len(ex.payments.effects) == 1  # pattern 2
+    assert scalar(engine, "SELECT count(*) FROM example_ledger") == 1  # pattern 3
