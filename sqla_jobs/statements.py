@@ -364,8 +364,10 @@ def queues_of_kinds(kinds: Sequence[str]) -> sa.Select[Any]:
     """Distinct queues holding live jobs of ``kinds`` (sqla_jobs.testing.drain)."""
     return (
         sa.select(jobs.c.queue)
-        .where(jobs.c.kind == sa.any_(_text_array(kinds)),
-               jobs.c.status.in_([_status(JobStatus.QUEUED), _status(JobStatus.RUNNING)]))
+        .where(
+            jobs.c.kind == sa.any_(_text_array(kinds)),
+            jobs.c.status.in_([_status(JobStatus.QUEUED), _status(JobStatus.RUNNING)]),
+        )
         .distinct()
     )
 
