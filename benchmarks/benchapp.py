@@ -1,0 +1,43 @@
+"""Handlers the benchmark workers run: ``python -m sqla_jobs.worker benchapp:registry``.
+
+``noop`` does nothing (the worker's own overhead); ``write`` inserts one row in the
+handler's session, so the row and the done-mark commit in one transaction; ``stamp``
+records when the handler started (``time.time()``, the producer's clock is the same
+machine's) for the pickup-latency scenario. ``SETUP_SQL`` creates their tables.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from sqla_jobs import JobContext, Registry
+
+registry = Registry()
+
+SETUP_SQL = """
+CREATE TABLE IF NOT EXISTS bench_effects (job_id bigint PRIMARY KEY, n int NOT NULL);
+CREATE TABLE IF NOT EXISTS bench_pickup (job_id bigint PRIMARY KEY, started float8 NOT NULL);
+"""
+
+_WRITE = sa.text("INSERT INTO bench_effects (job_id, n) VALUES (:j, :n)")
+_STAMP = sa.text("INSERT INTO bench_pickup (job_id, started) VALUES (:j, :t)")
+
+
+@registry.handler("noop")
+def noop(session: Session, payload: dict[str, Any]) -> None:
+    pass
+
+
+@registry.handler("write")
+def write(session: Session, payload: dict[str, Any], job: JobContext) -> None:
+    session.execute(_WRITE, {"j": job.id, "n": payload.get("n", 0)})
+
+
+@registry.handler("stamp")
+def stamp(session: Session, payload: dict[str, Any], job: JobContext) -> None:
+    started = time.time()
+    session.execute(_STAMP, {"j": job.id, "t": started})

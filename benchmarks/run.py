@@ -1,0 +1,700 @@
+"""The sqla_jobs benchmark suite: ``make bench`` (or ``python benchmarks/run.py [--quick]``).
+
+Every scenario runs in its own scratch database (``_db.scratch_database``), migrated with
+``sqla_jobs.testing.migrate``; the peers of ``peers.py`` run in the same process, against
+the same server, interleaved with ours, so the ratios in the one printed table compare
+figures measured side by side. Absolute figures move with the (shared, noisy) machine;
+the ratios are what to read. Nothing here is a test: no figure is asserted.
+
+Scenarios:
+
+* enqueue: ``enqueue`` one job per transaction from 1 and 8 producer threads, with the
+  notify trigger on and with it disabled (``ALTER TABLE jobs DISABLE TRIGGER``);
+  ``enqueue_many`` in batches of 1,000 (one transaction each) vs pgqueuer's bulk
+  enqueue and a raw COPY;
+* drain: no-op jobs drained by ONE real worker process (``python -m sqla_jobs.worker
+  benchapp:registry --concurrency N``), timed from its "started" log line until no job is
+  queued or running; and jobs whose handler writes one row (handler transaction) vs the
+  seed's loop on 4 threads;
+* pickup: an idle worker, one job every 20 ms; latency from the producer's commit
+  returning to the handler's first line (``benchapp.stamp``);
+* claim: one claim statement (LIMIT 1, rolled back) with 1,000,000 done rows and 100,000
+  future jobs in the table vs an empty table, for our claim and the seed's
+  ``OR (status = 'running' AND locked_until < now())`` form (on its own index, same data),
+  with jobs ready and with nothing ready (an idle worker's poll).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import sqlalchemy as sa
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+from sqlalchemy.dialects.postgresql.psycopg import dialect as psycopg_dialect
+from sqlalchemy.orm import Session
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+import peers  # noqa: E402
+from _db import scratch_database  # noqa: E402
+
+from sqla_jobs import NewJob, enqueue, enqueue_many, statements, testing  # noqa: E402
+
+#: Extra options every benchmark worker gets (none: the defaults are what we measure).
+WORKER_ARGS: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Sizes:
+    repeats: int
+    enqueue_single: int
+    enqueue_many: int
+    drain: int
+    tx_drain: int
+    pickup: int
+    claim_done: int
+    claim_future: int
+    claim_iterations: int
+
+
+FULL = Sizes(3, 4_000, 100_000, 20_000, 2_000, 500, 1_000_000, 100_000, 400)
+QUICK = Sizes(1, 2_000, 30_000, 5_000, 1_000, 150, 1_000_000, 100_000, 200)
+
+
+@dataclass
+class Row:
+    section: str
+    name: str
+    value: float
+    unit: str
+    peer: str = ""
+    peer_value: float | None = None
+    target: str = ""
+    met: bool | None = None
+
+    @property
+    def ratio(self) -> float | None:
+        if self.peer_value is None or not self.peer_value:
+            return None
+        if self.unit == "ms":  # lower is better: ratio > 1 means slower than the peer
+            return self.value / self.peer_value
+        return self.value / self.peer_value
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def _sa_url(url: str) -> str:
+    return "postgresql+psycopg://" + url.split("://", 1)[1]
+
+
+@contextmanager
+def _engine(url: str, **kw: Any) -> Iterator[sa.Engine]:
+    engine = sa.create_engine(_sa_url(url), **kw)
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+
+
+@contextmanager
+def _ours(prefix: str) -> Iterator[str]:
+    """A scratch database with sqla_jobs' schema and the bench handlers' tables."""
+    with scratch_database(prefix) as url:
+        testing.migrate(url)
+        with psycopg.connect(url, autocommit=True) as conn:
+            from benchapp import SETUP_SQL
+
+            conn.execute(SETUP_SQL)
+        yield url
+
+
+def _peer(fn: Callable[[str], float]) -> float | None:
+    with scratch_database("bench_peer") as url:
+        try:
+            return fn(url)
+        except peers.PeerUnavailable as exc:
+            print(f"  (peer skipped: {exc})", flush=True)
+            return None
+
+
+# --- enqueue ---------------------------------------------------------------------------
+
+
+def ours_enqueue_single(n_jobs: int, producers: int, trigger: bool) -> float:
+    """``enqueue`` + ``commit`` per job in a Session, ``producers`` threads."""
+    with _ours("bench_enq") as url:
+        if not trigger:
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute("ALTER TABLE jobs DISABLE TRIGGER jobs_notify")
+        shares = peers._split(n_jobs, producers)
+        with _engine(url, pool_size=producers) as engine:
+            # Open the pool's connections before the clock starts.
+            conns = [engine.connect() for _ in range(producers)]
+            for c in conns:
+                c.close()
+
+            def produce(count: int) -> None:
+                for i in range(count):
+                    with Session(engine) as s:
+                        enqueue(s, "noop", {"i": i})
+                        s.commit()
+
+            with ThreadPoolExecutor(producers) as pool:
+                t0 = time.perf_counter()
+                for f in [pool.submit(produce, s) for s in shares]:
+                    f.result()
+                elapsed = time.perf_counter() - t0
+        peers._check_count(url, n_jobs)
+    return n_jobs / elapsed
+
+
+def ours_enqueue_many(n_jobs: int, batch: int = 1_000) -> float:
+    """``enqueue_many`` of ``batch`` NewJobs per transaction (building them is timed)."""
+    with _ours("bench_enqm") as url, _engine(url) as engine:
+        with engine.connect():
+            pass
+        t0 = time.perf_counter()
+        for start in range(0, n_jobs, batch):
+            with Session(engine) as s:
+                enqueue_many(s, [NewJob("noop", {"i": i}) for i in range(start, start + batch)])
+                s.commit()
+        elapsed = time.perf_counter() - t0
+        peers._check_count(url, n_jobs)
+    return n_jobs / elapsed
+
+
+# --- drain -----------------------------------------------------------------------------
+
+
+class WorkerProcess:
+    """``python -m sqla_jobs.worker benchapp:registry`` as a child; ready when it logs."""
+
+    def __init__(self, url: str, *args: str) -> None:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.getcwd()])}
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "sqla_jobs.worker",
+                "benchapp:registry",
+                "--database-url",
+                url,
+                *WORKER_ARGS,
+                *args,
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: list[str] = []
+        self.ready = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.append(line)
+            if " started: " in line:
+                self.ready.set()
+
+    def wait_ready(self, timeout: float = 30.0) -> float:
+        if not self.ready.wait(timeout):
+            self.stop()
+            raise RuntimeError("worker did not start:\n" + "".join(self.lines[-20:]))
+        return time.perf_counter()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        problems = [ln for ln in self.lines if " WARNING " in ln or " ERROR " in ln]
+        if problems:
+            print("  worker warnings:\n  " + "  ".join(problems[:5]), flush=True)
+
+
+_ALL_DONE = (
+    "SELECT NOT EXISTS (SELECT 1 FROM jobs WHERE status = 'queued')"
+    " AND NOT EXISTS (SELECT 1 FROM jobs WHERE status = 'running')"
+)
+
+
+def _wait_all_done(url: str, timeout: float = 300.0) -> float:
+    """Poll (two partial-index probes) until nothing is queued or running."""
+    deadline = time.perf_counter() + timeout
+    with psycopg.connect(url, autocommit=True) as conn:
+        while True:
+            row = conn.execute(_ALL_DONE).fetchone()
+            now = time.perf_counter()
+            if row and row[0]:
+                return now
+            if now > deadline:
+                raise RuntimeError("drain did not finish")
+            time.sleep(0.002)
+
+
+def _fill(url: str, kind: str, n_jobs: int) -> None:
+    with _engine(url) as engine, Session(engine) as s:
+        for start in range(0, n_jobs, 5_000):
+            count = min(5_000, n_jobs - start)
+            enqueue_many(s, [NewJob(kind, {"n": start + i}) for i in range(count)])
+        s.commit()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE jobs")
+
+
+def ours_drain(n_jobs: int, concurrency: int, kind: str = "noop") -> float:
+    with _ours("bench_drain") as url:
+        _fill(url, kind, n_jobs)
+        worker = WorkerProcess(url, "--concurrency", str(concurrency))
+        try:
+            t0 = worker.wait_ready()
+            t1 = _wait_all_done(url)
+        finally:
+            worker.stop()
+        peers._check_count(url, n_jobs, "done")
+        if kind == "write":
+            with psycopg.connect(url) as conn:
+                row = conn.execute("SELECT count(*) FROM bench_effects").fetchone()
+            if not row or row[0] != n_jobs:
+                raise RuntimeError(f"expected {n_jobs} effects, got {row}")
+    return n_jobs / (t1 - t0)
+
+
+def _seed_write(conn: psycopg.Connection[Any], payload: Any) -> None:
+    conn.execute("INSERT INTO bench_effects (n) VALUES (%s)", (payload["n"],))
+
+
+def seed_loop_threads(url: str, n_jobs: int, threads: int = 4) -> float:
+    """The seed's ``run_one`` loop on ``threads`` connections; handler writes one row."""
+    peers._install_seed_schema(url)
+    peers.HANDLERS["write"] = _seed_write
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE bench_effects (id bigserial PRIMARY KEY, n int NOT NULL)")
+        with conn.cursor() as cur, cur.copy("COPY jobs (kind, payload) FROM STDIN") as copy:
+            for i in range(n_jobs):
+                copy.write_row(("write", Jsonb({"n": i})))
+        conn.execute("VACUUM ANALYZE jobs")
+    conns = [psycopg.connect(url, row_factory=dict_row) for _ in range(threads)]
+    try:
+
+        def loop(conn: psycopg.Connection[dict[str, Any]]) -> None:
+            while peers._run_one(conn):
+                pass
+
+        with ThreadPoolExecutor(threads) as pool:
+            t0 = time.perf_counter()
+            for f in [pool.submit(loop, c) for c in conns]:
+                f.result()
+            elapsed = time.perf_counter() - t0
+    finally:
+        for c in conns:
+            c.close()
+    peers._check_count(url, n_jobs, "done")
+    return n_jobs / elapsed
+
+
+# --- pickup latency --------------------------------------------------------------------
+
+
+def pickup_latency(n_jobs: int, interval: float = 0.020) -> tuple[float, float]:
+    """p50, p99 (ms) from the producer's commit returning to the handler's first line."""
+    with _ours("bench_pickup") as url:
+        worker = WorkerProcess(url, "--concurrency", "1")
+        committed: dict[int, float] = {}
+        try:
+            worker.wait_ready()
+            time.sleep(0.5)  # let the listener connect and the dispatcher go idle
+            with psycopg.connect(url, autocommit=True) as probe:
+                probe.execute("SELECT 1")
+            with _engine(url) as engine:
+                with engine.connect():
+                    pass
+                tick = time.perf_counter()
+                for _ in range(n_jobs):
+                    with engine.begin() as conn:
+                        job_id = enqueue(conn, "stamp", {})
+                    committed[int(job_id or 0)] = time.time()
+                    tick += interval
+                    time.sleep(max(0.0, tick - time.perf_counter()))
+            _wait_all_done(url)
+        finally:
+            worker.stop()
+        with psycopg.connect(url) as conn:
+            started: dict[int, float] = dict(
+                conn.execute("SELECT job_id, started FROM bench_pickup").fetchall()
+            )
+    lat = sorted((started[j] - t) * 1000 for j, t in committed.items())
+    p99 = lat[min(len(lat) - 1, round(0.99 * (len(lat) - 1)))]
+    return _median(lat), p99
+
+
+# --- claim latency ---------------------------------------------------------------------
+
+SEED_CLAIM = peers.CLAIM
+SEED_INDEX = "CREATE INDEX seed_claim_idx ON jobs (run_at) WHERE status IN ('queued', 'running')"
+
+
+def _claim_sql() -> tuple[str, dict[str, Any]]:
+    stmt = statements.claim(
+        worker="bench:1", lock_seconds=30, queues=["default"], kinds=["noop"], limit=1
+    )
+    compiled = stmt.compile(dialect=psycopg_dialect())  # type: ignore[no-untyped-call]
+    return str(compiled), dict(compiled.params)
+
+
+def _load(conn: psycopg.Connection[Any], done: int, future: int) -> None:
+    conn.execute(
+        "INSERT INTO jobs (kind, payload, status, run_at, attempts, worker, finished_at)"
+        " SELECT 'noop', '{}', 'done', now() - interval '2 days' + g * interval '100 ms',"
+        " 1, 'old:1', now() - interval '1 day' FROM generate_series(1, %s) g",
+        (done,),
+    )
+    conn.execute(
+        "INSERT INTO jobs (kind, payload, run_at)"
+        " SELECT 'noop', '{}', now() + interval '1 hour' + g * interval '10 ms'"
+        " FROM generate_series(1, %s) g",
+        (future,),
+    )
+
+
+def _time_claims(url: str, iterations: int, seed_form: bool) -> tuple[float, float]:
+    """Median ms of our claim and of the seed's claim, interleaved, each rolled back."""
+    sql_ours, params_ours = _claim_sql()
+    seed_params = {"lock": 30, "worker": "bench:1"}
+    ours: list[float] = []
+    seed: list[float] = []
+    with psycopg.connect(url) as conn:
+        for _ in range(iterations):
+            t0 = time.perf_counter()
+            conn.execute(sql_ours, params_ours).fetchall()
+            ours.append(time.perf_counter() - t0)
+            conn.rollback()
+            if seed_form:
+                t0 = time.perf_counter()
+                conn.execute(SEED_CLAIM, seed_params).fetchall()
+                seed.append(time.perf_counter() - t0)
+                conn.rollback()
+    return _median(ours) * 1000, (_median(seed) * 1000 if seed else float("nan"))
+
+
+def claim_latency(sizes: Sizes, explain: bool) -> dict[str, float]:
+    """Claim medians: {ours,seed} x {empty,loaded} x {ready,idle}."""
+    out: dict[str, float] = {}
+    n = sizes.claim_iterations
+    ready = 1_000
+    add_ready = (
+        "INSERT INTO jobs (kind, payload, run_at) SELECT 'noop', '{}',"
+        " now() - interval '1 minute' FROM generate_series(1, %s)"
+    )
+    for label, loaded in (("empty", False), ("loaded", True)):
+        with _ours("bench_claim") as url:
+            with psycopg.connect(url, autocommit=True) as conn:
+                if loaded:
+                    _load(conn, sizes.claim_done, sizes.claim_future)
+                conn.execute(SEED_INDEX)
+                conn.execute("VACUUM ANALYZE jobs")
+            out[f"ours_{label}_idle"], out[f"seed_{label}_idle"] = _time_claims(url, n, True)
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute(add_ready, (ready,))
+                conn.execute("VACUUM ANALYZE jobs")
+            out[f"ours_{label}_ready"], out[f"seed_{label}_ready"] = _time_claims(url, n, True)
+            if explain and loaded:
+                sql_ours, params = _claim_sql()
+                with psycopg.connect(url) as conn:
+                    for title, q, p in (
+                        ("ours", sql_ours, params),
+                        ("seed", SEED_CLAIM, {"lock": 30, "worker": "bench:1"}),
+                    ):
+                        plan = conn.execute(
+                            "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + q, p
+                        ).fetchall()
+                        conn.rollback()
+                        print(f"\n--- EXPLAIN {title} claim, loaded table, jobs ready ---")
+                        print("\n".join(r[0] for r in plan), flush=True)
+    return out
+
+
+# --- the table -------------------------------------------------------------------------
+
+
+def _fmt(value: float | None, unit: str) -> str:
+    if value is None:
+        return "-"
+    if unit == "ms":
+        return f"{value:.2f} ms"
+    return f"{value:,.0f}/s"
+
+
+def print_table(rows: list[Row]) -> None:
+    head = ("scenario", "sqla_jobs", "peer", "peer value", "ratio", "target", "met")
+    cells = [head]
+    for r in rows:
+        ratio = r.ratio
+        cells.append(
+            (
+                f"{r.section}: {r.name}",
+                _fmt(r.value, r.unit),
+                r.peer,
+                _fmt(r.peer_value, r.unit) if r.peer else "",
+                f"{ratio:.2f}x" if ratio is not None else "",
+                r.target,
+                "" if r.met is None else ("yes" if r.met else "NO"),
+            )
+        )
+    widths = [max(len(c[i]) for c in cells) for i in range(len(head))]
+
+    def line(c: tuple[str, ...]) -> str:
+        return "| " + " | ".join(v.ljust(w) for v, w in zip(c, widths, strict=True)) + " |"
+
+    print(line(cells[0]))
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for c in cells[1:]:
+        print(line(c))
+
+
+def environment() -> str:
+    with psycopg.connect(peers_admin()) as conn:
+        version = conn.execute("SHOW server_version").fetchone()
+        settings = {
+            name: conn.execute(f"SHOW {name}").fetchone()
+            for name in ("synchronous_commit", "shared_buffers", "fsync", "max_connections")
+        }
+    mem = "?"
+    try:
+        with open("/proc/meminfo") as f:
+            kb = int(f.readline().split()[1])
+            mem = f"{kb / 1024 / 1024:.1f} GiB"
+    except OSError:
+        pass
+    parts = [
+        f"nproc={os.cpu_count()}",
+        f"memory={mem}",
+        f"python={platform.python_version()}",
+        f"psycopg={psycopg.__version__}",
+        f"postgresql={version[0] if version else '?'}",
+    ]
+    parts += [f"{k}={v[0] if v else '?'}" for k, v in settings.items()]
+    return " ".join(parts)
+
+
+def peers_admin() -> str:
+    from _db import admin_url
+
+    return admin_url()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smaller sizes, one repeat")
+    parser.add_argument(
+        "--only",
+        default="enqueue,drain,tx,pickup,claim",
+        help="comma-separated sections to run (default: all)",
+    )
+    parser.add_argument("--explain", action="store_true", help="print the claim plans")
+    args = parser.parse_args(argv)
+    sizes = QUICK if args.quick else FULL
+    only = set(args.only.split(","))
+    started = time.perf_counter()
+    print(environment(), flush=True)
+    rows: list[Row] = []
+
+    def med(fn: Callable[[], float | None]) -> float | None:
+        values = [v for v in (fn() for _ in range(sizes.repeats)) if v is not None]
+        return _median(values) if values else None
+
+    def step(label: str) -> None:
+        print(f"[{time.perf_counter() - started:6.1f}s] {label}", flush=True)
+
+    if "enqueue" in only:
+        n = sizes.enqueue_single
+        for producers in (1, 8):
+            step(f"enqueue single x{producers}")
+            on: list[float] = []
+            off: list[float] = []
+            for _ in range(sizes.repeats):  # interleaved: trigger on, off, on, off, ...
+                on.append(ours_enqueue_single(n, producers, True))
+                off.append(ours_enqueue_single(n, producers, False))
+            met = None
+            if producers == 8:
+                met = _median(on) >= 0.9 * _median(off)
+            rows.append(
+                Row(
+                    "enqueue",
+                    f"1 job/txn, {producers} producer(s), trigger on",
+                    _median(on),
+                    "/s",
+                    "same, trigger disabled",
+                    _median(off),
+                    ">= 0.9x" if producers == 8 else "",
+                    met,
+                )
+            )
+        step("raw single inserts x8 (seed schema)")
+        raw_on = med(lambda: _peer(lambda u: peers.raw_insert_single(u, n, 8, True)))
+        raw_off = med(lambda: _peer(lambda u: peers.raw_insert_single(u, n, 8, False)))
+        if raw_on and raw_off:
+            rows.append(
+                Row(
+                    "enqueue",
+                    "raw psycopg, 8 producers, seed per-row trigger",
+                    raw_on,
+                    "/s",
+                    "raw, no trigger",
+                    raw_off,
+                )
+            )
+        step("enqueue_many")
+        nm = sizes.enqueue_many
+        many = med(lambda: ours_enqueue_many(nm))
+        pgq = med(lambda: _peer(lambda u: peers.pgqueuer_bulk_enqueue(u, nm, 1_000)))
+        copy = med(lambda: _peer(lambda u: peers.raw_copy_enqueue(u, nm)))
+        assert many is not None
+        rows.append(
+            Row(
+                "enqueue",
+                "enqueue_many, batches of 1,000",
+                many,
+                "/s",
+                "pgqueuer bulk (1,000)",
+                pgq,
+                ">= 3x",
+                None if pgq is None else many >= 3 * pgq,
+            )
+        )
+        rows.append(Row("enqueue", "enqueue_many, batches of 1,000", many, "/s", "raw COPY", copy))
+
+    if "drain" in only:
+        n = sizes.drain
+        step("drain peers")
+        pgq = med(lambda: _peer(lambda u: peers.pgqueuer_drain(u, n)))
+        batched = med(lambda: _peer(lambda u: peers.raw_batched_drain(u, n)))
+        seed = med(lambda: _peer(lambda u: peers.raw_seed_loop_drain(u, n)))
+        for conc in (1, 4, 16):
+            step(f"drain concurrency={conc}")
+            rate = med(lambda c=conc: ours_drain(n, c))  # type: ignore[misc]
+            assert rate is not None
+            rows.append(
+                Row(
+                    "drain",
+                    f"{n:,} no-op, 1 process, concurrency {conc}",
+                    rate,
+                    "/s",
+                    "pgqueuer (1 QueueManager)",
+                    pgq,
+                    ">= 4x",
+                    None if pgq is None else rate >= 4 * pgq,
+                )
+            )
+            rows.append(
+                Row(
+                    "drain",
+                    f"{n:,} no-op, 1 process, concurrency {conc}",
+                    rate,
+                    "/s",
+                    "raw batched (100/claim)",
+                    batched,
+                    ">= 0.8x",
+                    None if batched is None else rate >= 0.8 * batched,
+                )
+            )
+        if seed:
+            rows.append(Row("drain", "seed loop, 1 connection (context)", seed, "/s"))
+
+    if "tx" in only:
+        n = sizes.tx_drain
+        step("transactional drain")
+        seed4 = med(lambda: _peer(lambda u: seed_loop_threads(u, n, 4)))
+        for conc in (4, 16):
+            rate = med(lambda c=conc: ours_drain(n, c, "write"))  # type: ignore[misc]
+            assert rate is not None
+            rows.append(
+                Row(
+                    "drain",
+                    f"{n:,} write-one-row, concurrency {conc}",
+                    rate,
+                    "/s",
+                    "seed loop, 4 threads",
+                    seed4,
+                    ">= 1.5x",
+                    None if seed4 is None else rate >= 1.5 * seed4,
+                )
+            )
+
+    if "pickup" in only:
+        step("pickup latency")
+        p50, p99 = pickup_latency(sizes.pickup)
+        rows.append(Row("pickup", "p50, idle worker, 1 job/20 ms", p50, "ms", target="<= 3 ms"))
+        rows[-1].met = p50 <= 3
+        rows.append(Row("pickup", "p99, idle worker, 1 job/20 ms", p99, "ms", target="<= 10 ms"))
+        rows[-1].met = p99 <= 10
+
+    if "claim" in only:
+        step("claim latency (loading the table)")
+        c = claim_latency(sizes, args.explain)
+        big = f"{sizes.claim_done // 1000:,}k done + {sizes.claim_future // 1000:,}k future"
+        for state in ("ready", "idle"):
+            ours_loaded = c[f"ours_loaded_{state}"]
+            rows.append(
+                Row(
+                    "claim",
+                    f"median, {big}, {state}",
+                    ours_loaded,
+                    "ms",
+                    "ours, empty table",
+                    c[f"ours_empty_{state}"],
+                    "< 1 ms, <= 2x",
+                    ours_loaded < 1 and ours_loaded <= 2 * c[f"ours_empty_{state}"],
+                )
+            )
+            rows.append(
+                Row(
+                    "claim",
+                    f"median, {big}, {state}",
+                    ours_loaded,
+                    "ms",
+                    "seed OR-form, same data",
+                    c[f"seed_loaded_{state}"],
+                )
+            )
+            rows.append(
+                Row(
+                    "claim",
+                    f"seed OR-form, empty table, {state} (context)",
+                    c[f"seed_empty_{state}"],
+                    "ms",
+                )
+            )
+
+    step("done")
+    print()
+    print_table(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
