@@ -372,7 +372,11 @@ class Worker:
                         f"handler called session.{session._sqla_jobs_violation} "
                         "and swallowed the error"
                     )
-                wrote = session.in_transaction()
+                # session.add() alone does not begin a transaction: pending objects
+                # count as writes too, or they would never be flushed.
+                wrote = session.in_transaction() or bool(
+                    session.new or session.dirty or session.deleted
+                )
                 if wrote:
                     session.flush()
                     if not self._complete_in(session, job):

@@ -272,3 +272,29 @@ def test_waiting_enqueue_inserts_when_the_key_holder_rolls_back(engine: sa.Engin
     assert isinstance(result[0], int)
     with engine.connect() as conn:
         assert conn.execute(sa.select(jobs.c.payload)).scalars().all() == [{"who": "second"}]
+
+
+def test_enqueue_async_joins_the_async_session(engine: sa.Engine, db_url: URL) -> None:
+    import asyncio
+
+    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+
+    from sqla_jobs import enqueue_async
+
+    async def scenario() -> tuple[int | None, int | None]:
+        async_engine = create_async_engine(db_url)
+        try:
+            async with AsyncSession(async_engine) as s:
+                rolled_back = await enqueue_async(s, "k", {"n": 1})
+                await s.rollback()
+            async with AsyncSession(async_engine) as s:
+                kept = await enqueue_async(s, "k", {"n": 2}, key="async-key")
+                await s.commit()
+            return rolled_back, kept
+        finally:
+            await async_engine.dispose()
+
+    rolled_back, kept = asyncio.run(scenario())
+    assert isinstance(rolled_back, int) and isinstance(kept, int)
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(jobs.c.id, jobs.c.payload)).all() == [(kept, {"n": 2})]

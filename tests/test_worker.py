@@ -281,3 +281,22 @@ def test_backoff_is_full_jitter_under_a_capped_exponential_ceiling() -> None:
         assert abs(sum(samples) / len(samples) - backoff.ceiling(attempt) / 2) < (
             backoff.ceiling(attempt) * 0.05
         )
+
+
+def test_objects_only_added_to_the_session_are_flushed_and_committed(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    from sqla_jobs import Job
+
+    registry = Registry()
+
+    @registry.handler("spawn")
+    def spawn(session: Session, payload: dict[str, Any]) -> None:
+        session.add(Job(kind="child", payload={"from": "spawn"}))  # no query, no flush
+
+    with Session(engine) as s:
+        spawn.enqueue(s, {})
+        s.commit()
+    with running(registry, db_url):
+        wait_for(lambda: status_counts(engine) == {"done": 1, "queued": 1})
+    assert scalar(engine, "SELECT payload->>'from' FROM jobs WHERE kind = 'child'") == "spawn"
