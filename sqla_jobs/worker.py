@@ -122,6 +122,11 @@ def _describe(exc: BaseException) -> str:
     return f"{head}\n\n{tb}".replace("\x00", "")
 
 
+def _reason(exc: BaseException) -> object:
+    """The driver's error when there is one (shorter and clearer than SQLAlchemy's wrapper)."""
+    return getattr(exc, "orig", None) or exc
+
+
 def _fields(job: Claimed, **more: Any) -> dict[str, Any]:
     return {"job_id": job.id, "kind": job.kind, "attempt": job.attempt, **more}
 
@@ -268,11 +273,11 @@ class Worker:
                 free = self.config.concurrency - self._busy()
                 claimed = self._claim(free) if free > 0 else []
                 errors = 0
-            except sa_exc.DBAPIError as exc:
+            except sa_exc.SQLAlchemyError as exc:  # incl. pool timeouts
                 errors += 1
                 pause = min(MAX_ERROR_BACKOFF, 0.1 * 2**errors)
                 log.warning(
-                    "database error in dispatcher (retrying in %.1fs): %s", pause, exc.orig or exc
+                    "database error in dispatcher (retrying in %.1fs): %s", pause, _reason(exc)
                 )
                 self._stopping.wait(pause)
                 continue
@@ -491,11 +496,11 @@ class Worker:
         try:
             with self.engine.begin() as conn:
                 conn.execute(statements.release(worker=self.config.worker_id, leases=leases))
-        except sa_exc.DBAPIError as exc:
+        except sa_exc.SQLAlchemyError as exc:  # incl. pool timeouts
             log.warning(
                 "could not release %d unstarted job(s); they return when their lease expires: %s",
                 len(leases),
-                exc.orig or exc,
+                _reason(exc),
             )
 
     # --- completer --------------------------------------------------------------------
@@ -527,12 +532,12 @@ class Worker:
                 with self.engine.begin() as conn:
                     done = set(conn.execute(stmt).scalars())
                 break
-            except sa_exc.DBAPIError as exc:
+            except sa_exc.SQLAlchemyError as exc:  # incl. pool timeouts
                 log.warning(
                     "could not mark %d job(s) done (try %d): %s",
                     len(batch),
                     attempt + 1,
-                    exc.orig or exc,
+                    _reason(exc),
                 )
                 time.sleep(min(MAX_ERROR_BACKOFF, 0.2 * 2**attempt))
         else:
@@ -562,8 +567,8 @@ class Worker:
             try:
                 with self.engine.begin() as conn:
                     kept = set(conn.execute(stmt).scalars())
-            except sa_exc.DBAPIError as exc:
-                log.warning("heartbeat failed (will retry): %s", exc.orig or exc)
+            except sa_exc.SQLAlchemyError as exc:  # incl. pool timeouts
+                log.warning("heartbeat failed (will retry): %s", _reason(exc))
                 continue
             for job_id, attempt in leases:
                 if job_id not in kept:
