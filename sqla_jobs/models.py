@@ -11,6 +11,12 @@ Two partial indexes keep the hot paths small no matter how many finished rows pi
   priority at a time with an index range bound on ``run_at``, so future (scheduled) jobs
   are never scanned.
 * ``jobs_lease_idx (locked_until) WHERE status = 'running'``: finds expired leases.
+* ``jobs_finished_idx (status, finished_at) WHERE status IN ('done', 'dead', 'cancelled')``
+  (revision 0002): "done in the last hour", "how many dead" and "finished before the
+  archive cut-off" are range scans on it, never a scan of millions of finished rows.
+
+Finished rows are moved to ``jobs_archive`` (:class:`JobArchive`, same columns plus
+``archived_at``) by :func:`sqla_jobs.ops.archive`, so the live table stays small.
 
 The seed design had one index over ``status IN ('queued', 'running')`` and a claim with
 an ``OR (status = 'running' AND locked_until < now())`` branch. That branch cannot be
@@ -51,12 +57,22 @@ class Base(DeclarativeBase):
 
 
 class JobStatus(str, enum.Enum):
-    """Life cycle: queued -> running -> done | queued (retry) | dead."""
+    """Life cycle: queued -> running -> done | queued (retry) | dead; queued -> cancelled.
+
+    ``cancelled`` (revision 0002) is set only by an operator (:func:`sqla_jobs.ops.cancel_jobs`)
+    on a queued job. Workers claim ``queued`` rows only, so a worker built before 0002
+    never sees a cancelled job.
+    """
 
     QUEUED = "queued"
     RUNNING = "running"
     DONE = "done"
     DEAD = "dead"
+    CANCELLED = "cancelled"
+
+
+#: Terminal statuses: rows that only operators (retry, delete, archive) change again.
+FINISHED_STATUSES = (JobStatus.DONE, JobStatus.DEAD, JobStatus.CANCELLED)
 
 
 job_status = sa.Enum(
@@ -113,6 +129,12 @@ class Job(Base):
             "locked_until",
             postgresql_where=sa.text("status = 'running'"),
         ),
+        sa.Index(
+            "jobs_finished_idx",
+            "status",
+            "finished_at",
+            postgresql_where=sa.text("status IN ('done', 'dead', 'cancelled')"),
+        ),
     )
 
     @validates("kind")
@@ -148,3 +170,40 @@ class Job(Base):
 
 
 jobs: sa.Table = Job.__table__  # type: ignore[assignment]
+
+
+class JobArchive(Base):
+    """A finished job moved out of ``jobs`` by :func:`sqla_jobs.ops.archive`; read-only history.
+
+    Same columns as :class:`Job` plus ``archived_at``. No unique idempotency key: a key
+    only deduplicates against live (unarchived) jobs.
+    """
+
+    __tablename__ = "jobs_archive"
+
+    id: Mapped[int] = mapped_column(sa.BigInteger, primary_key=True, autoincrement=False)
+    kind: Mapped[str] = mapped_column(sa.Text)
+    queue: Mapped[str] = mapped_column(sa.Text)
+    priority: Mapped[int] = mapped_column(sa.SmallInteger)
+    payload: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    status: Mapped[JobStatus] = mapped_column(job_status)
+    run_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True))
+    locked_until: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
+    attempts: Mapped[int] = mapped_column(sa.Integer)
+    max_attempts: Mapped[int] = mapped_column(sa.Integer)
+    idempotency_key: Mapped[str | None] = mapped_column(sa.Text)
+    worker: Mapped[str | None] = mapped_column(sa.Text)
+    last_error: Mapped[str | None] = mapped_column(sa.Text)
+    created_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
+    archived_at: Mapped[datetime] = mapped_column(
+        sa.DateTime(timezone=True), server_default=sa.func.now()
+    )
+
+    __table_args__ = (sa.Index("jobs_archive_finished_at_idx", "finished_at"),)
+
+    def __repr__(self) -> str:
+        return f"<JobArchive id={self.id} kind={self.kind!r} status={self.status}>"
+
+
+jobs_archive: sa.Table = JobArchive.__table__  # type: ignore[assignment]

@@ -18,8 +18,9 @@ from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, REGCLASS
 from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.sql.dml import ReturningDelete, ReturningInsert
 
 from sqla_jobs import models, validation
 from sqla_jobs.models import JobStatus, jobs
@@ -156,8 +157,12 @@ def claim(
     kinds: Sequence[str],
     limit: int,
     now: Now = None,
-) -> sa.Update:
+) -> sa.Select[Any]:
     """Claim up to ``limit`` ready jobs of the given queues and kinds, in one statement.
+
+    Rows come back in claim order (priority, run_at, id): ``UPDATE ... RETURNING`` alone
+    returns them in whatever order the join produced, and a worker that buffers a batch
+    runs it in the order returned.
 
     ``ORDER BY priority, run_at`` is walked one priority at a time: a LATERAL subquery
     per priority level (0-9) is an index range scan on ``jobs_claim_idx`` bounded by
@@ -199,7 +204,7 @@ def claim(
         .cte("picked")
         .prefix_with("MATERIALIZED")
     )
-    return (
+    claimed = (
         sa.update(jobs)
         .where(jobs.c.id == picked.c.id)
         .values(
@@ -208,7 +213,11 @@ def claim(
             attempts=jobs.c.attempts + 1,
             worker=sa.bindparam("worker", worker, sa.Text),
         )
-        .returning(*_RETURNING)
+        .returning(*_RETURNING, jobs.c.priority, jobs.c.run_at)
+        .cte("claimed")
+    )
+    return sa.select(*(claimed.c[c.name] for c in _RETURNING)).order_by(
+        claimed.c.priority, claimed.c.run_at, claimed.c.id
     )
 
 
@@ -343,6 +352,359 @@ def rescue_expired(*, limit: int = 1000, now: Now = None) -> sa.Update:
         )
         .returning(jobs.c.id, jobs.c.kind, jobs.c.status, jobs.c.attempts, jobs.c.worker)
     )
+
+
+# --- operations (sqla_jobs.ops) -------------------------------------------------------
+#
+# Stats read the three partial indexes only: jobs_claim_idx (queued), jobs_lease_idx
+# (running) and jobs_finished_idx (done/dead/cancelled, by status then finished_at). No
+# statement here counts all finished rows; their total comes from planner estimates
+# (pg_class.reltuples, pg_stats), so the cost does not grow with the history.
+
+
+def _ago(seconds: float | sa.ColumnElement[Any], now: Now = None) -> sa.ColumnElement[datetime]:
+    value = seconds if isinstance(seconds, sa.ColumnElement) else sa.literal(float(seconds))
+    return _now(now) - _seconds(value)
+
+
+def _epoch(value: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
+    return sa.func.extract("epoch", value)
+
+
+def stats_now(now: Now = None) -> sa.Select[Any]:
+    """The database's clock, the instant every stats figure refers to."""
+    return sa.select(_now(now))
+
+
+def stats_queued(now: Now = None) -> sa.Select[Any]:
+    """Per (queue, kind): ready, scheduled, age of the oldest ready job (jobs_claim_idx)."""
+    ready = jobs.c.run_at <= _now(now)
+    return (
+        sa.select(
+            jobs.c.queue,
+            jobs.c.kind,
+            sa.func.count().filter(ready).label("ready"),
+            sa.func.count().filter(sa.not_(ready)).label("scheduled"),
+            _epoch(_now(now) - sa.func.min(jobs.c.run_at).filter(ready)).label("oldest_ready"),
+        )
+        .where(jobs.c.status == _status(JobStatus.QUEUED))
+        .group_by(jobs.c.queue, jobs.c.kind)
+    )
+
+
+def stats_running(now: Now = None) -> sa.Select[Any]:
+    """Per (queue, kind): running, and expired leases among them (jobs_lease_idx)."""
+    return (
+        sa.select(
+            jobs.c.queue,
+            jobs.c.kind,
+            sa.func.count().label("running"),
+            sa.func.count().filter(jobs.c.locked_until < _now(now)).label("expired"),
+        )
+        .where(jobs.c.status == _status(JobStatus.RUNNING))
+        .group_by(jobs.c.queue, jobs.c.kind)
+    )
+
+
+def stats_dead(now: Now = None) -> sa.Select[Any]:
+    """Per (queue, kind): dead and cancelled rows (jobs_finished_idx, by status).
+
+    ``finished_at > '-infinity'`` is always true for these rows (they all have one); it
+    is there so the planner sees a bounded range on the index's second column too.
+    """
+    return (
+        sa.select(
+            jobs.c.queue,
+            jobs.c.kind,
+            sa.func.count().filter(jobs.c.status == _status(JobStatus.DEAD)).label("dead"),
+            sa.func.count()
+            .filter(jobs.c.status == _status(JobStatus.CANCELLED))
+            .label("cancelled"),
+        )
+        .where(jobs.c.status.in_([_status(JobStatus.DEAD), _status(JobStatus.CANCELLED)]))
+        .group_by(jobs.c.queue, jobs.c.kind)
+    )
+
+
+def stats_done_recent(now: Now = None) -> sa.Select[Any]:
+    """Per (queue, kind): done in the last minute and hour (a range on jobs_finished_idx)."""
+    minute = jobs.c.finished_at >= _ago(60.0, now)
+    return (
+        sa.select(
+            jobs.c.queue,
+            jobs.c.kind,
+            sa.func.count().filter(minute).label("done_last_minute"),
+            sa.func.count().label("done_last_hour"),
+        )
+        .where(
+            jobs.c.status == _status(JobStatus.DONE),
+            jobs.c.finished_at >= _ago(3600.0, now),
+        )
+        .group_by(jobs.c.queue, jobs.c.kind)
+    )
+
+
+def _jobs_regclass() -> sa.ColumnElement[Any]:
+    return sa.cast(sa.literal(jobs.name, sa.Text), REGCLASS)
+
+
+def stats_table() -> sa.Select[Any]:
+    """Size and bloat of the jobs table: planner row estimate and pg_stat_user_tables."""
+    pg_class = sa.table("pg_class", sa.column("oid"), sa.column("reltuples", sa.Float))
+    user_tables = sa.table(
+        "pg_stat_user_tables",
+        sa.column("relid"),
+        sa.column("n_live_tup", sa.BigInteger),
+        sa.column("n_dead_tup", sa.BigInteger),
+        sa.column("last_vacuum", sa.DateTime(timezone=True)),
+        sa.column("last_autovacuum", sa.DateTime(timezone=True)),
+        sa.column("last_autoanalyze", sa.DateTime(timezone=True)),
+    )
+    return (
+        sa.select(
+            pg_class.c.reltuples,
+            user_tables.c.n_live_tup,
+            user_tables.c.n_dead_tup,
+            user_tables.c.last_vacuum,
+            user_tables.c.last_autovacuum,
+            user_tables.c.last_autoanalyze,
+        )
+        .select_from(pg_class)
+        .join(user_tables, user_tables.c.relid == pg_class.c.oid)
+        .where(pg_class.c.oid == _jobs_regclass())
+    )
+
+
+def stats_status_estimates() -> sa.Select[Any]:
+    """The planner's status frequencies (pg_stats), to estimate totals without counting."""
+    pg_stats = sa.table(
+        "pg_stats",
+        sa.column("schemaname", sa.Text),
+        sa.column("tablename", sa.Text),
+        sa.column("attname", sa.Text),
+        sa.column("most_common_vals"),
+        sa.column("most_common_freqs", ARRAY(sa.Float)),
+    )
+    return sa.select(
+        sa.cast(sa.cast(pg_stats.c.most_common_vals, sa.Text), ARRAY(sa.Text)).label("vals"),
+        pg_stats.c.most_common_freqs.label("freqs"),
+    ).where(
+        pg_stats.c.schemaname == sa.func.current_schema(),
+        pg_stats.c.tablename == jobs.name,
+        pg_stats.c.attname == jobs.c.status.name,
+    )
+
+
+def _job_filters(
+    *,
+    ids: Sequence[int] | None = None,
+    statuses: Sequence[JobStatus] | None = None,
+    kind: str | None = None,
+    queue: str | None = None,
+    older_than: float | None = None,
+    now: Now = None,
+) -> list[sa.ColumnElement[bool]]:
+    conditions: list[sa.ColumnElement[bool]] = []
+    if ids is not None:
+        conditions.append(jobs.c.id == sa.any_(sa.literal(list(ids), ARRAY(sa.BigInteger))))
+    if statuses is not None:
+        conditions.append(jobs.c.status.in_([_status(s) for s in statuses]))
+    if kind is not None:
+        conditions.append(jobs.c.kind == sa.bindparam("kind", kind, sa.Text))
+    if queue is not None:
+        conditions.append(jobs.c.queue == sa.bindparam("queue", queue, sa.Text))
+    if older_than is not None:
+        age = sa.bindparam("older_than", older_than, sa.Float)
+        conditions.append(jobs.c.created_at < _ago(age, now))
+    return conditions
+
+
+def list_jobs(
+    *,
+    statuses: Sequence[JobStatus] | None = None,
+    kind: str | None = None,
+    queue: str | None = None,
+    older_than: float | None = None,
+    limit: int,
+    after_id: int | None = None,
+    now: Now = None,
+) -> sa.Select[Any]:
+    """One page of jobs in id order; the next page starts after the last id (keyset)."""
+    conditions = _job_filters(
+        statuses=statuses, kind=kind, queue=queue, older_than=older_than, now=now
+    )
+    if after_id is not None:
+        conditions.append(jobs.c.id > sa.bindparam("after_id", after_id, sa.BigInteger))
+    return (
+        sa.select(*jobs.c)
+        .where(*conditions)
+        .order_by(jobs.c.id)
+        .limit(sa.bindparam("limit", limit, sa.Integer))
+    )
+
+
+def get_job(job_id: int) -> sa.Select[Any]:
+    return sa.select(*jobs.c).where(jobs.c.id == sa.bindparam("id", job_id, sa.BigInteger))
+
+
+def _locked_ids(conditions: list[sa.ColumnElement[bool]], name: str) -> sa.CTE:
+    # SKIP LOCKED: rows a worker is claiming (or another operator is changing) right
+    # now are left alone and not counted. MATERIALIZED, as in claim(): the locking
+    # subquery runs exactly once.
+    return (
+        sa.select(jobs.c.id)
+        .where(*conditions)
+        .with_for_update(skip_locked=True)
+        .cte(name)
+        .prefix_with("MATERIALIZED")
+    )
+
+
+def retry_jobs(
+    *,
+    statuses: Sequence[JobStatus],
+    ids: Sequence[int] | None = None,
+    kind: str | None = None,
+    queue: str | None = None,
+    older_than: float | None = None,
+    now: Now = None,
+) -> sa.Update:
+    """Finished jobs back to queued, ready now, with a fresh set of attempts.
+
+    ``last_error`` is kept (the next failure replaces it), so the reason the job died
+    stays visible until it runs again. RETURNING the ids changed.
+    """
+    conditions = _job_filters(
+        ids=ids, statuses=statuses, kind=kind, queue=queue, older_than=older_than, now=now
+    )
+    picked = _locked_ids(conditions, "picked")
+    return (
+        sa.update(jobs)
+        .where(jobs.c.id == picked.c.id)
+        .values(
+            status=_status(JobStatus.QUEUED),
+            attempts=0,
+            run_at=_now(now),
+            locked_until=None,
+            worker=None,
+            finished_at=None,
+        )
+        .returning(jobs.c.id)
+    )
+
+
+def cancel_jobs(
+    *,
+    ids: Sequence[int] | None = None,
+    kind: str | None = None,
+    queue: str | None = None,
+    older_than: float | None = None,
+    now: Now = None,
+) -> sa.Update:
+    """Queued jobs (ready or scheduled) to cancelled. A job claimed meanwhile is running,
+    fails the status test once its lock is released, and is not changed."""
+    conditions = _job_filters(
+        ids=ids, statuses=[JobStatus.QUEUED], kind=kind, queue=queue, older_than=older_than, now=now
+    )
+    picked = _locked_ids(conditions, "picked")
+    return (
+        sa.update(jobs)
+        .where(jobs.c.id == picked.c.id, jobs.c.status == _status(JobStatus.QUEUED))
+        .values(status=_status(JobStatus.CANCELLED), finished_at=_now(now), locked_until=None)
+        .returning(jobs.c.id)
+    )
+
+
+def delete_jobs(
+    *,
+    statuses: Sequence[JobStatus],
+    ids: Sequence[int] | None = None,
+    kind: str | None = None,
+    queue: str | None = None,
+    older_than: float | None = None,
+    now: Now = None,
+) -> ReturningDelete[Any]:
+    """Delete jobs in ``statuses`` (never ``running``: the caller checks). RETURNING ids."""
+    conditions = _job_filters(
+        ids=ids, statuses=statuses, kind=kind, queue=queue, older_than=older_than, now=now
+    )
+    picked = _locked_ids(conditions, "picked")
+    return sa.delete(jobs).where(jobs.c.id == picked.c.id).returning(jobs.c.id)
+
+
+def archive_batch(
+    *,
+    done_older_than: float,
+    dead_older_than: float | None,
+    batch: int,
+    now: Now = None,
+) -> ReturningInsert[Any]:
+    """Move up to ``batch`` finished rows from ``jobs`` to ``jobs_archive``, in one statement.
+
+    ``WITH picked AS MATERIALIZED (SELECT id ... LIMIT n FOR UPDATE SKIP LOCKED),
+    moved AS (DELETE ... RETURNING *) INSERT INTO jobs_archive SELECT ... FROM moved``.
+    Done rows finished before ``now - done_older_than`` go; dead and cancelled rows only
+    when ``dead_older_than`` is given. Each branch is a range on jobs_finished_idx.
+    """
+    done = sa.and_(
+        jobs.c.status == _status(JobStatus.DONE),
+        jobs.c.finished_at < _ago(sa.bindparam("done_age", done_older_than, sa.Float), now),
+    )
+    which: sa.ColumnElement[bool] = done
+    if dead_older_than is not None:
+        failed = sa.and_(
+            jobs.c.status.in_([_status(JobStatus.DEAD), _status(JobStatus.CANCELLED)]),
+            jobs.c.finished_at < _ago(sa.bindparam("dead_age", dead_older_than, sa.Float), now),
+        )
+        which = sa.or_(done, failed)
+    picked = (
+        sa.select(jobs.c.id)
+        .where(which)
+        .limit(sa.bindparam("batch", batch, sa.Integer))
+        .with_for_update(skip_locked=True)
+        .cte("picked")
+        .prefix_with("MATERIALIZED")
+    )
+    moved = sa.delete(jobs).where(jobs.c.id == picked.c.id).returning(*jobs.c).cte("moved")
+    names = [c.name for c in jobs.c]
+    archive = models.jobs_archive
+    return (
+        sa.insert(archive)
+        .from_select(
+            [*names, archive.c.archived_at.name],
+            sa.select(*(moved.c[n] for n in names), _now(now)),
+        )
+        .add_cte(moved)
+        .returning(archive.c.id)
+    )
+
+
+def prune_batch(*, older_than: float, batch: int, now: Now = None) -> ReturningDelete[Any]:
+    """Delete up to ``batch`` archived jobs finished before ``now - older_than``."""
+    archive = models.jobs_archive
+    picked = (
+        sa.select(archive.c.id)
+        .where(archive.c.finished_at < _ago(sa.bindparam("age", older_than, sa.Float), now))
+        .limit(sa.bindparam("batch", batch, sa.Integer))
+        .with_for_update(skip_locked=True)
+        .cte("picked")
+        .prefix_with("MATERIALIZED")
+    )
+    return sa.delete(archive).where(archive.c.id == picked.c.id).returning(archive.c.id)
+
+
+def try_advisory_lock(key: int) -> sa.Select[Any]:
+    """``pg_try_advisory_lock(key)``: true if this session now holds the lock."""
+    return sa.select(sa.func.pg_try_advisory_lock(sa.bindparam("key", key, sa.BigInteger)))
+
+
+def advisory_unlock(key: int) -> sa.Select[Any]:
+    return sa.select(sa.func.pg_advisory_unlock(sa.bindparam("key", key, sa.BigInteger)))
+
+
+def archive_probe() -> sa.Select[Any]:
+    """Reads every column of jobs_archive; fails if revision 0002 is missing."""
+    return sa.select(*models.jobs_archive.c).limit(0)
 
 
 # --- schema ----------------------------------------------------------------------------

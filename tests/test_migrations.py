@@ -63,7 +63,7 @@ def test_models_and_migrations_agree(db_url: URL) -> None:
 def test_standalone_downgrade_base_then_upgrade_head_round_trips(empty_db_url: URL) -> None:
     up = _alembic(["upgrade", "head"], REPO, empty_db_url)
     assert up.returncode == 0, up.stderr
-    assert _tables(empty_db_url) == {"jobs", migrations.VERSION_TABLE}
+    assert _tables(empty_db_url) == {"jobs", "jobs_archive", migrations.VERSION_TABLE}
     down = _alembic(["downgrade", "base"], REPO, empty_db_url)
     assert down.returncode == 0, down.stderr
     assert _tables(empty_db_url) == {migrations.VERSION_TABLE}
@@ -140,7 +140,7 @@ def test_app_history_upgrades_to_a_head_that_includes_sqla_jobs(
     result = _alembic(["upgrade", "heads"], tmp_path, empty_db_url)
     assert result.returncode == 0, result.stderr
     # The app's own version table holds both heads; sqla_jobs' standalone table is unused.
-    assert _tables(empty_db_url) == {"users", "jobs", "alembic_version"}
+    assert _tables(empty_db_url) == {"users", "jobs", "jobs_archive", "alembic_version"}
     engine = sa.create_engine(empty_db_url, poolclass=sa.NullPool)
     with engine.connect() as conn:
         heads = set(conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalars())
@@ -150,3 +150,80 @@ def test_app_history_upgrades_to_a_head_that_includes_sqla_jobs(
     assert heads == {"app_0001"} | jobs_heads
     check = _alembic(["check"], tmp_path, empty_db_url)
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+def _statuses(conn: sa.Connection) -> list[str]:
+    return list(
+        conn.execute(sa.text("SELECT unnest(enum_range(NULL::job_status))::text")).scalars()
+    )
+
+
+def test_cancelled_migration_upgrades_a_database_that_already_holds_jobs(
+    empty_db_url: URL,
+) -> None:
+    engine = sa.create_engine(empty_db_url, poolclass=sa.NullPool)
+    try:
+        with engine.connect() as conn:
+            migrations.upgrade(conn, "0001_jobs_table")
+            conn.execute(
+                sa.text(
+                    "INSERT INTO jobs (kind, payload, status, finished_at) VALUES "
+                    "('a', '{}', 'queued', NULL), ('b', '{}', 'done', now()), "
+                    "('c', '{}', 'dead', now())"
+                )
+            )
+            conn.commit()
+            migrations.upgrade(conn, "heads")
+            assert _statuses(conn) == ["queued", "running", "done", "dead", "cancelled"]
+            before = conn.execute(sa.text("SELECT kind, status::text FROM jobs ORDER BY id")).all()
+            assert [tuple(r) for r in before] == [("a", "queued"), ("b", "done"), ("c", "dead")]
+            # The new value is usable at once (it was committed outside the migration's
+            # transaction), and the finished-rows index covers it.
+            conn.execute(
+                sa.text(
+                    "UPDATE jobs SET status = 'cancelled', finished_at = now() WHERE kind = 'a'"
+                )
+            )
+            conn.commit()
+            indexes = {ix["name"] for ix in sa.inspect(conn).get_indexes("jobs")}
+            assert "jobs_finished_idx" in indexes
+    finally:
+        engine.dispose()
+
+
+def test_cancelled_migration_downgrade_folds_cancelled_into_dead_and_upgrades_again(
+    empty_db_url: URL,
+) -> None:
+    engine = sa.create_engine(empty_db_url, poolclass=sa.NullPool)
+    try:
+        with engine.connect() as conn:
+            migrations.upgrade(conn, "heads")
+            conn.execute(
+                sa.text(
+                    "INSERT INTO jobs (kind, payload, status, finished_at) VALUES "
+                    "('q', '{}', 'queued', NULL), ('x', '{}', 'cancelled', now())"
+                )
+            )
+            conn.commit()
+            migrations.downgrade(conn, "0001_jobs_table")
+            assert _statuses(conn) == ["queued", "running", "done", "dead"]
+            assert "jobs_archive" not in sa.inspect(conn).get_table_names()
+            rows = conn.execute(
+                sa.text("SELECT kind, status::text, last_error FROM jobs ORDER BY id")
+            ).all()
+            assert rows[0] == ("q", "queued", None)
+            assert rows[1][:2] == ("x", "dead") and "cancelled" in rows[1][2]
+            # The claim index still works with the rebuilt type.
+            plan = conn.execute(
+                sa.text("EXPLAIN SELECT id FROM jobs WHERE status = 'queued' ORDER BY priority")
+            ).scalars()
+            assert plan
+            migrations.upgrade(conn, "heads")
+            assert _statuses(conn)[-1] == "cancelled"
+            context = MigrationContext.configure(
+                conn,
+                opts={"version_table": migrations.VERSION_TABLE, "compare_type": True},
+            )
+            assert compare_metadata(context, Base.metadata) == []
+    finally:
+        engine.dispose()

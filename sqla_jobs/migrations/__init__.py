@@ -86,12 +86,21 @@ def alembic_config(connection: Connection | None = None) -> Config:
 
 
 def upgrade(connection: Connection, revision: str = "heads") -> None:
-    """Apply sqla_jobs' migrations on ``connection`` (commits them)."""
+    """Apply sqla_jobs' migrations on ``connection`` (commits them).
+
+    A transaction already open on ``connection`` is committed first: revision 0002 adds
+    an enum value in an autocommit block, which Alembic can only do in a transaction it
+    began itself.
+    """
+    if connection.in_transaction():
+        connection.commit()
     command.upgrade(alembic_config(connection), revision)
     connection.commit()
 
 
 def downgrade(connection: Connection, revision: str = "base") -> None:
-    """Revert sqla_jobs' migrations on ``connection`` (commits)."""
+    """Revert sqla_jobs' migrations on ``connection`` (commits, like :func:`upgrade`)."""
+    if connection.in_transaction():
+        connection.commit()
     command.downgrade(alembic_config(connection), revision)
     connection.commit()

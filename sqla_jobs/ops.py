@@ -1,0 +1,553 @@
+"""Operations: see the queue, act on jobs, keep the table small.
+
+The functions here back the ``sqla-jobs`` commands (``stats``, ``list``, ``show``,
+``retry``, ``cancel``, ``delete``, ``archive``, ``prune``) and can be called from your own
+code, a shell, or an admin view::
+
+    from sqla_jobs import ops
+
+    with Session(engine) as session:
+        s = ops.stats(session, registry)
+        if s.total.dead:
+            page = ops.list_jobs(session, status="dead", limit=20)
+            ops.retry_jobs(session, ids=[job.id for job in page])
+            session.commit()
+
+**Stats stay cheap however much history piles up.** Every figure is read through a
+partial index: queued rows (``jobs_claim_idx``), running rows (``jobs_lease_idx``), and
+finished rows by status then ``finished_at`` (``jobs_finished_idx``, revision 0002): dead
+and cancelled counts are a range on ``status``, "done in the last hour" a range on
+``(status, finished_at)``. Nothing counts every done row; the table's total and the
+split by status are the planner's estimates (``pg_class.reltuples`` and ``pg_stats``),
+refreshed by autovacuum/ANALYZE. ``tests/test_ops.py`` checks the plans.
+
+**Actions are safe while workers claim.** ``retry_jobs``, ``cancel_jobs`` and
+``delete_jobs`` lock their rows with ``FOR UPDATE SKIP LOCKED`` and test the status: a
+row a worker is claiming at that instant is skipped, a running job is never changed,
+and the returned count is exactly the rows changed. They run in the caller's
+transaction and never commit (like ``enqueue``); the command-line tool commits.
+
+**Archiving** moves finished rows from ``jobs`` to ``jobs_archive`` in batches, one
+short transaction each (``WITH moved AS (DELETE ... RETURNING *) INSERT ...``), so it
+never holds many locks for long nor blocks a claim. ``archive`` and ``prune`` commit
+after every batch: call them outside your own unit of work. Workers can archive for you
+(``--archive-every``); a PostgreSQL advisory lock (:data:`ARCHIVE_LOCK_KEY`) makes sure
+one worker of the fleet does it at a time.
+
+Times are the database's (``now()``); durations are :class:`~datetime.timedelta`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from datetime import datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.orm import Session
+
+from sqla_jobs import statements
+from sqla_jobs.exceptions import ConfigError, JobNotFoundError, SchemaNotReadyError
+from sqla_jobs.models import JobStatus
+from sqla_jobs.tasks import Registry
+
+#: Rows moved (archive) or deleted (prune) per transaction. Defaults to 10,000.
+DEFAULT_BATCH = 10_000
+#: Default page size of :func:`list_jobs`, and its largest.
+DEFAULT_LIMIT = 50
+MAX_LIMIT = 10_000
+#: Key of the session-level advisory lock a worker holds while it archives.
+ARCHIVE_LOCK_KEY = int.from_bytes(b"sqlajob\x01", "big")
+
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(text: str) -> timedelta:
+    """``"30s"``, ``"15m"``, ``"12h"``, ``"7d"`` or ``"2w"`` as a timedelta; ConfigError else."""
+    match = _DURATION_RE.match(text) if isinstance(text, str) else None
+    if match is None:
+        raise ConfigError(
+            f"invalid duration {text!r}: use a number and a unit s, m, h, d or w "
+            "(e.g. 30s, 15m, 12h, 7d)"
+        )
+    return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
+
+
+def _seconds(name: str, value: timedelta | None, *, allow_zero: bool = True) -> float | None:
+    if value is None:
+        return None
+    if not isinstance(value, timedelta):
+        raise ConfigError(f"{name} must be a timedelta, got {type(value).__name__}")
+    seconds = value.total_seconds()
+    if seconds < 0 or (seconds == 0 and not allow_zero):
+        raise ConfigError(f"{name} must be {'>=' if allow_zero else '>'} 0, got {value}")
+    return seconds
+
+
+def _status(value: JobStatus | str) -> JobStatus:
+    try:
+        return JobStatus(value)
+    except ValueError:
+        names = ", ".join(s.value for s in JobStatus)
+        raise ConfigError(f"unknown status {value!r}: use one of {names}") from None
+
+
+def _positive_int(name: str, value: int, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(f"{name} must be at most {maximum}, got {value}")
+    return value
+
+
+def _ids(ids: Sequence[int] | None) -> list[int] | None:
+    if ids is None:
+        return None
+    if isinstance(ids, (str, bytes)) or any(
+        isinstance(i, bool) or not isinstance(i, int) for i in ids
+    ):
+        raise ConfigError(f"ids must be a sequence of integers, got {ids!r}")
+    return list(ids)
+
+
+# --- schema -------------------------------------------------------------------------
+
+
+def check_schema(session: Session) -> None:
+    """Raise SchemaNotReadyError unless revision 0002 (cancelled, jobs_archive) is applied."""
+    try:
+        with session.connection().begin_nested():
+            session.execute(statements.schema_probe())
+            session.execute(statements.archive_probe())
+            found = set(session.execute(statements.status_values()).scalars())
+    except sa_exc.ProgrammingError as exc:
+        raise SchemaNotReadyError(
+            "the jobs tables are missing or outdated; run `alembic upgrade head` "
+            f"(or `alembic upgrade heads` in your app): {str(exc.orig).strip()}"
+        ) from None
+    missing = {s.value for s in JobStatus} - found
+    if missing:
+        raise SchemaNotReadyError(f"job_status lacks {sorted(missing)}; run `alembic upgrade head`")
+
+
+# --- stats --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KindStats:
+    """Counts for one (queue, kind). ``oldest_ready_seconds`` is None when nothing is ready."""
+
+    queue: str
+    kind: str
+    ready: int = 0
+    scheduled: int = 0
+    running: int = 0
+    expired: int = 0
+    dead: int = 0
+    cancelled: int = 0
+    done_last_minute: int = 0
+    done_last_hour: int = 0
+    oldest_ready_seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class TableStats:
+    """Size and bloat of the jobs table, from the planner and the statistics collector.
+
+    ``estimated_rows`` is ``pg_class.reltuples`` (-1 or 0 before the first ANALYZE);
+    ``estimated_by_status`` splits it with ``pg_stats``' status frequencies (empty before
+    the first ANALYZE). ``dead_tuples`` is ``n_dead_tup``: row versions waiting for vacuum.
+    """
+
+    estimated_rows: int
+    estimated_by_status: Mapping[str, int]
+    live_tuples: int
+    dead_tuples: int
+    last_vacuum: datetime | None
+    last_autovacuum: datetime | None
+    last_autoanalyze: datetime | None
+
+    @property
+    def dead_tuple_ratio(self) -> float:
+        total = self.live_tuples + self.dead_tuples
+        return self.dead_tuples / total if total else 0.0
+
+
+@dataclass(frozen=True)
+class Stats:
+    """A snapshot of the queue, all figures as of ``taken_at`` (the database's clock).
+
+    ``by_kind`` has one entry per (queue, kind) that has anything queued, running, dead,
+    cancelled, or done in the last hour, sorted. ``unknown_kinds`` lists kinds among
+    those that the registry given to :func:`stats` has no handler for (queued jobs of
+    such a kind are never claimed).
+    """
+
+    taken_at: datetime
+    by_kind: tuple[KindStats, ...]
+    total: KindStats
+    table: TableStats
+    unknown_kinds: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: datetimes as ISO 8601 text."""
+        data = asdict(self)
+        data["table"]["dead_tuple_ratio"] = self.table.dead_tuple_ratio
+        return _jsonable(data)  # type: ignore[no-any-return]
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, Mapping):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+_COUNTS = (
+    *("ready", "scheduled", "running", "expired", "dead", "cancelled"),
+    *("done_last_minute", "done_last_hour"),
+)
+
+
+def stats(session: Session, registry: Registry | None = None) -> Stats:
+    """Read the queue's state in one read-only snapshot (five index-backed queries).
+
+    Runs in a transaction of its own on ``session`` (begun and rolled back here, so
+    ``now()`` is the same instant for every figure); the session must not be in the
+    middle of a unit of work.
+    """
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def merge(result: sa.Result[Any], names: Sequence[str]) -> None:
+        for row in result:
+            entry = rows.setdefault((row.queue, row.kind), {})
+            for name in names:
+                entry[name] = getattr(row, name)
+
+    if session.in_transaction():
+        session.rollback()
+    try:
+        session.connection().exec_driver_sql(
+            "SET TRANSACTION READ ONLY, ISOLATION LEVEL REPEATABLE READ"
+        )
+        taken_at = session.execute(statements.stats_now()).scalar_one()
+        merge(session.execute(statements.stats_queued()), ("ready", "scheduled", "oldest_ready"))
+        merge(session.execute(statements.stats_running()), ("running", "expired"))
+        merge(session.execute(statements.stats_dead()), ("dead", "cancelled"))
+        merge(
+            session.execute(statements.stats_done_recent()),
+            ("done_last_minute", "done_last_hour"),
+        )
+        table = _table_stats(session)
+    except sa_exc.ProgrammingError as exc:
+        raise SchemaNotReadyError(
+            f"cannot read the jobs table; run `alembic upgrade head`: {str(exc.orig).strip()}"
+        ) from None
+    finally:
+        session.rollback()
+
+    by_kind = tuple(
+        KindStats(
+            queue=queue,
+            kind=kind,
+            oldest_ready_seconds=_float(values.get("oldest_ready")),
+            **{name: int(values.get(name) or 0) for name in _COUNTS},
+        )
+        for (queue, kind), values in sorted(rows.items())
+    )
+    ages = [k.oldest_ready_seconds for k in by_kind if k.oldest_ready_seconds is not None]
+    total = KindStats(
+        queue="*",
+        kind="*",
+        oldest_ready_seconds=max(ages) if ages else None,
+        **{name: sum(getattr(k, name) for k in by_kind) for name in _COUNTS},
+    )
+    unknown: tuple[str, ...] = ()
+    if registry is not None:
+        unknown = tuple(sorted({k.kind for k in by_kind} - set(registry.kinds)))
+    return Stats(
+        taken_at=taken_at, by_kind=by_kind, total=total, table=table, unknown_kinds=unknown
+    )
+
+
+def _float(value: Any) -> float | None:
+    return None if value is None else max(0.0, float(value))
+
+
+def _table_stats(session: Session) -> TableStats:
+    row = session.execute(statements.stats_table()).one_or_none()
+    estimates: dict[str, int] = {}
+    reltuples = max(0, int(row.reltuples)) if row is not None else 0
+    found = session.execute(statements.stats_status_estimates()).first()
+    if found is not None and found.vals is not None:
+        for value, freq in zip(found.vals, found.freqs, strict=False):
+            estimates[value] = round(reltuples * freq)
+    return TableStats(
+        estimated_rows=reltuples,
+        estimated_by_status=estimates,
+        live_tuples=int(row.n_live_tup or 0) if row is not None else 0,
+        dead_tuples=int(row.n_dead_tup or 0) if row is not None else 0,
+        last_vacuum=row.last_vacuum if row is not None else None,
+        last_autovacuum=row.last_autovacuum if row is not None else None,
+        last_autoanalyze=row.last_autoanalyze if row is not None else None,
+    )
+
+
+# --- looking at jobs ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """A job as read by :func:`list_jobs` / :func:`get_job`: a snapshot, not an ORM object."""
+
+    id: int
+    kind: str
+    queue: str
+    priority: int
+    payload: dict[str, Any]
+    status: JobStatus
+    run_at: datetime
+    locked_until: datetime | None
+    attempts: int
+    max_attempts: int
+    idempotency_key: str | None
+    worker: str | None
+    last_error: str | None
+    created_at: datetime
+    finished_at: datetime | None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = _jsonable(asdict(self))
+        data["status"] = self.status.value
+        return data  # type: ignore[no-any-return]
+
+
+_RECORD_FIELDS = tuple(f.name for f in fields(JobRecord))
+
+
+def _record(row: Any) -> JobRecord:
+    values = {name: getattr(row, name) for name in _RECORD_FIELDS}
+    values["status"] = JobStatus(values["status"])
+    return JobRecord(**values)
+
+
+def list_jobs(
+    session: Session,
+    status: JobStatus | str | Sequence[JobStatus | str] | None = None,
+    kind: str | None = None,
+    queue: str | None = None,
+    older_than: timedelta | None = None,
+    limit: int = DEFAULT_LIMIT,
+    after_id: int | None = None,
+) -> list[JobRecord]:
+    """One page of jobs, oldest id first, filtered by status, kind, queue and age.
+
+    ``older_than`` keeps jobs created more than that long ago. Pages by keyset: pass the
+    last id of a page as ``after_id`` to get the next one (stable while rows change).
+    """
+    statuses = _statuses(status)
+    stmt = statements.list_jobs(
+        statuses=statuses,
+        kind=kind,
+        queue=queue,
+        older_than=_seconds("older_than", older_than),
+        limit=_positive_int("limit", limit, MAX_LIMIT),
+        after_id=None if after_id is None else _non_negative_id(after_id),
+    )
+    return [_record(row) for row in session.execute(stmt)]
+
+
+def _non_negative_id(value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"after_id must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _statuses(
+    status: JobStatus | str | Sequence[JobStatus | str] | None,
+) -> list[JobStatus] | None:
+    if status is None:
+        return None
+    if isinstance(status, (str, JobStatus)):
+        return [_status(status)]
+    return [_status(s) for s in status]
+
+
+def get_job(session: Session, id: int) -> JobRecord:
+    """The job with this id; JobNotFoundError if there is none (archived jobs included)."""
+    row = session.execute(statements.get_job(id)).one_or_none()
+    if row is None:
+        raise JobNotFoundError(f"no job with id {id}")
+    return _record(row)
+
+
+# --- acting on jobs -----------------------------------------------------------------
+
+_RETRYABLE = (JobStatus.DEAD, JobStatus.CANCELLED)
+_DELETABLE = (JobStatus.QUEUED, JobStatus.DONE, JobStatus.DEAD, JobStatus.CANCELLED)
+
+
+def _check_filters(ids: list[int] | None, kind: str | None, queue: str | None) -> None:
+    for name, value in (("kind", kind), ("queue", queue)):
+        if value is not None and (not isinstance(value, str) or not value):
+            raise ConfigError(f"{name} must be a non-empty string, got {value!r}")
+
+
+def retry_jobs(
+    session: Session,
+    ids: Sequence[int] | None = None,
+    *,
+    kind: str | None = None,
+    queue: str | None = None,
+    older_than: timedelta | None = None,
+    status: JobStatus | str | Sequence[JobStatus | str] = JobStatus.DEAD,
+) -> int:
+    """Put dead (or cancelled) jobs back in the queue; return how many were changed.
+
+    Matching jobs (by ``ids`` and/or the filters; with neither, every job in ``status``)
+    become ``queued`` with ``run_at = now()`` and ``attempts = 0``, so they get their
+    full ``max_attempts`` again. ``last_error`` is kept until the next failure replaces
+    it. Only ``dead`` and ``cancelled`` jobs can be retried. Never commits.
+    """
+    statuses = _statuses(status) or []
+    bad = [s.value for s in statuses if s not in _RETRYABLE]
+    if bad or not statuses:
+        raise ConfigError(f"only dead or cancelled jobs can be retried, not {bad or statuses}")
+    ids_ = _ids(ids)
+    _check_filters(ids_, kind, queue)
+    stmt = statements.retry_jobs(
+        statuses=statuses,
+        ids=ids_,
+        kind=kind,
+        queue=queue,
+        older_than=_seconds("older_than", older_than),
+    )
+    return len(session.execute(stmt).all())
+
+
+def cancel_jobs(
+    session: Session,
+    ids: Sequence[int] | None = None,
+    *,
+    kind: str | None = None,
+    queue: str | None = None,
+    older_than: timedelta | None = None,
+) -> int:
+    """Cancel queued jobs (ready or scheduled); return how many were cancelled.
+
+    Give ``ids`` or at least one filter: cancelling every queued job takes an explicit
+    ``kind`` or ``queue``. A running job is not touched (its handler is already going);
+    a job a worker claims while this runs is skipped. Never commits.
+    """
+    ids_ = _ids(ids)
+    _check_filters(ids_, kind, queue)
+    if ids_ is None and kind is None and queue is None:
+        raise ConfigError("cancel needs job ids or a --kind/--queue filter")
+    stmt = statements.cancel_jobs(
+        ids=ids_, kind=kind, queue=queue, older_than=_seconds("older_than", older_than)
+    )
+    return len(session.execute(stmt).all())
+
+
+def delete_jobs(
+    session: Session,
+    ids: Sequence[int] | None = None,
+    *,
+    status: JobStatus | str | Sequence[JobStatus | str] | None = None,
+    kind: str | None = None,
+    queue: str | None = None,
+    older_than: timedelta | None = None,
+) -> int:
+    """Delete jobs that are not running; return how many were deleted.
+
+    Give ``ids`` or ``status`` (any but ``running``), optionally narrowed by kind, queue
+    and age. Never commits. Prefer :func:`archive` for finished jobs: it keeps history.
+    """
+    ids_ = _ids(ids)
+    _check_filters(ids_, kind, queue)
+    statuses = _statuses(status)
+    if statuses is None:
+        if ids_ is None:
+            raise ConfigError("delete needs job ids or a --status filter")
+        statuses = list(_DELETABLE)
+    if JobStatus.RUNNING in statuses:
+        raise ConfigError("running jobs cannot be deleted (cancel is not possible either)")
+    stmt = statements.delete_jobs(
+        statuses=statuses,
+        ids=ids_,
+        kind=kind,
+        queue=queue,
+        older_than=_seconds("older_than", older_than),
+    )
+    return len(session.execute(stmt).all())
+
+
+# --- archive and prune --------------------------------------------------------------
+
+
+def archive_batches(
+    session: Session,
+    older_than: timedelta,
+    batch: int = DEFAULT_BATCH,
+    include_dead_after: timedelta | None = None,
+) -> Iterator[int]:
+    """Like :func:`archive`, yielding each committed batch's row count (the worker uses it
+    to stop between batches)."""
+    done_age = _seconds("older_than", older_than)
+    dead_age = _seconds("include_dead_after", include_dead_after)
+    assert done_age is not None
+    stmt = statements.archive_batch(
+        done_older_than=done_age,
+        dead_older_than=dead_age,
+        batch=_positive_int("batch", batch),
+    )
+    if session.in_transaction():
+        session.commit()
+    while True:
+        moved = len(session.execute(stmt).all())
+        session.commit()
+        if moved:
+            yield moved
+        if moved < batch:
+            return
+
+
+def archive(
+    session: Session,
+    older_than: timedelta,
+    batch: int = DEFAULT_BATCH,
+    include_dead_after: timedelta | None = None,
+) -> int:
+    """Move finished jobs to ``jobs_archive``; return how many were moved.
+
+    Done jobs finished more than ``older_than`` ago are moved; dead and cancelled jobs
+    only when ``include_dead_after`` is given (usually longer: dead jobs are the error
+    log someone still has to read). At most ``batch`` rows per transaction, each
+    committed at once (so this commits: do not call it inside a unit of work). Rows
+    locked by someone else are skipped and picked up next time.
+    """
+    return sum(archive_batches(session, older_than, batch, include_dead_after))
+
+
+def prune(session: Session, older_than: timedelta, batch: int = DEFAULT_BATCH) -> int:
+    """Delete archived jobs finished more than ``older_than`` ago, ``batch`` rows per
+    committed transaction; return how many were deleted."""
+    age = _seconds("older_than", older_than)
+    assert age is not None
+    stmt = statements.prune_batch(older_than=age, batch=_positive_int("batch", batch))
+    if session.in_transaction():
+        session.commit()
+    total = 0
+    while True:
+        deleted = len(session.execute(stmt).all())
+        session.commit()
+        total += deleted
+        if deleted < batch:
+            return total
