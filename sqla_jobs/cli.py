@@ -116,6 +116,17 @@ def worker_parser(prog: str = "python -m sqla_jobs.worker") -> argparse.Argument
         help="how often expired leases are requeued; default %(default)s",
     )
     p.add_argument("--no-listen", action="store_true", help="poll only; no LISTEN/NOTIFY")
+    p.add_argument(
+        "--prefetch",
+        type=int,
+        default=config_mod.DEFAULT_PREFETCH,
+        help="jobs claimed ahead of free slots (0 for long jobs); default %(default)s",
+    )
+    p.add_argument(
+        "--no-prepared-statements",
+        action="store_true",
+        help="do not prepare statements (PgBouncer in transaction pooling mode)",
+    )
     p.add_argument("--worker-id", default=None, help="default host:pid")
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--log-format", choices=("text", "json"), default="text")
@@ -135,6 +146,8 @@ def _build_config(args: argparse.Namespace) -> config_mod.WorkerConfig:
         shutdown_timeout=args.shutdown_timeout,
         rescue_interval=args.rescue_interval,
         listen=not args.no_listen,
+        prefetch=args.prefetch,
+        prepared_statements=not args.no_prepared_statements,
         **options,
     )
 

@@ -25,6 +25,8 @@ DEFAULT_LOCK_SECONDS = 30.0
 DEFAULT_POLL_INTERVAL = 1.0
 DEFAULT_SHUTDOWN_TIMEOUT = 30.0
 DEFAULT_RESCUE_INTERVAL = 5.0
+DEFAULT_PREFETCH = 100
+MAX_PREFETCH = 10_000
 MAX_CONCURRENCY = 512
 MIN_LOCK_SECONDS = 0.5
 
@@ -86,6 +88,15 @@ class WorkerConfig:
         rescue_interval: how often the worker requeues jobs whose lease expired.
             Defaults to 5.0.
         listen: wake on LISTEN/NOTIFY as well as polling. Defaults to True.
+        prefetch: jobs claimed ahead of free handler slots and held in a local buffer, so
+            a short job does not wait for a claim round trip. Buffered jobs are leased
+            and heartbeated like running ones, and released (attempt not spent) on
+            shutdown. Set it to 0 when jobs are long and several workers share a queue:
+            a buffered job cannot be taken by another worker. Defaults to 100.
+        prepared_statements: let psycopg prepare the worker's repeated statements
+            (``prepare_threshold``). Turn it off behind PgBouncer in transaction pooling
+            mode (before 1.21), where a prepared statement may be missing on the next
+            server connection. Defaults to True.
         worker_id: recorded in ``jobs.worker`` and used to fence completions.
             Defaults to ``host:pid``.
     """
@@ -98,6 +109,8 @@ class WorkerConfig:
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT
     rescue_interval: float = DEFAULT_RESCUE_INTERVAL
     listen: bool = True
+    prefetch: int = DEFAULT_PREFETCH
+    prepared_statements: bool = True
     worker_id: str = field(default_factory=default_worker_id)
 
     def __post_init__(self) -> None:
@@ -116,6 +129,10 @@ class WorkerConfig:
             raise ConfigError(str(exc)) from None
         if _positive("lock_seconds", self.lock_seconds) < MIN_LOCK_SECONDS:
             raise ConfigError(f"lock_seconds must be >= {MIN_LOCK_SECONDS}")
+        if isinstance(self.prefetch, bool) or not isinstance(self.prefetch, int):
+            raise ConfigError(f"prefetch must be an int, got {self.prefetch!r}")
+        if not 0 <= self.prefetch <= MAX_PREFETCH:
+            raise ConfigError(f"prefetch must be between 0 and {MAX_PREFETCH}")
         _positive("poll_interval", self.poll_interval)
         _positive("shutdown_timeout", self.shutdown_timeout, allow_zero=True)
         _positive("rescue_interval", self.rescue_interval)

@@ -2,15 +2,18 @@
 
 One process runs one :class:`Worker`. Its threads:
 
-* the **dispatcher** claims up to as many ready jobs as there are free handler slots, in
-  one short committed transaction, and hands them to the handler pool;
-* **handler threads** (``concurrency`` of them) run one job each. A handler gets a
+* the **dispatcher** claims, in one short committed transaction, up to as many ready
+  jobs as there are free handler slots plus ``prefetch``, and puts them in a local
+  buffer; it claims again when the buffer is half empty, so a short job never waits for
+  a claim round trip and a batch of jobs costs one claim;
+* **handler threads** (``concurrency`` of them) take jobs from the buffer and run one
+  at a time. A handler gets a
   :class:`HandlerSession`; if it wrote anything, its writes and the done-mark commit in
   one transaction (exactly-once effect for database-only handlers). A handler that did
   not touch the database is completed by the **completer**, which marks finished jobs
   done in batches;
-* the **heartbeat** extends the lease (``locked_until``) of every job this worker holds,
-  every ``lock_seconds / 3``;
+* the **heartbeat** extends the lease (``locked_until``) of every job this worker holds
+  (buffered, running or awaiting its done-mark), every ``lock_seconds / 3``;
 * the **listener** holds a dedicated connection that LISTENs on ``jobs`` and wakes the
   dispatcher when jobs are inserted; the poll interval remains the fallback, and the
   listener reconnects (and triggers a poll) after losing its connection.
@@ -18,6 +21,9 @@ One process runs one :class:`Worker`. Its threads:
 Every completion, retry, heartbeat and release is fenced on ``(id, attempts, worker,
 status = 'running')``: after a takeover the stale worker's statements update zero rows,
 its handler transaction is rolled back, and the loss is logged.
+
+On shutdown, buffered jobs that no handler started are given back (``statements.release``:
+queued again, attempt not spent).
 
 The worker never runs DDL, so it can run as a role with only DML on the jobs table.
 """
@@ -32,7 +38,6 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
@@ -154,17 +159,32 @@ class Worker:
             # No pre-ping (it would cost a round trip per checkout): a disconnect error
             # invalidates the whole pool, and every caller below retries or records it.
             pool_timeout=60,
+            # psycopg prepares a statement on its 5th execution by default; the worker's
+            # statements are few and repeated, so that saves a parse and plan per claim.
+            # None turns preparing off, for PgBouncer in transaction pooling mode.
+            connect_args={} if config.prepared_statements else {"prepare_threshold": None},
         )
         self._kinds = list(registry.kinds)
         self._lock = threading.Lock()
         self._held: dict[int, int] = {}  # job id -> attempt, for the heartbeat
-        self._running = 0
+        self._running = 0  # claimed and not finished: buffered, running or being completed
+        # Buffered + running handlers: what the claim size is computed from. A job whose
+        # handler returned no longer counts, even before the completer's done-mark.
+        self._active = 0
+        self._capacity = config.concurrency + config.prefetch
+        # Claim again once at least this many slots are free: batches of about half the
+        # prefetch, not one claim per finished job.
+        self._min_claim = max(1, config.prefetch // 2)
+        # True while the dispatcher waits for handlers to free room (see _job_left).
+        self._want_room = False
+        # A SimpleQueue (C, lock-free put) hands jobs to the handler threads: a
+        # ThreadPoolExecutor.submit per job cost more than a no-op job itself.
+        self._buffer: queue.SimpleQueue[Claimed | None] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._stopped = threading.Event()
         self._signals = 0
-        self._completions: queue.Queue[Claimed | None] = queue.Queue()
-        self._pool = ThreadPoolExecutor(config.concurrency, thread_name_prefix="sqla_jobs-job")
+        self._completions: queue.SimpleQueue[Claimed | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self.on_event: Callable[[str, Claimed], None] | None = None  # metrics hook
 
@@ -195,6 +215,8 @@ class Worker:
             signal.signal(signal.SIGINT, self._on_signal)
         self._start_thread(self._heartbeat_loop, "heartbeat")
         self._start_thread(self._complete_loop, "completer")
+        for i in range(self.config.concurrency):
+            self._start_thread(self._handler_loop, f"job-{i}")
         if self.config.listen:
             self._start_thread(self._listen_loop, "listener")
         log.info(
@@ -233,6 +255,9 @@ class Worker:
 
     def _drain(self) -> None:
         deadline = time.monotonic() + self.config.shutdown_timeout
+        self._release_buffered()
+        for _ in range(self.config.concurrency):
+            self._buffer.put(None)  # one stop sentinel per handler thread
         while self._busy() and time.monotonic() < deadline:
             self._wake.wait(0.05)
             self._wake.clear()
@@ -243,8 +268,8 @@ class Worker:
                 thread.join(max(1.0, deadline - time.monotonic()))
         self._stopped.set()
         for thread in self._threads:
-            thread.join(2.0)  # the listener and heartbeat notice _stopped within a second
-        self._pool.shutdown(wait=False, cancel_futures=True)
+            if not thread.name.startswith("sqla_jobs-job-"):  # handlers may outlive the timeout
+                thread.join(2.0)  # the listener and heartbeat notice _stopped within a second
         if unfinished:
             log.warning(
                 "shutdown timeout: %d job(s) still running; their leases will expire and "
@@ -270,8 +295,12 @@ class Worker:
                 if time.monotonic() >= next_rescue:
                     self._rescue()
                     next_rescue = time.monotonic() + self.config.rescue_interval
-                free = self.config.concurrency - self._busy()
-                claimed = self._claim(free) if free > 0 else []
+                with self._lock:
+                    free = self._capacity - self._active
+                    # Set under the lock that handlers update _active with: a handler
+                    # that frees room after this line sees the flag and wakes us.
+                    self._want_room = free < self._min_claim
+                claimed = self._claim(free) if free >= self._min_claim else []
                 errors = 0
             except sa_exc.SQLAlchemyError as exc:  # incl. pool timeouts
                 errors += 1
@@ -283,9 +312,10 @@ class Worker:
                 continue
             for job in claimed:
                 self._start(job)
-            if len(claimed) < free or free <= 0:
-                # Nothing more is ready (or no slot is free): wait for a notification,
-                # a finished handler, or the poll interval.
+            if free < self._min_claim or len(claimed) < free:
+                # No room (a handler wakes us when there is), or nothing more is ready
+                # (a notification, a short retry's timer or the poll interval wakes us;
+                # finished handlers do not, so a drained queue is not polled per job).
                 self._wake.wait(self.config.poll_interval)
 
     def _claim(self, limit: int) -> list[Claimed]:
@@ -303,6 +333,7 @@ class Worker:
             for job in jobs:
                 self._held[job.id] = job.attempt
             self._running += len(jobs)
+            self._active += len(jobs)
         return jobs
 
     def _rescue(self) -> None:
@@ -327,25 +358,58 @@ class Worker:
             )
 
     def _start(self, job: Claimed) -> None:
-        try:
-            self._pool.submit(self._run_job, job)
-        except RuntimeError:  # pool shut down: give the job back
-            self._release([job])
-            self._finished(job)
+        self._buffer.put(job)
+
+    def _release_buffered(self) -> None:
+        """Give back, in one statement, the buffered jobs no handler has started."""
+        unstarted: list[Claimed] = []
+        while True:
+            try:
+                job = self._buffer.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                unstarted.append(job)
+        if unstarted:
+            self._release(unstarted)
+            for job in unstarted:
+                self._job_left(job, finished=True)
+            log.info("released %d buffered job(s) no handler had started", len(unstarted))
 
     # --- running one job --------------------------------------------------------------
 
+    def _handler_loop(self) -> None:
+        get = self._buffer.get
+        while True:
+            job = get()
+            if job is None:
+                return
+            self._run_job(job)
+
+    def _job_left(self, job: Claimed, *, finished: bool) -> None:
+        """The job's handler slot is free; ``finished``: nothing more to record either."""
+        with self._lock:
+            self._active -= 1
+            if finished:
+                self._held.pop(job.id, None)
+                self._running -= 1
+            wake = self._want_room and self._capacity - self._active >= self._min_claim
+        if wake or self._stopping.is_set():
+            self._wake.set()
+
     def _finished(self, job: Claimed) -> None:
+        """The completer recorded the job (its slot was freed when the handler returned)."""
         with self._lock:
             self._held.pop(job.id, None)
             self._running -= 1
-        self._wake.set()
+        if self._stopping.is_set():
+            self._wake.set()  # _drain waits for _busy() to reach zero
 
     def _run_job(self, job: Claimed) -> None:
         if self._stopping.is_set():
             # Claimed but not started before shutdown: hand it back unspent.
             self._release([job])
-            self._finished(job)
+            self._job_left(job, finished=True)
             return
         handed_to_completer = False
         started = time.monotonic()
@@ -359,8 +423,7 @@ class Worker:
                 extra=_fields(job, outcome="unknown"),
             )
         finally:
-            if not handed_to_completer:
-                self._finished(job)
+            self._job_left(job, finished=not handed_to_completer)
 
     def _execute(self, job: Claimed, started: float) -> bool:
         """Run the handler and record the outcome; True if the completer now owns the job."""
@@ -477,14 +540,16 @@ class Worker:
                 timer.start()
 
     def _log_done(self, job: Claimed, started: float) -> None:
-        duration = time.monotonic() - started
-        log.debug(
-            "job %s (%s) done in %.3fs",
-            job.id,
-            job.kind,
-            duration,
-            extra=_fields(job, duration=round(duration, 6), outcome="done"),
-        )
+        # Checked first: building the structured fields cost as much as a no-op job.
+        if log.isEnabledFor(logging.DEBUG):
+            duration = time.monotonic() - started
+            log.debug(
+                "job %s (%s) done in %.3fs",
+                job.id,
+                job.kind,
+                duration,
+                extra=_fields(job, duration=round(duration, 6), outcome="done"),
+            )
         self._emit("done", job)
 
     def _emit(self, event: str, job: Claimed) -> None:
