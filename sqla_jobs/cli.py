@@ -12,14 +12,15 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any, NoReturn
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 
 from sqla_jobs import config as config_mod
-from sqla_jobs.exceptions import SqlaJobsError
+from sqla_jobs.exceptions import ConfigError, SqlaJobsError
 
 EXIT_USAGE = 2
 _FIELDS = ("job_id", "kind", "attempt", "duration", "outcome")
@@ -127,6 +128,34 @@ def worker_parser(prog: str = "python -m sqla_jobs.worker") -> argparse.Argument
         action="store_true",
         help="do not prepare statements (PgBouncer in transaction pooling mode)",
     )
+    p.add_argument(
+        "--archive-every",
+        type=float,
+        default=None,
+        metavar="MINUTES",
+        help="archive finished jobs every MINUTES (one worker of the fleet at a time)",
+    )
+    p.add_argument(
+        "--archive-older-than",
+        default="7d",
+        metavar="DURATION",
+        help="with --archive-every: archive done jobs older than this; default %(default)s",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve Prometheus metrics on PORT (needs the 'prometheus' extra)",
+    )
+    p.add_argument("--metrics-addr", default="0.0.0.0", help="default %(default)s")
+    p.add_argument(
+        "--metrics-refresh",
+        type=float,
+        default=15.0,
+        metavar="SECONDS",
+        help="how often the queue gauges are read; default %(default)s",
+    )
     p.add_argument("--worker-id", default=None, help="default host:pid")
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--log-format", choices=("text", "json"), default="text")
@@ -137,6 +166,11 @@ def _build_config(args: argparse.Namespace) -> config_mod.WorkerConfig:
     options: dict[str, Any] = {}
     if args.worker_id is not None:
         options["worker_id"] = args.worker_id
+    if args.archive_every is not None:
+        from sqla_jobs import ops
+
+        options["archive_every"] = args.archive_every * 60
+        options["archive_older_than"] = ops.parse_duration(args.archive_older_than).total_seconds()
     return config_mod.WorkerConfig(
         database_url=_url_arg(args),
         concurrency=args.concurrency,
@@ -162,6 +196,12 @@ def run_worker(args: argparse.Namespace) -> int:
         registry = tasks.load_registry(args.app)
         w = worker.Worker(registry, cfg)
         w.check_schema()
+        if args.metrics_port is not None:
+            from sqla_jobs import metrics
+
+            metrics.serve(
+                w, args.metrics_port, addr=args.metrics_addr, refresh=args.metrics_refresh
+            )
     except SqlaJobsError as exc:
         return _fail(str(exc))
     except sa_exc.OperationalError as exc:
@@ -182,14 +222,356 @@ def worker_main(argv: Sequence[str] | None = None) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``sqla-jobs COMMAND ...`` / ``python -m sqla_jobs COMMAND ...``."""
-    parser = argparse.ArgumentParser(prog="sqla-jobs", description="sqla_jobs commands")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="sqla-jobs", description="sqla_jobs commands")
+    sub: Any = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("worker", parents=[worker_parser("sqla-jobs worker")], add_help=False)
+    _add_ops_commands(sub)
     args = parser.parse_args(argv)
     if args.command == "worker":
         return run_worker(args)
+    if args.command in _OPS_COMMANDS:
+        return _run_ops(args)
     return _fail(f"unknown command {args.command!r}")  # pragma: no cover - argparse refuses
 
 
 def _engine(url: str) -> sa.Engine:
     return sa.create_engine(config_mod.database_url(url), poolclass=sa.NullPool)
+
+
+# --- operations commands (sqla_jobs.ops) -----------------------------------------------
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one ``sqla_jobs: error: ...`` line and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        _fail(f"{message} (see {self.prog} --help)")
+        raise SystemExit(EXIT_USAGE)
+
+
+def _add_filters(p: argparse.ArgumentParser, *, status: bool = True) -> None:
+    if status:
+        p.add_argument("--status", help="queued, running, done, dead or cancelled")
+    p.add_argument("--kind")
+    p.add_argument("--queue")
+    p.add_argument("--older-than", metavar="DURATION", help="created longer ago, e.g. 7d")
+
+
+def _add_ops_commands(sub: Any) -> None:
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        p: argparse.ArgumentParser = sub.add_parser(name, help=help, description=help)
+        _add_common(p)
+        return p
+
+    p = command("stats", "queue depth, throughput, dead jobs and table bloat")
+    p.add_argument("--json", action="store_true", help="one JSON document (per refresh)")
+    p.add_argument("--watch", type=float, metavar="SECONDS", help="refresh every SECONDS")
+    p.add_argument("--app", help="'module:registry' to report kinds it has no handler for")
+
+    p = command("list", "list jobs, oldest id first (keyset pages)")
+    _add_filters(p)
+    p.add_argument("--limit", type=int, default=50)
+    p.add_argument("--after-id", type=int, help="start after this id (the next page)")
+    p.add_argument("--json", action="store_true")
+
+    p = command("show", "show one job: payload, attempts, last error, timestamps")
+    p.add_argument("id", type=int)
+    p.add_argument("--json", action="store_true")
+
+    p = command("retry", "put dead (or cancelled) jobs back in the queue")
+    p.add_argument("ids", type=int, nargs="*", metavar="ID")
+    p.add_argument("--all-dead", action="store_true", help="every dead job matching filters")
+    _add_filters(p, status=False)
+
+    p = command("cancel", "cancel queued or scheduled jobs")
+    p.add_argument("ids", type=int, nargs="*", metavar="ID")
+    _add_filters(p, status=False)
+
+    p = command("delete", "delete jobs that are not running")
+    p.add_argument("ids", type=int, nargs="*", metavar="ID")
+    _add_filters(p)
+
+    p = command("archive", "move finished jobs to jobs_archive, in batches")
+    p.add_argument("--older-than", required=True, metavar="DURATION", help="e.g. 7d")
+    p.add_argument("--batch", type=int, default=10_000, help="rows per transaction")
+    p.add_argument(
+        "--dead-older-than", metavar="DURATION", help="also dead/cancelled jobs, e.g. 30d"
+    )
+
+    p = command("prune", "delete archived jobs past a retention")
+    p.add_argument("--older-than", required=True, metavar="DURATION", help="e.g. 90d")
+    p.add_argument("--batch", type=int, default=10_000, help="rows per transaction")
+
+
+def _duration(text: str | None) -> timedelta | None:
+    from sqla_jobs import ops
+
+    return None if text is None else ops.parse_duration(text)
+
+
+def _run_ops(args: argparse.Namespace) -> int:
+    from sqlalchemy.orm import Session
+
+    from sqla_jobs import ops
+
+    try:
+        engine = _engine(_url_arg(args))
+        try:
+            with Session(engine) as session:
+                ops.check_schema(session)
+                session.rollback()
+                return _OPS_COMMANDS[args.command](session, args)
+        finally:
+            engine.dispose()
+    except SqlaJobsError as exc:
+        return _fail(str(exc))
+    except sa_exc.OperationalError as exc:
+        return _fail(f"cannot connect to the database: {' '.join(str(exc.orig).split())}")
+    except KeyboardInterrupt:
+        return 0
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=None if data is None else 2, default=str), flush=True)
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]], right: set[int]) -> list[str]:
+    cells = [[str(c) for c in r] for r in [header, *rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    return [
+        "  ".join(
+            c.rjust(widths[i]) if i in right else c.ljust(widths[i]) for i, c in enumerate(r)
+        ).rstrip()
+        for r in cells
+    ]
+
+
+def _stats_text(s: Any) -> str:
+    header = (
+        *("QUEUE", "KIND", "READY", "SCHEDULED", "RUNNING", "EXPIRED", "DEAD"),
+        *("CANCELLED", "DONE/1M", "DONE/1H", "OLDEST READY"),
+    )
+
+    def row(k: Any, queue: str, kind: str) -> list[Any]:
+        return [
+            queue,
+            kind,
+            *(f"{getattr(k, f):,}" for f in ("ready", "scheduled", "running", "expired")),
+            *(f"{getattr(k, f):,}" for f in ("dead", "cancelled")),
+            f"{k.done_last_minute:,}",
+            f"{k.done_last_hour:,}",
+            _age(k.oldest_ready_seconds),
+        ]
+
+    lines = [f"sqla_jobs stats at {s.taken_at.isoformat(timespec='seconds')}", ""]
+    body = [row(k, k.queue, k.kind) for k in s.by_kind]
+    lines += _table(header, [*body, row(s.total, "TOTAL", "")], set(range(2, 11)))
+    t = s.table
+    split = ", ".join(f"{status} ~{n:,}" for status, n in sorted(t.estimated_by_status.items()))
+    vacuum = t.last_autovacuum.isoformat(timespec="seconds") if t.last_autovacuum else "never"
+    lines += [
+        "",
+        f"jobs table: ~{t.estimated_rows:,} rows"
+        + (f" ({split})" if split else " (not analyzed yet)"),
+        f"bloat: {t.dead_tuples:,} dead tuples / {t.live_tuples:,} live "
+        f"({t.dead_tuple_ratio:.1%}); last autovacuum {vacuum}",
+    ]
+    if s.unknown_kinds:
+        lines.append(f"unknown kinds (no handler in the app): {', '.join(s.unknown_kinds)}")
+    return "\n".join(lines)
+
+
+def _cmd_stats(session: Any, args: argparse.Namespace) -> int:
+    import time
+
+    from sqla_jobs import ops, tasks
+
+    registry = None
+    if args.app:
+        sys.path.insert(0, os.getcwd())
+        registry = tasks.load_registry(args.app)
+    if args.watch is not None and not args.watch > 0:
+        return _fail(f"--watch must be > 0 seconds, got {args.watch}")
+    while True:
+        snapshot = ops.stats(session, registry)
+        if args.json:
+            print(json.dumps(snapshot.to_dict()), flush=True)
+        else:
+            if args.watch is not None and sys.stdout.isatty():
+                print("\x1b[H\x1b[2J", end="")
+            print(_stats_text(snapshot), flush=True)
+        if args.watch is None:
+            return 0
+        if not args.json:
+            print(flush=True)
+        time.sleep(args.watch)
+
+
+def _cmd_list(session: Any, args: argparse.Namespace) -> int:
+    from sqla_jobs import ops
+
+    jobs = ops.list_jobs(
+        session,
+        status=args.status,
+        kind=args.kind,
+        queue=args.queue,
+        older_than=_duration(args.older_than),
+        limit=args.limit,
+        after_id=args.after_id,
+    )
+    next_id = jobs[-1].id if len(jobs) == args.limit else None
+    if args.json:
+        _print_json({"jobs": [j.to_dict() for j in jobs], "next_after_id": next_id})
+        return 0
+    rows = [
+        (
+            j.id,
+            j.status.value,
+            j.queue,
+            j.kind,
+            f"{j.attempts}/{j.max_attempts}",
+            j.run_at.isoformat(timespec="seconds"),
+            (j.last_error or "").split("\n", 1)[0][:60],
+        )
+        for j in jobs
+    ]
+    header = ("ID", "STATUS", "QUEUE", "KIND", "ATTEMPTS", "RUN AT", "LAST ERROR")
+    print("\n".join(_table(header, rows, {0})))
+    if next_id is not None:
+        print(f"\nnext page: --after-id {next_id}")
+    return 0
+
+
+def _cmd_show(session: Any, args: argparse.Namespace) -> int:
+    from sqla_jobs import ops
+
+    job = ops.get_job(session, args.id)
+    data = job.to_dict()
+    if args.json:
+        _print_json(data)
+        return 0
+    for name in ("id", "kind", "queue", "priority", "status", "attempts", "max_attempts"):
+        print(f"{name + ':':<16}{data[name]}")
+    for name in ("idempotency_key", "worker", "created_at", "run_at", "locked_until"):
+        print(f"{name + ':':<16}{data[name] if data[name] is not None else '-'}")
+    print(f"{'finished_at:':<16}{data['finished_at'] or '-'}")
+    print(f"payload:\n{json.dumps(job.payload, indent=2, sort_keys=True)}")
+    print(f"last_error:\n{job.last_error}" if job.last_error else "last_error:     -")
+    return 0
+
+
+def _one_id_check(session: Any, ids: list[int], allowed: tuple[str, ...], verb: str) -> None:
+    """Refuse unknown ids, and a single id in the wrong state, before changing anything."""
+    from sqla_jobs import ops
+
+    for job_id in ids:
+        job = ops.get_job(session, job_id)  # JobNotFoundError: "no job with id N"
+        if len(ids) == 1 and job.status.value not in allowed:
+            raise ConfigError(
+                f"job {job_id} is {job.status.value}; only {' or '.join(allowed)} jobs can be "
+                f"{verb}"
+            )
+
+
+def _cmd_retry(session: Any, args: argparse.Namespace) -> int:
+    from sqla_jobs import ops
+
+    if bool(args.ids) == bool(args.all_dead):
+        return _fail("give job ids, or --all-dead (optionally with --kind/--queue)")
+    if args.ids:
+        _one_id_check(session, args.ids, ("dead", "cancelled"), "retried")
+        n = ops.retry_jobs(
+            session,
+            args.ids,
+            kind=args.kind,
+            queue=args.queue,
+            older_than=_duration(args.older_than),
+            status=("dead", "cancelled"),
+        )
+    else:
+        n = ops.retry_jobs(
+            session, kind=args.kind, queue=args.queue, older_than=_duration(args.older_than)
+        )
+    session.commit()
+    print(f"retried {n} job(s)")
+    return 0
+
+
+def _cmd_cancel(session: Any, args: argparse.Namespace) -> int:
+    from sqla_jobs import ops
+
+    if args.ids:
+        _one_id_check(session, args.ids, ("queued",), "cancelled")
+    n = ops.cancel_jobs(
+        session,
+        args.ids or None,
+        kind=args.kind,
+        queue=args.queue,
+        older_than=_duration(args.older_than),
+    )
+    session.commit()
+    print(f"cancelled {n} job(s)")
+    return 0
+
+
+def _cmd_delete(session: Any, args: argparse.Namespace) -> int:
+    from sqla_jobs import ops
+
+    if args.ids:
+        _one_id_check(session, args.ids, ("queued", "done", "dead", "cancelled"), "deleted")
+    n = ops.delete_jobs(
+        session,
+        args.ids or None,
+        status=args.status,
+        kind=args.kind,
+        queue=args.queue,
+        older_than=_duration(args.older_than),
+    )
+    session.commit()
+    print(f"deleted {n} job(s)")
+    return 0
+
+
+def _cmd_archive(session: Any, args: argparse.Namespace) -> int:
+    from sqla_jobs import ops
+
+    older = _duration(args.older_than)
+    assert older is not None
+    n = ops.archive(session, older, args.batch, _duration(args.dead_older_than))
+    print(f"archived {n} job(s)")
+    return 0
+
+
+def _cmd_prune(session: Any, args: argparse.Namespace) -> int:
+    from sqla_jobs import ops
+
+    older = _duration(args.older_than)
+    assert older is not None
+    n = ops.prune(session, older, args.batch)
+    print(f"pruned {n} archived job(s)")
+    return 0
+
+
+_OPS_COMMANDS: dict[str, Callable[[Any, argparse.Namespace], int]] = {
+    "stats": _cmd_stats,
+    "list": _cmd_list,
+    "show": _cmd_show,
+    "retry": _cmd_retry,
+    "cancel": _cmd_cancel,
+    "delete": _cmd_delete,
+    "archive": _cmd_archive,
+    "prune": _cmd_prune,
+}

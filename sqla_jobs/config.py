@@ -26,6 +26,9 @@ DEFAULT_POLL_INTERVAL = 1.0
 DEFAULT_SHUTDOWN_TIMEOUT = 30.0
 DEFAULT_RESCUE_INTERVAL = 5.0
 DEFAULT_PREFETCH = 100
+#: Archiving by workers (``--archive-every``): off unless asked; done jobs older than a week.
+DEFAULT_ARCHIVE_EVERY: float | None = None
+DEFAULT_ARCHIVE_OLDER_THAN = 7 * 86400.0
 MAX_PREFETCH = 10_000
 MAX_CONCURRENCY = 512
 MIN_LOCK_SECONDS = 0.5
@@ -97,6 +100,11 @@ class WorkerConfig:
             (``prepare_threshold``). Turn it off behind PgBouncer in transaction pooling
             mode (before 1.21), where a prepared statement may be missing on the next
             server connection. Defaults to True.
+        archive_every: seconds between two archiving runs (:func:`sqla_jobs.ops.archive`)
+            by this worker; an advisory lock lets one worker of the fleet archive at a
+            time, the others skip their turn. Defaults to None (workers do not archive).
+        archive_older_than: done jobs finished longer ago than this many seconds are
+            archived. Defaults to 604800 (7 days).
         worker_id: recorded in ``jobs.worker`` and used to fence completions.
             Defaults to ``host:pid``.
     """
@@ -111,6 +119,8 @@ class WorkerConfig:
     listen: bool = True
     prefetch: int = DEFAULT_PREFETCH
     prepared_statements: bool = True
+    archive_every: float | None = DEFAULT_ARCHIVE_EVERY
+    archive_older_than: float = DEFAULT_ARCHIVE_OLDER_THAN
     worker_id: str = field(default_factory=default_worker_id)
 
     def __post_init__(self) -> None:
@@ -136,6 +146,9 @@ class WorkerConfig:
         _positive("poll_interval", self.poll_interval)
         _positive("shutdown_timeout", self.shutdown_timeout, allow_zero=True)
         _positive("rescue_interval", self.rescue_interval)
+        if self.archive_every is not None:
+            _positive("archive_every", self.archive_every)
+        _positive("archive_older_than", self.archive_older_than, allow_zero=True)
         if not isinstance(self.worker_id, str) or not self.worker_id or "\x00" in self.worker_id:
             raise ConfigError("worker_id must be a non-empty string without NUL characters")
 

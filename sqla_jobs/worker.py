@@ -39,6 +39,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from datetime import timedelta
 from types import FrameType
 from typing import Any
 
@@ -186,7 +187,9 @@ class Worker:
         self._signals = 0
         self._completions: queue.SimpleQueue[Claimed | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
-        self.on_event: Callable[[str, Claimed], None] | None = None  # metrics hook
+        # Metrics hook: on_event(event, job, seconds) with event "done", "retry" or "dead"
+        # and the handler's run time; called on the handler thread.
+        self.on_event: Callable[[str, Claimed, float], None] | None = None
 
     # --- life cycle -------------------------------------------------------------------
 
@@ -219,6 +222,8 @@ class Worker:
             self._start_thread(self._handler_loop, f"job-{i}")
         if self.config.listen:
             self._start_thread(self._listen_loop, "listener")
+        if self.config.archive_every is not None:
+            self._start_thread(self._archive_loop, "archiver")
         log.info(
             "worker %s started: queues=%s kinds=%s concurrency=%d",
             self.config.worker_id,
@@ -519,7 +524,7 @@ class Worker:
                 exc,
                 extra={**fields, "outcome": "dead"},
             )
-            self._emit("dead", job)
+            self._emit("dead", job, duration)
         else:
             log.warning(
                 "job %s (%s) failed attempt %s/%s, retry in %.1fs: %r",
@@ -531,7 +536,7 @@ class Worker:
                 exc,
                 extra={**fields, "outcome": "retry"},
             )
-            self._emit("retry", job)
+            self._emit("retry", job, duration)
             if delay < self.config.poll_interval:
                 # A retry is an UPDATE, which fires no notification: wake up for it
                 # ourselves instead of leaving it to the next poll.
@@ -550,11 +555,12 @@ class Worker:
                 duration,
                 extra=_fields(job, duration=round(duration, 6), outcome="done"),
             )
-        self._emit("done", job)
-
-    def _emit(self, event: str, job: Claimed) -> None:
         if self.on_event is not None:
-            self.on_event(event, job)
+            self.on_event("done", job, time.monotonic() - started)
+
+    def _emit(self, event: str, job: Claimed, duration: float) -> None:
+        if self.on_event is not None:
+            self.on_event(event, job, duration)
 
     def _release(self, jobs: Iterable[Claimed]) -> None:
         leases = [j.lease for j in jobs]
@@ -669,6 +675,45 @@ class Worker:
                 pause = min(MAX_ERROR_BACKOFF, 0.1 * 2**failures)
                 log.warning("listener connection lost (reconnecting in %.1fs): %s", pause, exc)
                 self._stopped.wait(pause)
+
+    # --- archiver ---------------------------------------------------------------------
+
+    def _archive_loop(self) -> None:
+        """Archive finished jobs every ``archive_every`` seconds, first right at start-up."""
+        every = self.config.archive_every
+        assert every is not None
+        while not self._stopping.is_set():
+            try:
+                self._archive_once()
+            except sa_exc.SQLAlchemyError as exc:
+                log.warning("archiving failed (next try in %.0fs): %s", every, exc)
+            if self._stopping.wait(every):
+                return
+
+    def _archive_once(self) -> None:
+        from sqla_jobs import ops
+
+        with self.engine.connect() as conn:
+            # A session-level lock: held across the batches' commits, released below or
+            # by PostgreSQL when this connection dies. Whoever fails to get it skips its turn.
+            got = conn.execute(statements.try_advisory_lock(ops.ARCHIVE_LOCK_KEY)).scalar_one()
+            conn.commit()
+            if not got:
+                log.debug("another worker is archiving; skipping this turn")
+                return
+            moved = 0
+            try:
+                with Session(bind=conn) as session:
+                    older_than = timedelta(seconds=self.config.archive_older_than)
+                    for count in ops.archive_batches(session, older_than):
+                        moved += count
+                        if self._stopping.is_set():
+                            break
+            finally:
+                conn.execute(statements.advisory_unlock(ops.ARCHIVE_LOCK_KEY))
+                conn.commit()
+        if moved:
+            log.info("archived %d finished job(s)", moved, extra={"outcome": "archived"})
 
 
 if __name__ == "__main__":

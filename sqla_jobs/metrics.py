@@ -1,0 +1,160 @@
+"""Prometheus metrics for a worker (the optional ``prometheus`` extra).
+
+``python -m sqla_jobs.worker app:registry --metrics-port 9187`` serves, on
+``http://HOST:9187/metrics``:
+
+Counters of this process, labelled ``queue`` and ``kind``:
+
+* ``sqla_jobs_jobs_succeeded_total``: handler returned, job done;
+* ``sqla_jobs_jobs_failed_total``: handler raised (every failed attempt);
+* ``sqla_jobs_jobs_retried_total``: failed attempts that were scheduled again;
+* ``sqla_jobs_jobs_dead_total``: failed attempts that were the last one.
+
+``sqla_jobs_handler_duration_seconds`` (histogram, label ``kind``): handler run time.
+
+Gauges of the whole queue (every worker reports the same values; aggregate with ``max``,
+not ``sum``), refreshed every ``--metrics-refresh`` seconds from
+:func:`sqla_jobs.ops.stats`, labelled ``queue`` and ``kind``:
+``sqla_jobs_queue_depth`` (ready now), ``sqla_jobs_scheduled``, ``sqla_jobs_running``,
+``sqla_jobs_expired_leases``, ``sqla_jobs_dead``, ``sqla_jobs_oldest_ready_age_seconds``;
+and ``sqla_jobs_table_dead_tuples`` / ``sqla_jobs_table_live_tuples`` for bloat.
+
+The alert that matters: ``max(sqla_jobs_dead) > 0`` (see docs/operations.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.orm import Session
+
+from sqla_jobs import ops
+from sqla_jobs.exceptions import ConfigError
+
+if TYPE_CHECKING:
+    from sqla_jobs.worker import Claimed, Worker
+
+log = logging.getLogger("sqla_jobs.metrics")
+
+#: Seconds between two refreshes of the queue gauges. Defaults to 15.
+DEFAULT_REFRESH = 15.0
+#: Handler duration buckets (seconds): from a no-op job to a long one.
+BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+
+_GAUGES = {
+    "ready": ("sqla_jobs_queue_depth", "Jobs ready to run now (queued, run_at <= now())."),
+    "scheduled": ("sqla_jobs_scheduled", "Jobs queued for later (run_at > now())."),
+    "running": ("sqla_jobs_running", "Jobs claimed by a worker."),
+    "expired": ("sqla_jobs_expired_leases", "Running jobs whose lease expired."),
+    "dead": ("sqla_jobs_dead", "Dead jobs in the jobs table: something needs a human."),
+}
+
+
+def _client() -> Any:
+    try:
+        import prometheus_client
+    except ImportError:
+        raise ConfigError(
+            "--metrics-port needs prometheus-client: pip install 'sqla-jobs[prometheus]'"
+        ) from None
+    return prometheus_client
+
+
+class Metrics:
+    """The metrics of one worker, in their own registry (never the global default)."""
+
+    def __init__(self) -> None:
+        client = _client()
+        self.client = client
+        self.registry = client.CollectorRegistry(auto_describe=True)
+        labels = ("queue", "kind")
+
+        def counter(name: str, doc: str) -> Any:
+            return client.Counter(name, doc, labels, registry=self.registry)
+
+        self.succeeded = counter("sqla_jobs_jobs_succeeded", "Jobs whose handler succeeded.")
+        self.failed = counter("sqla_jobs_jobs_failed", "Failed attempts (retried or dead).")
+        self.retried = counter("sqla_jobs_jobs_retried", "Failed attempts scheduled again.")
+        self.dead = counter("sqla_jobs_jobs_dead", "Failed attempts that were the last one.")
+        self.duration = client.Histogram(
+            "sqla_jobs_handler_duration_seconds",
+            "Handler run time.",
+            ("kind",),
+            buckets=BUCKETS,
+            registry=self.registry,
+        )
+        self.gauges = {
+            field: client.Gauge(name, doc, labels, registry=self.registry)
+            for field, (name, doc) in _GAUGES.items()
+        }
+        self.oldest_ready = client.Gauge(
+            "sqla_jobs_oldest_ready_age_seconds",
+            "Age of the oldest ready job (0 when none is ready).",
+            labels,
+            registry=self.registry,
+        )
+        self.table_dead = client.Gauge(
+            "sqla_jobs_table_dead_tuples", "n_dead_tup of the jobs table.", registry=self.registry
+        )
+        self.table_live = client.Gauge(
+            "sqla_jobs_table_live_tuples", "n_live_tup of the jobs table.", registry=self.registry
+        )
+
+    def on_event(self, event: str, job: Claimed, duration: float) -> None:
+        """The worker's ``on_event`` hook."""
+        self.duration.labels(job.kind).observe(duration)
+        if event == "done":
+            self.succeeded.labels(job.queue, job.kind).inc()
+            return
+        self.failed.labels(job.queue, job.kind).inc()
+        (self.dead if event == "dead" else self.retried).labels(job.queue, job.kind).inc()
+
+    def refresh(self, session: Session) -> None:
+        """Set the queue gauges from one :func:`sqla_jobs.ops.stats` snapshot."""
+        snapshot = ops.stats(session)
+        for gauge in (*self.gauges.values(), self.oldest_ready):
+            gauge.clear()  # a (queue, kind) that emptied must not keep its last value
+        for k in snapshot.by_kind:
+            for field, gauge in self.gauges.items():
+                gauge.labels(k.queue, k.kind).set(getattr(k, field))
+            self.oldest_ready.labels(k.queue, k.kind).set(k.oldest_ready_seconds or 0.0)
+        self.table_dead.set(snapshot.table.dead_tuples)
+        self.table_live.set(snapshot.table.live_tuples)
+
+
+def serve(
+    worker: Worker, port: int, *, addr: str = "0.0.0.0", refresh: float = DEFAULT_REFRESH
+) -> Metrics:
+    """Attach metrics to ``worker``, serve them on ``addr:port`` and refresh the gauges.
+
+    Raises ConfigError if prometheus-client is missing or the port cannot be bound.
+    """
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ConfigError(f"metrics port must be between 0 and 65535, got {port!r}")
+    if not refresh > 0:
+        raise ConfigError(f"metrics refresh must be > 0, got {refresh!r}")
+    metrics = Metrics()
+    try:
+        metrics.client.start_http_server(port, addr=addr, registry=metrics.registry)
+    except OSError as exc:
+        raise ConfigError(f"cannot serve metrics on {addr}:{port}: {exc.strerror}") from None
+    worker.on_event = metrics.on_event
+
+    def refresh_loop() -> None:
+        while True:
+            try:
+                with Session(worker.engine) as session:
+                    metrics.refresh(session)
+            except sa_exc.SQLAlchemyError as exc:
+                log.warning("could not refresh queue metrics: %s", exc)
+            except Exception:
+                log.exception("could not refresh queue metrics")
+            time.sleep(refresh)
+
+    thread = threading.Thread(target=refresh_loop, name="sqla_jobs-metrics", daemon=True)
+    thread.start()
+    return metrics
