@@ -149,6 +149,12 @@ def insert_jobs_unnest(now: Now = None) -> sa.Insert:
 # --- claim -----------------------------------------------------------------------------
 
 
+def _limit(limit: int) -> sa.BindParameter[int]:
+    # Named, so a caller that compiles the claim once can pass another limit per
+    # execution (``{"limit": n}``) instead of rebuilding the statement.
+    return sa.bindparam("limit", limit, sa.Integer)
+
+
 def claim(
     *,
     worker: str,
@@ -192,7 +198,7 @@ def claim(
             jobs.c.kind == sa.any_(_text_array(kinds)),
         )
         .order_by(jobs.c.run_at)
-        .limit(limit)
+        .limit(_limit(limit))
         .with_for_update(skip_locked=True)
         .lateral("ready")
     )
@@ -200,7 +206,7 @@ def claim(
         sa.select(per_level.c.id)
         .select_from(levels)
         .join(per_level, sa.true())
-        .limit(limit)
+        .limit(_limit(limit))
         .cte("picked")
         .prefix_with("MATERIALIZED")
     )
@@ -226,10 +232,12 @@ def claim(
 
 def _fence(worker: str, leases: Sequence[tuple[int, int]]) -> list[sa.ColumnElement[bool]]:
     """Conditions (over ``unnest(ids, attempts) AS fence``) that make a claim still ours."""
+    # Named parameters, so a caller that compiles a fenced statement once can pass other
+    # leases per execution (``{"fence_ids": [...], "fence_attempts": [...]}``).
     fence = (
         sa.func.unnest(
-            sa.literal([job_id for job_id, _ in leases], ARRAY(sa.BigInteger)),
-            sa.literal([attempt for _, attempt in leases], ARRAY(sa.Integer)),
+            sa.bindparam("fence_ids", [job_id for job_id, _ in leases], ARRAY(sa.BigInteger)),
+            sa.bindparam("fence_attempts", [attempt for _, attempt in leases], ARRAY(sa.Integer)),
         )
         .table_valued("id", "attempt")
         .render_derived(name="fence")
