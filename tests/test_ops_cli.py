@@ -1,0 +1,323 @@
+"""``python -m sqla_jobs`` operations commands as real processes: output and effect on rows."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from helpers import TESTS, rows, scalar, start_worker, stop, url_text, wait_for
+from sqlalchemy.engine import URL
+from sqlalchemy.orm import Session
+from test_ops import insert, seed_states
+
+from sqla_jobs import enqueue, ops
+
+
+def cli_env(url: URL | str) -> dict[str, str]:
+    env = {**os.environ, "DATABASE_URL": url if isinstance(url, str) else url_text(url)}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def cli(url: URL | str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sqla_jobs", *args],
+        env=cli_env(url),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def ok(url: URL | str, *args: str) -> str:
+    result = cli(url, *args)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def status_of(engine: sa.Engine, kind: str) -> list[str]:
+    return [
+        r[0]
+        for r in rows(engine, "SELECT status::text FROM jobs WHERE kind = :k ORDER BY id", k=kind)
+    ]
+
+
+def test_stats_prints_a_table_and_json(engine: sa.Engine, db_url: URL) -> None:
+    seed_states(engine)
+    text = ok(db_url, "stats", "--app", "jobapp:registry")
+    lines = text.splitlines()
+    header = next(line for line in lines if line.startswith("QUEUE"))
+    assert header.split() == [
+        "QUEUE", "KIND", "READY", "SCHEDULED", "RUNNING", "EXPIRED", "DEAD", "CANCELLED",
+        "DONE/1M", "DONE/1H", "OLDEST", "READY",
+    ]  # fmt: skip
+    noop = next(line for line in lines if line.startswith("default  noop")).split()
+    assert noop[2:10] == ["2", "1", "2", "1", "0", "0", "1", "2"]
+    assert noop[10].startswith("1m")
+    total = next(line for line in lines if line.startswith("TOTAL")).split()
+    assert total[1:4] == ["3", "1", "2"]
+    assert "unknown kinds (no handler in the app): ghost" in text
+    assert "bloat:" in text and "last autovacuum" in text
+    data = json.loads(ok(db_url, "stats", "--json"))
+    assert data["total"]["dead"] == 2 and data["total"]["expired"] == 1
+    assert {(k["queue"], k["kind"]) for k in data["by_kind"]} >= {("other", "ghost")}
+
+
+def test_stats_watch_refreshes_until_interrupted(engine: sa.Engine, db_url: URL) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sqla_jobs", "stats", "--json", "--watch", "0.1"],
+        env=cli_env(db_url),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        first = json.loads(proc.stdout.readline())
+        with Session(engine) as s:
+            enqueue(s, "noop", {})
+            s.commit()
+        # Later snapshots see the new job without restarting the command.
+        seen = wait_for(
+            lambda: json.loads(proc.stdout.readline())["total"]["ready"] == 1,  # type: ignore[union-attr]
+            message="a refreshed snapshot",
+        )
+        assert seen and first["total"]["ready"] == 0
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
+def test_list_filters_pages_and_json(engine: sa.Engine, db_url: URL) -> None:
+    seed_states(engine)
+    text = ok(db_url, "list", "--status", "dead")
+    assert text.splitlines()[0].split()[:4] == ["ID", "STATUS", "QUEUE", "KIND"]
+    assert [line.split()[1] for line in text.splitlines()[1:]] == ["dead", "dead"]
+    assert "ValueError: boom" in text
+    page = json.loads(ok(db_url, "list", "--status", "queued", "--limit", "2", "--json"))
+    assert len(page["jobs"]) == 2 and page["next_after_id"] == page["jobs"][-1]["id"]
+    rest = json.loads(
+        ok(db_url, "list", "--status", "queued", "--after-id", str(page["next_after_id"]), "--json")
+    )
+    assert [j["kind"] for j in rest["jobs"]] == ["noop", "ghost"] and rest["next_after_id"] is None
+    old = json.loads(ok(db_url, "list", "--older-than", "1d", "--json"))
+    assert sorted(j["status"] for j in old["jobs"]) == ["dead", "queued"]
+    assert "next page: --after-id" in ok(db_url, "list", "--limit", "1")
+
+
+def test_show_prints_payload_attempts_error_and_timestamps(engine: sa.Engine, db_url: URL) -> None:
+    with Session(engine) as s:
+        job_id = enqueue(s, "noop", {"user": 42}, key="welcome-42")
+        s.commit()
+    insert(engine, "UPDATE jobs SET status = 'dead', attempts = 8, last_error = 'E: x\ny'")
+    text = ok(db_url, "show", str(job_id))
+    assert "status:         dead" in text and "attempts:       8" in text
+    assert '"user": 42' in text and "welcome-42" in text and "E: x\ny" in text
+    data = json.loads(ok(db_url, "show", str(job_id), "--json"))
+    assert data["payload"] == {"user": 42} and data["created_at"].startswith("20")
+
+
+def test_retry_cancel_delete_change_rows_and_report_counts(engine: sa.Engine, db_url: URL) -> None:
+    seed_states(engine)
+    assert ok(db_url, "retry", "--all-dead", "--kind", "fail") == "retried 2 job(s)\n"
+    assert status_of(engine, "fail") == ["queued", "queued"]
+    assert scalar(engine, "SELECT max(attempts) FROM jobs WHERE kind = 'fail'") == 0
+    assert ok(db_url, "cancel", "--kind", "fail") == "cancelled 2 job(s)\n"
+    assert status_of(engine, "fail") == ["cancelled", "cancelled"]
+    first = scalar(engine, "SELECT min(id) FROM jobs WHERE kind = 'fail'")
+    assert ok(db_url, "retry", str(first)) == "retried 1 job(s)\n"  # un-cancel one
+    assert ok(db_url, "delete", "--status", "cancelled", "--kind", "fail") == "deleted 1 job(s)\n"
+    assert status_of(engine, "fail") == ["queued"]
+    assert ok(db_url, "delete", str(first)) == "deleted 1 job(s)\n"
+    assert status_of(engine, "fail") == []
+
+
+def test_archive_and_prune_commands_move_and_delete_rows(engine: sa.Engine, db_url: URL) -> None:
+    seed_states(engine)
+    insert(
+        engine,
+        "INSERT INTO jobs (kind, payload, status, finished_at) "
+        "SELECT 'noop', '{}', 'done', now() - interval '10 days' FROM generate_series(1, 30)",
+    )
+    assert ok(db_url, "archive", "--older-than", "7d", "--batch", "7") == "archived 30 job(s)\n"
+    assert scalar(engine, "SELECT count(*) FROM jobs_archive") == 30
+    out = ok(db_url, "archive", "--older-than", "1h", "--dead-older-than", "12h")
+    assert out == "archived 2 job(s)\n"  # the 2-hour-old done job and the day-old dead one
+    assert ok(db_url, "prune", "--older-than", "9d") == "pruned 30 archived job(s)\n"
+    assert dict(rows(engine, "SELECT status::text, count(*) FROM jobs_archive GROUP BY 1")) == {
+        "done": 1,
+        "dead": 1,
+    }
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["list", "--status", "bogus"], "unknown status 'bogus'"),
+        (["list", "--older-than", "7 days"], "invalid duration '7 days'"),
+        (["list", "--limit", "0"], "limit must be a positive integer"),
+        (["archive", "--older-than", "soon"], "invalid duration 'soon'"),
+        (["archive"], "the following arguments are required: --older-than"),
+        (["show", "424242"], "no job with id 424242"),
+        (["show", "abc"], "invalid int value: 'abc'"),
+        (["retry", "424242"], "no job with id 424242"),
+        (["retry"], "give job ids, or --all-dead"),
+        (["cancel"], "cancel needs job ids or a --kind/--queue filter"),
+        (["delete", "--kind", "noop"], "delete needs job ids or a --status filter"),
+        (["delete", "--status", "running"], "running jobs cannot be deleted"),
+        (["stats", "--app", "nosuchmodule:registry"], "cannot import 'nosuchmodule'"),
+        (["stats", "--watch", "0"], "--watch must be > 0"),
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+    ],
+)
+def test_user_errors_print_one_line_and_exit_2(db_url: URL, args: list[str], message: str) -> None:
+    result = cli(db_url, *args)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.startswith("sqla_jobs: error: ")
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_acting_on_a_job_in_the_wrong_state_is_refused(engine: sa.Engine, db_url: URL) -> None:
+    seed_states(engine)
+    running = scalar(engine, "SELECT min(id) FROM jobs WHERE status = 'running'")
+    done = scalar(engine, "SELECT min(id) FROM jobs WHERE status = 'done'")
+    for args, message in [
+        (["cancel", str(running)], f"job {running} is running; only queued jobs can be cancelled"),
+        (["retry", str(done)], f"job {done} is done; only dead or cancelled jobs can be retried"),
+        (["delete", str(running)], f"job {running} is running"),
+    ]:
+        result = cli(db_url, *args)
+        assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert status_of(engine, "noop").count("running") == 2
+
+
+def test_unmigrated_and_unreachable_databases_are_user_errors(
+    empty_db_url: URL, engine: sa.Engine, db_url: URL
+) -> None:
+    for args in (["stats"], ["list"], ["archive", "--older-than", "7d"]):
+        result = cli(empty_db_url, *args)
+        assert result.returncode == 2 and "alembic upgrade head" in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr
+    # A database at revision 0001 only (no cancelled status, no archive table).
+    insert(engine, "DROP TABLE jobs_archive")
+    result = cli(db_url, "archive", "--older-than", "7d")
+    assert result.returncode == 2 and "alembic upgrade head" in result.stderr
+    result = cli("postgresql://postgres@127.0.0.1:1/nowhere", "stats")
+    assert result.returncode == 2
+    assert result.stderr.startswith("sqla_jobs: error: cannot connect to the database")
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+# --- the worker's own archiving and metrics ------------------------------------------
+
+
+def test_worker_archives_only_while_it_holds_the_fleet_lock(engine: sa.Engine, db_url: URL) -> None:
+    insert(
+        engine,
+        "INSERT INTO jobs (kind, payload, status, finished_at) "
+        "SELECT 'noop', '{}', 'done', now() - interval '2 days' FROM generate_series(1, 50)",
+    )
+    with engine.connect() as holder:
+        # Another "worker" holds the archiving lock: ours must skip its turns.
+        assert holder.execute(
+            sa.text("SELECT pg_try_advisory_lock(:k)"), {"k": ops.ARCHIVE_LOCK_KEY}
+        ).scalar()
+        holder.commit()
+        proc = start_worker(
+            db_url, "--archive-every", "0.005", "--archive-older-than", "1d", "--log-level", "DEBUG"
+        )
+        try:
+            out: list[str] = []
+
+            def skipped() -> bool:
+                assert proc.stdout is not None
+                line = proc.stdout.readline()
+                out.append(line)
+                return "another worker is archiving" in line
+
+            wait_for(skipped, message="a skipped archiving turn")
+            assert scalar(engine, "SELECT count(*) FROM jobs_archive") == 0
+            holder.execute(sa.text("SELECT pg_advisory_unlock(:k)"), {"k": ops.ARCHIVE_LOCK_KEY})
+            holder.commit()
+            wait_for(lambda: scalar(engine, "SELECT count(*) FROM jobs_archive") == 50)
+        finally:
+            text = "".join(out) + stop(proc)
+    assert scalar(engine, "SELECT count(*) FROM jobs") == 0, text
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def scrape(port: int) -> str:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            return str(response.read().decode())
+    except OSError:
+        return ""
+
+
+def test_metrics_port_serves_counters_histogram_and_queue_gauges(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    with Session(engine) as s:
+        for _ in range(3):
+            enqueue(s, "noop", {})
+        enqueue(s, "fail", {}, max_attempts=1)
+        enqueue(s, "fail", {}, max_attempts=2)
+        enqueue(s, "ghost", {})  # no handler: stays ready, so the depth gauge shows it
+        s.commit()
+    port = free_port()
+    proc = start_worker(db_url, "--metrics-port", str(port), "--metrics-refresh", "0.2")
+    try:
+
+        def has_all() -> str:
+            text = scrape(port)
+            wanted = [
+                'sqla_jobs_jobs_succeeded_total{kind="noop",queue="default"} 3.0',
+                'sqla_jobs_jobs_dead_total{kind="fail",queue="default"} 1.0',
+                'sqla_jobs_jobs_retried_total{kind="fail",queue="default"} 1.0',
+                'sqla_jobs_queue_depth{kind="ghost",queue="default"} 1.0',
+                'sqla_jobs_dead{kind="fail",queue="default"} 1.0',
+            ]
+            return text if all(w in text for w in wanted) else ""
+
+        text = wait_for(has_all, timeout=30, message="metrics")
+    finally:
+        stop(proc)
+    assert 'sqla_jobs_handler_duration_seconds_count{kind="noop"} 3.0' in text
+    assert 'sqla_jobs_jobs_failed_total{kind="fail",queue="default"} 2.0' in text
+    assert "sqla_jobs_oldest_ready_age_seconds" in text
+    assert "sqla_jobs_table_dead_tuples" in text
+
+
+def test_metrics_port_without_prometheus_client_is_a_clear_error(
+    db_url: URL, tmp_path: Path
+) -> None:
+    fake = tmp_path / "prometheus_client"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise ImportError('not installed')\n")
+    proc = start_worker(
+        db_url,
+        "--metrics-port",
+        str(free_port()),
+        env={"PYTHONPATH": f"{tmp_path}{os.pathsep}{TESTS}"},
+    )
+    proc.wait(60)
+    out = stop(proc)
+    assert proc.returncode == 2, out
+    assert "--metrics-port needs prometheus-client" in out and "Traceback" not in out
