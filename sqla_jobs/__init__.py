@@ -16,7 +16,8 @@ from sqla_jobs.exceptions import (
     SchemaNotReadyError,
     SqlaJobsError,
 )
-from sqla_jobs.models import Base, Job, JobStatus
+from sqla_jobs.models import Base, Job, JobArchive, JobStatus
+from sqla_jobs.ops import Stats, stats
 from sqla_jobs.producer import NewJob, enqueue, enqueue_async, enqueue_many
 from sqla_jobs.retry import Backoff
 from sqla_jobs.tasks import Handler, JobContext, Registry, current_job
@@ -31,6 +32,7 @@ __all__ = [
     "Handler",
     "InvalidJobError",
     "Job",
+    "JobArchive",
     "JobContext",
     "JobNotFoundError",
     "JobStatus",
@@ -39,12 +41,14 @@ __all__ = [
     "RegistryError",
     "SchemaNotReadyError",
     "SqlaJobsError",
+    "Stats",
     "Worker",
     "WorkerConfig",
     "current_job",
     "enqueue",
     "enqueue_async",
     "enqueue_many",
+    "stats",
 ]
 
 

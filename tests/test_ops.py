@@ -136,6 +136,15 @@ def test_stats_queries_use_the_partial_indexes_on_200k_finished_rows(engine: sa.
             compiled = stmt.compile(dialect=conn.dialect)
             plan = "\n".join(conn.exec_driver_sql(f"EXPLAIN {compiled}", compiled.params).scalars())
             assert "on jobs " not in plan, plan
+        # Archiving a week-old batch reads the same index, not the whole table.
+        for dead_age in (None, 30 * 86400.0):
+            archive = statements.archive_batch(
+                done_older_than=7 * 86400.0, dead_older_than=dead_age, batch=10_000
+            )
+            compiled = archive.compile(dialect=conn.dialect)
+            plan = "\n".join(conn.exec_driver_sql(f"EXPLAIN {compiled}", compiled.params).scalars())
+            plans[f"archive dead_age={dead_age}"] = plan
+            assert "Seq Scan on jobs" not in plan and "jobs_finished_idx" in plan, plan
     print(json.dumps(plans, indent=1))  # the evidence, with -s
 
 
