@@ -464,12 +464,12 @@ def _cmd_show(session: Any, args: argparse.Namespace) -> int:
         _print_json(data)
         return 0
     for name in ("id", "kind", "queue", "priority", "status", "attempts", "max_attempts"):
-        print(f"{name + ':':<16}{data[name]}")
+        print(f"{name + ':':<17}{data[name]}")
     for name in ("idempotency_key", "worker", "created_at", "run_at", "locked_until"):
-        print(f"{name + ':':<16}{data[name] if data[name] is not None else '-'}")
-    print(f"{'finished_at:':<16}{data['finished_at'] or '-'}")
+        print(f"{name + ':':<17}{data[name] if data[name] is not None else '-'}")
+    print(f"{'finished_at:':<17}{data['finished_at'] or '-'}")
     print(f"payload:\n{json.dumps(job.payload, indent=2, sort_keys=True)}")
-    print(f"last_error:\n{job.last_error}" if job.last_error else "last_error:     -")
+    print(f"last_error:\n{job.last_error}" if job.last_error else "last_error:      -")
     return 0
 
 
