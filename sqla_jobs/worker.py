@@ -334,7 +334,10 @@ class Worker:
                 # No room (a handler wakes us when there is), or nothing more is ready
                 # (a notification, a short retry's timer or the poll interval wakes us;
                 # finished handlers do not, so a drained queue is not polled per job).
-                self._wake.wait(self.config.poll_interval)
+                # Never past the next rescue: expired leases of dead workers must be
+                # requeued every rescue_interval even when no notification comes.
+                until_rescue = max(0.0, next_rescue - time.monotonic())
+                self._wake.wait(min(self.config.poll_interval, until_rescue))
 
     def _compile(self, stmt: sa.ClauseElement) -> tuple[str, dict[str, Any]]:
         compiled = stmt.compile(dialect=self.engine.dialect)
