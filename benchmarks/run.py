@@ -27,6 +27,7 @@ Scenarios:
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import platform
 import statistics
@@ -139,30 +140,70 @@ def _peer(fn: Callable[[str], float]) -> float | None:
 # --- enqueue ---------------------------------------------------------------------------
 
 
+def _producer(url: str, count: int, ready: Any, go: Any, done: Any) -> None:
+    """One producer process: ``enqueue`` + ``commit`` per job, in a Session."""
+    with _engine(url, pool_size=1) as engine:
+        with engine.connect():
+            pass  # connect before the clock starts
+        ready.put(True)
+        go.wait()
+        for i in range(count):
+            with Session(engine) as s:
+                enqueue(s, "noop", {"i": i})
+                s.commit()
+        done.put(time.perf_counter())  # CLOCK_MONOTONIC: comparable across processes
+
+
 def ours_enqueue_single(n_jobs: int, producers: int, trigger: bool) -> float:
-    """``enqueue`` + ``commit`` per job in a Session, ``producers`` threads."""
+    """``producers`` processes (not threads: one GIL would hide the server's limits)."""
+    ctx = multiprocessing.get_context("spawn")
     with _ours("bench_enq") as url:
         if not trigger:
             with psycopg.connect(url, autocommit=True) as conn:
                 conn.execute("ALTER TABLE jobs DISABLE TRIGGER jobs_notify")
+        ready, done, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+        procs = [
+            ctx.Process(target=_producer, args=(url, share, ready, go, done))
+            for share in peers._split(n_jobs, producers)
+        ]
+        for p in procs:
+            p.start()
+        for _ in procs:
+            ready.get(timeout=60)
+        t0 = time.perf_counter()
+        go.set()
+        t1 = max(float(done.get(timeout=300)) for _ in procs)
+        for p in procs:
+            p.join(30)
+        peers._check_count(url, n_jobs)
+    return n_jobs / (t1 - t0)
+
+
+def raw_single_on_our_schema(n_jobs: int, producers: int, trigger: bool) -> float:
+    """The seed's raw INSERT from ``producers`` threads, on our schema and trigger.
+
+    A light client (psycopg, no ORM) makes the server's commit path the limit, which is
+    where NOTIFY's commit-time serialization shows.
+    """
+    with _ours("bench_enqraw") as url:
+        if not trigger:
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute("ALTER TABLE jobs DISABLE TRIGGER jobs_notify")
         shares = peers._split(n_jobs, producers)
-        with _engine(url, pool_size=producers) as engine:
-            # Open the pool's connections before the clock starts.
-            conns = [engine.connect() for _ in range(producers)]
-            for c in conns:
-                c.close()
-
-            def produce(count: int) -> None:
-                for i in range(count):
-                    with Session(engine) as s:
-                        enqueue(s, "noop", {"i": i})
-                        s.commit()
-
+        conns = [psycopg.connect(url, autocommit=True) for _ in range(producers)]
+        try:
             with ThreadPoolExecutor(producers) as pool:
                 t0 = time.perf_counter()
-                for f in [pool.submit(produce, s) for s in shares]:
+                firsts = [sum(shares[:i]) for i in range(producers)]
+                for f in [
+                    pool.submit(peers._produce, c, s, f)
+                    for c, s, f in zip(conns, shares, firsts, strict=True)
+                ]:
                     f.result()
                 elapsed = time.perf_counter() - t0
+        finally:
+            for c in conns:
+                c.close()
         peers._check_count(url, n_jobs)
     return n_jobs / elapsed
 
@@ -381,8 +422,12 @@ def _load(conn: psycopg.Connection[Any], done: int, future: int) -> None:
     )
 
 
-def _time_claims(url: str, iterations: int, seed_form: bool) -> tuple[float, float]:
-    """Median ms of our claim and of the seed's claim, interleaved, each rolled back."""
+def _time_claims(url: str, iterations: int) -> tuple[float, float]:
+    """Median ms of our claim, then of the seed's claim, each rolled back.
+
+    The seed's index exists only while its form is measured: with it in place the planner
+    may pick it for our claim too, and we would measure the wrong plan.
+    """
     sql_ours, params_ours = _claim_sql()
     seed_params = {"lock": 30, "worker": "bench:1"}
     ours: list[float] = []
@@ -393,12 +438,18 @@ def _time_claims(url: str, iterations: int, seed_form: bool) -> tuple[float, flo
             conn.execute(sql_ours, params_ours).fetchall()
             ours.append(time.perf_counter() - t0)
             conn.rollback()
-            if seed_form:
-                t0 = time.perf_counter()
-                conn.execute(SEED_CLAIM, seed_params).fetchall()
-                seed.append(time.perf_counter() - t0)
-                conn.rollback()
-    return _median(ours) * 1000, (_median(seed) * 1000 if seed else float("nan"))
+        conn.execute(SEED_INDEX)
+        conn.commit()
+        conn.execute("ANALYZE jobs")
+        conn.commit()
+        for _ in range(iterations):
+            t0 = time.perf_counter()
+            conn.execute(SEED_CLAIM, seed_params).fetchall()
+            seed.append(time.perf_counter() - t0)
+            conn.rollback()
+        conn.execute("DROP INDEX seed_claim_idx")
+        conn.commit()
+    return _median(ours) * 1000, _median(seed) * 1000
 
 
 def claim_latency(sizes: Sizes, explain: bool) -> dict[str, float]:
@@ -415,16 +466,16 @@ def claim_latency(sizes: Sizes, explain: bool) -> dict[str, float]:
             with psycopg.connect(url, autocommit=True) as conn:
                 if loaded:
                     _load(conn, sizes.claim_done, sizes.claim_future)
-                conn.execute(SEED_INDEX)
                 conn.execute("VACUUM ANALYZE jobs")
-            out[f"ours_{label}_idle"], out[f"seed_{label}_idle"] = _time_claims(url, n, True)
+            out[f"ours_{label}_idle"], out[f"seed_{label}_idle"] = _time_claims(url, n)
             with psycopg.connect(url, autocommit=True) as conn:
                 conn.execute(add_ready, (ready,))
                 conn.execute("VACUUM ANALYZE jobs")
-            out[f"ours_{label}_ready"], out[f"seed_{label}_ready"] = _time_claims(url, n, True)
+            out[f"ours_{label}_ready"], out[f"seed_{label}_ready"] = _time_claims(url, n)
             if explain and loaded:
                 sql_ours, params = _claim_sql()
                 with psycopg.connect(url) as conn:
+                    conn.execute(SEED_INDEX)  # rolled back with the first EXPLAIN
                     for title, q, p in (
                         ("ours", sql_ours, params),
                         ("seed", SEED_CLAIM, {"lock": 30, "worker": "bench:1"}),
@@ -554,6 +605,22 @@ def main(argv: list[str] | None = None) -> int:
                     met,
                 )
             )
+        step("raw single inserts x8 (our schema)")
+        ron: list[float] = []
+        roff: list[float] = []
+        for _ in range(sizes.repeats):
+            ron.append(raw_single_on_our_schema(n, 8, True))
+            roff.append(raw_single_on_our_schema(n, 8, False))
+        rows.append(
+            Row(
+                "enqueue",
+                "raw psycopg INSERT, 8 threads, our schema + statement trigger",
+                _median(ron),
+                "/s",
+                "same, trigger disabled",
+                _median(roff),
+            )
+        )
         step("raw single inserts x8 (seed schema)")
         raw_on = med(lambda: _peer(lambda u: peers.raw_insert_single(u, n, 8, True)))
         raw_off = med(lambda: _peer(lambda u: peers.raw_insert_single(u, n, 8, False)))
