@@ -1,0 +1,191 @@
+"""Worker processes, a supervisor and the exactly-once oracle, shared by the scenarios."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from helpers import TESTS, rows, scalar, url_text
+from sqlalchemy.engine import URL
+
+HERE = Path(__file__).resolve().parent
+#: application_name of every backend a worker process opens.
+WORKER_APP = "sqla_jobs_worker"
+
+APP_SQL = """
+CREATE TABLE IF NOT EXISTS effects (
+    job_id bigint PRIMARY KEY,
+    worker text NOT NULL,
+    attempt int NOT NULL
+);
+CREATE TABLE IF NOT EXISTS runs (
+    id bigserial PRIMARY KEY,
+    job_id bigint NOT NULL,
+    worker text NOT NULL,
+    attempt int NOT NULL,
+    started_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    ended_at timestamptz
+);
+"""
+
+
+def setup_app(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        conn.exec_driver_sql(APP_SQL)
+
+
+def spawn(
+    url: URL, log: Path, *args: str, app: str = "relapp:registry", env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """``python -m sqla_jobs.worker relapp:registry ...``; output appended to ``log``.
+
+    Output goes to a file, not a pipe: a long-running worker must never block on a full
+    pipe that nobody reads.
+    """
+    full_env = {
+        **os.environ,
+        "DATABASE_URL": url_text(url),
+        "PYTHONUNBUFFERED": "1",
+        "PGAPPNAME": WORKER_APP,  # libpq: tells the workers' backends from the test's own
+        **(env or {}),
+    }
+    full_env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(HERE), str(TESTS), full_env.get("PYTHONPATH", "")) if p
+    )
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "sqla_jobs.worker", app, *args],
+            env=full_env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+
+class Supervisor:
+    """Keeps ``size`` worker processes alive, restarting any that died (like systemd)."""
+
+    def __init__(self, url: URL, logdir: Path, size: int, *args: str) -> None:
+        self.url, self.logdir, self.args = url, logdir, args
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.slots: list[subprocess.Popen[bytes] | None] = [None] * size
+        self.kills = 0
+
+    @property
+    def log(self) -> Path:
+        return self.logdir / "workers.log"
+
+    def ensure(self) -> int:
+        """Start a worker in every empty or dead slot; return how many were started."""
+        started = 0
+        for i, proc in enumerate(self.slots):
+            if proc is None or proc.poll() is not None:
+                new = spawn(self.url, self.log, *self.args)
+                self.slots[i] = new
+                self.procs.append(new)
+                started += 1
+        return started
+
+    def kill_random(self, rng: random.Random) -> int:
+        alive = [p for p in self.slots if p is not None and p.poll() is None]
+        victim = rng.choice(alive)
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(10)
+        self.kills += 1
+        return victim.pid
+
+    def alive(self) -> list[subprocess.Popen[bytes]]:
+        return [p for p in self.slots if p is not None and p.poll() is None]
+
+    def stop(self) -> str:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(30)
+        return self.output()
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+
+def stop_all(procs: Iterable[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(30)
+
+
+def status_counts(engine: sa.Engine) -> dict[str, int]:
+    return dict(rows(engine, "SELECT status::text, count(*) FROM jobs GROUP BY 1"))
+
+
+def all_done(engine: sa.Engine, n: int) -> bool:
+    return status_counts(engine) == {"done": n}
+
+
+def oracle(engine: sa.Engine) -> dict[str, Any]:
+    """The figures every crash scenario asserts on, in one round trip."""
+    (row,) = rows(
+        engine,
+        """
+        SELECT
+          (SELECT count(*) FROM jobs) AS jobs,
+          (SELECT count(*) FROM jobs WHERE status = 'done') AS done,
+          (SELECT count(*) FROM effects) AS effects,
+          (SELECT count(*) FROM jobs j WHERE status = 'done'
+             AND NOT EXISTS (SELECT 1 FROM effects e WHERE e.job_id = j.id)) AS done_without_effect,
+          (SELECT count(*) FROM effects e WHERE NOT EXISTS
+             (SELECT 1 FROM jobs j WHERE j.id = e.job_id AND j.status = 'done'))
+             AS effect_without_done,
+          (SELECT count(*) FROM jobs WHERE attempts > max_attempts) AS over_max_attempts,
+          (SELECT count(*) FROM jobs j JOIN effects e ON e.job_id = j.id
+             WHERE e.attempt <> j.attempts OR e.worker <> j.worker) AS effect_not_from_final_run
+        """,
+    )
+    return dict(row._mapping)
+
+
+def exactly_once(n: int) -> dict[str, int]:
+    return {
+        "jobs": n,
+        "done": n,
+        "effects": n,
+        "done_without_effect": 0,
+        "effect_without_done": 0,
+        "over_max_attempts": 0,
+        "effect_not_from_final_run": 0,
+    }
+
+
+def worker_backends(engine: sa.Engine, listeners_only: bool = False) -> list[int]:
+    """Pids of the worker processes' backends (all, or only their LISTEN connections)."""
+    query = (
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+        "AND application_name = :app"
+    )
+    if listeners_only:
+        query += " AND query LIKE 'LISTEN%'"
+    return sorted(r[0] for r in rows(engine, query, app=WORKER_APP))
+
+
+def terminate(engine: sa.Engine, pids: Iterable[int]) -> int:
+    with engine.connect() as conn:
+        return sum(
+            bool(conn.execute(sa.text("SELECT pg_terminate_backend(:p)"), {"p": pid}).scalar())
+            for pid in pids
+        )
+
+
+def wait_seconds(started: float) -> float:
+    return round(time.monotonic() - started, 2)
+
+
+def count(engine: sa.Engine, query: str, **params: Any) -> int:
+    return int(scalar(engine, query, **params))

@@ -1,0 +1,154 @@
+"""Scenario 5: database faults. Workers survive a server restart and killed backends."""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from helpers import scalar, wait_for
+from sqlalchemy.engine import URL
+from sqlalchemy.orm import Session
+
+from reliability.support import (
+    all_done,
+    exactly_once,
+    oracle,
+    setup_app,
+    spawn,
+    status_counts,
+    stop_all,
+    terminate,
+    worker_backends,
+)
+from sqla_jobs import NewJob, enqueue, enqueue_many, testing
+
+pytestmark = pytest.mark.reliability
+
+JOBS = 400
+WORKERS = 2
+#: A poll this long cannot explain a pickup within NOTIFY_PICKUP seconds.
+ARGS = ("--concurrency", "4", "--lock-seconds", "1", "--rescue-interval", "0.3")
+POLL = ("--poll-interval", "30")
+NOTIFY_PICKUP = 5.0
+AFTER_FAULT = 3
+
+
+@pytest.fixture
+def private_server() -> Iterator[tuple[URL, Callable[[], None]]]:
+    """An embedded PostgreSQL owned by this test alone, and a function that restarts it."""
+    pgserver: Any = pytest.importorskip("pgserver")
+    pg_ctl: Any = importlib.import_module("pgserver._commands").pg_ctl
+
+    datadir = Path(tempfile.mkdtemp(prefix="sqla_jobs_reliability_pg_"))
+    try:
+        admin = testing.embedded_server(datadir)
+        server = pgserver.get_server(str(datadir))
+
+        def restart() -> None:
+            pg_ctl(
+                ["-w", "-m", "fast", "-l", str(server.log), "restart"],
+                pgdata=server.pgdata,
+                user=server.system_user,
+                timeout=60,
+            )
+
+        yield admin, restart
+        server.cleanup()
+    finally:
+        shutil.rmtree(datadir, ignore_errors=True)
+
+
+def _fault_scenario(
+    engine: sa.Engine, url: URL, log: Path, fault: Callable[[], None], listen_fault: bool = False
+) -> dict[str, Any]:
+    """Run JOBS jobs through WORKERS workers, inject ``fault`` midway, then prove recovery.
+
+    Recovery means: the same worker processes are alive, every job is done exactly once,
+    every worker LISTENs again, and jobs enqueued afterwards are picked up within
+    NOTIFY_PICKUP seconds although the poll interval is 30 s.
+    """
+    setup_app(engine)
+    with Session(engine) as s:
+        enqueue_many(s, [NewJob("work", {"sleep": 0.03}) for _ in range(JOBS)])
+        s.commit()
+    procs = [spawn(url, log, *ARGS, *POLL) for _ in range(WORKERS)]
+    pickups: list[float] = []
+    try:
+        wait_for(
+            lambda: len(worker_backends(engine, listeners_only=True)) == WORKERS,
+            message="listeners up",
+        )
+        listeners_before = worker_backends(engine, listeners_only=True)
+        wait_for(
+            lambda: status_counts(engine).get("done", 0) >= JOBS // 4,
+            message="a quarter of the jobs done",
+        )
+        fault()
+        wait_for(lambda: all_done(engine, JOBS), timeout=90, message="all jobs done")
+        wait_for(
+            lambda: len(worker_backends(engine, listeners_only=True)) == WORKERS,
+            message="every worker listening again",
+        )
+        if listen_fault:
+            assert not set(worker_backends(engine, listeners_only=True)) & set(listeners_before)
+        for n in range(AFTER_FAULT):
+            with Session(engine) as s:
+                job_id = enqueue(s, "work", {})
+                s.commit()
+            started = time.monotonic()
+            wait_for(
+                lambda job_id=job_id: (  # type: ignore[misc]
+                    scalar(engine, "SELECT status::text FROM jobs WHERE id = :i", i=job_id)
+                    == "done"
+                ),
+                timeout=NOTIFY_PICKUP,
+                message=f"job {n + 1} enqueued after the fault picked up by notification",
+            )
+            pickups.append(round(time.monotonic() - started, 3))
+        assert [p.poll() for p in procs] == [None] * WORKERS, "a worker died"
+    finally:
+        stop_all(procs)
+    print(f"pickups after the fault: {pickups} s")
+    assert oracle(engine) == exactly_once(JOBS + AFTER_FAULT), log.read_text()[-3000:]
+    return {"pickups": pickups}
+
+
+def test_workers_survive_a_postgresql_restart_and_finish_every_job(
+    private_server: tuple[URL, Callable[[], None]], tmp_path: Path
+) -> None:
+    admin, restart = private_server
+    with testing.scratch_database(admin, migrate=True) as url:
+        engine = sa.create_engine(url, poolclass=sa.NullPool)
+        try:
+            _fault_scenario(engine, url, tmp_path / "workers.log", restart)
+        finally:
+            engine.dispose()
+    assert "listener connection lost" in (tmp_path / "workers.log").read_text()
+
+
+def test_workers_survive_termination_of_every_backend(
+    engine: sa.Engine, db_url: URL, tmp_path: Path
+) -> None:
+    killed: list[int] = []
+
+    def fault() -> None:
+        killed.append(terminate(engine, worker_backends(engine)))
+
+    _fault_scenario(engine, db_url, tmp_path / "workers.log", fault, listen_fault=True)
+    assert killed[0] >= WORKERS * 2  # at least a listener and a dispatcher each
+
+
+def test_a_terminated_listen_connection_comes_back_and_notifications_resume(
+    engine: sa.Engine, db_url: URL, tmp_path: Path
+) -> None:
+    def fault() -> None:
+        assert terminate(engine, worker_backends(engine, listeners_only=True)) == WORKERS
+
+    _fault_scenario(engine, db_url, tmp_path / "workers.log", fault, listen_fault=True)

@@ -1,0 +1,117 @@
+"""Scenario 9: the worker and the enqueue path run as a role with only DML on jobs."""
+
+from __future__ import annotations
+
+import signal
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+from helpers import rows, wait_for
+from sqlalchemy.engine import URL
+from sqlalchemy.orm import Session
+
+from reliability.support import all_done, count, exactly_once, oracle, setup_app, spawn, stop_all
+from sqla_jobs import enqueue
+
+pytestmark = pytest.mark.reliability
+
+JOBS = 50
+
+#: The statements of docs/least-privilege.md, for this test's role and database.
+GRANTS = """
+GRANT CONNECT ON DATABASE "{db}" TO {role};
+GRANT USAGE ON SCHEMA public TO {role};
+GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE jobs TO {role};
+"""
+#: The test handlers' own tables (not sqla_jobs'), as an application would grant them.
+APP_GRANTS = """
+GRANT SELECT, INSERT, UPDATE ON TABLE effects, runs TO {role};
+GRANT USAGE ON SEQUENCE runs_id_seq TO {role};
+"""
+
+SCHEMA_SNAPSHOT = """
+SELECT c.relname, c.relkind::text, pg_get_userbyid(c.relowner),
+       (SELECT string_agg(a.attname || ':' || format_type(a.atttypid, a.atttypmod), ','
+                          ORDER BY a.attnum)
+          FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0),
+       (SELECT string_agg(t.tgname, ',' ORDER BY t.tgname)
+          FROM pg_trigger t WHERE t.tgrelid = c.oid)
+  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE n.nspname = 'public'
+ ORDER BY 1
+"""
+
+
+@pytest.fixture
+def dml_role(engine: sa.Engine, db_url: URL) -> Iterator[str]:
+    role = f"sqla_jobs_dml_{uuid.uuid4().hex[:8]}"
+    setup_app(engine)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f"CREATE ROLE {role} LOGIN")
+        conn.exec_driver_sql(GRANTS.format(db=db_url.database, role=role))
+        conn.exec_driver_sql(APP_GRANTS.format(role=role))
+    try:
+        yield role
+    finally:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(
+                f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{role}'"
+            )
+            conn.exec_driver_sql(f"DROP OWNED BY {role}")
+            conn.exec_driver_sql(f"DROP ROLE {role}")
+
+
+@pytest.mark.parametrize(
+    "ddl",
+    [
+        "CREATE TABLE intruder (x int)",
+        "ALTER TABLE jobs ADD COLUMN intruder int",
+        "CREATE INDEX intruder ON jobs (kind)",
+        "DROP TABLE jobs",
+        "TRUNCATE jobs",
+        "ALTER TYPE job_status ADD VALUE 'intruder'",
+        "DROP TRIGGER jobs_notify ON jobs",
+    ],
+)
+def test_the_dml_role_cannot_run_ddl(db_url: URL, dml_role: str, ddl: str) -> None:
+    engine = sa.create_engine(db_url.set(username=dml_role), poolclass=sa.NullPool)
+    try:
+        with pytest.raises(sa.exc.ProgrammingError) as info, engine.begin() as conn:
+            conn.exec_driver_sql(ddl)
+        assert isinstance(info.value.orig, psycopg.errors.InsufficientPrivilege)
+    finally:
+        engine.dispose()
+
+
+def test_worker_and_enqueue_run_as_a_role_with_only_dml(
+    engine: sa.Engine, db_url: URL, dml_role: str, tmp_path: Path
+) -> None:
+    before = rows(engine, SCHEMA_SNAPSHOT)
+    assert before[[r[0] for r in before].index("jobs")][:3] == ("jobs", "r", "postgres")
+    role_url = db_url.set(username=dml_role)
+    role_engine = sa.create_engine(role_url, poolclass=sa.NullPool)
+    log = tmp_path / "worker.log"
+    try:
+        with Session(role_engine) as s:
+            for i in range(JOBS):
+                enqueue(s, "work", {"i": i}, key=f"k{i}")
+            assert enqueue(s, "work", {}, key="k0") is None  # ON CONFLICT works too
+            s.commit()
+        proc = spawn(role_url, log, "--concurrency", "2", "--lock-seconds", "1")
+        try:
+            wait_for(lambda: all_done(engine, JOBS), message="all jobs done by the DML role")
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(30) == 0
+        finally:
+            stop_all([proc])
+    finally:
+        role_engine.dispose()
+    out = log.read_text()
+    assert "permission denied" not in out and "Traceback" not in out, out
+    assert oracle(engine) == exactly_once(JOBS)
+    assert count(engine, "SELECT count(DISTINCT worker) FROM jobs") == 1
+    assert rows(engine, SCHEMA_SNAPSHOT) == before  # nothing created, altered or dropped
