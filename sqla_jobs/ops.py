@@ -219,9 +219,9 @@ _COUNTS = (
 def stats(session: Session, registry: Registry | None = None) -> Stats:
     """Read the queue's state in one read-only snapshot (five index-backed queries).
 
-    Runs in a transaction of its own on ``session`` (begun and rolled back here, so
-    ``now()`` is the same instant for every figure); the session must not be in the
-    middle of a unit of work.
+    Reads on a connection of its own from the session's engine, in one REPEATABLE READ
+    transaction (so ``now()`` and every figure refer to the same instant); the session's
+    own transaction, if any, is not touched.
     """
     rows: dict[tuple[str, str], dict[str, Any]] = {}
 
@@ -231,27 +231,25 @@ def stats(session: Session, registry: Registry | None = None) -> Stats:
             for name in names:
                 entry[name] = getattr(row, name)
 
-    if session.in_transaction():
-        session.rollback()
+    bind = session.get_bind()
+    engine = bind if isinstance(bind, sa.Engine) else bind.engine
     try:
-        session.connection().exec_driver_sql(
-            "SET TRANSACTION READ ONLY, ISOLATION LEVEL REPEATABLE READ"
-        )
-        taken_at = session.execute(statements.stats_now()).scalar_one()
-        merge(session.execute(statements.stats_queued()), ("ready", "scheduled", "oldest_ready"))
-        merge(session.execute(statements.stats_running()), ("running", "expired"))
-        merge(session.execute(statements.stats_dead()), ("dead", "cancelled"))
-        merge(
-            session.execute(statements.stats_done_recent()),
-            ("done_last_minute", "done_last_hour"),
-        )
-        table = _table_stats(session)
+        with engine.connect() as conn:
+            conn.exec_driver_sql("SET TRANSACTION READ ONLY, ISOLATION LEVEL REPEATABLE READ")
+            taken_at = conn.execute(statements.stats_now()).scalar_one()
+            merge(conn.execute(statements.stats_queued()), ("ready", "scheduled", "oldest_ready"))
+            merge(conn.execute(statements.stats_running()), ("running", "expired"))
+            merge(conn.execute(statements.stats_dead()), ("dead", "cancelled"))
+            merge(
+                conn.execute(statements.stats_done_recent()),
+                ("done_last_minute", "done_last_hour"),
+            )
+            table = _table_stats(conn)
+            conn.rollback()
     except sa_exc.ProgrammingError as exc:
         raise SchemaNotReadyError(
             f"cannot read the jobs table; run `alembic upgrade head`: {str(exc.orig).strip()}"
         ) from None
-    finally:
-        session.rollback()
 
     by_kind = tuple(
         KindStats(
@@ -281,11 +279,11 @@ def _float(value: Any) -> float | None:
     return None if value is None else max(0.0, float(value))
 
 
-def _table_stats(session: Session) -> TableStats:
-    row = session.execute(statements.stats_table()).one_or_none()
+def _table_stats(conn: sa.Connection) -> TableStats:
+    row = conn.execute(statements.stats_table()).one_or_none()
     estimates: dict[str, int] = {}
     reltuples = max(0, int(row.reltuples)) if row is not None else 0
-    found = session.execute(statements.stats_status_estimates()).first()
+    found = conn.execute(statements.stats_status_estimates()).first()
     if found is not None and found.vals is not None:
         for value, freq in zip(found.vals, found.freqs, strict=False):
             estimates[value] = round(reltuples * freq)

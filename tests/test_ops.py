@@ -69,7 +69,10 @@ def seed_states(engine: sa.Engine) -> None:
 
 def test_stats_counts_every_state_per_queue_and_kind(session: Session, engine: sa.Engine) -> None:
     seed_states(engine)
+    pending = enqueue(session, "noop", {}, queue="later")  # the caller's open unit of work
     s = ops.stats(session, app_registry)
+    session.commit()  # stats left it alone: still open, still committable
+    assert scalar(engine, "SELECT queue FROM jobs WHERE id = :i", i=pending) == "later"
     by = {(k.queue, k.kind): k for k in s.by_kind}
     noop = by[("default", "noop")]
     assert (noop.ready, noop.scheduled, noop.running, noop.expired) == (2, 1, 2, 1)
@@ -79,7 +82,6 @@ def test_stats_counts_every_state_per_queue_and_kind(session: Session, engine: s
     assert by[("other", "noop")].cancelled == 1
     assert s.total.ready == 3 and s.total.dead == 2 and s.total.expired == 1
     assert s.unknown_kinds == ("ghost",)
-    assert not session.in_transaction()
     data = json.loads(json.dumps(s.to_dict()))
     assert data["total"]["dead"] == 2 and "dead_tuple_ratio" in data["table"]
 
