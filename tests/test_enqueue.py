@@ -297,4 +297,5 @@ def test_enqueue_async_joins_the_async_session(engine: sa.Engine, db_url: URL) -
     rolled_back, kept = asyncio.run(scenario())
     assert isinstance(rolled_back, int) and isinstance(kept, int)
     with engine.connect() as conn:
-        assert conn.execute(sa.select(jobs.c.id, jobs.c.payload)).all() == [(kept, {"n": 2})]
+        found = [tuple(r) for r in conn.execute(sa.select(jobs.c.id, jobs.c.payload))]
+    assert found == [(kept, {"n": 2})]
