@@ -96,10 +96,11 @@ class WorkerConfig:
             and heartbeated like running ones, and released (attempt not spent) on
             shutdown. Set it to 0 when jobs are long and several workers share a queue:
             a buffered job cannot be taken by another worker. Defaults to 100.
-        prepared_statements: let psycopg prepare the worker's repeated statements
-            (``prepare_threshold``). Turn it off behind PgBouncer in transaction pooling
-            mode (before 1.21), where a prepared statement may be missing on the next
-            server connection. Defaults to True.
+        prepared_statements: prepare the claim statement on each connection (the other
+            statements are never prepared: their generic plans are worse). Turn it off
+            behind PgBouncer in transaction pooling mode (before 1.21, or without
+            ``max_prepared_statements``), where a statement prepared on one server
+            connection is missing on the next. Defaults to True.
         archive_every: seconds between two archiving runs (:func:`sqla_jobs.ops.archive`)
             by this worker; an advisory lock lets one worker of the fleet archive at a
             time, the others skip their turn. Defaults to None (workers do not archive).

@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from types import FrameType
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 import sqlalchemy as sa
@@ -160,10 +160,14 @@ class Worker:
             # No pre-ping (it would cost a round trip per checkout): a disconnect error
             # invalidates the whole pool, and every caller below retries or records it.
             pool_timeout=60,
-            # psycopg prepares a statement on its 5th execution by default; the worker's
-            # statements are few and repeated, so that saves a parse and plan per claim.
-            # None turns preparing off, for PgBouncer in transaction pooling mode.
-            connect_args={} if config.prepared_statements else {"prepare_threshold": None},
+            # No automatic preparing (psycopg's default prepares any statement on its 5th
+            # run): a prepared statement gets a generic plan, and the fenced statements'
+            # generic plans are quadratic. They take arrays of leases whose length the
+            # planner cannot see, and with the stale statistics a queue table always has
+            # (jobs_lease_idx looks empty) it scanned every running job and re-ran
+            # unnest() for each: 100 ms to mark 900 jobs done. Only the claim is prepared,
+            # explicitly (see _claim); its generic plan is verified stable.
+            connect_args={"prepare_threshold": None},
         )
         self._kinds = list(registry.kinds)
         # The statements run once per batch (claim) or per job (done-mark) are built and
@@ -353,8 +357,15 @@ class Worker:
     def _claim(self, limit: int) -> list[Claimed]:
         sql, params = self._claim_sql
         with self.engine.begin() as conn:
-            rows = conn.exec_driver_sql(sql, {**params, "limit": limit}).all()
-        jobs = [Claimed(r.id, r.kind, r.queue, r.payload, r.attempts, r.max_attempts) for r in rows]
+            # On the driver's cursor, to choose preparing per statement: a prepared claim
+            # skips 0.7 ms of planning per batch, and its generic plan is the custom one
+            # (an index range scan per priority, primary-key probes; benchmarks/README.md).
+            driver = cast("psycopg.Connection[Any]", conn.connection.driver_connection)
+            rows = driver.execute(
+                sql, {**params, "limit": limit}, prepare=self.config.prepared_statements
+            ).fetchall()
+        # Columns: id, kind, queue, payload, attempts, max_attempts (statements.claim).
+        jobs = [Claimed(*r) for r in rows]
         with self._lock:
             for job in jobs:
                 self._held[job.id] = job.attempt
