@@ -121,7 +121,7 @@ def worker_parser(prog: str = "python -m sqla_jobs.worker") -> argparse.Argument
         "--prefetch",
         type=int,
         default=config_mod.DEFAULT_PREFETCH,
-        help="jobs claimed ahead of free slots (0 for long jobs); default %(default)s",
+        help="most jobs buffered ahead of free slots (about 50 ms of work); default %(default)s",
     )
     p.add_argument(
         "--no-prepared-statements",

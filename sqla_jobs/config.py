@@ -25,7 +25,7 @@ DEFAULT_LOCK_SECONDS = 30.0
 DEFAULT_POLL_INTERVAL = 1.0
 DEFAULT_SHUTDOWN_TIMEOUT = 30.0
 DEFAULT_RESCUE_INTERVAL = 5.0
-DEFAULT_PREFETCH = 100
+DEFAULT_PREFETCH = 500
 #: Archiving by workers (``--archive-every``): off unless asked; done jobs older than a week.
 DEFAULT_ARCHIVE_EVERY: float | None = None
 DEFAULT_ARCHIVE_OLDER_THAN = 7 * 86400.0
@@ -91,11 +91,12 @@ class WorkerConfig:
         rescue_interval: how often the worker requeues jobs whose lease expired.
             Defaults to 5.0.
         listen: wake on LISTEN/NOTIFY as well as polling. Defaults to True.
-        prefetch: jobs claimed ahead of free handler slots and held in a local buffer, so
-            a short job does not wait for a claim round trip. Buffered jobs are leased
-            and heartbeated like running ones, and released (attempt not spent) on
-            shutdown. Set it to 0 when jobs are long and several workers share a queue:
-            a buffered job cannot be taken by another worker. Defaults to 100.
+        prefetch: most jobs claimed ahead of free handler slots and held in a local
+            buffer, so a short job does not wait for a claim round trip. The buffer is
+            sized to about 50 ms of work at the handlers' recent pace (long jobs get no
+            buffer, so they are not held back from idle workers), up to this many jobs.
+            Buffered jobs are leased and heartbeated like running ones, and released
+            (attempt not spent) on shutdown. 0 turns the buffer off. Defaults to 500.
         prepared_statements: prepare the claim statement on each connection (the other
             statements are never prepared: their generic plans are worse). Turn it off
             behind PgBouncer in transaction pooling mode (before 1.21, or without

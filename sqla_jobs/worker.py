@@ -64,6 +64,10 @@ MAX_TRACEBACK_CHARS = 4_000
 MAX_ERROR_BACKOFF = 5.0
 #: Largest batch the completer marks done in one statement.
 COMPLETE_BATCH = 1_000
+#: The prefetch buffer holds about this many seconds of work (at the handlers' recent
+#: pace), up to ``WorkerConfig.prefetch`` jobs: thousands of 20-microsecond jobs, but
+#: none of the 1-second jobs, which would sit in this worker while others are idle.
+PREFETCH_SECONDS = 0.05
 
 
 class HandlerTransactionError(SqlaJobsError):
@@ -189,10 +193,12 @@ class Worker:
         # Buffered + running handlers: what the claim size is computed from. A job whose
         # handler returned no longer counts, even before the completer's done-mark.
         self._active = 0
-        self._capacity = config.concurrency + config.prefetch
+        # Both follow the buffer's size (see _size_buffer); they start without one.
+        self._capacity = config.concurrency
         # Claim again once at least this many slots are free: batches of about half the
-        # prefetch, not one claim per finished job.
-        self._min_claim = max(1, config.prefetch // 2)
+        # buffer, not one claim per finished job.
+        self._min_claim = 1
+        self._job_seconds: float | None = None  # moving average of handler run time
         # True while the dispatcher waits for handlers to free room (see _job_left).
         self._want_room = False
         # A SimpleQueue (C, lock-free put) hands jobs to the handler threads: a
@@ -318,6 +324,7 @@ class Worker:
                     self._rescue()
                     next_rescue = time.monotonic() + self.config.rescue_interval
                 with self._lock:
+                    self._size_buffer()
                     free = self._capacity - self._active
                     # Set under the lock that handlers update _active with: a handler
                     # that frees room after this line sees the flag and wakes us.
@@ -342,6 +349,16 @@ class Worker:
                 # requeued every rescue_interval even when no notification comes.
                 until_rescue = max(0.0, next_rescue - time.monotonic())
                 self._wake.wait(min(self.config.poll_interval, until_rescue))
+
+    def _size_buffer(self) -> None:
+        """Buffer PREFETCH_SECONDS of work at the handlers' recent pace (under _lock)."""
+        per_job = self._job_seconds
+        target = 0
+        if per_job is not None and self.config.prefetch:
+            pace = self.config.concurrency / max(per_job, 1e-6)  # jobs per second
+            target = min(self.config.prefetch, int(pace * PREFETCH_SECONDS))
+        self._capacity = self.config.concurrency + target
+        self._min_claim = max(1, target // 2)
 
     def _compile(self, stmt: sa.ClauseElement) -> tuple[str, dict[str, Any]]:
         compiled = stmt.compile(dialect=self.engine.dialect)
@@ -452,6 +469,9 @@ class Worker:
         started = time.monotonic()
         try:
             handed_to_completer = self._execute(job, started)
+            took = time.monotonic() - started
+            average = self._job_seconds  # a racy update loses a sample at worst
+            self._job_seconds = took if average is None else 0.9 * average + 0.1 * took
         except Exception:  # bookkeeping itself failed (database down): the lease expires
             log.exception(
                 "could not record the outcome of job %s; it will be retried after "
