@@ -46,6 +46,7 @@ from typing import Any, cast
 import psycopg
 import sqlalchemy as sa
 from psycopg import sql
+from psycopg.rows import namedtuple_row
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session
 
@@ -164,14 +165,9 @@ class Worker:
             # No pre-ping (it would cost a round trip per checkout): a disconnect error
             # invalidates the whole pool, and every caller below retries or records it.
             pool_timeout=60,
-            # No automatic preparing (psycopg's default prepares any statement on its 5th
-            # run): a prepared statement gets a generic plan, and the fenced statements'
-            # generic plans are quadratic. They take arrays of leases whose length the
-            # planner cannot see, and with the stale statistics a queue table always has
-            # (jobs_lease_idx looks empty) it scanned every running job and re-ran
-            # unnest() for each: 100 ms to mark 900 jobs done. Only the claim is prepared,
-            # explicitly (see _claim); its generic plan is verified stable.
-            connect_args={"prepare_threshold": None},
+            # Handlers' own statements keep psycopg's default (prepared on their 5th
+            # run); the worker's statements choose explicitly (see _execute_raw).
+            connect_args={} if config.prepared_statements else {"prepare_threshold": None},
         )
         self._kinds = list(registry.kinds)
         # The statements run once per batch (claim) or per job (done-mark) are built and
@@ -360,6 +356,33 @@ class Worker:
         self._capacity = self.config.concurrency + target
         self._min_claim = max(1, target // 2)
 
+    @staticmethod
+    def _execute_raw(
+        conn: sa.Connection, sql: str, params: dict[str, Any], *, prepare: bool
+    ) -> list[Any]:
+        """Run compiled SQL on the driver's cursor, choosing whether psycopg prepares it.
+
+        Never prepared: the fenced statements. A prepared statement gets a generic plan,
+        and theirs is quadratic: they take arrays of leases whose length the planner
+        cannot see, and with the stale statistics a queue table always has
+        (jobs_lease_idx looks empty) it scanned every running job and re-ran unnest()
+        for each: 100 ms to mark 900 jobs done. Errors are raised as SQLAlchemy's, like
+        every other database error the worker handles, and a broken connection is
+        invalidated so the pool does not hand it out again.
+        """
+        driver = cast("psycopg.Connection[Any]", conn.connection.driver_connection)
+        try:
+            with driver.cursor(row_factory=namedtuple_row) as cursor:
+                cursor.execute(sql, params, prepare=prepare)
+                return cursor.fetchall() if cursor.description else []
+        except psycopg.Error as exc:
+            if driver.closed or driver.broken:
+                conn.invalidate()
+            raise sa_exc.DBAPIError.instance(sql, params, exc, psycopg.Error) from exc
+
+    def _execute_fenced(self, conn: sa.Connection, stmt: sa.ClauseElement) -> list[Any]:
+        return self._execute_raw(conn, *self._compile(stmt), prepare=False)
+
     def _compile(self, stmt: sa.ClauseElement) -> tuple[str, dict[str, Any]]:
         compiled = stmt.compile(dialect=self.engine.dialect)
         return str(compiled), dict(compiled.params)
@@ -374,13 +397,12 @@ class Worker:
     def _claim(self, limit: int) -> list[Claimed]:
         sql, params = self._claim_sql
         with self.engine.begin() as conn:
-            # On the driver's cursor, to choose preparing per statement: a prepared claim
-            # skips 0.7 ms of planning per batch, and its generic plan is the custom one
-            # (an index range scan per priority, primary-key probes; benchmarks/README.md).
-            driver = cast("psycopg.Connection[Any]", conn.connection.driver_connection)
-            rows = driver.execute(
-                sql, {**params, "limit": limit}, prepare=self.config.prepared_statements
-            ).fetchall()
+            # Prepared: that skips 0.7 ms of planning per batch, and the claim's generic
+            # plan is its custom one (an index range scan per priority, primary-key
+            # probes; see benchmarks/README.md).
+            rows = self._execute_raw(
+                conn, sql, {**params, "limit": limit}, prepare=self.config.prepared_statements
+            )
         # Columns: id, kind, queue, payload, attempts, max_attempts (statements.claim).
         jobs = [Claimed(*r) for r in rows]
         with self._lock:
@@ -392,7 +414,7 @@ class Worker:
 
     def _rescue(self) -> None:
         with self.engine.begin() as conn:
-            rows = conn.execute(statements.rescue_expired()).all()
+            rows = self._execute_fenced(conn, statements.rescue_expired())
         for row in rows:
             level = logging.ERROR if row.status == JobStatus.DEAD else logging.WARNING
             log.log(
@@ -521,11 +543,8 @@ class Worker:
 
     def _complete_in(self, session: HandlerSession, job: Claimed) -> bool:
         """Done-mark in the handler's transaction; False (rolled back) if the claim was lost."""
-        done = (
-            session.connection()
-            .exec_driver_sql(self._complete_sql[0], self._fenced([job.lease]))
-            .scalars()
-            .all()
+        done = self._execute_raw(
+            session.connection(), self._complete_sql[0], self._fenced([job.lease]), prepare=False
         )
         if not done:
             session.rollback()
@@ -558,7 +577,8 @@ class Worker:
             error=_describe(exc),
         )
         with self.engine.begin() as conn:
-            row = conn.execute(stmt).one_or_none()
+            found = self._execute_fenced(conn, stmt)
+        row = found[0] if found else None
         fields = _fields(job, duration=round(duration, 6), error=f"{type(exc).__name__}: {exc}")
         if row is None:
             log.warning(
@@ -619,7 +639,9 @@ class Worker:
         leases = [j.lease for j in jobs]
         try:
             with self.engine.begin() as conn:
-                conn.execute(statements.release(worker=self.config.worker_id, leases=leases))
+                self._execute_fenced(
+                    conn, statements.release(worker=self.config.worker_id, leases=leases)
+                )
         except sa_exc.SQLAlchemyError as exc:  # incl. pool timeouts
             log.warning(
                 "could not release %d unstarted job(s); they return when their lease expires: %s",
@@ -654,7 +676,7 @@ class Worker:
         for attempt in range(5):
             try:
                 with self.engine.begin() as conn:
-                    done = set(conn.exec_driver_sql(sql, params).scalars())
+                    done = {r.id for r in self._execute_raw(conn, sql, params, prepare=False)}
                 break
             except sa_exc.SQLAlchemyError as exc:  # incl. pool timeouts
                 log.warning(
@@ -690,7 +712,7 @@ class Worker:
             )
             try:
                 with self.engine.begin() as conn:
-                    kept = set(conn.execute(stmt).scalars())
+                    kept = {r.id for r in self._execute_fenced(conn, stmt)}
             except sa_exc.SQLAlchemyError as exc:  # incl. pool timeouts
                 log.warning("heartbeat failed (will retry): %s", _reason(exc))
                 continue
