@@ -22,7 +22,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB, REGCLASS
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.sql.dml import ReturningDelete, ReturningInsert
 
-from sqla_jobs import models, validation
+from sqla_jobs import migrations, models, validation
 from sqla_jobs.models import JobStatus, jobs
 
 Now = datetime | None
@@ -722,6 +722,18 @@ def try_advisory_lock(key: int) -> sa.Select[Any]:
 
 def advisory_unlock(key: int) -> sa.Select[Any]:
     return sa.select(sa.func.pg_advisory_unlock(sa.bindparam("key", key, sa.BigInteger)))
+
+
+def idle_flag(*, raise_: bool) -> sa.Select[Any]:
+    """Raise (take, shared) or lower the advisory lock waiting workers hold (rev. 0003).
+
+    Shared, so any number of workers can wait at once; the insert trigger tries the key
+    exclusively to learn whether anyone waits (see migrations.IDLE_LOCK_KEY).
+    """
+    key = sa.bindparam("key", migrations.IDLE_LOCK_KEY, sa.BigInteger)
+    if raise_:
+        return sa.select(sa.func.pg_advisory_lock_shared(key))
+    return sa.select(sa.func.pg_advisory_unlock_shared(key))
 
 
 def archive_probe() -> sa.Select[Any]:

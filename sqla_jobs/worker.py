@@ -69,6 +69,10 @@ COMPLETE_BATCH = 1_000
 #: pace), up to ``WorkerConfig.prefetch`` jobs: thousands of 20-microsecond jobs, but
 #: none of the 1-second jobs, which would sit in this worker while others are idle.
 PREFETCH_SECONDS = 0.05
+#: After raising the idle flag, look at the table again this soon: a producer whose
+#: trigger ran just before the flag went up, and who committed after our last claim,
+#: did not notify (revision 0003). Later waits are the poll interval.
+IDLE_RECHECK_SECONDS = 0.05
 
 
 class HandlerTransactionError(SqlaJobsError):
@@ -195,6 +199,8 @@ class Worker:
         # buffer, not one claim per finished job.
         self._min_claim = 1
         self._job_seconds: float | None = None  # moving average of handler run time
+        self._idle_conn: sa.Connection | None = None  # holds the idle flag (see _dispatch)
+        self._idle_flag_up = False
         # True while the dispatcher waits for handlers to free room (see _job_left).
         self._want_room = False
         # A SimpleQueue (C, lock-free put) hands jobs to the handler threads: a
@@ -309,8 +315,18 @@ class Worker:
     # --- dispatcher -------------------------------------------------------------------
 
     def _dispatch_loop(self) -> None:
+        try:
+            self._dispatch()
+        finally:
+            self._set_idle_flag(False)
+            if self._idle_conn is not None:
+                self._idle_conn.close()
+                self._idle_conn = None
+
+    def _dispatch(self) -> None:
         errors = 0
         next_rescue = 0.0
+        recheck = False
         while not self._stopping.is_set():
             # Cleared before looking at the table, so a wake-up that arrives while we
             # claim is not lost: the wait below then returns at once.
@@ -337,6 +353,17 @@ class Worker:
                 continue
             for job in claimed:
                 self._start(job)
+            exhausted = free >= self._min_claim and len(claimed) < free
+            if self.config.listen:
+                # The idle flag tells the insert trigger to NOTIFY (revision 0003). Up
+                # while the queue keeps up with us; down while claims come back full, so
+                # producers' commits are not serialized by NOTIFY under load.
+                if exhausted and not self._idle_flag_up:
+                    if self._set_idle_flag(True):
+                        recheck = True
+                        continue  # a job committed before the flag was up notified no one
+                elif free >= self._min_claim and not exhausted and self._idle_flag_up:
+                    self._set_idle_flag(False)
             if free < self._min_claim or len(claimed) < free:
                 # No room (a handler wakes us when there is), or nothing more is ready
                 # (a notification, a short retry's timer or the poll interval wakes us;
@@ -344,7 +371,35 @@ class Worker:
                 # Never past the next rescue: expired leases of dead workers must be
                 # requeued every rescue_interval even when no notification comes.
                 until_rescue = max(0.0, next_rescue - time.monotonic())
-                self._wake.wait(min(self.config.poll_interval, until_rescue))
+                timeout = min(self.config.poll_interval, until_rescue)
+                if recheck:
+                    timeout, recheck = min(timeout, IDLE_RECHECK_SECONDS), False
+                self._wake.wait(timeout)
+
+    def _set_idle_flag(self, up: bool) -> bool:
+        """Raise or lower the idle flag on its own connection; False if that failed.
+
+        A session-level lock, so a worker that dies takes its flag with it. If the flag
+        cannot be raised, producers stop notifying this worker: it falls back to polling.
+        """
+        if up == self._idle_flag_up:
+            return True
+        try:
+            if self._idle_conn is None:
+                self._idle_conn = self.engine.connect().execution_options(
+                    isolation_level="AUTOCOMMIT"
+                )
+            self._idle_conn.execute(statements.idle_flag(raise_=up))
+            self._idle_flag_up = up
+            return True
+        except sa_exc.SQLAlchemyError as exc:
+            log.warning("could not %s the idle flag: %s", "raise" if up else "lower", _reason(exc))
+            self._idle_flag_up = False
+            if self._idle_conn is not None:
+                self._idle_conn.invalidate()  # closes it: a lock it still held goes too
+                self._idle_conn.close()
+                self._idle_conn = None
+            return False
 
     def _size_buffer(self) -> None:
         """Buffer PREFETCH_SECONDS of work at the handlers' recent pace (under _lock)."""

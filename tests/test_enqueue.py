@@ -21,6 +21,7 @@ from sqla_jobs import (
     Registry,
     enqueue,
     enqueue_many,
+    migrations,
     validation,
 )
 from sqla_jobs.models import jobs
@@ -82,6 +83,9 @@ def test_notify_is_delivered_only_after_commit(engine: sa.Engine, db_url: URL) -
     dsn = db_url.render_as_string(hide_password=False).replace("+psycopg", "")
     with psycopg.connect(dsn, autocommit=True) as listener:
         listener.execute("LISTEN jobs")
+        # Revision 0003: the trigger notifies only while a worker waits, i.e. holds the
+        # idle flag; this listener plays that worker.
+        listener.execute("SELECT pg_advisory_lock_shared(%s)", (migrations.IDLE_LOCK_KEY,))
         with Session(engine) as s:
             enqueue(s, "k", {})
             s.flush()
@@ -95,6 +99,9 @@ def test_bulk_insert_sends_one_notification_not_one_per_row(engine: sa.Engine, d
     dsn = db_url.render_as_string(hide_password=False).replace("+psycopg", "")
     with psycopg.connect(dsn, autocommit=True) as listener:
         listener.execute("LISTEN jobs")
+        # Revision 0003: the trigger notifies only while a worker waits, i.e. holds the
+        # idle flag; this listener plays that worker.
+        listener.execute("SELECT pg_advisory_lock_shared(%s)", (migrations.IDLE_LOCK_KEY,))
         with Session(engine) as s:
             enqueue_many(s, [NewJob("k", {"i": i}) for i in range(2000)])
             s.commit()

@@ -28,6 +28,9 @@ BRANCH_LABEL = "sqla_jobs"
 VERSION_TABLE = "sqla_jobs_alembic_version"
 #: LISTEN/NOTIFY channel the insert trigger notifies (the seed design's channel).
 NOTIFY_CHANNEL = "jobs"
+#: Advisory lock key idle workers hold (shared) while they wait; the insert trigger
+#: notifies only when it is held (revision 0003). ``b"sqlajob\x02"`` as a bigint.
+IDLE_LOCK_KEY = int.from_bytes(b"sqlajob\x02", "big")
 
 SCRIPT_LOCATION = "sqla_jobs:migrations"
 

@@ -1,0 +1,40 @@
+"""Revision 0003: the insert trigger notifies only while a worker waits for work."""
+
+from __future__ import annotations
+
+import psycopg
+import sqlalchemy as sa
+from helpers import url_text
+from sqlalchemy.engine import URL
+from sqlalchemy.orm import Session
+
+from sqla_jobs import enqueue, migrations, statements
+
+
+def _listener(url: URL) -> psycopg.Connection[tuple[object, ...]]:
+    conn = psycopg.connect(url_text(url).replace("+psycopg", ""), autocommit=True)
+    conn.execute(f"LISTEN {migrations.NOTIFY_CHANNEL}")
+    return conn
+
+
+def _enqueue_one(engine: sa.Engine) -> None:
+    with Session(engine) as s:
+        enqueue(s, "noop", {})
+        s.commit()
+
+
+def test_insert_does_not_notify_when_no_worker_waits(engine: sa.Engine, db_url: URL) -> None:
+    with _listener(db_url) as listener:
+        _enqueue_one(engine)
+        # Waiting for an event that must not come: the deadline is the assertion.
+        assert list(listener.notifies(timeout=0.5, stop_after=1)) == []
+
+
+def test_insert_notifies_while_a_worker_holds_the_idle_flag(engine: sa.Engine, db_url: URL) -> None:
+    with _listener(db_url) as listener, engine.connect() as waiting:
+        waiting.execute(statements.idle_flag(raise_=True))
+        _enqueue_one(engine)
+        assert len(list(listener.notifies(timeout=10, stop_after=1))) == 1
+        waiting.execute(statements.idle_flag(raise_=False))
+        _enqueue_one(engine)
+        assert list(listener.notifies(timeout=0.5, stop_after=1)) == []
