@@ -138,16 +138,22 @@ async def enqueue_async(
     return result.scalar_one_or_none()
 
 
-def _columns(batch: list[NewJob]) -> dict[str, list[Any]]:
+def _optional(values: list[Any]) -> list[Any] | None:
+    # An array of nothing but NULLs is sent as NULL: the multi-argument unnest() pads a
+    # missing array with NULLs, and psycopg no longer adapts 1,000 Nones one by one.
+    return values if any(v is not None for v in values) else None
+
+
+def _columns(batch: list[NewJob]) -> dict[str, list[Any] | None]:
     return {
         "kinds": [j.kind for j in batch],
         "payloads": [j.payload_json for j in batch],
-        "queues": [j.queue for j in batch],
-        "priorities": [j.priority for j in batch],
-        "max_attempts": [j.max_attempts for j in batch],
-        "keys": [j.key for j in batch],
-        "run_ats": [j.run_at for j in batch],
-        "delays": [j.delay for j in batch],
+        "queues": _optional([j.queue for j in batch]),
+        "priorities": _optional([j.priority for j in batch]),
+        "max_attempts": _optional([j.max_attempts for j in batch]),
+        "keys": _optional([j.key for j in batch]),
+        "run_ats": _optional([j.run_at for j in batch]),
+        "delays": _optional([j.delay for j in batch]),
     }
 
 

@@ -106,7 +106,8 @@ def insert_job(
 def insert_jobs_unnest(now: Now = None) -> sa.Insert:
     """Insert many jobs in one statement from parallel arrays (one round trip per batch).
 
-    Bind parameters (equal-length lists; ``None`` elements take the defaults):
+    Bind parameters (equal-length lists; ``None`` elements take the defaults, and a
+    whole array may be ``None``: the multi-argument unnest pads it with NULLs):
     ``kinds``, ``payloads`` (JSON text), ``queues``, ``priorities``, ``max_attempts``,
     ``keys``, ``run_ats``, ``delays``.
     """
