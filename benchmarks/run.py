@@ -30,6 +30,7 @@ import argparse
 import multiprocessing
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -82,7 +83,7 @@ class Sizes:
     claim_iterations: int
 
 
-FULL = Sizes(3, 4_000, 100_000, 20_000, 2_000, 500, 1_000_000, 100_000, 400)
+FULL = Sizes(3, 8_000, 100_000, 20_000, 2_000, 500, 1_000_000, 100_000, 400)
 QUICK = Sizes(1, 2_000, 30_000, 5_000, 1_000, 150, 1_000_000, 100_000, 200)
 
 
@@ -487,20 +488,46 @@ def claim_latency(sizes: Sizes, explain: bool) -> dict[str, float]:
                 conn.execute("VACUUM ANALYZE jobs")
             out[f"ours_{label}_ready"], out[f"seed_{label}_ready"] = _time_claims(url, n)
             if explain and loaded:
-                sql_ours, params = _claim_sql()
-                with psycopg.connect(url) as conn:
-                    conn.execute(SEED_INDEX)  # rolled back with the first EXPLAIN
-                    for title, q, p in (
-                        ("ours", sql_ours, params),
-                        ("seed", SEED_CLAIM, {"lock": 30, "worker": "bench:1"}),
-                    ):
-                        plan = conn.execute(
-                            "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + q, p
-                        ).fetchall()
-                        conn.rollback()
-                        print(f"\n--- EXPLAIN {title} claim, loaded table, jobs ready ---")
-                        print("\n".join(r[0] for r in plan), flush=True)
+                _explain_claims(url)
     return out
+
+
+def _explain_generic(conn: psycopg.Connection[Any], sql: str, params: dict[str, Any]) -> str:
+    """EXPLAIN ANALYZE of the generic plan a prepared statement gets (as the worker's)."""
+    names: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        if match.group(1) not in names:
+            names.append(match.group(1))
+        return f"${names.index(match.group(1)) + 1}"
+
+    conn.execute("SET plan_cache_mode = force_generic_plan")
+    conn.execute("PREPARE bench_claim AS " + re.sub(r"%\((\w+)\)s", number, sql))
+    placeholders = ", ".join(["%s"] * len(names))
+    plan = psycopg.ClientCursor(conn).execute(
+        f"EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) EXECUTE bench_claim({placeholders})",
+        [params[n] for n in names],
+    )
+    text = "\n".join(r[0] for r in plan.fetchall())
+    conn.rollback()
+    conn.execute("DEALLOCATE bench_claim")
+    conn.execute("RESET plan_cache_mode")
+    return text
+
+
+def _explain_claims(url: str) -> None:
+    sql_ours, params = _claim_sql()
+    with psycopg.connect(url, autocommit=False) as conn:
+        print("\n--- EXPLAIN our claim (LIMIT 1), generic plan, loaded table, jobs ready ---")
+        print(_explain_generic(conn, sql_ours, params), flush=True)
+        conn.execute(SEED_INDEX)  # rolled back below: it exists for the seed's form only
+        plan = conn.execute(
+            "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + SEED_CLAIM,
+            {"lock": 30, "worker": "bench:1"},
+        ).fetchall()
+        conn.rollback()
+        print("\n--- EXPLAIN seed claim (its own index), loaded table, jobs ready ---")
+        print("\n".join(r[0] for r in plan), flush=True)
 
 
 # --- the table -------------------------------------------------------------------------
