@@ -189,6 +189,9 @@ class Worker:
         self._complete_sql = self._compile(statements.complete(worker=config.worker_id, leases=[]))
         self._lock = threading.Lock()
         self._held: dict[int, int] = {}  # job id -> attempt, for the heartbeat
+        # Held jobs whose outcome (done, retry, release) is being written: the heartbeat
+        # still renews them, but their lease vanishing is that write, not a loss.
+        self._settling: set[int] = set()
         self._running = 0  # claimed and not finished: buffered, running or being completed
         # Buffered + running handlers: what the claim size is computed from. A job whose
         # handler returned no longer counts, even before the completer's done-mark.
@@ -523,6 +526,7 @@ class Worker:
             self._active -= 1
             if finished:
                 self._held.pop(job.id, None)
+                self._settling.discard(job.id)
                 self._running -= 1
             wake = self._want_room and self._capacity - self._active >= self._min_claim
         if wake or self._stopping.is_set():
@@ -532,6 +536,7 @@ class Worker:
         """The completer recorded the job (its slot was freed when the handler returned)."""
         with self._lock:
             self._held.pop(job.id, None)
+            self._settling.discard(job.id)
             self._running -= 1
         if self._stopping.is_set():
             self._wake.set()  # _drain waits for _busy() to reach zero
@@ -581,10 +586,12 @@ class Worker:
                 )
                 if wrote:
                     session.flush()
+                    self._settle(job)
                     if not self._complete_in(session, job):
                         return False
             except BaseException as exc:
                 self._discard(session)
+                self._settle(job)
                 self._retry(job, exc, time.monotonic() - started)
                 return False
         finally:
@@ -592,9 +599,14 @@ class Worker:
         if wrote:
             self._log_done(job, started)
             return False
+        self._settle(job)
         self._completions.put(job)
         self._log_done(job, started)
         return True
+
+    def _settle(self, *jobs: Claimed) -> None:
+        with self._lock:
+            self._settling.update(j.id for j in jobs)
 
     def _complete_in(self, session: HandlerSession, job: Claimed) -> bool:
         """Done-mark in the handler's transaction; False (rolled back) if the claim was lost."""
@@ -691,6 +703,8 @@ class Worker:
             self.on_event(event, job, duration)
 
     def _release(self, jobs: Iterable[Claimed]) -> None:
+        jobs = list(jobs)
+        self._settle(*jobs)
         leases = [j.lease for j in jobs]
         try:
             with self.engine.begin() as conn:
@@ -774,8 +788,8 @@ class Worker:
             for job_id, attempt in leases:
                 if job_id not in kept:
                     with self._lock:
-                        still_held = self._held.get(job_id) == attempt
-                    if still_held:
+                        lost = self._held.get(job_id) == attempt and job_id not in self._settling
+                    if lost:
                         log.warning(
                             "job %s: lease lost (expired and taken over, or the job "
                             "was changed by an operator)",
