@@ -49,7 +49,7 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session
 
-from sqla_jobs import statements
+from sqla_jobs import migrations, statements
 from sqla_jobs.exceptions import ConfigError, JobNotFoundError, SchemaNotReadyError
 from sqla_jobs.models import JobStatus
 from sqla_jobs.tasks import Registry
@@ -119,19 +119,7 @@ def _ids(ids: Sequence[int] | None) -> list[int] | None:
 
 def check_schema(session: Session) -> None:
     """Raise SchemaNotReadyError unless revision 0002 (cancelled, jobs_archive) is applied."""
-    try:
-        with session.connection().begin_nested():
-            session.execute(statements.schema_probe())
-            session.execute(statements.archive_probe())
-            found = set(session.execute(statements.status_values()).scalars())
-    except sa_exc.ProgrammingError as exc:
-        raise SchemaNotReadyError(
-            "the jobs tables are missing or outdated; run `alembic upgrade head` "
-            f"(or `alembic upgrade heads` in your app): {str(exc.orig).strip()}"
-        ) from None
-    missing = {s.value for s in JobStatus} - found
-    if missing:
-        raise SchemaNotReadyError(f"job_status lacks {sorted(missing)}; run `alembic upgrade head`")
+    migrations.check_schema(session.connection(), archive=True)
 
 
 # --- stats --------------------------------------------------------------------------

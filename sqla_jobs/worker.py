@@ -53,7 +53,7 @@ from sqlalchemy.orm import Session
 from sqla_jobs import config as config_mod
 from sqla_jobs import migrations, statements
 from sqla_jobs.config import WorkerConfig
-from sqla_jobs.exceptions import SchemaNotReadyError, SqlaJobsError
+from sqla_jobs.exceptions import SqlaJobsError
 from sqla_jobs.models import JobStatus
 from sqla_jobs.tasks import JobContext, Registry
 
@@ -223,20 +223,8 @@ class Worker:
 
     def check_schema(self) -> None:
         """Raise SchemaNotReadyError unless the jobs table has every column and status."""
-        try:
-            with self.engine.connect() as conn:
-                conn.execute(statements.schema_probe())
-                found = set(conn.execute(statements.status_values()).scalars())
-        except sa_exc.ProgrammingError as exc:
-            raise SchemaNotReadyError(
-                "the jobs table is missing or outdated; run `alembic upgrade head` "
-                f"(or `alembic upgrade heads` in your app): {exc.orig}"
-            ) from None
-        missing = {s.value for s in JobStatus} - found
-        if missing:
-            raise SchemaNotReadyError(
-                f"job_status lacks {sorted(missing)}; run `alembic upgrade head`"
-            )
+        with self.engine.connect() as conn:
+            migrations.check_schema(conn)
 
     def run(self, *, install_signal_handlers: bool = False) -> None:
         """Work until ``stop()`` (or a signal); returns after a graceful drain."""
