@@ -14,32 +14,17 @@ from typing import Any
 
 import sqlalchemy as sa
 from helpers import TESTS, rows, scalar, url_text
+from jobapp import SETUP_SQL
 from sqlalchemy.engine import URL
 
 HERE = Path(__file__).resolve().parent
 #: application_name of every backend a worker process opens.
 WORKER_APP = "sqla_jobs_worker"
 
-APP_SQL = """
-CREATE TABLE IF NOT EXISTS effects (
-    job_id bigint PRIMARY KEY,
-    worker text NOT NULL,
-    attempt int NOT NULL
-);
-CREATE TABLE IF NOT EXISTS runs (
-    id bigserial PRIMARY KEY,
-    job_id bigint NOT NULL,
-    worker text NOT NULL,
-    attempt int NOT NULL,
-    started_at timestamptz NOT NULL DEFAULT clock_timestamp(),
-    ended_at timestamptz
-);
-"""
-
 
 def setup_app(engine: sa.Engine) -> None:
     with engine.begin() as conn:
-        conn.exec_driver_sql(APP_SQL)
+        conn.exec_driver_sql(SETUP_SQL)
 
 
 def spawn(
