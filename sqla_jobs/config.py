@@ -97,8 +97,9 @@ class WorkerConfig:
             buffer, so they are not held back from idle workers), up to this many jobs.
             Buffered jobs are leased and heartbeated like running ones, and released
             (attempt not spent) on shutdown. 0 turns the buffer off. Defaults to 500.
-        prepared_statements: prepare the claim statement on each connection (the other
-            statements are never prepared: their generic plans are worse). Turn it off
+        prepared_statements: prepare the claim and the one-job done-mark on each
+            connection (the fenced statements over arrays of leases are never prepared:
+            their generic plans are worse). Turn it off
             behind PgBouncer in transaction pooling mode (before 1.21, or without
             ``max_prepared_statements``), where a statement prepared on one server
             connection is missing on the next. Defaults to True.

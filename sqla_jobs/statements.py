@@ -277,6 +277,26 @@ def complete(*, worker: str, leases: Sequence[tuple[int, int]], now: Now = None)
     )
 
 
+def complete_one(*, worker: str, job_id: int, attempt: int, now: Now = None) -> sa.Update:
+    """Mark one ``(job_id, attempt)`` claim done, in the handler's transaction.
+
+    The same fence as :func:`complete`, with scalar parameters: the worker runs this once
+    per job whose handler wrote, and adapting the lease arrays cost more client time than
+    the rest of the statement. One row updated means the claim was ours; zero, lost. Its
+    generic plan (it may be prepared) is a primary-key probe.
+    """
+    return (
+        sa.update(jobs)
+        .where(
+            jobs.c.id == sa.bindparam("job_id", job_id, sa.BigInteger),
+            jobs.c.attempts == sa.bindparam("attempt", attempt, sa.Integer),
+            jobs.c.status == _status(JobStatus.RUNNING),
+            jobs.c.worker == sa.bindparam("fence_worker", worker, sa.Text),
+        )
+        .values(status=_status(JobStatus.DONE), finished_at=_now(now), locked_until=sa.null())
+    )
+
+
 def retry(
     *,
     worker: str,

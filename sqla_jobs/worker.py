@@ -9,7 +9,9 @@ One process runs one :class:`Worker`. Its threads:
 * **handler threads** (``concurrency`` of them) take jobs from the buffer and run one
   at a time. A handler gets a
   :class:`HandlerSession`; if it wrote anything, its writes and the done-mark commit in
-  one transaction (exactly-once effect for database-only handlers). A handler that did
+  one transaction (exactly-once effect for database-only handlers). Each job gets a new
+  session; its transaction runs on the thread's own connection, kept from job to job
+  and given back to the pool whenever a job leaves it unclean. A handler that did
   not touch the database is completed by the **completer**, which marks finished jobs
   done in batches;
 * the **heartbeat** extends the lease (``locked_until``) of every job this worker holds
@@ -41,14 +43,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from types import FrameType
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import psycopg
 import sqlalchemy as sa
 from psycopg import sql
 from psycopg.rows import namedtuple_row
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, SessionTransaction
 
 from sqla_jobs import config as config_mod
 from sqla_jobs import migrations, statements
@@ -58,6 +60,8 @@ from sqla_jobs.models import JobStatus
 from sqla_jobs.tasks import JobContext, Registry
 
 log = logging.getLogger("sqla_jobs.worker")
+
+_T = TypeVar("_T")
 
 #: last_error keeps this much of the traceback (characters, from the end).
 MAX_TRACEBACK_CHARS = 4_000
@@ -85,14 +89,80 @@ class HandlerTransactionError(SqlaJobsError):
     """
 
 
+class _ThreadConnection:
+    """A handler thread's own connection, kept from one job to the next.
+
+    Checking a pooled connection out and back in for every job (pool bookkeeping, reset,
+    events) cost about 15% of the worker's time per job that writes one row. The worker
+    gives it up (back to the pool, which resets or discards it) whenever a job leaves it
+    in any state but clean: invalidated or closed, still in a transaction, its execution
+    options changed (e.g. an isolation level), or the pool invalidated since it was taken.
+    """
+
+    __slots__ = ("conn", "engine", "generation", "options")
+
+    def __init__(self, engine: sa.Engine) -> None:
+        self.engine = engine
+        self.conn: sa.Connection | None = None
+        self.options: Any = None
+        self.generation = 0  # the worker's pool generation when conn was taken
+
+    def connect(self) -> sa.Connection:
+        if self.conn is None:
+            self.conn = self.engine.connect()
+            self.options = self.conn.get_execution_options()
+        return self.conn
+
+    def clean(self) -> bool:
+        conn = self.conn
+        if conn is None:
+            return True
+        if conn.closed or conn.invalidated or conn.in_transaction():
+            return False
+        if conn.get_execution_options() is not self.options:
+            return False
+        driver = cast("psycopg.Connection[Any]", conn.connection.driver_connection)
+        return not (driver.closed or driver.broken) and (
+            driver.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        )
+
+    def close(self) -> None:
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:
+                log.debug("closing a handler thread's connection", exc_info=True)
+
+
 class HandlerSession(Session):
     """The Session a handler receives. ``commit()`` and ``close()`` are refused.
 
     Use ``flush()`` to send writes early and ``rollback()`` to discard them; the worker
-    commits what is left when the handler returns.
+    commits what is left when the handler returns. Each job gets a new session; its
+    transaction runs on the handler thread's own connection (``get_bind()`` is still the
+    engine).
     """
 
     _sqla_jobs_violation: str | None = None
+    _sqla_jobs_thread_conn: _ThreadConnection | None = None
+
+    def connection(
+        self, bind_arguments: Any = None, execution_options: Any = None
+    ) -> sa.Connection:
+        thread_conn = self._sqla_jobs_thread_conn
+        if (
+            execution_options
+            and thread_conn is not None
+            and not bind_arguments
+            and not self.in_transaction()
+        ):
+            # The first use, with options (e.g. an isolation level): they go on the
+            # thread's connection before its transaction begins, as they would on a
+            # pooled one. The worker gives that connection up after the job.
+            thread_conn.connect().execution_options(**execution_options)
+            return super().connection()
+        return super().connection(bind_arguments, execution_options)
 
     def commit(self) -> None:
         self._sqla_jobs_violation = "commit()"
@@ -110,6 +180,17 @@ class HandlerSession(Session):
 
     def _worker_close(self) -> None:
         Session.close(self)
+
+
+@sa.event.listens_for(HandlerSession, "after_transaction_create")
+def _on_transaction(session: Session, transaction: SessionTransaction) -> None:
+    # Every (outermost) transaction of a handler's session starts on the handler
+    # thread's own connection instead of a pooled checkout; later lookups of the engine
+    # (execute, flush, connection()) find it. Only when the session first needs the
+    # database (autobegin), so a handler that never touches it costs no connection.
+    thread_conn = cast(HandlerSession, session)._sqla_jobs_thread_conn
+    if thread_conn is not None and transaction.parent is None:
+        session.connection(bind_arguments={"bind": thread_conn.connect()})
 
 
 @dataclass(frozen=True)
@@ -187,7 +268,12 @@ class Worker:
             )
         )
         self._complete_sql = self._compile(statements.complete(worker=config.worker_id, leases=[]))
+        self._complete_one_sql = self._compile(
+            statements.complete_one(worker=config.worker_id, job_id=0, attempt=0)
+        )
         self._lock = threading.Lock()
+        self._pool_generation = 0  # bumped when a pooled connection is invalidated
+        sa.event.listen(self.engine, "invalidate", self._on_invalidate)
         self._held: dict[int, int] = {}  # job id -> attempt, for the heartbeat
         # Held jobs whose outcome (done, retry, release) is being written: the heartbeat
         # still renews them, but their lease vanishing is that write, not a loss.
@@ -408,19 +494,38 @@ class Worker:
     ) -> list[Any]:
         """Run compiled SQL on the driver's cursor, choosing whether psycopg prepares it.
 
-        Never prepared: the fenced statements. A prepared statement gets a generic plan,
-        and theirs is quadratic: they take arrays of leases whose length the planner
-        cannot see, and with the stale statistics a queue table always has
+        Never prepared: the fenced statements that take arrays of leases. A prepared
+        statement gets a generic plan, and theirs is quadratic: the planner cannot see
+        the arrays' length, and with the stale statistics a queue table always has
         (jobs_lease_idx looks empty) it scanned every running job and re-ran unnest()
         for each: 100 ms to mark 900 jobs done. Errors are raised as SQLAlchemy's, like
         every other database error the worker handles, and a broken connection is
         invalidated so the pool does not hand it out again.
         """
+        return Worker._on_cursor(
+            conn, sql, params, prepare, lambda c: c.fetchall() if c.description else []
+        )
+
+    @staticmethod
+    def _execute_count(
+        conn: sa.Connection, sql: str, params: dict[str, Any], *, prepare: bool
+    ) -> int:
+        """Like ``_execute_raw``; returns the number of rows affected (no rows built)."""
+        return Worker._on_cursor(conn, sql, params, prepare, lambda c: c.rowcount)
+
+    @staticmethod
+    def _on_cursor(
+        conn: sa.Connection,
+        sql: str,
+        params: dict[str, Any],
+        prepare: bool,
+        result: Callable[[psycopg.Cursor[Any]], _T],
+    ) -> _T:
         driver = cast("psycopg.Connection[Any]", conn.connection.driver_connection)
         try:
             with driver.cursor(row_factory=namedtuple_row) as cursor:
                 cursor.execute(sql, params, prepare=prepare)
-                return cursor.fetchall() if cursor.description else []
+                return result(cursor)
         except psycopg.Error as exc:
             if driver.closed or driver.broken:
                 conn.invalidate()
@@ -502,11 +607,15 @@ class Worker:
 
     def _handler_loop(self) -> None:
         get = self._buffer.get
-        while True:
-            job = get()
-            if job is None:
-                return
-            self._run_job(job)
+        thread_conn = _ThreadConnection(self.engine)
+        try:
+            while True:
+                job = get()
+                if job is None:
+                    return
+                self._run_job(job, thread_conn)
+        finally:
+            thread_conn.close()
 
     def _job_left(self, job: Claimed, *, finished: bool) -> None:
         """The job's handler slot is free; ``finished``: nothing more to record either."""
@@ -529,7 +638,12 @@ class Worker:
         if self._stopping.is_set():
             self._wake.set()  # _drain waits for _busy() to reach zero
 
-    def _run_job(self, job: Claimed) -> None:
+    def _on_invalidate(self, *_args: Any) -> None:
+        # A connection was invalidated; on a disconnect the whole pool was. Handler
+        # threads take a new connection before their next job, as a pool checkout would.
+        self._pool_generation += 1
+
+    def _run_job(self, job: Claimed, thread_conn: _ThreadConnection) -> None:
         if self._stopping.is_set():
             # Claimed but not started before shutdown: hand it back unspent.
             self._release([job])
@@ -538,7 +652,7 @@ class Worker:
         handed_to_completer = False
         started = time.monotonic()
         try:
-            handed_to_completer = self._execute(job, started)
+            handed_to_completer = self._execute(job, started, thread_conn)
             took = time.monotonic() - started
             average = self._job_seconds  # a racy update loses a sample at worst
             self._job_seconds = took if average is None else 0.9 * average + 0.1 * took
@@ -552,13 +666,17 @@ class Worker:
         finally:
             self._job_left(job, finished=not handed_to_completer)
 
-    def _execute(self, job: Claimed, started: float) -> bool:
+    def _execute(self, job: Claimed, started: float, thread_conn: _ThreadConnection) -> bool:
         """Run the handler and record the outcome; True if the completer now owns the job."""
         handler = self.registry[job.kind]
         ctx = JobContext(
             job.id, job.kind, job.queue, job.attempt, job.max_attempts, self.config.worker_id
         )
+        if thread_conn.generation != self._pool_generation:
+            thread_conn.close()
+            thread_conn.generation = self._pool_generation
         session = HandlerSession(self.engine, autoflush=True, expire_on_commit=False)
+        session._sqla_jobs_thread_conn = thread_conn
         try:
             try:
                 handler(session, job.payload, ctx)
@@ -578,12 +696,12 @@ class Worker:
                     if not self._complete_in(session, job):
                         return False
             except BaseException as exc:
-                self._discard(session)
+                self._discard(session, thread_conn)
                 self._settle(job)
                 self._retry(job, exc, time.monotonic() - started)
                 return False
         finally:
-            self._discard(session)
+            self._discard(session, thread_conn)
         if wrote:
             self._log_done(job, started)
             return False
@@ -598,8 +716,14 @@ class Worker:
 
     def _complete_in(self, session: HandlerSession, job: Claimed) -> bool:
         """Done-mark in the handler's transaction; False (rolled back) if the claim was lost."""
-        done = self._execute_raw(
-            session.connection(), self._complete_sql[0], self._fenced([job.lease]), prepare=False
+        sql, params = self._complete_one_sql
+        # Prepared (unlike the other fenced statements): its scalar fence makes the
+        # generic plan a primary-key probe, and it runs once per job that wrote.
+        done = self._execute_count(
+            session.connection(),
+            sql,
+            {**params, "job_id": job.id, "attempt": job.attempt},
+            prepare=self.config.prepared_statements,
         )
         if not done:
             session.rollback()
@@ -614,12 +738,20 @@ class Worker:
         return True
 
     @staticmethod
-    def _discard(session: HandlerSession) -> None:
+    def _discard(session: HandlerSession, thread_conn: _ThreadConnection) -> None:
+        """End the job's session; keep the thread's connection only if it is clean."""
         try:
             session.rollback()
             session._worker_close()
         except Exception:
             log.debug("discarding a broken handler session", exc_info=True)
+            thread_conn.close()
+        try:
+            clean = thread_conn.clean()
+        except Exception:
+            clean = False
+        if not clean:
+            thread_conn.close()
 
     def _retry(self, job: Claimed, exc: BaseException, duration: float) -> None:
         handler = self.registry[job.kind]

@@ -205,6 +205,11 @@ def test_completion_of_a_lost_claim_updates_nothing(engine: sa.Engine) -> None:
             statements.complete(worker="new", leases=[(job_id, 1)]),  # right worker, old attempt
         ]
         assert [conn.execute(s).all() for s in stale] == [[], [], [], [], []]
+        one = [
+            statements.complete_one(worker="old", job_id=job_id, attempt=1),
+            statements.complete_one(worker="new", job_id=job_id, attempt=1),
+        ]
+        assert [conn.execute(s).rowcount for s in one] == [0, 0]
         assert conn.execute(statements.complete(worker="new", leases=[(job_id, 2)])).all()
 
 
@@ -300,3 +305,65 @@ def test_objects_only_added_to_the_session_are_flushed_and_committed(
     with running(registry, db_url):
         wait_for(lambda: status_counts(engine) == {"done": 1, "queued": 1})
     assert scalar(engine, "SELECT payload->>'from' FROM jobs WHERE kind = 'child'") == "spawn"
+
+
+def test_jobs_on_one_handler_thread_share_a_connection_but_no_session_state(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    from sqla_jobs import Job
+
+    seen: list[dict[str, Any]] = []
+    registry = Registry()
+
+    @registry.handler("probe")
+    def probe(session: Session, payload: dict[str, Any], job: JobContext) -> None:
+        if payload.get("serializable"):  # first, as SQLAlchemy requires
+            session.connection(execution_options={"isolation_level": "SERIALIZABLE"})
+        seen.append(
+            {
+                "bind_is_engine": isinstance(session.get_bind(), sa.Engine),
+                "identity_map": len(session.identity_map),
+                "info": dict(session.info),
+                "isolation": session.execute(sa.text("SHOW transaction_isolation")).scalar(),
+                "pid": session.execute(sa.text("SELECT pg_backend_pid()")).scalar(),
+            }
+        )
+        session.get(Job, job.id)  # loaded into this job's identity map
+        session.info["left"] = "behind"
+        if payload.get("fail"):
+            raise RuntimeError("fails after touching its session")
+
+    with Session(engine) as s:
+        for payload in ({}, {"fail": True}, {}, {"serializable": True}, {}, {}):
+            probe.enqueue(s, payload, max_attempts=1)
+        s.commit()
+    with running(registry, db_url, concurrency=1):
+        wait_for(lambda: len(seen) == 6, message="six probes")
+        wait_for(lambda: status_counts(engine) == {"done": 5, "dead": 1}, message="outcomes")
+    assert all(p["bind_is_engine"] for p in seen)
+    assert [(p["identity_map"], p["info"]) for p in seen] == [(0, {})] * 6
+    # The isolation level set by the fourth job applied to it and did not outlive it.
+    assert [p["isolation"] for p in seen] == ["read committed"] * 3 + ["serializable"] + [
+        "read committed"
+    ] * 2
+    # One connection, kept from job to job; given up after the job that changed its
+    # isolation level (the pool resets it).
+    pids = [p["pid"] for p in seen]
+    assert pids[0] == pids[1] == pids[2] == pids[3]
+    assert pids[4] == pids[5]
+
+
+@pytest.mark.parametrize("what", ["invalidate", "sql_error", "commit", "close"])
+def test_a_broken_handler_connection_does_not_poison_the_next_job_on_its_thread(
+    engine: sa.Engine, db_url: URL, what: str
+) -> None:
+    setup_app_tables(engine)
+    with Session(engine) as s:
+        enqueue(s, "effect", {})
+        enqueue(s, "misbehave", {"what": what}, max_attempts=1)
+        after = [enqueue(s, "effect", {}) for _ in range(3)]
+        s.commit()
+    with running(app_registry, db_url, concurrency=1):
+        wait_for(lambda: status_counts(engine) == {"dead": 1, "done": 4}, message="outcomes")
+    effects = {r[0] for r in rows(engine, "SELECT job_id FROM effects")}
+    assert len(effects) == 4 and set(after) <= effects
