@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -58,26 +59,40 @@ def test_handler_writes_commit_with_the_done_mark(engine: sa.Engine, db_url: URL
     assert sorted(r[0] for r in rows(engine, "SELECT job_id FROM effects")) == sorted(ids)
 
 
+class FixedBackoff(Backoff):
+    """A retry exactly 60 s later: far enough that the test sees the job waiting."""
+
+    def delay(self, attempt: int, rng: random.Random | None = None) -> float:
+        return 60.0
+
+
 def test_failed_handler_rolls_back_its_writes_and_schedules_a_retry(
     engine: sa.Engine, db_url: URL
 ) -> None:
     setup_app_tables(engine)
-    with Session(engine) as s:
-        job_id = enqueue(s, "effect", {"fail_after_write": True}, max_attempts=2)
-        s.commit()
-    with running(app_registry, db_url):
-        wait_for(
-            lambda: (
-                scalar(engine, "SELECT attempts FROM jobs") == 1
-                and scalar(engine, "SELECT status::text FROM jobs") == "queued"
-            )
+    registry = Registry()
+
+    @registry.handler("write_then_fail", backoff=FixedBackoff())
+    def write_then_fail(session: Session, payload: dict[str, Any], job: JobContext) -> None:
+        session.execute(
+            sa.text("INSERT INTO effects (job_id, worker, attempt) VALUES (:j, 'w', 1)"),
+            {"j": job.id},
         )
+        session.flush()
+        raise RuntimeError("failed after writing")
+
+    with Session(engine) as s:
+        job_id = write_then_fail.enqueue(s, {})
+        s.commit()
+    with running(registry, db_url):
+        wait_for(lambda: scalar(engine, "SELECT last_error IS NOT NULL FROM jobs"))
+    assert rows(engine, "SELECT status::text, attempts FROM jobs") == [("queued", 1)]
     assert scalar(engine, "SELECT count(*) FROM effects") == 0
     error = scalar(engine, "SELECT last_error FROM jobs WHERE id = :i", i=job_id)
     assert error.startswith("builtins.RuntimeError: failed after writing")
     assert "Traceback" in error
     delay = scalar(engine, "SELECT extract(epoch FROM run_at - now()) FROM jobs")
-    assert -1 < delay <= 2.0  # first retry ceiling: base 2 s
+    assert 50 < delay <= 60.0  # run_at = the database's now() at the failure + 60 s
 
 
 def test_job_goes_dead_at_max_attempts_and_is_kept(engine: sa.Engine, db_url: URL) -> None:
