@@ -22,9 +22,7 @@ import uuid
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
@@ -159,22 +157,25 @@ def drain(
     from sqla_jobs.worker import Worker
 
     text = url if isinstance(url, str) else url.render_as_string(hide_password=False)
-    options: dict[str, Any] = {"queues": queues} if queues else {}
+    if not queues:
+        # Every queue the registry's jobs sit in (read once, before running).
+        probe = sa.create_engine(config.database_url(text), poolclass=sa.NullPool)
+        try:
+            with probe.connect() as conn:
+                stmt = statements.queues_of_kinds(list(registry.kinds))
+                queues = tuple(conn.execute(stmt).scalars()) or ("default",)
+        finally:
+            probe.dispose()
     worker = Worker(
         registry,
         config.WorkerConfig(
-            database_url=text, listen=False, poll_interval=0.05, shutdown_timeout=timeout, **options
+            database_url=text,
+            listen=False,
+            poll_interval=0.05,
+            shutdown_timeout=timeout,
+            queues=queues,
         ),
     )
-    if not queues:
-        # Every queue the registry's jobs sit in (read once, before running).
-        with worker.engine.connect() as conn:
-            found = conn.execute(statements.queues_of_kinds(list(registry.kinds))).scalars()
-            worker = Worker(
-                registry,
-                replace(worker.config, queues=tuple(found) or ("default",)),
-                engine=worker.engine,
-            )
     thread = threading.Thread(target=worker.run, name="sqla_jobs-drain", daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout
