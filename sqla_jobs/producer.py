@@ -122,6 +122,11 @@ def enqueue(
         priority=priority,
         max_attempts=max_attempts,
     )
+    return insert_one(session, job)
+
+
+def insert_one(session: Executor, job: NewJob) -> int | None:
+    """Insert an already validated :class:`NewJob`; the same contract as :func:`enqueue`."""
     stmt, params = _single_insert(job)
     return session.execute(stmt, params).scalar_one_or_none()
 

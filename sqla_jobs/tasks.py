@@ -129,18 +129,8 @@ class Handler(Generic[R]):
         **options: Any,
     ) -> int | None:
         """``sqla_jobs.enqueue`` for this kind with this handler's defaults. Never commits."""
-        job = self.new(payload, **options)
-        return producer.enqueue(
-            session,
-            job.kind,
-            job.payload,
-            key=job.key,
-            run_at=job.run_at,
-            delay=job.delay,
-            queue=job.queue,
-            priority=job.priority,
-            max_attempts=job.max_attempts,
-        )
+        # The NewJob is validated once, here; insert_one does not check it again.
+        return producer.insert_one(session, self.new(payload, **options))
 
     def __repr__(self) -> str:
         return f"<Handler {self.kind!r} -> {getattr(self.fn, '__qualname__', self.fn)!r}>"
