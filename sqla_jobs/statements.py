@@ -55,6 +55,18 @@ def _status(status: JobStatus) -> sa.ColumnElement[Any]:
     return sa.literal_column(f"'{status.value}'::job_status", models.job_status)
 
 
+def _still_running() -> sa.ColumnElement[bool]:
+    """``status = 'running'`` for the fences, in a form no partial index can answer.
+
+    With the plain comparison the planner may read jobs_lease_idx (WHERE status =
+    'running') end to end and filter on id: a queue's statistics are always stale, the
+    index often looks empty, and then its cost ties with the primary-key probe. That
+    made every done-mark scan all running jobs (0.6 ms with 2,000 running instead of
+    0.05 ms). Compared as text, the fence is checked on the row the primary key found.
+    """
+    return sa.cast(jobs.c.status, sa.Text) == sa.literal_column(f"'{JobStatus.RUNNING.value}'")
+
+
 def _text_array(values: Sequence[str]) -> sa.ColumnElement[Any]:
     # One array parameter instead of IN (...): the SQL text (and any prepared plan)
     # stays the same whatever the number of queues or kinds.
@@ -260,7 +272,7 @@ def _fence(worker: str, leases: Sequence[tuple[int, int]]) -> list[sa.ColumnElem
         jobs.c.id == sa.any_(ids),
         jobs.c.id == fence.c.id,
         jobs.c.attempts == fence.c.attempt,
-        jobs.c.status == _status(JobStatus.RUNNING),
+        _still_running(),
         jobs.c.worker == sa.bindparam("fence_worker", worker, sa.Text),
     ]
     return conditions
@@ -290,7 +302,7 @@ def complete_one(*, worker: str, job_id: int, attempt: int, now: Now = None) -> 
         .where(
             jobs.c.id == sa.bindparam("job_id", job_id, sa.BigInteger),
             jobs.c.attempts == sa.bindparam("attempt", attempt, sa.Integer),
-            jobs.c.status == _status(JobStatus.RUNNING),
+            _still_running(),
             jobs.c.worker == sa.bindparam("fence_worker", worker, sa.Text),
         )
         .values(status=_status(JobStatus.DONE), finished_at=_now(now), locked_until=sa.null())

@@ -228,6 +228,43 @@ def test_completion_of_a_lost_claim_updates_nothing(engine: sa.Engine) -> None:
         assert conn.execute(statements.complete(worker="new", leases=[(job_id, 2)])).all()
 
 
+def test_fenced_statements_probe_the_primary_key_even_with_stale_statistics(
+    engine: sa.Engine,
+) -> None:
+    # The statistics a queue usually has: analyzed while every job was queued, so the
+    # running-jobs index looks empty. Then 2,000 jobs are claimed by one worker.
+    with Session(engine) as s:
+        enqueue_many(s, [NewJob("k", {}) for _ in range(2_000)])
+        s.commit()
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.exec_driver_sql("VACUUM ANALYZE jobs")
+    with engine.begin() as conn:
+        claim = statements.claim(
+            worker="w", lock_seconds=30, queues=["default"], kinds=["k"], limit=2_000
+        )
+        job_id = conn.execute(claim).scalars().first()
+    assert job_id is not None
+    fenced = {
+        "complete_one": statements.complete_one(worker="w", job_id=job_id, attempt=1),
+        "complete": statements.complete(worker="w", leases=[(job_id, 1)]),
+        "retry": statements.retry(worker="w", job_id=job_id, attempt=1, delay_seconds=1, error="x"),
+        "heartbeat": statements.heartbeat(worker="w", leases=[(job_id, 1)], lock_seconds=30),
+        "release": statements.release(worker="w", leases=[(job_id, 1)]),
+    }
+    with engine.connect() as conn:
+        for name, stmt in fenced.items():
+            compiled = stmt.compile(dialect=conn.dialect)
+            for mode in ("force_custom_plan", "force_generic_plan"):
+                # generic: what a prepared statement runs after its fifth execution
+                conn.exec_driver_sql(f"SET plan_cache_mode = {mode}")
+                plan = "\n".join(
+                    conn.exec_driver_sql(f"EXPLAIN {compiled}", compiled.params).scalars()
+                )
+                # Reading jobs_lease_idx end to end would visit all 2,000 running jobs.
+                assert "jobs_pkey" in plan and "jobs_lease_idx" not in plan, (name, mode, plan)
+        conn.rollback()
+
+
 def test_handler_can_read_its_own_job(engine: sa.Engine, db_url: URL) -> None:
     seen: list[JobContext] = []
     registry = Registry()
