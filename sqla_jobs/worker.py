@@ -301,6 +301,7 @@ class Worker:
         self._signals = 0
         self._completions: queue.SimpleQueue[Claimed | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
+        self._handlers_ready = threading.Semaphore(0)  # one release per connected thread
         # Metrics hook: on_event(event, job, seconds) with event "done", "retry" or "dead"
         # and the handler's run time; called on the handler thread.
         self.on_event: Callable[[str, Claimed, float], None] | None = None
@@ -322,6 +323,7 @@ class Worker:
         self._start_thread(self._complete_loop, "completer")
         for i in range(self.config.concurrency):
             self._start_thread(self._handler_loop, f"job-{i}")
+        self._await_handler_connections()
         if self.config.listen:
             self._start_thread(self._listen_loop, "listener")
         if self.config.archive_every is not None:
@@ -354,6 +356,16 @@ class Worker:
             os._exit(1)
         log.info("received %s: no more claims, draining", signal.Signals(signum).name)
         self.stop()
+
+    def _await_handler_connections(self, timeout: float = 30.0) -> None:
+        # "started" means ready to run jobs at full speed: opening a connection per
+        # handler thread on its first job cost the first few hundred jobs of a burst
+        # (a backend start each, on the same cores as the jobs).
+        deadline = time.monotonic() + timeout
+        for _ in range(self.config.concurrency):
+            if not self._handlers_ready.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                log.warning("handler threads still connecting after %.0fs", timeout)
+                return
 
     def _start_thread(self, target: Callable[[], None], name: str) -> None:
         thread = threading.Thread(target=target, name=f"sqla_jobs-{name}", daemon=True)
@@ -609,6 +621,12 @@ class Worker:
         get = self._buffer.get
         thread_conn = _ThreadConnection(self.engine)
         try:
+            try:
+                thread_conn.connect()
+            except Exception:  # the first job connects again (and records a failure)
+                log.warning("a handler thread could not connect yet", exc_info=True)
+            finally:
+                self._handlers_ready.release()
             while True:
                 job = get()
                 if job is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 from collections.abc import Iterator
@@ -323,6 +324,34 @@ def test_worker_refuses_an_unmigrated_database(empty_db_url: URL) -> None:
     with pytest.raises(SchemaNotReadyError, match="alembic upgrade head"):
         worker.check_schema()
     worker.engine.dispose()
+
+
+def test_handler_threads_are_connected_before_the_worker_reports_started(db_url: URL) -> None:
+    worker = Worker(app_registry, WorkerConfig(database_url=url_text(db_url), concurrency=3))
+    checked_out_at_start: list[int] = []
+
+    class AtStarted(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if " started: " in record.getMessage():
+                checked_out_at_start.append(worker.engine.pool.checkedout())  # type: ignore[attr-defined]
+
+    handler = AtStarted()
+    logger = logging.getLogger("sqla_jobs")
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    try:
+        thread.start()
+        wait_for(lambda: checked_out_at_start, message="the started line")
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        worker.stop()
+        thread.join(30)
+        worker.engine.dispose()
+    # One connection per handler thread, held from before the first job arrives.
+    assert checked_out_at_start[0] >= 3
 
 
 def test_backoff_is_full_jitter_under_a_capped_exponential_ceiling() -> None:
