@@ -102,7 +102,7 @@ class Row:
     def ratio(self) -> float | None:
         if self.peer_value is None or not self.peer_value:
             return None
-        if self.unit == "ms":  # lower is better: ratio > 1 means slower than the peer
+        if self.unit in ("ms", "us"):  # lower is better: ratio > 1 means slower than the peer
             return self.value / self.peer_value
         return self.value / self.peer_value
 
@@ -264,6 +264,7 @@ class WorkerProcess:
         )
         self.lines: list[str] = []
         self.ready = threading.Event()
+        self.ready_at = 0.0  # time.time() when the "started" line arrived
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
@@ -271,13 +272,14 @@ class WorkerProcess:
         for line in self.proc.stderr:
             self.lines.append(line)
             if " started: " in line:
+                self.ready_at = time.time()
                 self.ready.set()
 
     def wait_ready(self, timeout: float = 30.0) -> float:
         if not self.ready.wait(timeout):
             self.stop()
             raise RuntimeError("worker did not start:\n" + "".join(self.lines[-20:]))
-        return time.perf_counter()
+        return self.ready_at
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -298,18 +300,71 @@ _ALL_DONE = (
 )
 
 
-def _wait_all_done(url: str, timeout: float = 300.0) -> float:
-    """Poll (two partial-index probes) until nothing is queued or running."""
+def _wait_all_done(url: str, timeout: float = 300.0) -> None:
+    """Poll (two partial-index probes, every 20 ms) until nothing is queued or running.
+
+    Every 20 ms, not faster: the poll shares the two cores with the worker and the
+    server, and the seed loop it is compared with pays for no such probe. The end of a
+    drain is read from the jobs themselves (``_last_done``), not from when the poll saw it.
+    """
     deadline = time.perf_counter() + timeout
     with psycopg.connect(url, autocommit=True) as conn:
         while True:
             row = conn.execute(_ALL_DONE).fetchone()
-            now = time.perf_counter()
             if row and row[0]:
-                return now
-            if now > deadline:
+                return
+            if time.perf_counter() > deadline:
                 raise RuntimeError("drain did not finish")
-            time.sleep(0.002)
+            time.sleep(0.020)
+
+
+def _last_done(url: str) -> float:
+    """``time.time()`` of the last done-mark: the latest ``finished_at`` (the server's
+    ``now()``, the start of the completing transaction, on this machine's clock)."""
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "SELECT extract(epoch FROM max(finished_at))::float8 FROM jobs"
+        ).fetchone()
+    if not row or row[0] is None:
+        raise RuntimeError("no job was finished")
+    return float(row[0])
+
+
+# CPU accounting for the transactional drain: where a job's CPU time goes decides how
+# fast two shared cores can go. Label -> [(process CPU s, machine CPU s, jobs)] per run.
+CPU: dict[str, list[tuple[float, float, int]]] = {}
+
+
+def _machine_cpu() -> float:
+    """CPU seconds spent by the whole machine (all processes, all cores) so far."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:8]]
+    except OSError:  # not Linux: no figures
+        return float("nan")
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def _process_cpu(pid: int) -> float:
+    """CPU seconds (user + system, all threads) used so far by process ``pid``."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_per_job(label: str) -> tuple[float, float]:
+    """Median (process, machine) CPU microseconds per job recorded under ``label``."""
+    runs = CPU.get(label, [])
+    if not runs:
+        return float("nan"), float("nan")
+    return (
+        _median([p / n * 1e6 for p, _, n in runs]),
+        _median([m / n * 1e6 for _, m, n in runs]),
+    )
 
 
 def _fill(url: str, kind: str, n_jobs: int) -> None:
@@ -328,9 +383,14 @@ def ours_drain(n_jobs: int, concurrency: int, kind: str = "noop") -> float:
         worker = WorkerProcess(url, "--concurrency", str(concurrency))
         try:
             t0 = worker.wait_ready()
-            t1 = _wait_all_done(url)
+            cpu0 = (_process_cpu(worker.proc.pid), _machine_cpu())
+            _wait_all_done(url)
+            cpu1 = (_process_cpu(worker.proc.pid), _machine_cpu())
+            t1 = _last_done(url)
         finally:
             worker.stop()
+        run = (cpu1[0] - cpu0[0], cpu1[1] - cpu0[1], n_jobs)
+        CPU.setdefault(f"ours {kind} c={concurrency}", []).append(run)
         peers._check_count(url, n_jobs, "done")
         if kind == "write":
             with psycopg.connect(url) as conn:
@@ -363,13 +423,18 @@ def seed_loop_threads(url: str, n_jobs: int, threads: int = 4) -> float:
 
         with ThreadPoolExecutor(threads) as pool:
             t0 = time.perf_counter()
+            cpu0 = (time.process_time(), _machine_cpu())
             for f in [pool.submit(loop, c) for c in conns]:
                 f.result()
             elapsed = time.perf_counter() - t0
+            cpu1 = (time.process_time(), _machine_cpu())
     finally:
         for c in conns:
             c.close()
     peers._check_count(url, n_jobs, "done")
+    CPU.setdefault(f"seed write t={threads}", []).append(
+        (cpu1[0] - cpu0[0], cpu1[1] - cpu0[1], n_jobs)
+    )
     return n_jobs / elapsed
 
 
@@ -538,6 +603,8 @@ def _fmt(value: float | None, unit: str) -> str:
         return "-"
     if unit == "ms":
         return f"{value:.2f} ms"
+    if unit == "us":
+        return f"{value:,.0f} us"
     return f"{value:,.0f}/s"
 
 
@@ -762,6 +829,25 @@ def main(argv: list[str] | None = None) -> int:
                     None if seed4 is None else rate >= 1.5 * seed4,
                 )
             )
+        # What limits it: CPU per job of the worker process (the seed: its loop's
+        # process) and of the whole machine (server, poll and all); medians of the runs.
+        seed_proc, seed_machine = _cpu_per_job("seed write t=4")
+        for conc in (4, 16):
+            proc, machine = _cpu_per_job(f"ours write c={conc}")
+            for what, ours, seed in (
+                ("worker process", proc, seed_proc),
+                ("whole machine", machine, seed_machine),
+            ):
+                rows.append(
+                    Row(
+                        "drain",
+                        f"write-one-row, concurrency {conc}: CPU per job, {what}",
+                        ours,
+                        "us",
+                        "seed loop, 4 threads: " + ("its process" if seed is seed_proc else what),
+                        seed,
+                    )
+                )
 
     if "pickup" in only:
         step("pickup latency")
