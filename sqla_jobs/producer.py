@@ -11,7 +11,8 @@ Every value is checked before any SQL runs, so a bad job raises
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import functools
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -30,7 +31,7 @@ AsyncExecutor = AsyncSession | AsyncConnection
 ENQUEUE_MANY_CHUNK = 5_000
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class NewJob:
     """A job to insert, validated when built. ``None`` fields take the table defaults.
 
@@ -143,23 +144,78 @@ async def enqueue_async(
     return result.scalar_one_or_none()
 
 
-def _optional(values: list[Any]) -> list[Any] | None:
-    # An array of nothing but NULLs is sent as NULL: the multi-argument unnest() pads a
-    # missing array with NULLs, and psycopg no longer adapts 1,000 Nones one by one.
-    return values if any(v is not None for v in values) else None
+#: enqueue_many sends at most this many characters of JSON per statement (a text value
+#: may not exceed 1 GB; this keeps each statement's memory modest on both sides).
+ENQUEUE_MANY_MAX_CHARS = 32 * 1024 * 1024
 
 
-def _columns(batch: list[NewJob]) -> dict[str, list[Any] | None]:
-    return {
-        "kinds": [j.kind for j in batch],
-        "payloads": [j.payload_json for j in batch],
-        "queues": _optional([j.queue for j in batch]),
-        "priorities": _optional([j.priority for j in batch]),
-        "max_attempts": _optional([j.max_attempts for j in batch]),
-        "keys": _optional([j.key for j in batch]),
-        "run_ats": _optional([j.run_at for j in batch]),
-        "delays": _optional([j.delay for j in batch]),
-    }
+@functools.cache
+def _insert_many(with_keys: bool) -> Any:
+    return statements.insert_jobs_json(with_keys=with_keys)
+
+
+class _RowsWriter:
+    """Builds the ``rows`` JSON text of :func:`statements.insert_jobs_json` for a batch.
+
+    Every value was checked (and the payload serialized) when its NewJob was built;
+    this only joins the pieces. Kinds and queues repeat, so their JSON is cached.
+    """
+
+    __slots__ = ("_texts",)
+
+    def __init__(self) -> None:
+        self._texts: dict[str, str] = {}
+
+    def _text(self, value: str) -> str:
+        text = self._texts.get(value)
+        if text is None:
+            text = self._texts[value] = validation.json_string(value)
+        return text
+
+    def row(self, job: NewJob) -> str:
+        head = '{"k":' + self._text(job.kind) + ',"p":' + job.payload_json
+        if (
+            job.queue is None
+            and job.priority is None
+            and job.max_attempts is None
+            and job.key is None
+            and job.run_at is None
+            and job.delay is None
+        ):
+            return head + "}"
+        parts = [head]
+        if job.queue is not None:
+            parts.append(',"q":' + self._text(job.queue))
+        if job.priority is not None:
+            parts.append(f',"pr":{job.priority:d}')
+        if job.max_attempts is not None:
+            parts.append(f',"m":{job.max_attempts:d}')
+        if job.key is not None:
+            parts.append(',"key":' + validation.json_string(job.key))
+        if job.run_at is not None:
+            parts.append(',"at":"' + job.run_at.isoformat() + '"')
+        if job.delay is not None:
+            parts.append(f',"d":{job.delay!r}')  # a float since __post_init__
+        parts.append("}")
+        return "".join(parts)
+
+
+def _chunks(batch: list[NewJob]) -> Iterator[tuple[str, bool]]:
+    """``(rows JSON, any idempotency key)`` per statement, within both chunk limits."""
+    writer = _RowsWriter()
+    rows: list[str] = []
+    chars = 0
+    keys = False
+    for job in batch:
+        row = writer.row(job)
+        if rows and (len(rows) >= ENQUEUE_MANY_CHUNK or chars + len(row) > ENQUEUE_MANY_MAX_CHARS):
+            yield "[" + ",".join(rows) + "]", keys
+            rows, chars, keys = [], 0, False
+        rows.append(row)
+        chars += len(row) + 1
+        keys = keys or job.key is not None
+    if rows:
+        yield "[" + ",".join(rows) + "]", keys
 
 
 def enqueue_many(session: Executor, jobs: Iterable[NewJob]) -> list[int]:
@@ -171,9 +227,10 @@ def enqueue_many(session: Executor, jobs: Iterable[NewJob]) -> list[int]:
     id. Never commits.
     """
     batch = list(jobs)
-    stmt = statements.insert_jobs_unnest()
+    for job in batch:
+        if not isinstance(job, NewJob):
+            raise InvalidJobError(f"enqueue_many takes NewJob objects, got {type(job).__name__}")
     ids: list[int] = []
-    for start in range(0, len(batch), ENQUEUE_MANY_CHUNK):
-        chunk = batch[start : start + ENQUEUE_MANY_CHUNK]
-        ids.extend(session.execute(stmt, _columns(chunk)).scalars())
+    for rows, with_keys in _chunks(batch):
+        ids.extend(session.execute(_insert_many(with_keys), {"rows": rows}).scalars())
     return ids

@@ -115,48 +115,51 @@ def insert_job(
     )
 
 
-def insert_jobs_unnest(now: Now = None) -> sa.Insert:
-    """Insert many jobs in one statement from parallel arrays (one round trip per batch).
+def insert_jobs_json(*, with_keys: bool, now: Now = None) -> sa.Insert:
+    """Insert many jobs in one statement from one JSON array (one round trip per batch).
 
-    Bind parameters (equal-length lists; ``None`` elements take the defaults, and a
-    whole array may be ``None``: the multi-argument unnest pads it with NULLs):
-    ``kinds``, ``payloads`` (JSON text), ``queues``, ``priorities``, ``max_attempts``,
-    ``keys``, ``run_ats``, ``delays``.
+    One bound parameter, ``rows``: a JSON array of objects with ``k`` (kind), ``p``
+    (payload), and optional ``q`` (queue), ``pr`` (priority), ``m`` (max_attempts),
+    ``key``, ``at`` (run_at, ISO 8601 with offset) and ``d`` (delay, seconds); a missing
+    field takes the table default. One text parameter is the cheapest thing to send:
+    psycopg quotes every element of a text array with a regular expression, which cost
+    more than the insert itself.
+
+    ``with_keys``: a batch with idempotency keys skips those already taken (``ON
+    CONFLICT DO NOTHING``); a batch without any leaves out that clause and its
+    speculative insertion, since NULL keys never conflict. RETURNING the new ids.
     """
-    arrays: dict[str, tuple[str, Any]] = {
-        "kind": ("kinds", sa.Text),
-        "payload": ("payloads", sa.Text),
-        "queue": ("queues", sa.Text),
-        "priority": ("priorities", sa.SmallInteger),
-        "max_attempts": ("max_attempts", sa.Integer),
-        "idempotency_key": ("keys", sa.Text),
-        "run_at": ("run_ats", sa.DateTime(timezone=True)),
-        "delay": ("delays", sa.Float),
-    }
     rows = (
-        sa.func.unnest(*(sa.bindparam(p, type_=ARRAY(t)) for p, t in arrays.values()))
-        .table_valued(*arrays)
-        .render_derived(name="new_jobs")
+        sa.func.json_to_recordset(sa.cast(sa.bindparam("rows", type_=sa.Text), sa.JSON))
+        .table_valued(
+            sa.column("k", sa.Text),
+            sa.column("p", JSONB),
+            sa.column("q", sa.Text),
+            sa.column("pr", sa.SmallInteger),
+            sa.column("m", sa.Integer),
+            sa.column("key", sa.Text),
+            sa.column("at", sa.DateTime(timezone=True)),
+            sa.column("d", sa.Float),
+        )
+        .render_derived(name="new_jobs", with_types=True)
     )
     c = rows.c
     source = sa.select(
-        c.kind,
-        sa.cast(c.payload, JSONB),
-        sa.func.coalesce(c.queue, models.DEFAULT_QUEUE),
-        sa.func.coalesce(c.priority, models.DEFAULT_PRIORITY),
-        sa.func.coalesce(c.max_attempts, models.DEFAULT_MAX_ATTEMPTS),
-        c.idempotency_key,
-        sa.func.coalesce(c.run_at, _now(now) + _seconds(sa.func.coalesce(c.delay, 0.0))),
+        c.k,
+        c.p,
+        sa.func.coalesce(c.q, models.DEFAULT_QUEUE),
+        sa.func.coalesce(c.pr, models.DEFAULT_PRIORITY),
+        sa.func.coalesce(c.m, models.DEFAULT_MAX_ATTEMPTS),
+        c.key,
+        sa.func.coalesce(c.at, _now(now) + _seconds(sa.func.coalesce(c.d, 0.0))),
     )
-    return (
-        pg_insert(jobs)
-        .from_select(
-            ["kind", "payload", "queue", "priority", "max_attempts", "idempotency_key", "run_at"],
-            source,
-        )
-        .on_conflict_do_nothing(index_elements=[jobs.c.idempotency_key])
-        .returning(jobs.c.id)
+    insert = pg_insert(jobs).from_select(
+        ["kind", "payload", "queue", "priority", "max_attempts", "idempotency_key", "run_at"],
+        source,
     )
+    if with_keys:
+        insert = insert.on_conflict_do_nothing(index_elements=[jobs.c.idempotency_key])
+    return insert.returning(jobs.c.id)
 
 
 # --- claim -----------------------------------------------------------------------------

@@ -108,21 +108,32 @@ def check_delay(delay: object) -> float | None:
     return seconds
 
 
+# One encoder, built once: json.dumps with any option builds a new one per call, which
+# cost more than the encoding itself for a small payload. ensure_ascii (the default)
+# makes the text ASCII, so its length is its size in UTF-8 bytes.
+_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
+
+
+def json_string(value: str) -> str:
+    """``value`` as a JSON string literal (quoted, escaped, ASCII)."""
+    return _ENCODER.encode(value)
+
+
 def dump_payload(payload: object) -> str:
     """Return the payload's JSON text, or raise InvalidJobError if jsonb would refuse it."""
-    if not isinstance(payload, Mapping):
+    if type(payload) is not dict and not isinstance(payload, Mapping):
         raise InvalidJobError(
             f"payload must be a JSON object (a dict), got {type(payload).__name__}"
         )
     try:
-        text = json.dumps(payload, allow_nan=False, separators=(",", ":"))
+        text = _ENCODER.encode(payload)
     except (TypeError, ValueError) as exc:
         raise InvalidJobError(f"payload is not JSON-serializable: {exc}") from None
     # json.dumps escapes every NUL (in keys and values) as \u0000, which jsonb refuses;
     # the text test is a cheap filter, the walk rules out an escaped backslash before it.
     if "\\u0000" in text and _has_nul(payload):
         raise InvalidJobError("payload must not contain NUL characters (jsonb refuses \\u0000)")
-    if len(text.encode()) > MAX_PAYLOAD_BYTES:
+    if len(text) > MAX_PAYLOAD_BYTES:
         raise InvalidJobError(f"payload is larger than {MAX_PAYLOAD_BYTES} bytes as JSON")
     return text
 

@@ -22,6 +22,7 @@ from sqla_jobs import (
     enqueue,
     enqueue_many,
     migrations,
+    producer,
     validation,
 )
 from sqla_jobs.models import jobs
@@ -170,6 +171,60 @@ def test_enqueue_many_inserts_thousands_with_their_options(engine: sa.Engine) ->
         "o",
     )
     assert count(engine, jobs.c.kind == "bulk", jobs.c.queue == "default") == 12_000
+
+
+def test_enqueue_many_keeps_every_value_exact_through_its_json_batch(engine: sa.Engine) -> None:
+    # Quotes, backslashes, non-ASCII and a non-UTC offset with microseconds: everything
+    # the batch's JSON text has to escape or the server has to parse back.
+    at = datetime(2030, 5, 6, 7, 8, 9, 123456, tzinfo=timezone(timedelta(hours=-3, minutes=-30)))
+    odd = 'kind "quoted" \\ back\u00e9\u2603'
+    payload = {"text": 'a"b\\c\n\u00e9\U0001f600', "nested": {"list": [1, 2.5, None, True]}}
+    with Session(engine) as s:
+        db_now = s.execute(sa.select(sa.func.now())).scalar_one()
+        enqueue_many(
+            s,
+            [
+                NewJob(odd, payload, key='key "1" \\', queue="q.1:a-b", run_at=at),
+                NewJob("delayed", {}, delay=timedelta(minutes=90), priority=0, max_attempts=1),
+            ],
+        )
+        s.commit()
+    with engine.connect() as conn:
+        rows = {r.kind: r for r in conn.execute(sa.select(jobs))}
+    first, delayed = rows[odd], rows["delayed"]
+    assert (first.payload, first.idempotency_key, first.queue, first.run_at) == (
+        payload,
+        'key "1" \\',
+        "q.1:a-b",
+        at,
+    )
+    assert delayed.run_at == db_now + timedelta(minutes=90)
+    assert (delayed.priority, delayed.max_attempts, delayed.queue) == (0, 1, "default")
+
+
+def test_enqueue_many_splits_a_large_batch_into_statements_by_size(
+    engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(producer, "ENQUEUE_MANY_MAX_CHARS", 2_000)
+    new = [NewJob("k", {"blob": "x" * 300, "i": i}) for i in range(50)]
+    statements_sent: list[str] = []
+    sa.event.listen(engine, "before_cursor_execute", lambda *a: statements_sent.append(a[2]))
+    with Session(engine) as s:
+        ids = enqueue_many(s, new)
+        s.commit()
+    inserts = [sql for sql in statements_sent if sql.startswith("INSERT INTO jobs")]
+    assert len(set(ids)) == 50 and count(engine) == 50
+    assert len(inserts) >= 8  # about 6 rows of 330 characters per 2,000
+
+
+def test_enqueue_many_refuses_anything_but_new_jobs_before_writing(engine: sa.Engine) -> None:
+    with Session(engine) as s:
+        s.execute(sa.text("SELECT 1"))
+        with pytest.raises(InvalidJobError, match="enqueue_many takes NewJob objects, got dict"):
+            enqueue_many(s, [NewJob("fine", {}), {"kind": "k"}])  # type: ignore[list-item]
+        enqueue(s, "still_fine", {})
+        s.commit()
+    assert count(engine) == 1
 
 
 def test_registered_handler_enqueues_its_own_kind_with_its_defaults(engine: sa.Engine) -> None:
