@@ -238,6 +238,27 @@ def ours_enqueue_many(n_jobs: int, batch: int = 1_000) -> float:
     return n_jobs / elapsed
 
 
+def server_only_enqueue(n_jobs: int, batch: int = 1_000) -> float:
+    """The server's own share of ``enqueue_many``: rows made by ``generate_series`` in SQL.
+
+    Same table (our schema), same batches and RETURNING, no client work at all: no
+    validation, no serialization, nothing sent but the statement. No client can insert
+    faster than this, so it bounds what any ``enqueue_many`` could reach here.
+    """
+    sql = (
+        "INSERT INTO jobs (kind, payload) SELECT 'noop', jsonb_build_object('i', g)"
+        " FROM generate_series(%s::int, %s::int) AS g RETURNING id"
+    )
+    with _ours("bench_enqfloor") as url, psycopg.connect(url) as conn:
+        t0 = time.perf_counter()
+        for start in range(0, n_jobs, batch):
+            conn.execute(sql, (start, min(start + batch, n_jobs) - 1)).fetchall()
+            conn.commit()
+        elapsed = time.perf_counter() - t0
+        peers._check_count(url, n_jobs)
+    return n_jobs / elapsed
+
+
 # --- drain -----------------------------------------------------------------------------
 
 
@@ -377,20 +398,23 @@ def _fill(url: str, kind: str, n_jobs: int) -> None:
         conn.execute("VACUUM ANALYZE jobs")
 
 
-def ours_drain(n_jobs: int, concurrency: int, kind: str = "noop") -> float:
+def ours_drain(n_jobs: int, concurrency: int, kind: str = "noop", processes: int = 1) -> float:
+    """Drain rate of ``processes`` worker processes (timed from the last one's start)."""
     with _ours("bench_drain") as url:
         _fill(url, kind, n_jobs)
-        worker = WorkerProcess(url, "--concurrency", str(concurrency))
+        workers = [WorkerProcess(url, "--concurrency", str(concurrency)) for _ in range(processes)]
         try:
-            t0 = worker.wait_ready()
-            cpu0 = (_process_cpu(worker.proc.pid), _machine_cpu())
+            t0 = max(w.wait_ready() for w in workers)
+            cpu0 = (sum(_process_cpu(w.proc.pid) for w in workers), _machine_cpu())
             _wait_all_done(url)
-            cpu1 = (_process_cpu(worker.proc.pid), _machine_cpu())
+            cpu1 = (sum(_process_cpu(w.proc.pid) for w in workers), _machine_cpu())
             t1 = _last_done(url)
         finally:
-            worker.stop()
+            for w in workers:
+                w.stop()
         run = (cpu1[0] - cpu0[0], cpu1[1] - cpu0[1], n_jobs)
-        CPU.setdefault(f"ours {kind} c={concurrency}", []).append(run)
+        label = f"ours {kind} c={concurrency}" + (f" p={processes}" if processes > 1 else "")
+        CPU.setdefault(label, []).append(run)
         peers._check_count(url, n_jobs, "done")
         if kind == "write":
             with psycopg.connect(url) as conn:
@@ -686,6 +710,15 @@ def main(argv: list[str] | None = None) -> int:
         values = [v for v in (fn() for _ in range(sizes.repeats)) if v is not None]
         return _median(values) if values else None
 
+    def interleaved(*fns: Callable[[], float | None]) -> list[float | None]:
+        """Median of each, the runs taken in turn (a, b, c, a, b, c, ...): side by side."""
+        got: list[list[float]] = [[] for _ in fns]
+        for _ in range(sizes.repeats):
+            for values, fn in zip(got, fns, strict=True):
+                if (v := fn()) is not None:
+                    values.append(v)
+        return [_median(v) if v else None for v in got]
+
     def step(label: str) -> None:
         print(f"[{time.perf_counter() - started:6.1f}s] {label}", flush=True)
 
@@ -755,10 +788,13 @@ def main(argv: list[str] | None = None) -> int:
             )
         step("enqueue_many")
         nm = sizes.enqueue_many
-        many = med(lambda: ours_enqueue_many(nm))
-        pgq = med(lambda: _peer(lambda u: peers.pgqueuer_bulk_enqueue(u, nm, 1_000)))
-        copy = med(lambda: _peer(lambda u: peers.raw_copy_enqueue(u, nm)))
-        assert many is not None
+        many, pgq, copy, floor = interleaved(
+            lambda: ours_enqueue_many(nm),
+            lambda: _peer(lambda u: peers.pgqueuer_bulk_enqueue(u, nm, 1_000)),
+            lambda: _peer(lambda u: peers.raw_copy_enqueue(u, nm)),
+            lambda: server_only_enqueue(nm),
+        )
+        assert many is not None and floor is not None
         rows.append(
             Row(
                 "enqueue",
@@ -772,6 +808,16 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
         rows.append(Row("enqueue", "enqueue_many, batches of 1,000", many, "/s", "raw COPY", copy))
+        rows.append(
+            Row(
+                "enqueue",
+                "server only: INSERT ... SELECT generate_series, 1,000/txn, our table",
+                floor,
+                "/s",
+                "pgqueuer bulk (1,000)",
+                pgq,
+            )
+        )
 
     if "drain" in only:
         n = sizes.drain
@@ -813,9 +859,13 @@ def main(argv: list[str] | None = None) -> int:
     if "tx" in only:
         n = sizes.tx_drain
         step("transactional drain")
-        seed4 = med(lambda: _peer(lambda u: seed_loop_threads(u, n, 4)))
-        for conc in (4, 16):
-            rate = med(lambda c=conc: ours_drain(n, c, "write"))  # type: ignore[misc]
+        seed4, *drains, two = interleaved(
+            lambda: _peer(lambda u: seed_loop_threads(u, n, 4)),
+            lambda: ours_drain(n, 4, "write"),
+            lambda: ours_drain(n, 16, "write"),
+            lambda: ours_drain(n, 2, "write", processes=2),
+        )
+        for conc, rate in zip((4, 16), drains, strict=True):
             assert rate is not None
             rows.append(
                 Row(
@@ -829,12 +879,36 @@ def main(argv: list[str] | None = None) -> int:
                     None if seed4 is None else rate >= 1.5 * seed4,
                 )
             )
+        assert two is not None
+        rows.append(
+            Row(
+                "drain",
+                f"{n:,} write-one-row, TWO processes, concurrency 2 each (context)",
+                two,
+                "/s",
+                "seed loop, 4 threads",
+                seed4,
+            )
+        )
         # What limits it: CPU per job of the worker process (the seed: its loop's
         # process) and of the whole machine (server, poll and all); medians of the runs.
+        # Two processes are not bound by one GIL: their whole-machine figure times their
+        # rate shows how close to two full cores they run.
         seed_proc, seed_machine = _cpu_per_job("seed write t=4")
+        _, machine = _cpu_per_job("ours write c=2 p=2")
+        rows.append(
+            Row(
+                "drain",
+                "same, TWO processes: CPU per job, whole machine",
+                machine,
+                "us",
+                "seed loop, 4 threads: whole machine",
+                seed_machine,
+            )
+        )
         for conc in (4, 16):
             proc, machine = _cpu_per_job(f"ours write c={conc}")
-            for what, ours, seed in (
+            for what, value, seed in (
                 ("worker process", proc, seed_proc),
                 ("whole machine", machine, seed_machine),
             ):
@@ -842,7 +916,7 @@ def main(argv: list[str] | None = None) -> int:
                     Row(
                         "drain",
                         f"write-one-row, concurrency {conc}: CPU per job, {what}",
-                        ours,
+                        value,
                         "us",
                         "seed loop, 4 threads: " + ("its process" if seed is seed_proc else what),
                         seed,
