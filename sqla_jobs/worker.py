@@ -340,10 +340,37 @@ class Worker:
             ",".join(self._kinds),
             self.config.concurrency,
         )
+        self._run_dispatcher()
+
+    def _run_dispatcher(self) -> None:
+        # The dispatcher and the drain run on a thread of their own, and the calling
+        # thread only joins it. A signal handler runs on the main thread between two
+        # bytecodes, and stop() sets Events: had the main thread been the dispatcher,
+        # interrupted inside _wake.wait() while holding that Event's lock, stop() would
+        # wait for the lock forever (seen once in about 30 SIGTERMs).
+        failure: list[BaseException] = []
+
+        def dispatch_then_drain() -> None:
+            try:
+                self._dispatch_loop()
+            except BaseException as exc:
+                failure.append(exc)
+            finally:
+                self._drain()
+
+        thread = threading.Thread(
+            target=dispatch_then_drain, name="sqla_jobs-dispatcher", daemon=True
+        )
+        thread.start()
         try:
-            self._dispatch_loop()
-        finally:
-            self._drain()
+            while thread.is_alive():
+                thread.join(0.5)
+        except BaseException:  # e.g. KeyboardInterrupt without our signal handlers
+            self.stop()
+            thread.join()
+            raise
+        if failure:
+            raise failure[0]
 
     def stop(self) -> None:
         """Stop claiming; running handlers finish (up to shutdown_timeout)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -9,7 +10,16 @@ import time
 
 import pytest
 import sqlalchemy as sa
-from helpers import rows, scalar, setup_app_tables, start_worker, stop, url_text, wait_for
+from helpers import (
+    TESTS,
+    rows,
+    scalar,
+    setup_app_tables,
+    start_worker,
+    stop,
+    url_text,
+    wait_for,
+)
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
@@ -153,6 +163,54 @@ def test_stale_worker_paused_past_its_lease_is_fenced(engine: sa.Engine, db_url:
     assert "claim lost" in out
     assert rows(engine, "SELECT job_id, worker, attempt FROM effects") == [(job_id, "other", 2)]
     assert rows(engine, "SELECT worker, attempts, status::text FROM jobs") == [("other", 2, "done")]
+
+
+# A worker whose dispatcher is inside _wake.wait(), holding that Event's lock, at the
+# moment SIGTERM arrives: the handler's stop() must still get through.
+SIGNAL_INSIDE_WAIT = """
+import logging, os, signal, sys, threading, time
+from jobapp import registry
+from sqla_jobs import Worker, WorkerConfig
+
+class SignalInsideWait(threading.Event):
+    sent = False
+
+    def wait(self, timeout=None):
+        if not SignalInsideWait.sent:
+            SignalInsideWait.sent = True
+            with self._cond:  # the lock that stop() needs to set this Event
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.3)  # the main thread runs the signal handler meanwhile
+        return super().wait(timeout)
+
+logging.basicConfig(level=logging.INFO, stream=sys.stdout)
+worker = Worker(registry, WorkerConfig(database_url=os.environ["DATABASE_URL"]))
+worker._wake = SignalInsideWait()
+worker.run(install_signal_handlers=True)
+print("drained and stopped")
+"""
+
+
+def test_sigterm_while_the_dispatcher_holds_its_wake_lock_still_stops_the_worker(
+    db_url: URL,
+) -> None:
+    env = {**os.environ, "DATABASE_URL": url_text(db_url), "PYTHONPATH": str(TESTS)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SIGNAL_INSIDE_WAIT],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        out, _ = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        pytest.fail("the worker deadlocked in its SIGTERM handler:\n" + out)
+    assert proc.returncode == 0, out
+    assert "received SIGTERM: no more claims, draining" in out
+    assert out.rstrip().endswith("drained and stopped"), out
 
 
 def test_listen_wakes_an_idle_worker_without_waiting_for_the_poll(
