@@ -98,12 +98,26 @@ class Row:
     target: str = ""
     met: bool | None = None
 
+    @classmethod
+    def versus(
+        cls,
+        section: str,
+        name: str,
+        value: float,
+        unit: str,
+        peer: str,
+        peer_value: float | None,
+        at_least: float,
+    ) -> Row:
+        """A row whose target is ``value >= at_least * peer_value`` (unknown without a peer)."""
+        met = None if peer_value is None else value >= at_least * peer_value
+        return cls(section, name, value, unit, peer, peer_value, f">= {at_least:g}x", met)
+
     @property
     def ratio(self) -> float | None:
         if self.peer_value is None or not self.peer_value:
             return None
-        if self.unit in ("ms", "us"):  # lower is better: ratio > 1 means slower than the peer
-            return self.value / self.peer_value
+        # For "ms" and "us" lower is better: there a ratio above 1 means slower than the peer.
         return self.value / self.peer_value
 
 
@@ -796,15 +810,14 @@ def main(argv: list[str] | None = None) -> int:
         )
         assert many is not None and floor is not None
         rows.append(
-            Row(
+            Row.versus(
                 "enqueue",
                 "enqueue_many, batches of 1,000",
                 many,
                 "/s",
                 "pgqueuer bulk (1,000)",
                 pgq,
-                ">= 3x",
-                None if pgq is None else many >= 3 * pgq,
+                3,
             )
         )
         rows.append(Row("enqueue", "enqueue_many, batches of 1,000", many, "/s", "raw COPY", copy))
@@ -830,27 +843,25 @@ def main(argv: list[str] | None = None) -> int:
             rate = med(lambda c=conc: ours_drain(n, c))  # type: ignore[misc]
             assert rate is not None
             rows.append(
-                Row(
+                Row.versus(
                     "drain",
                     f"{n:,} no-op, 1 process, concurrency {conc}",
                     rate,
                     "/s",
                     "pgqueuer (1 QueueManager)",
                     pgq,
-                    ">= 4x",
-                    None if pgq is None else rate >= 4 * pgq,
+                    4,
                 )
             )
             rows.append(
-                Row(
+                Row.versus(
                     "drain",
                     f"{n:,} no-op, 1 process, concurrency {conc}",
                     rate,
                     "/s",
                     "raw batched (100/claim)",
                     batched,
-                    ">= 0.8x",
-                    None if batched is None else rate >= 0.8 * batched,
+                    0.8,
                 )
             )
         if seed:
@@ -868,15 +879,14 @@ def main(argv: list[str] | None = None) -> int:
         for conc, rate in zip((4, 16), drains, strict=True):
             assert rate is not None
             rows.append(
-                Row(
+                Row.versus(
                     "drain",
                     f"{n:,} write-one-row, concurrency {conc}",
                     rate,
                     "/s",
                     "seed loop, 4 threads",
                     seed4,
-                    ">= 1.5x",
-                    None if seed4 is None else rate >= 1.5 * seed4,
+                    1.5,
                 )
             )
         assert two is not None
