@@ -23,6 +23,7 @@ from sqla_jobs import (
     enqueue_many,
     migrations,
     producer,
+    statements,
     validation,
 )
 from sqla_jobs.models import jobs
@@ -361,3 +362,42 @@ def test_enqueue_async_joins_the_async_session(engine: sa.Engine, db_url: URL) -
     with engine.connect() as conn:
         found = [tuple(r) for r in conn.execute(sa.select(jobs.c.id, jobs.c.payload))]
     assert found == [(kept, {"n": 2})]
+
+
+def test_a_session_that_binds_only_the_job_model_can_enqueue(engine: sa.Engine) -> None:
+    # No default bind: the insert must find the engine the way session.execute() would.
+    with Session(binds={Job: engine}) as s:
+        one = enqueue(s, "k", {"n": 1})
+        many = enqueue_many(s, [NewJob("k", {"n": i}) for i in range(3)])
+        s.commit()
+    assert one is not None and len(many) == 3
+    assert count(engine) == 4
+
+
+def test_each_insert_shape_is_built_and_compiled_once(
+    engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # SQLAlchemy cannot cache PostgreSQL's INSERT ... ON CONFLICT construct; the producer
+    # keeps the compiled SQL per shape instead of compiling it on every enqueue.
+    monkeypatch.setattr(producer, "_COMPILED", {})
+    builds: list[str] = []
+    real_one, real_many = statements.insert_job, statements.insert_jobs_json
+
+    def counted_one(**kw: Any) -> Any:
+        builds.append("one")
+        return real_one(**kw)
+
+    def counted_many(**kw: Any) -> Any:
+        builds.append("many")
+        return real_many(**kw)
+
+    monkeypatch.setattr(statements, "insert_job", counted_one)
+    monkeypatch.setattr(statements, "insert_jobs_json", counted_many)
+    with Session(engine) as s:
+        for i in range(5):
+            enqueue(s, "k", {"n": i})
+            enqueue(s, "k", {"n": i}, priority=3)
+            enqueue_many(s, [NewJob("k", {"n": i})])
+        s.commit()
+    assert sorted(builds) == ["many", "one", "one"]
+    assert count(engine) == 15
