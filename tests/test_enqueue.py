@@ -374,12 +374,31 @@ def test_a_session_that_binds_only_the_job_model_can_enqueue(engine: sa.Engine) 
     assert count(engine) == 4
 
 
+def test_a_session_routing_writes_by_statement_sends_enqueues_to_its_writer(
+    engine: sa.Engine,
+) -> None:
+    # The read/write-split recipe: get_bind() looks at the statement, as it would for
+    # session.execute(insert).
+    class WriterSession(Session):
+        def get_bind(self, mapper: Any = None, clause: Any = None, **kw: Any) -> Any:
+            if isinstance(clause, sa.Insert):
+                return engine
+            raise AssertionError(f"routed without its statement: {mapper=} {clause=}")
+
+    with WriterSession() as s:
+        enqueue(s, "k", {"n": 1})
+        enqueue_many(s, [NewJob("k", {"n": 2})])
+        s.commit()
+    assert count(engine) == 2
+
+
 def test_each_insert_shape_is_built_and_compiled_once(
     engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # SQLAlchemy cannot cache PostgreSQL's INSERT ... ON CONFLICT construct; the producer
     # keeps the compiled SQL per shape instead of compiling it on every enqueue.
     monkeypatch.setattr(producer, "_COMPILED", {})
+    monkeypatch.setattr(producer, "_STATEMENTS", {})
     builds: list[str] = []
     real_one, real_many = statements.insert_job, statements.insert_jobs_json
 
