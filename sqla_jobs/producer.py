@@ -11,8 +11,7 @@ Every value is checked before any SQL runs, so a bad job raises
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -75,8 +74,8 @@ _OPTIONAL_COLUMNS = (
 )
 
 
-def _single_insert(job: NewJob) -> tuple[tuple[Any, ...], Callable[[], Any], dict[str, Any]]:
-    """``(shape, build, params)`` of the one-row insert for ``job`` (see _execute)."""
+def _single_insert(job: NewJob) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``(shape, params)`` of the one-row insert for ``job`` (see _build)."""
     params: dict[str, Any] = {"kind": job.kind, "payload": job.payload_json}
     columns = []
     for attr, column in _OPTIONAL_COLUMNS:
@@ -88,64 +87,59 @@ def _single_insert(job: NewJob) -> tuple[tuple[Any, ...], Callable[[], Any], dic
         params["run_at"] = job.run_at
     if job.delay is not None:
         params["delay"] = job.delay
-    shape = ("one", job.run_at is not None, job.delay is not None, tuple(columns))
-    return (
-        shape,
-        lambda: statements.insert_job(
-            has_run_at=job.run_at is not None, has_delay=job.delay is not None, columns=columns
-        ),
-        params,
-    )
+    return ("one", job.run_at is not None, job.delay is not None, tuple(columns)), params
 
 
-# The inserts are compiled once per shape and dialect, and sent as the driver's SQL.
-# SQLAlchemy 2.0 cannot cache PostgreSQL's INSERT construct (the one with ON CONFLICT):
-# executed as a statement it was compiled again on every call, about 0.25 ms, two thirds
-# of the client CPU of an enqueue-and-commit. Shape and dialect fix the SQL text.
-_COMPILED: dict[tuple[Any, ...], tuple[str, dict[str, Any], tuple[str, ...] | None]] = {}
+def _build(shape: tuple[Any, ...]) -> Any:
+    """The insert a shape stands for: ``("one", has_run_at, has_delay, columns)`` or
+    ``("many", with_keys)``."""
+    if shape[0] == "many":
+        return statements.insert_jobs_json(with_keys=shape[1])
+    _, has_run_at, has_delay, columns = shape
+    return statements.insert_job(has_run_at=has_run_at, has_delay=has_delay, columns=columns)
+
+
+# The inserts are built once per shape, compiled once per shape and dialect, and sent as
+# the driver's SQL. SQLAlchemy 2.0 cannot cache PostgreSQL's INSERT construct (the one
+# with ON CONFLICT): executed as a statement it was compiled again on every call, about
+# 0.25 ms, two thirds of the client CPU of an enqueue-and-commit.
 _STATEMENTS: dict[tuple[Any, ...], Any] = {}
+_COMPILED: dict[tuple[Any, ...], tuple[str, dict[str, Any], tuple[str, ...] | None]] = {}
 
 
-def _statement(shape: tuple[Any, ...], build: Callable[[], Any]) -> Any:
-    """The insert construct of ``shape``, built once (it does not depend on the dialect)."""
+def _statement(shape: tuple[Any, ...]) -> Any:
     stmt = _STATEMENTS.get(shape)
     if stmt is None:
-        stmt = _STATEMENTS[shape] = build()
+        stmt = _STATEMENTS[shape] = _build(shape)
     return stmt
 
 
-def _compiled(
-    dialect: Any, shape: tuple[Any, ...], stmt: Any
-) -> tuple[str, dict[str, Any], tuple[str, ...] | None]:
+def _driver_call(
+    dialect: Any, shape: tuple[Any, ...], stmt: Any, params: dict[str, Any]
+) -> tuple[str, Any]:
+    """``(sql, parameters)`` for ``exec_driver_sql``, in the dialect's paramstyle."""
     key = (dialect.name, dialect.driver, dialect.paramstyle, shape)
     compiled = _COMPILED.get(key)
     if compiled is None:
         c = stmt.compile(dialect=dialect)
         positions = tuple(c.positiontup) if c.positional and c.positiontup else None
         compiled = _COMPILED[key] = (c.string, dict(c.params), positions)
-    return compiled
-
-
-def _driver_params(
-    compiled: tuple[str, dict[str, Any], tuple[str, ...] | None], params: dict[str, Any]
-) -> Any:
-    _, defaults, positions = compiled
+    sql, defaults, positions = compiled
     merged = {**defaults, **params}
-    return merged if positions is None else tuple(merged[name] for name in positions)
+    return sql, merged if positions is None else tuple(merged[name] for name in positions)
 
 
 def _execute(
-    session: Executor, shape: tuple[Any, ...], build: Callable[[], Any], params: dict[str, Any]
+    session: Executor, shape: tuple[Any, ...], params: dict[str, Any]
 ) -> CursorResult[Any]:
-    stmt = _statement(shape, build)
+    stmt = _statement(shape)
     if isinstance(session, Session):
         # The bind session.execute(stmt) would pick (binds= by class or table, or a
         # get_bind() that routes on the statement), in the session's transaction.
         conn = session.connection(bind_arguments={"mapper": Job, "clause": stmt})
     else:
         conn = session
-    compiled = _compiled(conn.dialect, shape, stmt)
-    return conn.exec_driver_sql(compiled[0], _driver_params(compiled, params))
+    return conn.exec_driver_sql(*_driver_call(conn.dialect, shape, stmt, params))
 
 
 def enqueue(
@@ -194,16 +188,13 @@ async def enqueue_async(
     **options: Any,
 ) -> int | None:
     """``enqueue`` for an ``AsyncSession`` or ``AsyncConnection``; same rules, same result."""
-    shape, build, params = _single_insert(
-        NewJob(kind, {} if payload is None else payload, **options)
-    )
-    stmt = _statement(shape, build)
+    shape, params = _single_insert(NewJob(kind, {} if payload is None else payload, **options))
+    stmt = _statement(shape)
     if isinstance(session, AsyncSession):
         conn = await session.connection(bind_arguments={"mapper": Job, "clause": stmt})
     else:
         conn = session
-    compiled = _compiled(conn.dialect, shape, stmt)
-    result = await conn.exec_driver_sql(compiled[0], _driver_params(compiled, params))
+    result = await conn.exec_driver_sql(*_driver_call(conn.dialect, shape, stmt, params))
     return result.scalar_one_or_none()
 
 
@@ -290,7 +281,5 @@ def enqueue_many(session: Executor, jobs: Iterable[NewJob]) -> list[int]:
             raise InvalidJobError(f"enqueue_many takes NewJob objects, got {type(job).__name__}")
     ids: list[int] = []
     for rows, with_keys in _chunks(batch):
-        build = functools.partial(statements.insert_jobs_json, with_keys=with_keys)
-        result = _execute(session, ("many", with_keys), build, {"rows": rows})
-        ids.extend(result.scalars())
+        ids.extend(_execute(session, ("many", with_keys), {"rows": rows}).scalars())
     return ids
