@@ -61,10 +61,9 @@ from sqla_jobs import (  # noqa: E402
     NewJob,
     enqueue,
     enqueue_many,
-    migrations,
-    statements,
     testing,
 )
+from sqla_jobs.sql import lease, locks  # noqa: E402
 
 #: Extra options every benchmark worker gets (none: the defaults are what we measure).
 WORKER_ARGS: tuple[str, ...] = ()
@@ -185,7 +184,7 @@ def _trigger_mode(url: str, mode: str) -> Iterator[None]:
         if mode == "off":
             conn.execute("ALTER TABLE jobs DISABLE TRIGGER jobs_notify")
         elif mode == "waiting":
-            conn.execute("SELECT pg_advisory_lock_shared(%s)", (migrations.IDLE_LOCK_KEY,))
+            conn.execute("SELECT pg_advisory_lock_shared(%s)", (locks.IDLE_LOCK_KEY,))
         yield
 
 
@@ -518,7 +517,7 @@ SEED_INDEX = "CREATE INDEX seed_claim_idx ON jobs (run_at) WHERE status IN ('que
 
 
 def _claim_sql() -> tuple[str, dict[str, Any]]:
-    stmt = statements.claim(
+    stmt = lease.claim(
         worker="bench:1", lock_seconds=30, queues=["default"], kinds=["noop"], limit=1
     )
     compiled = stmt.compile(dialect=psycopg_dialect())  # type: ignore[no-untyped-call]

@@ -21,7 +21,7 @@ Finished rows are moved to ``jobs_archive`` (:class:`JobArchive`, same columns p
 The seed design had one index over ``status IN ('queued', 'running')`` and a claim with
 an ``OR (status = 'running' AND locked_until < now())`` branch. That branch cannot be
 bounded by a ``run_at`` range, so we split it: the claim reads queued rows only, and
-expired leases are requeued by a separate statement (see ``statements.rescue_expired``).
+expired leases are requeued by a separate statement (see ``lease.rescue_expired``).
 """
 
 from __future__ import annotations

@@ -31,8 +31,8 @@ transaction and never commit (like ``enqueue``); the command-line tool commits.
 short transaction each (``WITH moved AS (DELETE ... RETURNING *) INSERT ...``), so it
 never holds many locks for long nor blocks a claim. ``archive`` and ``prune`` commit
 after every batch: call them outside your own unit of work. Workers can archive for you
-(``--archive-every``); a PostgreSQL advisory lock (:data:`ARCHIVE_LOCK_KEY`) makes sure
-one worker of the fleet does it at a time.
+(``--archive-every``); a PostgreSQL advisory lock (``sql.locks.ARCHIVE_LOCK_KEY``)
+makes sure one worker of the fleet does it at a time.
 
 Times are the database's (``now()``); durations are :class:`~datetime.timedelta`.
 """
@@ -49,9 +49,10 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session
 
-from sqla_jobs import migrations, statements
 from sqla_jobs.exceptions import ConfigError, JobNotFoundError, SchemaNotReadyError
 from sqla_jobs.models import JobStatus
+from sqla_jobs.sql import admin, schema
+from sqla_jobs.sql import stats as stats_sql
 from sqla_jobs.tasks import Registry
 
 #: Rows moved (archive) or deleted (prune) per transaction. Defaults to 10,000.
@@ -60,7 +61,6 @@ DEFAULT_BATCH = 10_000
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 10_000
 #: Key of the session-level advisory lock a worker holds while it archives.
-ARCHIVE_LOCK_KEY = int.from_bytes(b"sqlajob\x01", "big")
 
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -119,7 +119,7 @@ def _ids(ids: Sequence[int] | None) -> list[int] | None:
 
 def check_schema(session: Session) -> None:
     """Raise SchemaNotReadyError unless revision 0002 (cancelled, jobs_archive) is applied."""
-    migrations.check_schema(session.connection(), archive=True)
+    schema.check_schema(session.connection(), archive=True)
 
 
 # --- stats --------------------------------------------------------------------------
@@ -224,12 +224,12 @@ def stats(session: Session, registry: Registry | None = None) -> Stats:
     try:
         with engine.connect() as conn:
             conn.exec_driver_sql("SET TRANSACTION READ ONLY, ISOLATION LEVEL REPEATABLE READ")
-            taken_at = conn.execute(statements.stats_now()).scalar_one()
-            merge(conn.execute(statements.stats_queued()), ("ready", "scheduled", "oldest_ready"))
-            merge(conn.execute(statements.stats_running()), ("running", "expired"))
-            merge(conn.execute(statements.stats_dead()), ("dead", "cancelled"))
+            taken_at = conn.execute(stats_sql.stats_now()).scalar_one()
+            merge(conn.execute(stats_sql.stats_queued()), ("ready", "scheduled", "oldest_ready"))
+            merge(conn.execute(stats_sql.stats_running()), ("running", "expired"))
+            merge(conn.execute(stats_sql.stats_dead()), ("dead", "cancelled"))
             merge(
-                conn.execute(statements.stats_done_recent()),
+                conn.execute(stats_sql.stats_done_recent()),
                 ("done_last_minute", "done_last_hour"),
             )
             table = _table_stats(conn)
@@ -268,10 +268,10 @@ def _float(value: Any) -> float | None:
 
 
 def _table_stats(conn: sa.Connection) -> TableStats:
-    row = conn.execute(statements.stats_table()).one_or_none()
+    row = conn.execute(stats_sql.stats_table()).one_or_none()
     estimates: dict[str, int] = {}
     reltuples = max(0, int(row.reltuples)) if row is not None else 0
-    found = conn.execute(statements.stats_status_estimates()).first()
+    found = conn.execute(stats_sql.stats_status_estimates()).first()
     if found is not None and found.vals is not None:
         for value, freq in zip(found.vals, found.freqs, strict=False):
             estimates[value] = round(reltuples * freq)
@@ -339,7 +339,7 @@ def list_jobs(
     last id of a page as ``after_id`` to get the next one (stable while rows change).
     """
     statuses = _statuses(status)
-    stmt = statements.list_jobs(
+    stmt = admin.list_jobs(
         statuses=statuses,
         kind=kind,
         queue=queue,
@@ -368,7 +368,7 @@ def _statuses(
 
 def get_job(session: Session, id: int) -> JobRecord:
     """The job with this id; JobNotFoundError if there is none (archived jobs included)."""
-    row = session.execute(statements.get_job(id)).one_or_none()
+    row = session.execute(admin.get_job(id)).one_or_none()
     if row is None:
         raise JobNotFoundError(f"no job with id {id}")
     return _record(row)
@@ -408,7 +408,7 @@ def retry_jobs(
         raise ConfigError(f"only dead or cancelled jobs can be retried, not {bad or statuses}")
     ids_ = _ids(ids)
     _check_filters(ids_, kind, queue)
-    stmt = statements.retry_jobs(
+    stmt = admin.retry_jobs(
         statuses=statuses,
         ids=ids_,
         kind=kind,
@@ -436,7 +436,7 @@ def cancel_jobs(
     _check_filters(ids_, kind, queue)
     if ids_ is None and kind is None and queue is None:
         raise ConfigError("cancel needs job ids or a --kind/--queue filter")
-    stmt = statements.cancel_jobs(
+    stmt = admin.cancel_jobs(
         ids=ids_, kind=kind, queue=queue, older_than=_seconds("older_than", older_than)
     )
     return len(session.execute(stmt).all())
@@ -465,7 +465,7 @@ def delete_jobs(
         statuses = list(_DELETABLE)
     if JobStatus.RUNNING in statuses:
         raise ConfigError("running jobs cannot be deleted (cancel is not possible either)")
-    stmt = statements.delete_jobs(
+    stmt = admin.delete_jobs(
         statuses=statuses,
         ids=ids_,
         kind=kind,
@@ -489,7 +489,7 @@ def archive_batches(
     done_age = _seconds("older_than", older_than)
     dead_age = _seconds("include_dead_after", include_dead_after)
     assert done_age is not None
-    stmt = statements.archive_batch(
+    stmt = admin.archive_batch(
         done_older_than=done_age,
         dead_older_than=dead_age,
         batch=_positive_int("batch", batch),
@@ -527,7 +527,7 @@ def prune(session: Session, older_than: timedelta, batch: int = DEFAULT_BATCH) -
     committed transaction; return how many were deleted."""
     age = _seconds("older_than", older_than)
     assert age is not None
-    stmt = statements.prune_batch(older_than=age, batch=_positive_int("batch", batch))
+    stmt = admin.prune_batch(older_than=age, batch=_positive_int("batch", batch))
     if session.in_transaction():
         session.commit()
     total = 0

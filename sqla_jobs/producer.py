@@ -20,9 +20,10 @@ from sqlalchemy import Connection, CursorResult
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
-from sqla_jobs import statements, validation
+from sqla_jobs import validation
 from sqla_jobs.exceptions import InvalidJobError
 from sqla_jobs.models import Job
+from sqla_jobs.sql import enqueue as enqueue_sql
 
 Executor = Session | Connection
 AsyncExecutor = AsyncSession | AsyncConnection
@@ -94,9 +95,9 @@ def _build(shape: tuple[Any, ...]) -> Any:
     """The insert a shape stands for: ``("one", has_run_at, has_delay, columns)`` or
     ``("many", with_keys)``."""
     if shape[0] == "many":
-        return statements.insert_jobs_json(with_keys=shape[1])
+        return enqueue_sql.insert_jobs_json(with_keys=shape[1])
     _, has_run_at, has_delay, columns = shape
-    return statements.insert_job(has_run_at=has_run_at, has_delay=has_delay, columns=columns)
+    return enqueue_sql.insert_job(has_run_at=has_run_at, has_delay=has_delay, columns=columns)
 
 
 # The inserts are built once per shape, compiled once per shape and dialect, and sent as
@@ -204,7 +205,7 @@ ENQUEUE_MANY_MAX_CHARS = 32 * 1024 * 1024
 
 
 class _RowsWriter:
-    """Builds the ``rows`` JSON text of :func:`statements.insert_jobs_json` for a batch.
+    """Builds the ``rows`` JSON text of :func:`enqueue_sql.insert_jobs_json` for a batch.
 
     Every value was checked (and the payload serialized) when its NewJob was built;
     this only joins the pieces. Kinds and queues repeat, so their JSON is cached.

@@ -27,7 +27,8 @@ from pathlib import Path
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
-from sqla_jobs import config, migrations, statements
+from sqla_jobs import config, migrations
+from sqla_jobs.sql import admin
 from sqla_jobs.tasks import Registry
 
 LOCAL_SERVER = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
@@ -162,7 +163,7 @@ def drain(
         probe = sa.create_engine(config.database_url(text), poolclass=sa.NullPool)
         try:
             with probe.connect() as conn:
-                stmt = statements.queues_of_kinds(list(registry.kinds))
+                stmt = admin.queues_of_kinds(list(registry.kinds))
                 queues = tuple(conn.execute(stmt).scalars()) or ("default",)
         finally:
             probe.dispose()
@@ -179,7 +180,7 @@ def drain(
     thread = threading.Thread(target=worker.run, name="sqla_jobs-drain", daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout
-    stmt = statements.pending_count(list(registry.kinds), list(worker.config.queues))
+    stmt = admin.pending_count(list(registry.kinds), list(worker.config.queues))
     try:
         while True:
             with worker.engine.connect() as conn:

@@ -24,7 +24,7 @@ Every completion, retry, heartbeat and release is fenced on ``(id, attempts, wor
 status = 'running')``: after a takeover the stale worker's statements update zero rows,
 its handler transaction is rolled back, and the loss is logged.
 
-On shutdown, buffered jobs that no handler started are given back (``statements.release``:
+On shutdown, buffered jobs that no handler started are given back (``lease.release``:
 queued again, attempt not spent).
 
 The worker never runs DDL, so it can run as a role with only DML on the jobs table.
@@ -55,10 +55,10 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session, SessionTransaction
 
 from sqla_jobs import config as config_mod
-from sqla_jobs import migrations, statements
 from sqla_jobs.config import WorkerConfig
 from sqla_jobs.exceptions import SqlaJobsError
 from sqla_jobs.models import JobStatus
+from sqla_jobs.sql import lease, locks, schema
 from sqla_jobs.tasks import JobContext, Registry
 
 log = logging.getLogger("sqla_jobs.worker")
@@ -278,7 +278,7 @@ class Worker:
         # compiled once: building, cache-keying and compiling them on every execution
         # took more Python time than a no-op job. Executions pass only new values.
         self._claim_sql = self._compile(
-            statements.claim(
+            lease.claim(
                 worker=config.worker_id,
                 lock_seconds=config.lock_seconds,
                 queues=config.queues,
@@ -286,9 +286,9 @@ class Worker:
                 limit=1,
             )
         )
-        self._complete_sql = self._compile(statements.complete(worker=config.worker_id, leases=[]))
+        self._complete_sql = self._compile(lease.complete(worker=config.worker_id, leases=[]))
         self._complete_one_sql = self._compile(
-            statements.complete_one(worker=config.worker_id, job_id=0, attempt=0)
+            lease.complete_one(worker=config.worker_id, job_id=0, attempt=0)
         )
         self._lock = threading.Lock()
         self._pool_generation = 0  # bumped when a pooled connection is invalidated
@@ -330,7 +330,7 @@ class Worker:
     def check_schema(self) -> None:
         """Raise SchemaNotReadyError unless the jobs table has every column and status."""
         with self.engine.connect() as conn:
-            migrations.check_schema(conn)
+            schema.check_schema(conn)
 
     def run(self, *, install_signal_handlers: bool = False) -> None:
         """Work until ``stop()`` (or a signal); returns after a graceful drain."""
@@ -524,7 +524,7 @@ class Worker:
                 self._idle_conn = self.engine.connect().execution_options(
                     isolation_level="AUTOCOMMIT"
                 )
-            self._idle_conn.execute(statements.idle_flag(raise_=up))
+            self._idle_conn.execute(locks.idle_flag(raise_=up))
             self._idle_flag_up = up
             return True
         except sa_exc.SQLAlchemyError as exc:
@@ -636,7 +636,7 @@ class Worker:
                 prepare=self.config.prepared_statements,
                 json_loads=_load_payload,
             )
-        # Columns: id, kind, queue, payload, attempts, max_attempts (statements.claim).
+        # Columns: id, kind, queue, payload, attempts, max_attempts (lease.claim).
         jobs = [Claimed(*r) for r in rows]
         with self._lock:
             for job in jobs:
@@ -647,7 +647,7 @@ class Worker:
 
     def _rescue(self) -> None:
         with self.engine.begin() as conn:
-            rows = self._execute_fenced(conn, statements.rescue_expired())
+            rows = self._execute_fenced(conn, lease.rescue_expired())
         for row in rows:
             level = logging.ERROR if row.status == JobStatus.DEAD else logging.WARNING
             log.log(
@@ -849,7 +849,7 @@ class Worker:
     def _retry(self, job: Claimed, exc: BaseException, duration: float) -> None:
         handler = self.registry[job.kind]
         delay = handler.backoff.delay(job.attempt)
-        stmt = statements.retry(
+        stmt = lease.retry(
             worker=self.config.worker_id,
             job_id=job.id,
             attempt=job.attempt,
@@ -922,7 +922,7 @@ class Worker:
         try:
             with self.engine.begin() as conn:
                 self._execute_fenced(
-                    conn, statements.release(worker=self.config.worker_id, leases=leases)
+                    conn, lease.release(worker=self.config.worker_id, leases=leases)
                 )
         except sa_exc.SQLAlchemyError as exc:  # incl. pool timeouts
             log.warning(
@@ -987,7 +987,7 @@ class Worker:
                 leases = list(self._held.items())
             if not leases:
                 continue
-            stmt = statements.heartbeat(
+            stmt = lease.heartbeat(
                 worker=self.config.worker_id,
                 leases=leases,
                 lock_seconds=self.config.lock_seconds,
@@ -1013,7 +1013,7 @@ class Worker:
     # --- listener ---------------------------------------------------------------------
 
     def _listen_loop(self) -> None:
-        channel = config_mod.check_channel(migrations.NOTIFY_CHANNEL)
+        channel = config_mod.check_channel(locks.NOTIFY_CHANNEL)
         conninfo = self.config.url.set(drivername="postgresql").render_as_string(
             hide_password=False
         )
@@ -1053,7 +1053,7 @@ class Worker:
         with self.engine.connect() as conn:
             # A session-level lock: held across the batches' commits, released below or
             # by PostgreSQL when this connection dies. Whoever fails to get it skips its turn.
-            got = conn.execute(statements.try_advisory_lock(ops.ARCHIVE_LOCK_KEY)).scalar_one()
+            got = conn.execute(locks.try_advisory_lock(locks.ARCHIVE_LOCK_KEY)).scalar_one()
             conn.commit()
             if not got:
                 log.debug("another worker is archiving; skipping this turn")
@@ -1067,7 +1067,7 @@ class Worker:
                         if self._stopping.is_set():
                             break
             finally:
-                conn.execute(statements.advisory_unlock(ops.ARCHIVE_LOCK_KEY))
+                conn.execute(locks.advisory_unlock(locks.ARCHIVE_LOCK_KEY))
                 conn.commit()
         if moved:
             log.info("archived %d finished job(s)", moved, extra={"outcome": "archived"})

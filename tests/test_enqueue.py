@@ -21,12 +21,12 @@ from sqla_jobs import (
     Registry,
     enqueue,
     enqueue_many,
-    migrations,
     producer,
-    statements,
     validation,
 )
 from sqla_jobs.models import jobs
+from sqla_jobs.sql import enqueue as enqueue_sql
+from sqla_jobs.sql import locks
 
 
 def count(engine: sa.Engine, *where: Any) -> int:
@@ -87,7 +87,7 @@ def test_notify_is_delivered_only_after_commit(engine: sa.Engine, db_url: URL) -
         listener.execute("LISTEN jobs")
         # Revision 0003: the trigger notifies only while a worker waits, i.e. holds the
         # idle flag; this listener plays that worker.
-        listener.execute("SELECT pg_advisory_lock_shared(%s)", (migrations.IDLE_LOCK_KEY,))
+        listener.execute("SELECT pg_advisory_lock_shared(%s)", (locks.IDLE_LOCK_KEY,))
         with Session(engine) as s:
             enqueue(s, "k", {})
             s.flush()
@@ -103,7 +103,7 @@ def test_bulk_insert_sends_one_notification_not_one_per_row(engine: sa.Engine, d
         listener.execute("LISTEN jobs")
         # Revision 0003: the trigger notifies only while a worker waits, i.e. holds the
         # idle flag; this listener plays that worker.
-        listener.execute("SELECT pg_advisory_lock_shared(%s)", (migrations.IDLE_LOCK_KEY,))
+        listener.execute("SELECT pg_advisory_lock_shared(%s)", (locks.IDLE_LOCK_KEY,))
         with Session(engine) as s:
             enqueue_many(s, [NewJob("k", {"i": i}) for i in range(2000)])
             s.commit()
@@ -400,7 +400,7 @@ def test_each_insert_shape_is_built_and_compiled_once(
     monkeypatch.setattr(producer, "_COMPILED", {})
     monkeypatch.setattr(producer, "_STATEMENTS", {})
     builds: list[str] = []
-    real_one, real_many = statements.insert_job, statements.insert_jobs_json
+    real_one, real_many = enqueue_sql.insert_job, enqueue_sql.insert_jobs_json
 
     def counted_one(**kw: Any) -> Any:
         builds.append("one")
@@ -410,8 +410,8 @@ def test_each_insert_shape_is_built_and_compiled_once(
         builds.append("many")
         return real_many(**kw)
 
-    monkeypatch.setattr(statements, "insert_job", counted_one)
-    monkeypatch.setattr(statements, "insert_jobs_json", counted_many)
+    monkeypatch.setattr(enqueue_sql, "insert_job", counted_one)
+    monkeypatch.setattr(enqueue_sql, "insert_jobs_json", counted_many)
     with Session(engine) as s:
         for i in range(5):
             enqueue(s, "k", {"n": i})

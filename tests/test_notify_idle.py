@@ -8,12 +8,13 @@ from helpers import url_text
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
-from sqla_jobs import enqueue, migrations, statements
+from sqla_jobs import enqueue
+from sqla_jobs.sql import locks
 
 
 def _listener(url: URL) -> psycopg.Connection[tuple[object, ...]]:
     conn = psycopg.connect(url_text(url).replace("+psycopg", ""), autocommit=True)
-    conn.execute(f"LISTEN {migrations.NOTIFY_CHANNEL}")
+    conn.execute(f"LISTEN {locks.NOTIFY_CHANNEL}")
     return conn
 
 
@@ -32,9 +33,9 @@ def test_insert_does_not_notify_when_no_worker_waits(engine: sa.Engine, db_url: 
 
 def test_insert_notifies_while_a_worker_holds_the_idle_flag(engine: sa.Engine, db_url: URL) -> None:
     with _listener(db_url) as listener, engine.connect() as waiting:
-        waiting.execute(statements.idle_flag(raise_=True))
+        waiting.execute(locks.idle_flag(raise_=True))
         _enqueue_one(engine)
         assert len(list(listener.notifies(timeout=10, stop_after=1))) == 1
-        waiting.execute(statements.idle_flag(raise_=False))
+        waiting.execute(locks.idle_flag(raise_=False))
         _enqueue_one(engine)
         assert list(listener.notifies(timeout=0.5, stop_after=1)) == []

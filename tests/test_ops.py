@@ -22,8 +22,8 @@ from sqla_jobs import (
     enqueue,
     enqueue_many,
     ops,
-    statements,
 )
+from sqla_jobs.sql import admin, stats
 
 
 def insert(engine: sa.Engine, sql: str, **params: Any) -> None:
@@ -106,10 +106,10 @@ def test_stats_table_figures_come_from_planner_estimates(
 
 
 STATS_QUERIES = {
-    "queued": (statements.stats_queued, "jobs_claim_idx"),
-    "running": (statements.stats_running, "jobs_lease_idx"),
-    "dead": (statements.stats_dead, "jobs_finished_idx"),
-    "done_recent": (statements.stats_done_recent, "jobs_finished_idx"),
+    "queued": (stats.stats_queued, "jobs_claim_idx"),
+    "running": (stats.stats_running, "jobs_lease_idx"),
+    "dead": (stats.stats_dead, "jobs_finished_idx"),
+    "done_recent": (stats.stats_done_recent, "jobs_finished_idx"),
 }
 
 
@@ -134,13 +134,13 @@ def test_stats_queries_use_the_partial_indexes_on_200k_finished_rows(engine: sa.
             plans[name] = plan
             assert "Seq Scan on jobs" not in plan, plan
             assert index in plan, plan
-        for stmt in (statements.stats_table(), statements.stats_status_estimates()):
+        for stmt in (stats.stats_table(), stats.stats_status_estimates()):
             compiled = stmt.compile(dialect=conn.dialect)
             plan = "\n".join(conn.exec_driver_sql(f"EXPLAIN {compiled}", compiled.params).scalars())
             assert "on jobs " not in plan, plan
         # Archiving a week-old batch reads the same index, not the whole table.
         for dead_age in (None, 30 * 86400.0):
-            archive = statements.archive_batch(
+            archive = admin.archive_batch(
                 done_older_than=7 * 86400.0, dead_older_than=dead_age, batch=10_000
             )
             compiled = archive.compile(dialect=conn.dialect)

@@ -19,7 +19,8 @@ from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 from test_ops import insert, seed_states
 
-from sqla_jobs import enqueue, ops
+from sqla_jobs import enqueue
+from sqla_jobs.sql import locks
 
 
 def cli_env(url: URL | str) -> dict[str, str]:
@@ -233,7 +234,7 @@ def test_worker_archives_only_while_it_holds_the_fleet_lock(engine: sa.Engine, d
     with engine.connect() as holder:
         # Another "worker" holds the archiving lock: ours must skip its turns.
         assert holder.execute(
-            sa.text("SELECT pg_try_advisory_lock(:k)"), {"k": ops.ARCHIVE_LOCK_KEY}
+            sa.text("SELECT pg_try_advisory_lock(:k)"), {"k": locks.ARCHIVE_LOCK_KEY}
         ).scalar()
         holder.commit()
         proc = start_worker(
@@ -250,7 +251,7 @@ def test_worker_archives_only_while_it_holds_the_fleet_lock(engine: sa.Engine, d
 
             wait_for(skipped, message="a skipped archiving turn")
             assert scalar(engine, "SELECT count(*) FROM jobs_archive") == 0
-            holder.execute(sa.text("SELECT pg_advisory_unlock(:k)"), {"k": ops.ARCHIVE_LOCK_KEY})
+            holder.execute(sa.text("SELECT pg_advisory_unlock(:k)"), {"k": locks.ARCHIVE_LOCK_KEY})
             holder.commit()
             wait_for(lambda: scalar(engine, "SELECT count(*) FROM jobs_archive") == 50)
         finally:

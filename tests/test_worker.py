@@ -26,8 +26,8 @@ from sqla_jobs import (
     WorkerConfig,
     enqueue,
     enqueue_many,
-    statements,
 )
+from sqla_jobs.sql import lease
 
 
 @contextmanager
@@ -151,7 +151,7 @@ def test_claim_takes_only_registered_kinds_and_own_queues(engine: sa.Engine) -> 
         s.commit()
     with engine.begin() as conn:
         got = conn.execute(
-            statements.claim(worker="w", lock_seconds=30, queues=["a"], kinds=["known"], limit=10)
+            lease.claim(worker="w", lock_seconds=30, queues=["a"], kinds=["known"], limit=10)
         ).all()
     assert [(r.kind, r.queue, r.attempts) for r in got] == [("known", "a", 1)]
     assert status_counts(engine) == {"running": 1, "queued": 3}
@@ -169,7 +169,7 @@ def test_concurrent_claims_never_hand_out_a_job_twice(engine: sa.Engine) -> None
             with engine.begin() as conn:
                 got = (
                     conn.execute(
-                        statements.claim(
+                        lease.claim(
                             worker=f"w{n}",
                             lock_seconds=30,
                             queues=["default"],
@@ -199,34 +199,30 @@ def test_completion_of_a_lost_claim_updates_nothing(engine: sa.Engine) -> None:
         s.commit()
     with engine.begin() as conn:
         conn.execute(
-            statements.claim(
-                worker="old", lock_seconds=30, queues=["default"], kinds=["k"], limit=1
-            )
+            lease.claim(worker="old", lock_seconds=30, queues=["default"], kinds=["k"], limit=1)
         )
         # The lease expires and another worker takes the job over.
         conn.execute(sa.text("UPDATE jobs SET locked_until = now() - interval '1 s'"))
-        conn.execute(statements.rescue_expired())
+        conn.execute(lease.rescue_expired())
         conn.execute(
-            statements.claim(
-                worker="new", lock_seconds=30, queues=["default"], kinds=["k"], limit=1
-            )
+            lease.claim(worker="new", lock_seconds=30, queues=["default"], kinds=["k"], limit=1)
         )
     assert job_id is not None
     with engine.begin() as conn:
         stale = [
-            statements.complete(worker="old", leases=[(job_id, 1)]),
-            statements.heartbeat(worker="old", leases=[(job_id, 1)], lock_seconds=30),
-            statements.retry(worker="old", job_id=job_id, attempt=1, delay_seconds=0, error="x"),
-            statements.release(worker="old", leases=[(job_id, 1)]),
-            statements.complete(worker="new", leases=[(job_id, 1)]),  # right worker, old attempt
+            lease.complete(worker="old", leases=[(job_id, 1)]),
+            lease.heartbeat(worker="old", leases=[(job_id, 1)], lock_seconds=30),
+            lease.retry(worker="old", job_id=job_id, attempt=1, delay_seconds=0, error="x"),
+            lease.release(worker="old", leases=[(job_id, 1)]),
+            lease.complete(worker="new", leases=[(job_id, 1)]),  # right worker, old attempt
         ]
         assert [conn.execute(s).all() for s in stale] == [[], [], [], [], []]
         one = [
-            statements.complete_one(worker="old", job_id=job_id, attempt=1),
-            statements.complete_one(worker="new", job_id=job_id, attempt=1),
+            lease.complete_one(worker="old", job_id=job_id, attempt=1),
+            lease.complete_one(worker="new", job_id=job_id, attempt=1),
         ]
         assert [conn.execute(s).rowcount for s in one] == [0, 0]
-        assert conn.execute(statements.complete(worker="new", leases=[(job_id, 2)])).all()
+        assert conn.execute(lease.complete(worker="new", leases=[(job_id, 2)])).all()
 
 
 def test_fenced_statements_probe_the_primary_key_even_with_stale_statistics(
@@ -240,17 +236,17 @@ def test_fenced_statements_probe_the_primary_key_even_with_stale_statistics(
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.exec_driver_sql("VACUUM ANALYZE jobs")
     with engine.begin() as conn:
-        claim = statements.claim(
+        claim = lease.claim(
             worker="w", lock_seconds=30, queues=["default"], kinds=["k"], limit=2_000
         )
         job_id = conn.execute(claim).scalars().first()
     assert job_id is not None
     fenced = {
-        "complete_one": statements.complete_one(worker="w", job_id=job_id, attempt=1),
-        "complete": statements.complete(worker="w", leases=[(job_id, 1)]),
-        "retry": statements.retry(worker="w", job_id=job_id, attempt=1, delay_seconds=1, error="x"),
-        "heartbeat": statements.heartbeat(worker="w", leases=[(job_id, 1)], lock_seconds=30),
-        "release": statements.release(worker="w", leases=[(job_id, 1)]),
+        "complete_one": lease.complete_one(worker="w", job_id=job_id, attempt=1),
+        "complete": lease.complete(worker="w", leases=[(job_id, 1)]),
+        "retry": lease.retry(worker="w", job_id=job_id, attempt=1, delay_seconds=1, error="x"),
+        "heartbeat": lease.heartbeat(worker="w", leases=[(job_id, 1)], lock_seconds=30),
+        "release": lease.release(worker="w", leases=[(job_id, 1)]),
     }
     with engine.connect() as conn:
         for name, stmt in fenced.items():

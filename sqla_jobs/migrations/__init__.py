@@ -26,11 +26,6 @@ VERSIONS_DIR = Path(__file__).with_name("versions")
 BRANCH_LABEL = "sqla_jobs"
 #: Version table used by the standalone environment, so it never collides with an app's.
 VERSION_TABLE = "sqla_jobs_alembic_version"
-#: LISTEN/NOTIFY channel the insert trigger notifies (the seed design's channel).
-NOTIFY_CHANNEL = "jobs"
-#: Advisory lock key idle workers hold (shared) while they wait; the insert trigger
-#: notifies only when it is held (revision 0003). ``b"sqlajob\x02"`` as a bigint.
-IDLE_LOCK_KEY = int.from_bytes(b"sqlajob\x02", "big")
 
 SCRIPT_LOCATION = "sqla_jobs:migrations"
 
@@ -107,32 +102,3 @@ def downgrade(connection: Connection, revision: str = "base") -> None:
         connection.commit()
     command.downgrade(alembic_config(connection), revision)
     connection.commit()
-
-
-def check_schema(connection: Connection, *, archive: bool = False) -> None:
-    """Raise SchemaNotReadyError unless the migrations this code needs have run.
-
-    Reads every column of ``jobs`` (and of ``jobs_archive`` with ``archive``) and the
-    ``job_status`` values, inside a savepoint when a transaction is open, so a failed
-    probe never breaks the caller's transaction. Runs no DDL.
-    """
-    from sqlalchemy import exc as sa_exc
-
-    from sqla_jobs import statements
-    from sqla_jobs.exceptions import SchemaNotReadyError
-    from sqla_jobs.models import JobStatus
-
-    probes = [statements.schema_probe()] + ([statements.archive_probe()] if archive else [])
-    try:
-        with connection.begin_nested() if connection.in_transaction() else connection.begin():
-            for probe in probes:
-                connection.execute(probe)
-            found = set(connection.execute(statements.status_values()).scalars())
-    except sa_exc.ProgrammingError as exc:
-        raise SchemaNotReadyError(
-            "the jobs tables are missing or outdated; run `alembic upgrade head` "
-            f"(or `alembic upgrade heads` in your app): {str(exc.orig).strip()}"
-        ) from None
-    missing = {s.value for s in JobStatus} - found
-    if missing:
-        raise SchemaNotReadyError(f"job_status lacks {sorted(missing)}; run `alembic upgrade head`")

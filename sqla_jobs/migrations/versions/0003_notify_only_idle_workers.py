@@ -33,7 +33,7 @@ down_revision: str | None = "0002_cancelled_and_archive"
 branch_labels: tuple[str, ...] | None = None
 depends_on: str | None = None
 
-#: Must equal ``sqla_jobs.migrations.IDLE_LOCK_KEY`` (frozen here, as migrations are).
+#: Must equal ``sqla_jobs.sql.locks.IDLE_LOCK_KEY`` (frozen here, as migrations are).
 IDLE_LOCK_KEY = 8318549152383328770
 
 

@@ -1,0 +1,17 @@
+"""Every SQL statement sqla_jobs runs, built with SQLAlchemy Core: the only place that builds SQL.
+
+Split by concern, one module each:
+
+* :mod:`~sqla_jobs.sql.enqueue`: inserting jobs;
+* :mod:`~sqla_jobs.sql.lease`: the worker's claim and the fenced outcomes of a claim;
+* :mod:`~sqla_jobs.sql.admin`: operators' commands and the testing helpers' look-ups;
+* :mod:`~sqla_jobs.sql.stats`: ``sqla_jobs.stats``;
+* :mod:`~sqla_jobs.sql.locks`: advisory lock keys and the notification channel;
+* :mod:`~sqla_jobs.sql.schema`: probes that the migrations have run.
+
+Each function is pure: it takes plain values (including an optional ``now`` so tests can
+pin time) and returns an executable Core statement. ``tests/sql/*.sql`` keeps the compiled
+text of every builder, so a reviewer reads each change to the SQL as text.
+
+Internal: import the modules (``from sqla_jobs.sql import lease``), not names.
+"""

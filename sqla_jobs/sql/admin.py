@@ -1,0 +1,247 @@
+"""Operators' statements (``sqla_jobs.ops``): list, show, retry, cancel, delete,
+archive, prune; and the look-ups of ``sqla_jobs.testing``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.sql.dml import ReturningDelete, ReturningInsert
+
+from sqla_jobs import models
+from sqla_jobs.models import JobStatus, jobs
+from sqla_jobs.sql import _common
+from sqla_jobs.sql._common import Now
+
+
+def _job_filters(
+    *,
+    ids: Sequence[int] | None = None,
+    statuses: Sequence[JobStatus] | None = None,
+    kind: str | None = None,
+    queue: str | None = None,
+    older_than: float | None = None,
+    now: Now = None,
+) -> list[sa.ColumnElement[bool]]:
+    conditions: list[sa.ColumnElement[bool]] = []
+    if ids is not None:
+        conditions.append(jobs.c.id == sa.any_(sa.literal(list(ids), ARRAY(sa.BigInteger))))
+    if statuses is not None:
+        conditions.append(jobs.c.status.in_([_common.status(s) for s in statuses]))
+    if kind is not None:
+        conditions.append(jobs.c.kind == sa.bindparam("kind", kind, sa.Text))
+    if queue is not None:
+        conditions.append(jobs.c.queue == sa.bindparam("queue", queue, sa.Text))
+    if older_than is not None:
+        age = sa.bindparam("older_than", older_than, sa.Float)
+        conditions.append(jobs.c.created_at < _common.ago(age, now))
+    return conditions
+
+
+def list_jobs(
+    *,
+    statuses: Sequence[JobStatus] | None = None,
+    kind: str | None = None,
+    queue: str | None = None,
+    older_than: float | None = None,
+    limit: int,
+    after_id: int | None = None,
+    now: Now = None,
+) -> sa.Select[Any]:
+    """One page of jobs in id order; the next page starts after the last id (keyset)."""
+    conditions = _job_filters(
+        statuses=statuses, kind=kind, queue=queue, older_than=older_than, now=now
+    )
+    if after_id is not None:
+        conditions.append(jobs.c.id > sa.bindparam("after_id", after_id, sa.BigInteger))
+    return (
+        sa.select(*jobs.c)
+        .where(*conditions)
+        .order_by(jobs.c.id)
+        .limit(sa.bindparam("limit", limit, sa.Integer))
+    )
+
+
+def get_job(job_id: int) -> sa.Select[Any]:
+    return sa.select(*jobs.c).where(jobs.c.id == sa.bindparam("id", job_id, sa.BigInteger))
+
+
+def _locked_ids(conditions: list[sa.ColumnElement[bool]], name: str) -> sa.CTE:
+    # SKIP LOCKED: rows a worker is claiming (or another operator is changing) right
+    # now are left alone and not counted. MATERIALIZED, as in claim(): the locking
+    # subquery runs exactly once.
+    return (
+        sa.select(jobs.c.id)
+        .where(*conditions)
+        .with_for_update(skip_locked=True)
+        .cte(name)
+        .prefix_with("MATERIALIZED")
+    )
+
+
+def retry_jobs(
+    *,
+    statuses: Sequence[JobStatus],
+    ids: Sequence[int] | None = None,
+    kind: str | None = None,
+    queue: str | None = None,
+    older_than: float | None = None,
+    now: Now = None,
+) -> sa.Update:
+    """Finished jobs back to queued, ready now, with a fresh set of attempts.
+
+    ``last_error`` is kept (the next failure replaces it), so the reason the job died
+    stays visible until it runs again. RETURNING the ids changed.
+    """
+    conditions = _job_filters(
+        ids=ids, statuses=statuses, kind=kind, queue=queue, older_than=older_than, now=now
+    )
+    picked = _locked_ids(conditions, "picked")
+    return (
+        sa.update(jobs)
+        .where(jobs.c.id == picked.c.id)
+        .values(
+            status=_common.status(JobStatus.QUEUED),
+            attempts=0,
+            run_at=_common.clock(now),
+            locked_until=None,
+            worker=None,
+            finished_at=None,
+        )
+        .returning(jobs.c.id)
+    )
+
+
+def cancel_jobs(
+    *,
+    ids: Sequence[int] | None = None,
+    kind: str | None = None,
+    queue: str | None = None,
+    older_than: float | None = None,
+    now: Now = None,
+) -> sa.Update:
+    """Queued jobs (ready or scheduled) to cancelled. A job claimed meanwhile is running,
+    fails the status test once its lock is released, and is not changed."""
+    conditions = _job_filters(
+        ids=ids, statuses=[JobStatus.QUEUED], kind=kind, queue=queue, older_than=older_than, now=now
+    )
+    picked = _locked_ids(conditions, "picked")
+    return (
+        sa.update(jobs)
+        .where(jobs.c.id == picked.c.id, jobs.c.status == _common.status(JobStatus.QUEUED))
+        .values(
+            status=_common.status(JobStatus.CANCELLED),
+            finished_at=_common.clock(now),
+            locked_until=None,
+        )
+        .returning(jobs.c.id)
+    )
+
+
+def delete_jobs(
+    *,
+    statuses: Sequence[JobStatus],
+    ids: Sequence[int] | None = None,
+    kind: str | None = None,
+    queue: str | None = None,
+    older_than: float | None = None,
+    now: Now = None,
+) -> ReturningDelete[Any]:
+    """Delete jobs in ``statuses`` (never ``running``: the caller checks). RETURNING ids."""
+    conditions = _job_filters(
+        ids=ids, statuses=statuses, kind=kind, queue=queue, older_than=older_than, now=now
+    )
+    picked = _locked_ids(conditions, "picked")
+    return sa.delete(jobs).where(jobs.c.id == picked.c.id).returning(jobs.c.id)
+
+
+def archive_batch(
+    *,
+    done_older_than: float,
+    dead_older_than: float | None,
+    batch: int,
+    now: Now = None,
+) -> ReturningInsert[Any]:
+    """Move up to ``batch`` finished rows from ``jobs`` to ``jobs_archive``, in one statement.
+
+    ``WITH picked AS MATERIALIZED (SELECT id ... LIMIT n FOR UPDATE SKIP LOCKED),
+    moved AS (DELETE ... RETURNING *) INSERT INTO jobs_archive SELECT ... FROM moved``.
+    Done rows finished before ``now - done_older_than`` go; dead and cancelled rows only
+    when ``dead_older_than`` is given. Each branch is a range on jobs_finished_idx.
+    """
+    done = sa.and_(
+        jobs.c.status == _common.status(JobStatus.DONE),
+        jobs.c.finished_at < _common.ago(sa.bindparam("done_age", done_older_than, sa.Float), now),
+    )
+    which: sa.ColumnElement[bool] = done
+    if dead_older_than is not None:
+        failed = sa.and_(
+            jobs.c.status.in_(
+                [_common.status(JobStatus.DEAD), _common.status(JobStatus.CANCELLED)]
+            ),
+            jobs.c.finished_at
+            < _common.ago(sa.bindparam("dead_age", dead_older_than, sa.Float), now),
+        )
+        which = sa.or_(done, failed)
+    picked = (
+        sa.select(jobs.c.id)
+        .where(which)
+        .limit(sa.bindparam("batch", batch, sa.Integer))
+        .with_for_update(skip_locked=True)
+        .cte("picked")
+        .prefix_with("MATERIALIZED")
+    )
+    moved = sa.delete(jobs).where(jobs.c.id == picked.c.id).returning(*jobs.c).cte("moved")
+    names = [c.name for c in jobs.c]
+    archive = models.jobs_archive
+    return (
+        sa.insert(archive)
+        .from_select(
+            [*names, archive.c.archived_at.name],
+            sa.select(*(moved.c[n] for n in names), _common.clock(now)),
+        )
+        .add_cte(moved)
+        .returning(archive.c.id)
+    )
+
+
+def prune_batch(*, older_than: float, batch: int, now: Now = None) -> ReturningDelete[Any]:
+    """Delete up to ``batch`` archived jobs finished before ``now - older_than``."""
+    archive = models.jobs_archive
+    picked = (
+        sa.select(archive.c.id)
+        .where(archive.c.finished_at < _common.ago(sa.bindparam("age", older_than, sa.Float), now))
+        .limit(sa.bindparam("batch", batch, sa.Integer))
+        .with_for_update(skip_locked=True)
+        .cte("picked")
+        .prefix_with("MATERIALIZED")
+    )
+    return sa.delete(archive).where(archive.c.id == picked.c.id).returning(archive.c.id)
+
+
+def queues_of_kinds(kinds: Sequence[str]) -> sa.Select[Any]:
+    """Distinct queues holding live jobs of ``kinds`` (sqla_jobs.testing.drain)."""
+    return (
+        sa.select(jobs.c.queue)
+        .where(
+            jobs.c.kind == sa.any_(_common.text_array(kinds)),
+            jobs.c.status.in_(
+                [_common.status(JobStatus.QUEUED), _common.status(JobStatus.RUNNING)]
+            ),
+        )
+        .distinct()
+    )
+
+
+def pending_count(kinds: Sequence[str], queues: Sequence[str]) -> sa.Select[Any]:
+    """Jobs of ``kinds`` in ``queues`` that are ready now or running."""
+    ready = sa.and_(
+        jobs.c.status == _common.status(JobStatus.QUEUED), jobs.c.run_at <= sa.func.now()
+    )
+    return sa.select(sa.func.count()).where(
+        jobs.c.kind == sa.any_(_common.text_array(kinds)),
+        jobs.c.queue == sa.any_(_common.text_array(queues)),
+        sa.or_(ready, jobs.c.status == _common.status(JobStatus.RUNNING)),
+    )

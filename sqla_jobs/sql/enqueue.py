@@ -1,0 +1,97 @@
+"""Statements that insert jobs (``sqla_jobs.enqueue`` and ``enqueue_many``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+from sqla_jobs import models
+from sqla_jobs.models import jobs
+from sqla_jobs.sql import _common
+from sqla_jobs.sql._common import Now
+
+
+def insert_job(
+    *,
+    has_run_at: bool,
+    has_delay: bool,
+    columns: Sequence[str],
+    now: Now = None,
+) -> sa.Insert:
+    """``INSERT ... ON CONFLICT (idempotency_key) DO NOTHING RETURNING id``.
+
+    Bind parameters: ``kind``, ``payload`` (JSON text), ``run_at`` or ``delay`` when
+    flagged, and one per name in ``columns`` (queue, priority, max_attempts,
+    idempotency_key). Columns not named take the table's defaults.
+    """
+    values: dict[str, Any] = {
+        "kind": sa.bindparam("kind", type_=sa.Text),
+        "payload": _common.payload_param(),
+    }
+    for name in columns:
+        values[name] = sa.bindparam(name, type_=jobs.c[name].type)
+    if has_run_at:
+        values["run_at"] = sa.bindparam("run_at", type_=sa.DateTime(timezone=True))
+    elif has_delay:
+        values["run_at"] = _common.clock(now) + _common.seconds(
+            sa.bindparam("delay", type_=sa.Float)
+        )
+    elif now is not None:
+        values["run_at"] = _common.clock(now)
+    return (
+        pg_insert(jobs)
+        .values(values)
+        .on_conflict_do_nothing(index_elements=[jobs.c.idempotency_key])
+        .returning(jobs.c.id)
+    )
+
+
+def insert_jobs_json(*, with_keys: bool, now: Now = None) -> sa.Insert:
+    """Insert many jobs in one statement from one JSON array (one round trip per batch).
+
+    One bound parameter, ``rows``: a JSON array of objects with ``k`` (kind), ``p``
+    (payload), and optional ``q`` (queue), ``pr`` (priority), ``m`` (max_attempts),
+    ``key``, ``at`` (run_at, ISO 8601 with offset) and ``d`` (delay, seconds); a missing
+    field takes the table default. One text parameter is the cheapest thing to send:
+    psycopg quotes every element of a text array with a regular expression, which cost
+    more than the insert itself.
+
+    ``with_keys``: a batch with idempotency keys skips those already taken (``ON
+    CONFLICT DO NOTHING``); a batch without any leaves out that clause and its
+    speculative insertion, since NULL keys never conflict. RETURNING the new ids.
+    """
+    rows = (
+        sa.func.json_to_recordset(sa.cast(sa.bindparam("rows", type_=sa.Text), sa.JSON))
+        .table_valued(
+            sa.column("k", sa.Text),
+            sa.column("p", JSONB),
+            sa.column("q", sa.Text),
+            sa.column("pr", sa.SmallInteger),
+            sa.column("m", sa.Integer),
+            sa.column("key", sa.Text),
+            sa.column("at", sa.DateTime(timezone=True)),
+            sa.column("d", sa.Float),
+        )
+        .render_derived(name="new_jobs", with_types=True)
+    )
+    c = rows.c
+    source = sa.select(
+        c.k,
+        c.p,
+        sa.func.coalesce(c.q, models.DEFAULT_QUEUE),
+        sa.func.coalesce(c.pr, models.DEFAULT_PRIORITY),
+        sa.func.coalesce(c.m, models.DEFAULT_MAX_ATTEMPTS),
+        c.key,
+        sa.func.coalesce(c.at, _common.clock(now) + _common.seconds(sa.func.coalesce(c.d, 0.0))),
+    )
+    insert = pg_insert(jobs).from_select(
+        ["kind", "payload", "queue", "priority", "max_attempts", "idempotency_key", "run_at"],
+        source,
+    )
+    if with_keys:
+        insert = insert.on_conflict_do_nothing(index_elements=[jobs.c.idempotency_key])
+    return insert.returning(jobs.c.id)

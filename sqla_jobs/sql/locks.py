@@ -1,0 +1,37 @@
+"""Advisory locks and the notification channel: the keys every process must agree on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+
+#: LISTEN/NOTIFY channel the insert trigger notifies (the seed design's channel).
+NOTIFY_CHANNEL = "jobs"
+#: Advisory lock key idle workers hold (shared) while they wait; the insert trigger
+#: notifies only when it is held (revision 0003, which freezes the same number).
+#: ``b"sqlajob\x02"`` as a bigint.
+IDLE_LOCK_KEY = int.from_bytes(b"sqlajob\x02", "big")
+#: Advisory lock key of the archiver: one worker (or ``sqla-jobs archive``) at a time.
+ARCHIVE_LOCK_KEY = int.from_bytes(b"sqlajob\x01", "big")
+
+
+def try_advisory_lock(key: int) -> sa.Select[Any]:
+    """``pg_try_advisory_lock(key)``: true if this session now holds the lock."""
+    return sa.select(sa.func.pg_try_advisory_lock(sa.bindparam("key", key, sa.BigInteger)))
+
+
+def advisory_unlock(key: int) -> sa.Select[Any]:
+    return sa.select(sa.func.pg_advisory_unlock(sa.bindparam("key", key, sa.BigInteger)))
+
+
+def idle_flag(*, raise_: bool) -> sa.Select[Any]:
+    """Raise (take, shared) or lower the advisory lock waiting workers hold (rev. 0003).
+
+    Shared, so any number of workers can wait at once; the insert trigger tries the key
+    exclusively to learn whether anyone waits (see IDLE_LOCK_KEY).
+    """
+    key = sa.bindparam("key", IDLE_LOCK_KEY, sa.BigInteger)
+    if raise_:
+        return sa.select(sa.func.pg_advisory_lock_shared(key))
+    return sa.select(sa.func.pg_advisory_unlock_shared(key))

@@ -1,0 +1,146 @@
+"""Statements behind ``sqla_jobs.stats``.
+
+Stats read the three partial indexes only: jobs_claim_idx (queued), jobs_lease_idx
+(running) and jobs_finished_idx (done/dead/cancelled, by status then finished_at). No
+statement here counts all finished rows; their total comes from planner estimates
+(pg_class.reltuples, pg_stats), so the cost does not grow with the history.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import ARRAY, REGCLASS
+
+from sqla_jobs.models import JobStatus, jobs
+from sqla_jobs.sql import _common
+from sqla_jobs.sql._common import Now
+
+
+def stats_now(now: Now = None) -> sa.Select[Any]:
+    """The database's clock, the instant every stats figure refers to."""
+    return sa.select(_common.clock(now))
+
+
+def stats_queued(now: Now = None) -> sa.Select[Any]:
+    """Per (queue, kind): ready, scheduled, age of the oldest ready job (jobs_claim_idx)."""
+    ready = jobs.c.run_at <= _common.clock(now)
+    return (
+        sa.select(
+            jobs.c.queue,
+            jobs.c.kind,
+            sa.func.count().filter(ready).label("ready"),
+            sa.func.count().filter(sa.not_(ready)).label("scheduled"),
+            _common.epoch(_common.clock(now) - sa.func.min(jobs.c.run_at).filter(ready)).label(
+                "oldest_ready"
+            ),
+        )
+        .where(jobs.c.status == _common.status(JobStatus.QUEUED))
+        .group_by(jobs.c.queue, jobs.c.kind)
+    )
+
+
+def stats_running(now: Now = None) -> sa.Select[Any]:
+    """Per (queue, kind): running, and expired leases among them (jobs_lease_idx)."""
+    return (
+        sa.select(
+            jobs.c.queue,
+            jobs.c.kind,
+            sa.func.count().label("running"),
+            sa.func.count().filter(jobs.c.locked_until < _common.clock(now)).label("expired"),
+        )
+        .where(jobs.c.status == _common.status(JobStatus.RUNNING))
+        .group_by(jobs.c.queue, jobs.c.kind)
+    )
+
+
+def stats_dead(now: Now = None) -> sa.Select[Any]:
+    """Per (queue, kind): dead and cancelled rows (jobs_finished_idx, by status).
+
+    ``finished_at > '-infinity'`` is always true for these rows (they all have one); it
+    is there so the planner sees a bounded range on the index's second column too.
+    """
+    return (
+        sa.select(
+            jobs.c.queue,
+            jobs.c.kind,
+            sa.func.count().filter(jobs.c.status == _common.status(JobStatus.DEAD)).label("dead"),
+            sa.func.count()
+            .filter(jobs.c.status == _common.status(JobStatus.CANCELLED))
+            .label("cancelled"),
+        )
+        .where(
+            jobs.c.status.in_([_common.status(JobStatus.DEAD), _common.status(JobStatus.CANCELLED)])
+        )
+        .group_by(jobs.c.queue, jobs.c.kind)
+    )
+
+
+def stats_done_recent(now: Now = None) -> sa.Select[Any]:
+    """Per (queue, kind): done in the last minute and hour (a range on jobs_finished_idx)."""
+    minute = jobs.c.finished_at >= _common.ago(60.0, now)
+    return (
+        sa.select(
+            jobs.c.queue,
+            jobs.c.kind,
+            sa.func.count().filter(minute).label("done_last_minute"),
+            sa.func.count().label("done_last_hour"),
+        )
+        .where(
+            jobs.c.status == _common.status(JobStatus.DONE),
+            jobs.c.finished_at >= _common.ago(3600.0, now),
+        )
+        .group_by(jobs.c.queue, jobs.c.kind)
+    )
+
+
+def _jobs_regclass() -> sa.ColumnElement[Any]:
+    return sa.cast(sa.literal(jobs.name, sa.Text), REGCLASS)
+
+
+def stats_table() -> sa.Select[Any]:
+    """Size and bloat of the jobs table: planner row estimate and pg_stat_user_tables."""
+    pg_class = sa.table("pg_class", sa.column("oid"), sa.column("reltuples", sa.Float))
+    user_tables = sa.table(
+        "pg_stat_user_tables",
+        sa.column("relid"),
+        sa.column("n_live_tup", sa.BigInteger),
+        sa.column("n_dead_tup", sa.BigInteger),
+        sa.column("last_vacuum", sa.DateTime(timezone=True)),
+        sa.column("last_autovacuum", sa.DateTime(timezone=True)),
+        sa.column("last_autoanalyze", sa.DateTime(timezone=True)),
+    )
+    return (
+        sa.select(
+            pg_class.c.reltuples,
+            user_tables.c.n_live_tup,
+            user_tables.c.n_dead_tup,
+            user_tables.c.last_vacuum,
+            user_tables.c.last_autovacuum,
+            user_tables.c.last_autoanalyze,
+        )
+        .select_from(pg_class)
+        .join(user_tables, user_tables.c.relid == pg_class.c.oid)
+        .where(pg_class.c.oid == _jobs_regclass())
+    )
+
+
+def stats_status_estimates() -> sa.Select[Any]:
+    """The planner's status frequencies (pg_stats), to estimate totals without counting."""
+    pg_stats = sa.table(
+        "pg_stats",
+        sa.column("schemaname", sa.Text),
+        sa.column("tablename", sa.Text),
+        sa.column("attname", sa.Text),
+        sa.column("most_common_vals"),
+        sa.column("most_common_freqs", ARRAY(sa.Float)),
+    )
+    return sa.select(
+        sa.cast(sa.cast(pg_stats.c.most_common_vals, sa.Text), ARRAY(sa.Text)).label("vals"),
+        pg_stats.c.most_common_freqs.label("freqs"),
+    ).where(
+        pg_stats.c.schemaname == sa.func.current_schema(),
+        pg_stats.c.tablename == jobs.name,
+        pg_stats.c.attname == jobs.c.status.name,
+    )

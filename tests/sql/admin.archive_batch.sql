@@ -1,0 +1,45 @@
+WITH picked AS MATERIALIZED
+  (SELECT jobs.id AS id
+   FROM jobs
+   WHERE jobs.status = 'done'::job_status
+     AND jobs.finished_at < now() - interval '1 second' * %(done_age)s
+     OR jobs.status IN ('dead'::job_status,
+                        'cancelled'::job_status)
+     AND jobs.finished_at < now() - interval '1 second' * %(dead_age)s
+   LIMIT %(batch)s::INTEGER
+   FOR UPDATE SKIP LOCKED), moved AS
+  (DELETE
+   FROM jobs USING picked
+   WHERE jobs.id = picked.id RETURNING jobs.id,
+                                       jobs.kind,
+                                       jobs.queue,
+                                       jobs.priority,
+                                       jobs.payload,
+                                       jobs.status,
+                                       jobs.run_at,
+                                       jobs.locked_until,
+                                       jobs.attempts,
+                                       jobs.max_attempts,
+                                       jobs.idempotency_key,
+                                       jobs.worker,
+                                       jobs.last_error,
+                                       jobs.created_at,
+                                       jobs.finished_at)
+INSERT INTO jobs_archive (id, kind, queue, priority, payload, status, run_at, locked_until, attempts, max_attempts, idempotency_key, worker, last_error, created_at, finished_at, archived_at)
+SELECT moved.id,
+       moved.kind,
+       moved.queue,
+       moved.priority,
+       moved.payload,
+       moved.status,
+       moved.run_at,
+       moved.locked_until,
+       moved.attempts,
+       moved.max_attempts,
+       moved.idempotency_key,
+       moved.worker,
+       moved.last_error,
+       moved.created_at,
+       moved.finished_at,
+       now() AS now_1
+FROM moved RETURNING jobs_archive.id;

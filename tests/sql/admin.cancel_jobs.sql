@@ -1,0 +1,14 @@
+WITH picked AS MATERIALIZED
+  (SELECT jobs.id AS id
+   FROM jobs
+   WHERE jobs.status IN ('queued'::job_status)
+     AND jobs.kind = %(kind)s::VARCHAR
+     FOR
+     UPDATE SKIP LOCKED)
+UPDATE jobs
+SET status='cancelled'::job_status,
+    locked_until=%(locked_until)s::TIMESTAMP WITH TIME ZONE,
+                                                       finished_at=now()
+FROM picked
+WHERE jobs.id = picked.id
+  AND jobs.status = 'queued'::job_status RETURNING jobs.id;

@@ -1,0 +1,23 @@
+SELECT jobs.id,
+       jobs.kind,
+       jobs.queue,
+       jobs.priority,
+       jobs.payload,
+       jobs.status,
+       jobs.run_at,
+       jobs.locked_until,
+       jobs.attempts,
+       jobs.max_attempts,
+       jobs.idempotency_key,
+       jobs.worker,
+       jobs.last_error,
+       jobs.created_at,
+       jobs.finished_at
+FROM jobs
+WHERE jobs.status IN ('dead'::job_status)
+  AND jobs.kind = %(kind)s::VARCHAR
+  AND jobs.queue = %(queue)s::VARCHAR
+  AND jobs.created_at < now() - interval '1 second' * %(older_than)s
+  AND jobs.id > %(after_id)s::BIGINT
+ORDER BY jobs.id
+LIMIT %(limit)s::INTEGER;

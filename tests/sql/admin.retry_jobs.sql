@@ -1,0 +1,16 @@
+WITH picked AS MATERIALIZED
+  (SELECT jobs.id AS id
+   FROM jobs
+   WHERE jobs.id = ANY (%(param_1)s::BIGINT[])
+     AND jobs.status IN ('dead'::job_status)
+     FOR
+     UPDATE SKIP LOCKED)
+UPDATE jobs
+SET status='queued'::job_status,
+    run_at=now(),
+    locked_until=%(locked_until)s::TIMESTAMP WITH TIME ZONE,
+                                                       attempts=%(attempts)s::INTEGER,
+                                                       worker=%(worker)s::VARCHAR,
+                                                       finished_at=%(finished_at)s::TIMESTAMP WITH TIME ZONE
+FROM picked
+WHERE jobs.id = picked.id RETURNING jobs.id;

@@ -1,0 +1,8 @@
+UPDATE jobs
+SET status='done'::job_status,
+    locked_until=NULL,
+    finished_at=now()
+WHERE jobs.id = %(job_id)s::BIGINT
+  AND jobs.attempts = %(attempt)s::INTEGER
+  AND CAST(jobs.status AS TEXT) = 'running'
+  AND jobs.worker = %(fence_worker)s::VARCHAR;

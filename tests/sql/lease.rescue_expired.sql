@@ -1,0 +1,25 @@
+WITH expired AS MATERIALIZED
+  (SELECT jobs.id AS id
+   FROM jobs
+   WHERE jobs.status = 'running'::job_status
+     AND jobs.locked_until < now()
+   ORDER BY jobs.locked_until
+   LIMIT %(param_1)s::INTEGER
+   FOR UPDATE SKIP LOCKED)
+UPDATE jobs
+SET status=CASE
+               WHEN (jobs.attempts >= jobs.max_attempts) THEN 'dead'::job_status
+               ELSE 'queued'::job_status
+           END,
+           run_at=now(),
+           locked_until=%(locked_until)s::TIMESTAMP WITH TIME ZONE,
+                                                              last_error=concat(%(concat_1)s::VARCHAR, jobs.attempts, %(concat_2)s::VARCHAR, jobs.max_attempts, %(concat_3)s::VARCHAR, coalesce(jobs.worker, %(coalesce_1)s::VARCHAR), %(concat_4)s::VARCHAR),
+                                                              finished_at=CASE
+                                                                              WHEN (jobs.attempts >= jobs.max_attempts) THEN now()
+                                                                          END
+FROM expired
+WHERE jobs.id = expired.id RETURNING jobs.id,
+                                     jobs.kind,
+                                     jobs.status,
+                                     jobs.attempts,
+                                     jobs.worker;

@@ -1,0 +1,9 @@
+SELECT jobs.queue,
+       jobs.kind,
+       count(*) AS running,
+       count(*) FILTER (
+                        WHERE jobs.locked_until < now()) AS expired
+FROM jobs
+WHERE jobs.status = 'running'::job_status
+GROUP BY jobs.queue,
+         jobs.kind;

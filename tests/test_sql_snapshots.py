@@ -1,0 +1,109 @@
+"""The compiled SQL of every statement builder, kept as text in ``tests/sql/``.
+
+A change to any statement shows up in review as a diff of plain SQL, and this test fails
+until the snapshot is updated on purpose: ``SQLA_JOBS_UPDATE_SQL=1 pytest
+tests/test_sql_snapshots.py`` rewrites the files; review them with ``git diff tests/sql``.
+Every public builder in ``sqla_jobs.sql`` must have a case here (a test checks that too).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+import sqlparse
+from sqlalchemy.engine import make_url
+
+from sqla_jobs.models import JobStatus
+from sqla_jobs.sql import admin, enqueue, lease, locks, schema, stats
+
+SNAPSHOTS = Path(__file__).with_name("sql")
+MODULES = (enqueue, lease, admin, stats, locks, schema)
+#: Functions in the statement modules that run statements instead of building one.
+NOT_BUILDERS = {"schema.check_schema"}
+
+LEASES = [(1, 1), (2, 3)]
+DIALECT = make_url("postgresql+psycopg://").get_dialect()()
+CASES: dict[str, Callable[[], Any]] = {
+    "enqueue.insert_job": lambda: enqueue.insert_job(
+        has_run_at=False, has_delay=True, columns=["queue", "idempotency_key"]
+    ),
+    "enqueue.insert_jobs_json": lambda: enqueue.insert_jobs_json(with_keys=True),
+    "lease.claim": lambda: lease.claim(
+        worker="w", lock_seconds=30, queues=["default"], kinds=["a"], limit=10
+    ),
+    "lease.complete": lambda: lease.complete(worker="w", leases=LEASES),
+    "lease.complete_one": lambda: lease.complete_one(worker="w", job_id=1, attempt=1),
+    "lease.retry": lambda: lease.retry(
+        worker="w", job_id=1, attempt=1, delay_seconds=2.0, error="boom"
+    ),
+    "lease.heartbeat": lambda: lease.heartbeat(worker="w", leases=LEASES, lock_seconds=30),
+    "lease.release": lambda: lease.release(worker="w", leases=LEASES),
+    "lease.rescue_expired": lambda: lease.rescue_expired(),
+    "admin.list_jobs": lambda: admin.list_jobs(
+        statuses=[JobStatus.DEAD], kind="a", queue="q", older_than=60, limit=50, after_id=7
+    ),
+    "admin.get_job": lambda: admin.get_job(1),
+    "admin.retry_jobs": lambda: admin.retry_jobs(statuses=[JobStatus.DEAD], ids=[1, 2]),
+    "admin.cancel_jobs": lambda: admin.cancel_jobs(kind="a"),
+    "admin.delete_jobs": lambda: admin.delete_jobs(statuses=[JobStatus.DONE], queue="q"),
+    "admin.archive_batch": lambda: admin.archive_batch(
+        done_older_than=60, dead_older_than=3600, batch=1000
+    ),
+    "admin.prune_batch": lambda: admin.prune_batch(older_than=86400, batch=1000),
+    "admin.queues_of_kinds": lambda: admin.queues_of_kinds(["a", "b"]),
+    "admin.pending_count": lambda: admin.pending_count(["a"], ["default"]),
+    "stats.stats_now": lambda: stats.stats_now(),
+    "stats.stats_queued": lambda: stats.stats_queued(),
+    "stats.stats_running": lambda: stats.stats_running(),
+    "stats.stats_dead": lambda: stats.stats_dead(),
+    "stats.stats_done_recent": lambda: stats.stats_done_recent(),
+    "stats.stats_table": lambda: stats.stats_table(),
+    "stats.stats_status_estimates": lambda: stats.stats_status_estimates(),
+    "locks.try_advisory_lock": lambda: locks.try_advisory_lock(locks.ARCHIVE_LOCK_KEY),
+    "locks.advisory_unlock": lambda: locks.advisory_unlock(locks.ARCHIVE_LOCK_KEY),
+    "locks.idle_flag": lambda: locks.idle_flag(raise_=True),
+    "schema.archive_probe": lambda: schema.archive_probe(),
+    "schema.schema_probe": lambda: schema.schema_probe(),
+    "schema.status_values": lambda: schema.status_values(),
+}
+
+
+def _compiled(stmt: sa.ClauseElement) -> str:
+    compiled = stmt.compile(dialect=DIALECT)
+    # Indented by sqlparse for the reader only; what is compared is the whole text.
+    return f"{sqlparse.format(str(compiled).strip(), reindent=True)};\n"
+
+
+def _builders() -> set[str]:
+    found = set()
+    for module in MODULES:
+        short = module.__name__.rsplit(".", 1)[1]
+        for name, fn in vars(module).items():
+            if name.startswith("_") or not inspect.isfunction(fn):
+                continue
+            if fn.__module__ == module.__name__:
+                found.add(f"{short}.{name}")
+    return found - NOT_BUILDERS
+
+
+def test_every_statement_builder_has_a_snapshot_case() -> None:
+    assert _builders() == set(CASES)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_compiled_sql_matches_its_snapshot(name: str) -> None:
+    text = _compiled(CASES[name]())
+    path = SNAPSHOTS / f"{name}.sql"
+    if os.environ.get("SQLA_JOBS_UPDATE_SQL"):
+        path.write_text(text)
+    assert path.exists(), f"no snapshot {path.name}; run with SQLA_JOBS_UPDATE_SQL=1"
+    assert text == path.read_text(), (
+        f"{name} compiles to different SQL than tests/sql/{path.name}; if intended, "
+        "rerun with SQLA_JOBS_UPDATE_SQL=1 and review git diff tests/sql"
+    )
