@@ -10,6 +10,7 @@ import typing as _typing
 from sqla_jobs.config import WorkerConfig
 from sqla_jobs.exceptions import (
     ConfigError,
+    HandlerTransactionError,
     InvalidJobError,
     JobNotFoundError,
     RegistryError,
@@ -30,6 +31,7 @@ __all__ = [
     "Base",
     "ConfigError",
     "Handler",
+    "HandlerTransactionError",
     "InvalidJobError",
     "Job",
     "JobArchive",

@@ -89,8 +89,9 @@ def worker_parser(prog: str = "python -m sqla_jobs.worker") -> argparse.Argument
     )
     p.add_argument(
         "--queues",
-        default=",".join(config_mod.DEFAULT_QUEUES),
-        help="comma-separated queues to claim from; default %(default)s",
+        default=None,
+        help="comma-separated queues to claim from; default: 'default' plus every queue "
+        "the app's handlers declare",
     )
     p.add_argument(
         "--lock-seconds",
@@ -174,7 +175,9 @@ def _build_config(args: argparse.Namespace) -> config_mod.WorkerConfig:
     return config_mod.WorkerConfig(
         database_url=_url_arg(args),
         concurrency=args.concurrency,
-        queues=tuple(q.strip() for q in args.queues.split(",") if q.strip()),
+        queues=None
+        if args.queues is None
+        else tuple(q.strip() for q in args.queues.split(",") if q.strip()),
         lock_seconds=args.lock_seconds,
         poll_interval=args.poll_interval,
         shutdown_timeout=args.shutdown_timeout,
@@ -391,6 +394,11 @@ def _stats_text(s: Any) -> str:
     ]
     if s.unknown_kinds:
         lines.append(f"unknown kinds (no handler in the app): {', '.join(s.unknown_kinds)}")
+    if s.unserved_queues:
+        lines.append(
+            "ready jobs in queues no handler of the app declares (a worker serves them only "
+            f"with --queues): {', '.join(s.unserved_queues)}"
+        )
     return "\n".join(lines)
 
 

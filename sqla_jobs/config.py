@@ -6,7 +6,7 @@ so a ``WorkerConfig`` means the same thing wherever it is built.
 
 from __future__ import annotations
 
-import math
+import dataclasses
 import os
 import re
 import socket
@@ -65,12 +65,8 @@ def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _positive(name: str, value: float, minimum: float = 0.0, allow_zero: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ConfigError(f"{name} must be a finite number, got {value!r}")
-    if value < minimum or (value == minimum and not allow_zero and minimum == 0):
-        raise ConfigError(f"{name} must be {'>=' if allow_zero else '>'} {minimum}, got {value}")
-    return float(value)
+def _positive(name: str, value: float, allow_zero: bool = False) -> float:
+    return validation.number(name, value, allow_minimum=allow_zero, error=ConfigError)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,7 +77,8 @@ class WorkerConfig:
         database_url: where the jobs table lives (``postgresql://`` or ``+psycopg``).
         concurrency: handlers run at once, each in a thread with its own connection.
             Defaults to 1.
-        queues: queues this worker claims from. Defaults to ``("default",)``.
+        queues: queues this worker claims from. Defaults to None: ``default`` plus
+            every queue a handler of the worker's registry declares (``queue=...``).
         lock_seconds: visibility timeout of a claim; heartbeats renew it every third.
             Defaults to 30.
         poll_interval: longest idle wait between claims when no notification arrives.
@@ -114,7 +111,7 @@ class WorkerConfig:
 
     database_url: str
     concurrency: int = DEFAULT_CONCURRENCY
-    queues: tuple[str, ...] = DEFAULT_QUEUES
+    queues: tuple[str, ...] | None = None
     lock_seconds: float = DEFAULT_LOCK_SECONDS
     poll_interval: float = DEFAULT_POLL_INTERVAL
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT
@@ -128,24 +125,16 @@ class WorkerConfig:
 
     def __post_init__(self) -> None:
         database_url(self.database_url)
-        if isinstance(self.concurrency, bool) or not isinstance(self.concurrency, int):
-            raise ConfigError(f"concurrency must be an int, got {self.concurrency!r}")
-        if not 1 <= self.concurrency <= MAX_CONCURRENCY:
-            raise ConfigError(f"concurrency must be between 1 and {MAX_CONCURRENCY}")
-        if isinstance(self.queues, str) or not self.queues:
-            raise ConfigError("queues must be a non-empty sequence of queue names")
-        try:
-            object.__setattr__(
-                self, "queues", tuple(dict.fromkeys(validation.check_queue(q) for q in self.queues))
-            )
-        except InvalidJobError as exc:
-            raise ConfigError(str(exc)) from None
+        validation.integer(
+            "concurrency", self.concurrency, minimum=1, maximum=MAX_CONCURRENCY, error=ConfigError
+        )
+        if self.queues is not None:
+            self._check_queues(self.queues)
         if _positive("lock_seconds", self.lock_seconds) < MIN_LOCK_SECONDS:
             raise ConfigError(f"lock_seconds must be >= {MIN_LOCK_SECONDS}")
-        if isinstance(self.prefetch, bool) or not isinstance(self.prefetch, int):
-            raise ConfigError(f"prefetch must be an int, got {self.prefetch!r}")
-        if not 0 <= self.prefetch <= MAX_PREFETCH:
-            raise ConfigError(f"prefetch must be between 0 and {MAX_PREFETCH}")
+        validation.integer(
+            "prefetch", self.prefetch, minimum=0, maximum=MAX_PREFETCH, error=ConfigError
+        )
         _positive("poll_interval", self.poll_interval)
         _positive("shutdown_timeout", self.shutdown_timeout, allow_zero=True)
         _positive("rescue_interval", self.rescue_interval)
@@ -154,6 +143,24 @@ class WorkerConfig:
         _positive("archive_older_than", self.archive_older_than, allow_zero=True)
         if not isinstance(self.worker_id, str) or not self.worker_id or "\x00" in self.worker_id:
             raise ConfigError("worker_id must be a non-empty string without NUL characters")
+
+    def _check_queues(self, queues: object) -> None:
+        if isinstance(queues, str) or not isinstance(queues, (tuple, list)) or not queues:
+            raise ConfigError("queues must be a non-empty sequence of queue names")
+        try:
+            checked = tuple(dict.fromkeys(validation.check_queue(q) for q in queues))
+        except InvalidJobError as exc:
+            raise ConfigError(str(exc)) from None
+        object.__setattr__(self, "queues", checked)
+
+    def with_queues(self, queues: tuple[str, ...]) -> WorkerConfig:
+        """This config with ``queues`` resolved (the worker's queues when None)."""
+        return dataclasses.replace(self, queues=queues)
+
+    @property
+    def served_queues(self) -> tuple[str, ...]:
+        """The queues, once resolved by the worker (``default`` before that)."""
+        return self.queues if self.queues is not None else DEFAULT_QUEUES
 
     @property
     def url(self) -> URL:

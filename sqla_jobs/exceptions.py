@@ -5,6 +5,7 @@
      ├── ConfigError              (also ValueError)   bad worker/CLI configuration
      ├── RegistryError                                handler registration or app loading failed
      ├── SchemaNotReadyError                          the jobs table is missing or not migrated
+     ├── HandlerTransactionError                      a handler tried to end its job's transaction
      └── JobNotFoundError         (also LookupError)  no job has the given id
 
 Every error is raised at the boundary where the bad value enters, before anything is
@@ -36,3 +37,16 @@ class SchemaNotReadyError(SqlaJobsError):
 
 class JobNotFoundError(SqlaJobsError, LookupError):
     """No job has the given id."""
+
+
+class HandlerTransactionError(SqlaJobsError):
+    """A handler tried to end the transaction the worker gave it.
+
+    The worker owns the handler's transaction: it commits the handler's writes together
+    with the done-mark, so that a job is never marked done without its effects (or the
+    other way round). Committing, rolling back the connection, beginning or closing it,
+    ``session.begin()`` as a block, ``session.close()``, or SQL text such as ``COMMIT``
+    are refused with this error; the attempt is recorded as failed and every write it
+    made is rolled back. ``session.rollback()`` (discard the writes so far) and
+    ``session.begin_nested()`` (a SAVEPOINT) stay allowed.
+    """

@@ -32,11 +32,11 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session
 
-from sqla_jobs import ops
+from sqla_jobs import ops, validation
 from sqla_jobs.exceptions import ConfigError
 
 if TYPE_CHECKING:
-    from sqla_jobs.worker import Claimed, Worker
+    from sqla_jobs.worker import Worker, WorkerEvent
 
 log = logging.getLogger("sqla_jobs.metrics")
 
@@ -104,14 +104,18 @@ class Metrics:
             "sqla_jobs_table_live_tuples", "n_live_tup of the jobs table.", registry=self.registry
         )
 
-    def on_event(self, event: str, job: Claimed, duration: float) -> None:
-        """The worker's ``on_event`` hook."""
-        self.duration.labels(job.kind).observe(duration)
-        if event == "done":
-            self.succeeded.labels(job.queue, job.kind).inc()
+    def on_event(self, event: WorkerEvent) -> None:
+        """Subscribed to the worker's events (``Worker.subscribe``)."""
+        outcome = event.outcome.value  # a str enum: no import of the worker needed here
+        if outcome not in ("done", "retry", "dead"):
+            return  # lost and released attempts ran no handler to its recorded end
+        self.duration.labels(event.kind).observe(event.duration)
+        labels = (event.queue, event.kind)
+        if outcome == "done":
+            self.succeeded.labels(*labels).inc()
             return
-        self.failed.labels(job.queue, job.kind).inc()
-        (self.dead if event == "dead" else self.retried).labels(job.queue, job.kind).inc()
+        self.failed.labels(*labels).inc()
+        (self.dead if outcome == "dead" else self.retried).labels(*labels).inc()
 
     def refresh(self, session: Session) -> None:
         """Set the queue gauges from one :func:`sqla_jobs.ops.stats` snapshot."""
@@ -133,16 +137,14 @@ def serve(
 
     Raises ConfigError if prometheus-client is missing or the port cannot be bound.
     """
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
-        raise ConfigError(f"metrics port must be between 0 and 65535, got {port!r}")
-    if not refresh > 0:
-        raise ConfigError(f"metrics refresh must be > 0, got {refresh!r}")
+    validation.integer("metrics port", port, minimum=0, maximum=65535, error=ConfigError)
+    validation.number("metrics refresh", refresh, allow_minimum=False, error=ConfigError)
     metrics = Metrics()
     try:
         metrics.client.start_http_server(port, addr=addr, registry=metrics.registry)
     except OSError as exc:
         raise ConfigError(f"cannot serve metrics on {addr}:{port}: {exc.strerror}") from None
-    worker.on_event = metrics.on_event
+    worker.subscribe(metrics.on_event)
 
     def refresh_loop() -> None:
         while True:

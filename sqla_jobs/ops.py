@@ -49,6 +49,7 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session
 
+from sqla_jobs import validation
 from sqla_jobs.exceptions import ConfigError, JobNotFoundError, SchemaNotReadyError
 from sqla_jobs.models import JobStatus
 from sqla_jobs.sql import admin, schema
@@ -78,14 +79,7 @@ def parse_duration(text: str) -> timedelta:
 
 
 def _seconds(name: str, value: timedelta | None, *, allow_zero: bool = True) -> float | None:
-    if value is None:
-        return None
-    if not isinstance(value, timedelta):
-        raise ConfigError(f"{name} must be a timedelta, got {type(value).__name__}")
-    seconds = value.total_seconds()
-    if seconds < 0 or (seconds == 0 and not allow_zero):
-        raise ConfigError(f"{name} must be {'>=' if allow_zero else '>'} 0, got {value}")
-    return seconds
+    return validation.seconds(name, value, numbers=False, allow_zero=allow_zero, error=ConfigError)
 
 
 def _status(value: JobStatus | str) -> JobStatus:
@@ -97,21 +91,11 @@ def _status(value: JobStatus | str) -> JobStatus:
 
 
 def _positive_int(name: str, value: int, maximum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-    if maximum is not None and value > maximum:
-        raise ConfigError(f"{name} must be at most {maximum}, got {value}")
-    return value
+    return validation.integer(name, value, minimum=1, maximum=maximum, error=ConfigError)
 
 
 def _ids(ids: Sequence[int] | None) -> list[int] | None:
-    if ids is None:
-        return None
-    if isinstance(ids, (str, bytes)) or any(
-        isinstance(i, bool) or not isinstance(i, int) for i in ids
-    ):
-        raise ConfigError(f"ids must be a sequence of integers, got {ids!r}")
-    return list(ids)
+    return validation.ids("ids", ids, error=ConfigError)
 
 
 # --- schema -------------------------------------------------------------------------
@@ -172,7 +156,9 @@ class Stats:
     ``by_kind`` has one entry per (queue, kind) that has anything queued, running, dead,
     cancelled, or done in the last hour, sorted. ``unknown_kinds`` lists kinds among
     those that the registry given to :func:`stats` has no handler for (queued jobs of
-    such a kind are never claimed).
+    such a kind are never claimed); ``unserved_queues``, queues holding ready jobs that
+    no handler of that registry declares (a worker started without ``--queues`` does not
+    claim from them).
     """
 
     taken_at: datetime
@@ -180,6 +166,7 @@ class Stats:
     total: KindStats
     table: TableStats
     unknown_kinds: tuple[str, ...] = ()
+    unserved_queues: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: datetimes as ISO 8601 text."""
@@ -256,10 +243,18 @@ def stats(session: Session, registry: Registry | None = None) -> Stats:
         **{name: sum(getattr(k, name) for k in by_kind) for name in _COUNTS},
     )
     unknown: tuple[str, ...] = ()
+    unserved: tuple[str, ...] = ()
     if registry is not None:
         unknown = tuple(sorted({k.kind for k in by_kind} - set(registry.kinds)))
+        ready_in = {k.queue for k in by_kind if k.ready}
+        unserved = tuple(sorted(ready_in - set(registry.queues())))
     return Stats(
-        taken_at=taken_at, by_kind=by_kind, total=total, table=table, unknown_kinds=unknown
+        taken_at=taken_at,
+        by_kind=by_kind,
+        total=total,
+        table=table,
+        unknown_kinds=unknown,
+        unserved_queues=unserved,
     )
 
 
@@ -351,9 +346,7 @@ def list_jobs(
 
 
 def _non_negative_id(value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(f"after_id must be a non-negative integer, got {value!r}")
-    return value
+    return validation.integer("after_id", value, minimum=0, error=ConfigError)
 
 
 def _statuses(

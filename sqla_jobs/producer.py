@@ -12,16 +12,19 @@ Every value is checked before any SQL runs, so a bad job raises
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+import psycopg
 from sqlalchemy import Connection, CursorResult
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
 from sqla_jobs import validation
-from sqla_jobs.exceptions import InvalidJobError
+from sqla_jobs.exceptions import InvalidJobError, SchemaNotReadyError
 from sqla_jobs.models import Job
 from sqla_jobs.sql import enqueue as enqueue_sql
 
@@ -130,6 +133,21 @@ def _driver_call(
     return sql, merged if positions is None else tuple(merged[name] for name in positions)
 
 
+@contextmanager
+def _schema_errors() -> Iterator[None]:
+    """A missing jobs table says what to do, as the worker and CLI do."""
+    try:
+        yield
+    except sa_exc.ProgrammingError as exc:
+        if isinstance(exc.orig, psycopg.errors.UndefinedTable):
+            raise SchemaNotReadyError(
+                "cannot enqueue: the jobs table does not exist in this database; run "
+                "`alembic upgrade head` (or `alembic upgrade heads` in your app) first "
+                f"({str(exc.orig).strip()})"
+            ) from exc
+        raise
+
+
 def _execute(
     session: Executor, shape: tuple[Any, ...], params: dict[str, Any]
 ) -> CursorResult[Any]:
@@ -140,7 +158,8 @@ def _execute(
         conn = session.connection(bind_arguments={"mapper": Job, "clause": stmt})
     else:
         conn = session
-    return conn.exec_driver_sql(*_driver_call(conn.dialect, shape, stmt, params))
+    with _schema_errors():
+        return conn.exec_driver_sql(*_driver_call(conn.dialect, shape, stmt, params))
 
 
 def enqueue(
@@ -195,7 +214,8 @@ async def enqueue_async(
         conn = await session.connection(bind_arguments={"mapper": Job, "clause": stmt})
     else:
         conn = session
-    result = await conn.exec_driver_sql(*_driver_call(conn.dialect, shape, stmt, params))
+    with _schema_errors():
+        result = await conn.exec_driver_sql(*_driver_call(conn.dialect, shape, stmt, params))
     return result.scalar_one_or_none()
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from sqla_jobs import validation
 from sqla_jobs.exceptions import ConfigError
 
 DEFAULT_BASE = 2.0
@@ -27,9 +28,7 @@ class Backoff:
 
     def __post_init__(self) -> None:
         for name in ("base", "cap"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-                raise ConfigError(f"backoff {name} must be a number >= 0, got {value!r}")
+            validation.number(f"backoff {name}", getattr(self, name), error=ConfigError)
 
     def ceiling(self, attempt: int) -> float:
         """Upper bound of the delay after failed attempt ``attempt`` (1-based)."""

@@ -30,6 +30,7 @@ from sqlalchemy.orm import Session
 
 from sqla_jobs import producer, validation
 from sqla_jobs.exceptions import InvalidJobError, RegistryError
+from sqla_jobs.models import DEFAULT_QUEUE
 from sqla_jobs.retry import Backoff
 
 R = TypeVar("R")
@@ -88,7 +89,7 @@ class Handler(Generic[R]):
             raise RegistryError(f"handler {kind!r} is not callable")
         self.fn = fn
         self.backoff = backoff or Backoff()
-        self.wants_job = _takes_job_argument(fn)
+        self.wants_job = _takes_job_argument(self.kind, fn)
 
     def __call__(self, session: Session, payload: Mapping[str, Any], job: JobContext) -> R:
         token = _current.set(job)
@@ -136,23 +137,31 @@ class Handler(Generic[R]):
         return f"<Handler {self.kind!r} -> {getattr(self.fn, '__qualname__', self.fn)!r}>"
 
 
-def _takes_job_argument(fn: Callable[..., Any]) -> bool:
-    try:
-        params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):
-        return False
-    positional = [
-        p
-        for p in params
-        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    ]
-    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params):
-        return True
-    if len(positional) < 2:
+def _takes_job_argument(kind: str, fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` wants ``job`` too; RegistryError unless it can be called as a handler."""
+    name = getattr(fn, "__qualname__", repr(fn))
+    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004 (a callable object's async __call__)
+    ):
         raise RegistryError(
-            f"handler {getattr(fn, '__qualname__', fn)!r} must accept (session, payload[, job])"
+            f"handler {kind!r} ({name}) is an async def function; sqla_jobs runs `def` "
+            "handlers only: write it as a plain def (it runs on a worker thread)"
         )
-    return len(positional) >= 3
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return False  # a builtin without a signature: trust it with (session, payload)
+    for wants_job, args in ((True, ("session", "payload", "job")), (False, ("session", "payload"))):
+        try:
+            signature.bind(*args)
+        except TypeError:
+            continue
+        return wants_job
+    raise RegistryError(
+        f"handler {kind!r} ({name}{signature}) cannot be called as (session, payload) or "
+        "(session, payload, job): write it as def handler(session, payload) or "
+        "def handler(session, payload, job)"
+    )
 
 
 class Registry:
@@ -171,6 +180,11 @@ class Registry:
         backoff: Backoff | None = None,
     ) -> Callable[[Callable[..., R]], Handler[R]]:
         """Decorator registering ``fn(session, payload[, job])`` for ``kind``."""
+        if not isinstance(kind, str):
+            raise RegistryError(
+                'registry.handler needs the job\'s kind: write @registry.handler("kind"), '
+                f"not @registry.handler (got {getattr(kind, '__qualname__', kind)!r})"
+            )
 
         def register(fn: Callable[..., R]) -> Handler[R]:
             return self.register(
@@ -213,6 +227,15 @@ class Registry:
     def kinds(self) -> tuple[str, ...]:
         return tuple(sorted(self._handlers))
 
+    def queues(self) -> tuple[str, ...]:
+        """``default`` plus every queue a handler declares: what a worker serves by default."""
+        declared = {h.queue for h in self._handlers.values() if h.queue is not None}
+        return (DEFAULT_QUEUE, *sorted(declared - {DEFAULT_QUEUE}))
+
+    def handlers(self) -> list[Handler[Any]]:
+        """The registered handlers, by kind."""
+        return [self._handlers[kind] for kind in sorted(self._handlers)]
+
 
 def load_registry(path: str) -> Registry:
     """Import ``"package.module:attribute"`` and return the Registry it names."""
@@ -223,7 +246,9 @@ def load_registry(path: str) -> Registry:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise RegistryError(f"cannot import {module_name!r}: {exc}") from None
-    registry = getattr(module, attr, None)
+    if not hasattr(module, attr):
+        raise RegistryError(f"module {module_name!r} has no attribute {attr!r} (in {path!r})")
+    registry = getattr(module, attr)
     if not isinstance(registry, Registry):
         raise RegistryError(f"{path!r} is not a sqla_jobs.Registry (got {type(registry).__name__})")
     if not len(registry):

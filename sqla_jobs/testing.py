@@ -180,7 +180,7 @@ def drain(
     thread = threading.Thread(target=worker.run, name="sqla_jobs-drain", daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout
-    stmt = admin.pending_count(list(registry.kinds), list(worker.config.queues))
+    stmt = admin.pending_count(list(registry.kinds), list(worker.queues))
     try:
         while True:
             with worker.engine.connect() as conn:

@@ -1,4 +1,5 @@
-"""Checks applied to every job before it is written.
+"""Checks of values where they enter: every job before it is written, and the numbers,
+durations and ids of the worker's configuration and the operators' commands.
 
 Both ways in (``enqueue``/``enqueue_many`` and ``session.add(Job(...))``) call these, so
 bad input is refused with :class:`~sqla_jobs.exceptions.InvalidJobError` before any SQL
@@ -16,7 +17,84 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqla_jobs.exceptions import InvalidJobError
+from sqla_jobs.exceptions import InvalidJobError, SqlaJobsError
+
+# --- numbers, durations and ids, for every entry point ----------------------------------
+#
+# ``error`` is the exception of the entry point: InvalidJobError at enqueue, ConfigError
+# for the worker's settings and the operators' commands.
+
+
+def integer(
+    name: str,
+    value: object,
+    *,
+    minimum: int,
+    maximum: int | None = None,
+    error: type[SqlaJobsError] = InvalidJobError,
+) -> int:
+    """``value`` if it is an int (not a bool) within ``[minimum, maximum]``."""
+    if maximum is not None:
+        expected = f"between {minimum} and {maximum}"
+    else:
+        expected = {0: "a non-negative integer", 1: "a positive integer"}.get(
+            minimum, f"an integer >= {minimum}"
+        )
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise error(f"{name} must be {expected}, got {value!r}")
+    if value < minimum or (maximum is not None and value > maximum):
+        raise error(f"{name} must be {expected}, got {value}")
+    return value
+
+
+def number(
+    name: str,
+    value: object,
+    *,
+    minimum: float = 0.0,
+    allow_minimum: bool = True,
+    error: type[SqlaJobsError] = InvalidJobError,
+) -> float:
+    """``value`` as a float if it is a finite int or float (not a bool) above ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise error(f"{name} must be a finite number, got {value!r}")
+    if value < minimum or (value == minimum and not allow_minimum):
+        raise error(f"{name} must be {'>=' if allow_minimum else '>'} {minimum:g}, got {value}")
+    return float(value)
+
+
+def seconds(
+    name: str,
+    value: object,
+    *,
+    numbers: bool = True,
+    allow_zero: bool = True,
+    error: type[SqlaJobsError] = InvalidJobError,
+) -> float | None:
+    """A duration (a timedelta, or seconds when ``numbers``) as seconds >= 0; None stays None."""
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        return number(name, value.total_seconds(), allow_minimum=allow_zero, error=error)
+    if not numbers:
+        raise error(f"{name} must be a timedelta, got {type(value).__name__}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise error(f"{name} must be seconds or a timedelta, got {type(value).__name__}")
+    return number(name, value, allow_minimum=allow_zero, error=error)
+
+
+def ids(
+    name: str, values: object, *, error: type[SqlaJobsError] = InvalidJobError
+) -> list[int] | None:
+    """A sequence of job ids (non-negative ints) as a list; None stays None."""
+    if values is None:
+        return None
+    if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple, set, frozenset)):
+        raise error(f"{name} must be a sequence of integers, got {values!r}")
+    return [integer(f"each of {name}", v, minimum=0, error=error) for v in values]
+
+
+# --- jobs -------------------------------------------------------------------------------
 
 #: Largest accepted payload, measured as UTF-8 bytes of its JSON text.
 MAX_PAYLOAD_BYTES = 1_048_576
@@ -62,23 +140,11 @@ def check_queue(queue: object) -> str:
 
 
 def check_priority(priority: object) -> int:
-    if isinstance(priority, bool) or not isinstance(priority, int):
-        raise InvalidJobError(f"priority must be an int, got {type(priority).__name__}")
-    if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
-        raise InvalidJobError(
-            f"priority must be between {MIN_PRIORITY} and {MAX_PRIORITY}, got {priority}"
-        )
-    return priority
+    return integer("priority", priority, minimum=MIN_PRIORITY, maximum=MAX_PRIORITY)
 
 
 def check_max_attempts(max_attempts: object) -> int:
-    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
-        raise InvalidJobError(f"max_attempts must be an int, got {type(max_attempts).__name__}")
-    if not 1 <= max_attempts <= MAX_MAX_ATTEMPTS:
-        raise InvalidJobError(
-            f"max_attempts must be between 1 and {MAX_MAX_ATTEMPTS}, got {max_attempts}"
-        )
-    return max_attempts
+    return integer("max_attempts", max_attempts, minimum=1, maximum=MAX_MAX_ATTEMPTS)
 
 
 def check_run_at(run_at: object) -> datetime | None:
@@ -95,17 +161,7 @@ def check_run_at(run_at: object) -> datetime | None:
 
 
 def check_delay(delay: object) -> float | None:
-    if delay is None:
-        return None
-    if isinstance(delay, timedelta):
-        seconds = delay.total_seconds()
-    elif isinstance(delay, (int, float)) and not isinstance(delay, bool):
-        seconds = float(delay)
-    else:
-        raise InvalidJobError(f"delay must be seconds or a timedelta, got {type(delay).__name__}")
-    if not math.isfinite(seconds) or seconds < 0:
-        raise InvalidJobError(f"delay must be a finite number of seconds >= 0, got {delay!r}")
-    return seconds
+    return seconds("delay", delay)
 
 
 # One encoder, built once: json.dumps with any option builds a new one per call, which

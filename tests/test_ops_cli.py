@@ -168,7 +168,7 @@ def test_archive_and_prune_commands_move_and_delete_rows(engine: sa.Engine, db_u
     [
         (["list", "--status", "bogus"], "unknown status 'bogus'"),
         (["list", "--older-than", "7 days"], "invalid duration '7 days'"),
-        (["list", "--limit", "0"], "limit must be a positive integer"),
+        (["list", "--limit", "0"], "limit must be between 1 and 10000, got 0"),
         (["archive", "--older-than", "soon"], "invalid duration 'soon'"),
         (["archive"], "the following arguments are required: --older-than"),
         (["show", "424242"], "no job with id 424242"),

@@ -39,7 +39,7 @@ CASES: dict[str, Callable[[], Any]] = {
     ),
     "lease.complete": lambda: lease.complete(worker="w", leases=LEASES),
     "lease.complete_one": lambda: lease.complete_one(worker="w", job_id=1, attempt=1),
-    "lease.retry": lambda: lease.retry(
+    "lease.record_failure": lambda: lease.record_failure(
         worker="w", job_id=1, attempt=1, delay_seconds=2.0, error="boom"
     ),
     "lease.heartbeat": lambda: lease.heartbeat(worker="w", leases=LEASES, lock_seconds=30),

@@ -28,6 +28,7 @@ from sqla_jobs import (
     enqueue_many,
 )
 from sqla_jobs.sql import lease
+from sqla_jobs.worker import Phase
 
 
 @contextmanager
@@ -212,7 +213,9 @@ def test_completion_of_a_lost_claim_updates_nothing(engine: sa.Engine) -> None:
         stale = [
             lease.complete(worker="old", leases=[(job_id, 1)]),
             lease.heartbeat(worker="old", leases=[(job_id, 1)], lock_seconds=30),
-            lease.retry(worker="old", job_id=job_id, attempt=1, delay_seconds=0, error="x"),
+            lease.record_failure(
+                worker="old", job_id=job_id, attempt=1, delay_seconds=0, error="x"
+            ),
             lease.release(worker="old", leases=[(job_id, 1)]),
             lease.complete(worker="new", leases=[(job_id, 1)]),  # right worker, old attempt
         ]
@@ -244,7 +247,9 @@ def test_fenced_statements_probe_the_primary_key_even_with_stale_statistics(
     fenced = {
         "complete_one": lease.complete_one(worker="w", job_id=job_id, attempt=1),
         "complete": lease.complete(worker="w", leases=[(job_id, 1)]),
-        "retry": lease.retry(worker="w", job_id=job_id, attempt=1, delay_seconds=1, error="x"),
+        "retry": lease.record_failure(
+            worker="w", job_id=job_id, attempt=1, delay_seconds=1, error="x"
+        ),
         "heartbeat": lease.heartbeat(worker="w", leases=[(job_id, 1)], lock_seconds=30),
         "release": lease.release(worker="w", leases=[(job_id, 1)]),
     }
@@ -311,7 +316,7 @@ def test_base_exceptions_from_handlers_do_not_kill_the_worker(
             enqueue(s, "noop", {})
             s.commit()
         wait_for(lambda: status_counts(engine) == {"dead": 1, "done": 1})
-        assert not worker._stopping.is_set()
+        assert worker.lifecycle.phase is Phase.RUNNING
     assert scalar(engine, "SELECT count(*) FROM effects") == 0
 
 

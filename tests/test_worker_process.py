@@ -185,7 +185,7 @@ class SignalInsideWait(threading.Event):
 
 logging.basicConfig(level=logging.INFO, stream=sys.stdout)
 worker = Worker(registry, WorkerConfig(database_url=os.environ["DATABASE_URL"]))
-worker._wake = SignalInsideWait()
+worker._dispatcher._wake = SignalInsideWait()
 worker.run(install_signal_handlers=True)
 print("drained and stopped")
 """
@@ -241,7 +241,8 @@ def test_listen_wakes_an_idle_worker_without_waiting_for_the_poll(
     [
         (["nosuchmodule:registry"], {}, "cannot import 'nosuchmodule'"),
         (["jobapp"], {}, "must look like 'package.module:registry'"),
-        (["jobapp:nothing"], {}, "is not a sqla_jobs.Registry"),
+        (["jobapp:nothing"], {}, "module 'jobapp' has no attribute 'nothing'"),
+        (["jobapp:noop"], {}, "is not a sqla_jobs.Registry (got Handler)"),
         (["jobapp:registry", "--concurrency", "0"], {}, "concurrency must be between"),
         (["jobapp:registry", "--queues", "bad queue"], {}, "queue must match"),
         (["jobapp:registry"], {"DATABASE_URL": "mysql://x@localhost/db"}, "must be PostgreSQL"),

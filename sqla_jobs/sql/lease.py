@@ -171,7 +171,7 @@ def complete_one(*, worker: str, job_id: int, attempt: int, now: Now = None) -> 
     )
 
 
-def retry(
+def record_failure(
     *,
     worker: str,
     job_id: int,

@@ -1,0 +1,292 @@
+"""The completer: records each attempt's outcome in the database, fenced.
+
+* a handler that wrote: its done-mark in the handler's own transaction, then commit
+  (:meth:`Completer.complete_in`, on the handler's thread);
+* a handler that wrote nothing: done-marks in batches (:meth:`complete_later`, written
+  by the completer's own thread);
+* a failed attempt: queued again after the handler's backoff, or dead at its last
+  attempt (:meth:`fail`); a retry due before the next poll sets the dispatcher's timer;
+* a job claimed but never started (shutdown): queued again, attempt not spent
+  (:meth:`release`).
+
+Every statement is fenced on ``(id, attempt, worker, status running)``; a claim found
+lost is logged here, in :meth:`_lost`, and nowhere else. Each outcome is emitted as a
+:class:`~sqla_jobs.worker.WorkerEvent`.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+import traceback
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+
+from sqla_jobs.config import WorkerConfig
+from sqla_jobs.models import JobStatus
+from sqla_jobs.sql import lease
+from sqla_jobs.tasks import Registry
+from sqla_jobs.worker import _db
+from sqla_jobs.worker._events import Events, Outcome, WorkerEvent
+from sqla_jobs.worker._inflight import Attempt, Claimed, Inflight, State
+from sqla_jobs.worker._session import HandlerSession
+
+log = logging.getLogger("sqla_jobs.worker")
+
+#: last_error keeps this much of the traceback (characters, from the end).
+MAX_TRACEBACK_CHARS = 4_000
+#: Largest batch the completer marks done in one statement.
+COMPLETE_BATCH = 1_000
+#: Tries of a batch done-mark before its jobs are left to their leases.
+BATCH_TRIES = 5
+
+
+def describe(exc: BaseException) -> str:
+    """``Type: message`` plus the end of the traceback, NUL-free, for ``last_error``."""
+    head = f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}"
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    if len(tb) > MAX_TRACEBACK_CHARS:
+        tb = "...\n" + tb[-MAX_TRACEBACK_CHARS:]
+    return f"{head}\n\n{tb}".replace("\x00", "")
+
+
+def fields(job: Claimed, **more: Any) -> dict[str, Any]:
+    """The structured log fields of a job."""
+    return {"job_id": job.id, "kind": job.kind, "attempt": job.attempt, **more}
+
+
+class Completer:
+    """Applies outcomes; owns the batch of no-op done-marks and its thread."""
+
+    def __init__(
+        self,
+        engine: sa.Engine,
+        config: WorkerConfig,
+        registry: Registry,
+        ledger: Inflight,
+        events: Events,
+        wake_at: Callable[[float], None],
+    ) -> None:
+        self.engine = engine
+        self.config = config
+        self.registry = registry
+        self.ledger = ledger
+        self.events = events
+        self.wake_at = wake_at
+        self._complete_sql = _db.compile_statement(
+            engine, lease.complete(worker=config.worker_id, leases=[])
+        )
+        self._complete_one_sql = _db.compile_statement(
+            engine, lease.complete_one(worker=config.worker_id, job_id=0, attempt=0)
+        )
+        self._batch: queue.SimpleQueue[Attempt | None] = queue.SimpleQueue()
+
+    # --- on the handler's thread -------------------------------------------------------
+
+    def complete_in(self, session: HandlerSession, attempt: Attempt) -> Outcome:
+        """Done-mark in the handler's transaction and commit; rolled back if the claim was lost."""
+        job = attempt.job
+        self.ledger.move(job, State.SETTLING)
+        try:
+            sql, params = self._complete_one_sql
+            # Prepared (unlike the other fenced statements): its scalar fence makes the
+            # generic plan a primary-key probe, and it runs once per job that wrote.
+            done = _db.count(
+                session.connection(),
+                sql,
+                {**params, "job_id": job.id, "attempt": job.attempt},
+                prepare=self.config.prepared_statements,
+            )
+            if not done:
+                session.rollback()
+                return self._lost(attempt, "rolled back this run's writes")
+            session.worker_commit()
+            return self._done(attempt)
+        finally:
+            self.ledger.remove([job])
+
+    def complete_later(self, attempt: Attempt) -> None:
+        """A handler that wrote nothing: its done-mark goes in the next batch."""
+        self.ledger.move(attempt.job, State.COMPLETING)
+        self._batch.put(attempt)
+
+    def fail(self, attempt: Attempt) -> Outcome:
+        """Record a failed attempt: retry after the handler's backoff, or dead."""
+        job, exc = attempt.job, attempt.error
+        assert exc is not None
+        self.ledger.move(job, State.SETTLING)
+        try:
+            delay = self.registry[job.kind].backoff.delay(job.attempt)
+            stmt = lease.record_failure(
+                worker=self.config.worker_id,
+                job_id=job.id,
+                attempt=job.attempt,
+                delay_seconds=delay,
+                error=describe(exc),
+            )
+            with self.engine.begin() as conn:
+                found = _db.fenced(self.engine, conn, stmt)
+        finally:
+            self.ledger.remove([job])
+        row = found[0] if found else None
+        if row is None:
+            return self._lost(attempt, f"before its failure was recorded: {exc!r}")
+        outcome = Outcome.DEAD if row.status == JobStatus.DEAD else Outcome.RETRY
+        self._log_failure(attempt, outcome, delay)
+        self._emit(outcome, attempt)
+        if outcome is Outcome.RETRY and delay < self.config.poll_interval:
+            # A retry is an UPDATE, which fires no notification: wake up for it
+            # ourselves instead of leaving it to the next poll.
+            self.wake_at(time.monotonic() + delay)
+        return outcome
+
+    def release(self, jobs: Iterable[Claimed]) -> None:
+        """Give back claims no handler started: queued again, attempt not spent."""
+        jobs = list(jobs)
+        for job in jobs:
+            self.ledger.move(job, State.SETTLING)
+        leases = [j.lease for j in jobs]
+        try:
+            with self.engine.begin() as conn:
+                _db.fenced(
+                    self.engine, conn, lease.release(worker=self.config.worker_id, leases=leases)
+                )
+        except sa_exc.SQLAlchemyError as exc:  # incl. pool timeouts
+            log.warning(
+                "could not release %d unstarted job(s); they return when their lease expires: %s",
+                len(leases),
+                _db.reason(exc),
+            )
+        finally:
+            self.ledger.remove(jobs)
+        for job in jobs:
+            self._emit(Outcome.RELEASED, Attempt(job, 0.0))
+
+    # --- the completer's thread --------------------------------------------------------
+
+    def run(self) -> None:
+        """Mark done, in batches, the jobs whose handlers wrote nothing; until stop()."""
+        stopping = False
+        while not stopping:
+            batch: list[Attempt] = []
+            item = self._batch.get()
+            while True:
+                if item is None:
+                    stopping = True
+                else:
+                    batch.append(item)
+                if len(batch) >= COMPLETE_BATCH:
+                    break
+                try:
+                    item = self._batch.get_nowait()
+                except queue.Empty:
+                    break
+            if batch:
+                self._complete_batch(batch)
+
+    def stop(self) -> None:
+        """Write what is queued, then end :meth:`run`."""
+        self._batch.put(None)
+
+    def _complete_batch(self, batch: list[Attempt]) -> None:
+        sql = self._complete_sql[0]
+        params = {**self._complete_sql[1], **_db.lease_arrays(a.job.lease for a in batch)}
+        done: set[int] = set()
+        for attempt in range(BATCH_TRIES):
+            try:
+                with self.engine.begin() as conn:
+                    done = {r.id for r in _db.rows(conn, sql, params, prepare=False)}
+                break
+            except sa_exc.SQLAlchemyError as exc:  # incl. pool timeouts
+                log.warning(
+                    "could not mark %d job(s) done (try %d): %s",
+                    len(batch),
+                    attempt + 1,
+                    _db.reason(exc),
+                )
+                time.sleep(min(5.0, 0.2 * 2**attempt))
+        self.ledger.remove([a.job for a in batch])
+        for item in batch:
+            if item.job.id in done:
+                self._done(item)
+            else:
+                self._lost(item, "before its done-mark; it may run again")
+
+    # --- outcomes ----------------------------------------------------------------------
+
+    def _done(self, attempt: Attempt) -> Outcome:
+        job = attempt.job
+        # Checked first: building the structured fields cost as much as a no-op job.
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "job %s (%s) done in %.3fs",
+                job.id,
+                job.kind,
+                attempt.duration,
+                extra=fields(job, duration=round(attempt.duration, 6), outcome="done"),
+            )
+        self._emit(Outcome.DONE, attempt)
+        return Outcome.DONE
+
+    def _lost(self, attempt: Attempt, what: str) -> Outcome:
+        """The one place a lost claim is logged: the lease expired and the job was taken over."""
+        job = attempt.job
+        log.warning(
+            "job %s: claim lost (lease expired and the job was taken over, or an operator "
+            "changed it) %s",
+            job.id,
+            what,
+            extra=fields(job, outcome="lost"),
+        )
+        self._emit(Outcome.LOST, attempt)
+        return Outcome.LOST
+
+    def _log_failure(self, attempt: Attempt, outcome: Outcome, delay: float) -> None:
+        job, exc = attempt.job, attempt.error
+        extra = fields(
+            job,
+            duration=round(attempt.duration, 6),
+            error=f"{type(exc).__name__}: {exc}",
+            outcome=outcome.value,
+        )
+        if outcome is Outcome.DEAD:
+            log.error(
+                "job %s (%s) dead after attempt %s/%s: %r",
+                job.id,
+                job.kind,
+                job.attempt,
+                job.max_attempts,
+                exc,
+                extra=extra,
+            )
+        else:
+            log.warning(
+                "job %s (%s) failed attempt %s/%s, retry in %.1fs: %r",
+                job.id,
+                job.kind,
+                job.attempt,
+                job.max_attempts,
+                delay,
+                exc,
+                extra=extra,
+            )
+
+    def _emit(self, outcome: Outcome, attempt: Attempt) -> None:
+        if not self.events:
+            return
+        job, exc = attempt.job, attempt.error
+        self.events.emit(
+            WorkerEvent(
+                outcome=outcome,
+                job_id=job.id,
+                kind=job.kind,
+                queue=job.queue,
+                attempt=job.attempt,
+                duration=attempt.duration,
+                error=None if exc is None else f"{type(exc).__name__}: {exc}",
+            )
+        )

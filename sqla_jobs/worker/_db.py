@@ -1,0 +1,101 @@
+"""How the worker sends its own statements: compiled once, on the driver's cursor.
+
+Building, cache-keying and compiling a Core statement on every execution took more
+Python time than a no-op job, so the statements run per batch (claim) or per job
+(done-mark) are compiled once and executed with new values only. Errors come back as
+SQLAlchemy's, like every other database error the worker handles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar, cast
+
+import psycopg
+import sqlalchemy as sa
+from psycopg.rows import namedtuple_row
+from psycopg.types.json import set_json_loads
+from sqlalchemy import exc as sa_exc
+
+_T = TypeVar("_T")
+
+Compiled = tuple[str, dict[str, Any]]
+
+
+def compile_statement(engine: sa.Engine, stmt: sa.ClauseElement) -> Compiled:
+    compiled = stmt.compile(dialect=engine.dialect)
+    return str(compiled), dict(compiled.params)
+
+
+def rows(
+    conn: sa.Connection,
+    sql: str,
+    params: dict[str, Any],
+    *,
+    prepare: bool,
+    json_loads: Callable[[str | bytes], Any] | None = None,
+) -> list[Any]:
+    """Run compiled SQL on the driver's cursor, choosing whether psycopg prepares it.
+
+    Never prepared: the fenced statements that take arrays of leases. A prepared
+    statement gets a generic plan, and theirs is quadratic: the planner cannot see
+    the arrays' length, and with the stale statistics a queue table always has
+    (jobs_lease_idx looks empty) it scanned every running job and re-ran unnest()
+    for each: 100 ms to mark 900 jobs done.
+    """
+    return _on_cursor(
+        conn, sql, params, prepare, lambda c: c.fetchall() if c.description else [], json_loads
+    )
+
+
+def count(conn: sa.Connection, sql: str, params: dict[str, Any], *, prepare: bool) -> int:
+    """Like :func:`rows`; returns the number of rows affected (no rows built)."""
+    return _on_cursor(conn, sql, params, prepare, lambda c: c.rowcount)
+
+
+def fenced(engine: sa.Engine, conn: sa.Connection, stmt: sa.ClauseElement) -> list[Any]:
+    """Build, compile and run a fenced statement over leases (never prepared)."""
+    return rows(conn, *compile_statement(engine, stmt), prepare=False)
+
+
+def lease_arrays(leases: Iterable[tuple[int, int]]) -> dict[str, str]:
+    """``fence_ids`` and ``fence_attempts`` as array literals.
+
+    Sent as text (the statement casts them to bigint[] and integer[]): psycopg's list
+    dumper runs a regular expression over every element, a quarter of the completer's
+    time; the text of Python ints is exact.
+    """
+    ids, attempts = [], []
+    for job_id, attempt in leases:
+        ids.append(str(int(job_id)))
+        attempts.append(str(int(attempt)))
+    return {
+        "fence_ids": "{" + ",".join(ids) + "}",
+        "fence_attempts": "{" + ",".join(attempts) + "}",
+    }
+
+
+def _on_cursor(
+    conn: sa.Connection,
+    sql: str,
+    params: dict[str, Any],
+    prepare: bool,
+    result: Callable[[psycopg.Cursor[Any]], _T],
+    json_loads: Callable[[str | bytes], Any] | None = None,
+) -> _T:
+    driver = cast("psycopg.Connection[Any]", conn.connection.driver_connection)
+    try:
+        with driver.cursor(row_factory=namedtuple_row) as cursor:
+            if json_loads is not None:
+                set_json_loads(json_loads, cursor)
+            cursor.execute(sql, params, prepare=prepare)
+            return result(cursor)
+    except psycopg.Error as exc:
+        if driver.closed or driver.broken:
+            conn.invalidate()  # so the pool does not hand it out again
+        raise sa_exc.DBAPIError.instance(sql, params, exc, psycopg.Error) from exc
+
+
+def reason(exc: BaseException) -> object:
+    """The driver's error when there is one (shorter and clearer than SQLAlchemy's wrapper)."""
+    return getattr(exc, "orig", None) or exc

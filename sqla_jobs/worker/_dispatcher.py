@@ -1,0 +1,231 @@
+"""The dispatcher: claims ready jobs in batches and hands them to the executor.
+
+It claims, in one short committed transaction, up to as many ready jobs as there are
+free handler slots plus a prefetch buffer, and puts them in the buffer; it claims again
+when at least half the buffer is free, so a short job never waits for a claim round
+trip and a batch of jobs costs one claim. It sleeps when nothing is ready, until a
+wake-up: a notification (the listener), a freed slot (the ledger), a short retry coming
+due (:meth:`wake_at`: one timer for all of them), the lease rescuer, or the poll interval.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import logging
+import queue
+import threading
+import time
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+
+from sqla_jobs.config import WorkerConfig
+from sqla_jobs.sql import lease, locks
+from sqla_jobs.worker import _db
+from sqla_jobs.worker._inflight import Claimed, Inflight
+
+log = logging.getLogger("sqla_jobs.worker")
+
+#: Longest pause after a database error before the dispatcher tries again.
+MAX_ERROR_BACKOFF = 5.0
+#: The prefetch buffer holds about this many seconds of work (at the handlers' recent
+#: pace), up to ``WorkerConfig.prefetch`` jobs: thousands of 20-microsecond jobs, but
+#: none of the 1-second jobs, which would sit in this worker while others are idle.
+PREFETCH_SECONDS = 0.05
+#: After raising the idle flag, look at the table again this soon: a producer whose
+#: trigger ran just before the flag went up, and who committed after our last claim,
+#: did not notify (revision 0003). Later waits are the poll interval.
+IDLE_RECHECK_SECONDS = 0.05
+
+_PAYLOADS = json.JSONDecoder()
+
+
+def _load_payload(data: str | bytes) -> Any:
+    # The claim decodes every payload, on the thread that feeds all handlers. psycopg's
+    # default, json.loads on bytes, first sniffs the encoding: half of the dispatcher's
+    # time on no-op jobs. jsonb text is UTF-8 (as json.loads assumes) and one value with
+    # nothing around it, so the decoder's raw_decode suffices.
+    text = data if isinstance(data, str) else bytes(data).decode()
+    return _PAYLOADS.raw_decode(text)[0]
+
+
+class Dispatcher:
+    """Claim loop, buffer sizing, the idle flag and the one wake-up timer."""
+
+    def __init__(
+        self,
+        engine: sa.Engine,
+        config: WorkerConfig,
+        kinds: list[str],
+        ledger: Inflight,
+        buffer: queue.SimpleQueue[Claimed | None],
+    ) -> None:
+        self.engine = engine
+        self.config = config
+        self.ledger = ledger
+        self.buffer = buffer
+        self._claim_sql = _db.compile_statement(
+            engine,
+            lease.claim(
+                worker=config.worker_id,
+                lock_seconds=config.lock_seconds,
+                queues=config.served_queues,
+                kinds=kinds,
+                limit=1,
+            ),
+        )
+        self._wake = threading.Event()
+        self._timers: list[float] = []  # monotonic times to wake at (a heap)
+        self._timers_lock = threading.Lock()
+        # Both follow the buffer's size (see _size_buffer); they start without one.
+        self._capacity = config.concurrency
+        # Claim again once at least this many slots are free: batches of about half the
+        # buffer, not one claim per finished job.
+        self._min_claim = 1
+        self._job_seconds: float | None = None  # moving average of handler run time
+        self._idle_conn: sa.Connection | None = None  # holds the idle flag (see _loop)
+        self._idle_flag_up = False
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def wake_at(self, when: float) -> None:
+        """Look at the table again at ``when`` (monotonic): a short retry comes due then."""
+        with self._timers_lock:
+            heapq.heappush(self._timers, when)
+        self._wake.set()  # the loop recomputes its timeout
+
+    def job_took(self, seconds: float) -> None:
+        """A handler ran for ``seconds``: the pace the buffer is sized from."""
+        average = self._job_seconds  # a racy update loses a sample at worst
+        self._job_seconds = seconds if average is None else 0.9 * average + 0.1 * seconds
+
+    def run(self, draining: threading.Event) -> None:
+        """Claim until ``draining`` is set; then lower the idle flag and return."""
+        try:
+            self._loop(draining)
+        finally:
+            self._set_idle_flag(False)
+            if self._idle_conn is not None:
+                self._idle_conn.close()
+                self._idle_conn = None
+
+    def give_back_buffered(self) -> list[Claimed]:
+        """Take every job still in the buffer (no handler started it), for release."""
+        unstarted: list[Claimed] = []
+        while True:
+            try:
+                job = self.buffer.get_nowait()
+            except queue.Empty:
+                return unstarted
+            if job is not None:
+                unstarted.append(job)
+
+    def _loop(self, draining: threading.Event) -> None:
+        errors = 0
+        recheck = False
+        while not draining.is_set():
+            # Cleared before looking at the table, so a wake-up that arrives while we
+            # claim is not lost: the wait below then returns at once.
+            self._wake.clear()
+            try:
+                self._size_buffer()
+                free = self.ledger.room(self._capacity, self._min_claim)
+                claimed = self._claim(free) if free >= self._min_claim else []
+                errors = 0
+            except sa_exc.SQLAlchemyError as exc:  # incl. pool timeouts
+                errors += 1
+                pause = min(MAX_ERROR_BACKOFF, 0.1 * 2**errors)
+                log.warning(
+                    "database error in dispatcher (retrying in %.1fs): %s", pause, _db.reason(exc)
+                )
+                draining.wait(pause)
+                continue
+            for job in claimed:
+                self.buffer.put(job)
+            exhausted = free >= self._min_claim and len(claimed) < free
+            if self.config.listen:
+                # The idle flag tells the insert trigger to NOTIFY (revision 0003). Up
+                # while the queue keeps up with us; down while claims come back full, so
+                # producers' commits are not serialized by NOTIFY under load.
+                if exhausted and not self._idle_flag_up:
+                    if self._set_idle_flag(True):
+                        recheck = True
+                        continue  # a job committed before the flag was up notified no one
+                elif free >= self._min_claim and not exhausted and self._idle_flag_up:
+                    self._set_idle_flag(False)
+            if free < self._min_claim or len(claimed) < free:
+                # No room (the ledger wakes us when there is), or nothing more is ready
+                # (a notification, a retry's timer, the rescuer or the poll wakes us;
+                # finished handlers do not, so a drained queue is not polled per job).
+                timeout = self._timeout()
+                if recheck:
+                    timeout, recheck = min(timeout, IDLE_RECHECK_SECONDS), False
+                self._wake.wait(timeout)
+
+    def _timeout(self) -> float:
+        """The poll interval, or less if a retry's timer comes due sooner."""
+        now = time.monotonic()
+        with self._timers_lock:
+            while self._timers and self._timers[0] <= now:
+                heapq.heappop(self._timers)
+            if self._timers:
+                return min(self.config.poll_interval, self._timers[0] - now)
+        return self.config.poll_interval
+
+    def _size_buffer(self) -> None:
+        """Buffer PREFETCH_SECONDS of work at the handlers' recent pace."""
+        per_job = self._job_seconds
+        target = 0
+        if per_job is not None and self.config.prefetch:
+            pace = self.config.concurrency / max(per_job, 1e-6)  # jobs per second
+            target = min(self.config.prefetch, int(pace * PREFETCH_SECONDS))
+        self._capacity = self.config.concurrency + target
+        self._min_claim = max(1, target // 2)
+
+    def _claim(self, limit: int) -> list[Claimed]:
+        sql, params = self._claim_sql
+        with self.engine.begin() as conn:
+            # Prepared: that skips 0.7 ms of planning per batch, and the claim's generic
+            # plan is its custom one (an index range scan per priority, primary-key
+            # probes; see benchmarks/README.md).
+            found = _db.rows(
+                conn,
+                sql,
+                {**params, "limit": limit},
+                prepare=self.config.prepared_statements,
+                json_loads=_load_payload,
+            )
+        # Columns: id, kind, queue, payload, attempts, max_attempts (sql.lease.claim).
+        jobs = [Claimed(*r) for r in found]
+        self.ledger.add(jobs)
+        return jobs
+
+    def _set_idle_flag(self, up: bool) -> bool:
+        """Raise or lower the idle flag on its own connection; False if that failed.
+
+        A session-level lock, so a worker that dies takes its flag with it. If the flag
+        cannot be raised, producers stop notifying this worker: it falls back to polling.
+        """
+        if up == self._idle_flag_up:
+            return True
+        try:
+            if self._idle_conn is None:
+                self._idle_conn = self.engine.connect().execution_options(
+                    isolation_level="AUTOCOMMIT"
+                )
+            self._idle_conn.execute(locks.idle_flag(raise_=up))
+            self._idle_flag_up = up
+            return True
+        except sa_exc.SQLAlchemyError as exc:
+            log.warning(
+                "could not %s the idle flag: %s", "raise" if up else "lower", _db.reason(exc)
+            )
+            self._idle_flag_up = False
+            if self._idle_conn is not None:
+                self._idle_conn.invalidate()  # closes it: a lock it still held goes too
+                self._idle_conn.close()
+                self._idle_conn = None
+            return False

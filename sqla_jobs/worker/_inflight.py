@@ -1,0 +1,137 @@
+"""The one ledger of the jobs this worker holds, under the worker's one lock.
+
+A claimed job moves through four states and then leaves the ledger::
+
+    BUFFERED ──> RUNNING ──> SETTLING ──> (gone)          handler wrote, or failed
+                                  └─────> COMPLETING ──> (gone)   no-op: batch done-mark
+
+* ``BUFFERED``: claimed, waiting in the buffer for a handler thread;
+* ``RUNNING``: a handler runs it;
+* ``SETTLING``: its outcome is being written on the handler's thread (done-mark,
+  retry, release); the handler slot is still taken;
+* ``COMPLETING``: the handler returned without writing; the completer will mark it done
+  in a batch. Its handler slot is free.
+
+Every held job's lease is renewed by the lease keeper. A lease that vanishes while the
+job is ``BUFFERED`` or ``RUNNING`` was lost (taken over, changed by an operator); while
+it is ``SETTLING`` or ``COMPLETING``, the vanishing is this worker's own write.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A job this worker claimed: ``(id, attempt)`` is its fence."""
+
+    id: int
+    kind: str
+    queue: str
+    payload: dict[str, Any]
+    attempt: int
+    max_attempts: int
+
+    @property
+    def lease(self) -> tuple[int, int]:
+        return (self.id, self.attempt)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """What one run of a handler did: returned (and whether it wrote), or raised."""
+
+    job: Claimed
+    duration: float
+    error: BaseException | None = None
+    wrote: bool = False
+
+
+class State(enum.Enum):
+    BUFFERED = "buffered"
+    RUNNING = "running"
+    SETTLING = "settling"
+    COMPLETING = "completing"
+
+
+_HOLDS_SLOT = (State.BUFFERED, State.RUNNING, State.SETTLING)
+_OURS_TO_LOSE = (State.BUFFERED, State.RUNNING)
+
+
+class Inflight:
+    """Jobs held by this worker, by id, with their state; and the room for more.
+
+    ``on_room`` is called (outside the lock) when a handler slot frees up while the
+    dispatcher waits for room (:meth:`want_room`), and whenever the ledger empties.
+    """
+
+    def __init__(self, on_room: Callable[[], None]) -> None:
+        self._lock = threading.Lock()
+        self._jobs: dict[int, tuple[Claimed, State]] = {}
+        self._slots_taken = 0
+        self._room_at: int | None = None  # wake the dispatcher when slots taken <= this
+        self._on_room = on_room
+
+    def add(self, jobs: Iterable[Claimed]) -> None:
+        with self._lock:
+            for job in jobs:
+                self._jobs[job.id] = (job, State.BUFFERED)
+                self._slots_taken += 1
+
+    def move(self, job: Claimed, state: State) -> None:
+        """BUFFERED -> RUNNING -> SETTLING or COMPLETING (the latter frees the slot)."""
+        with self._lock:
+            entry = self._jobs.get(job.id)
+            if entry is None:
+                return
+            before = entry[1]
+            self._jobs[job.id] = (job, state)
+            freed = before in _HOLDS_SLOT and state not in _HOLDS_SLOT
+            wake = self._free_slot() if freed else False
+        if wake:
+            self._on_room()
+
+    def remove(self, jobs: Iterable[Claimed]) -> None:
+        """The jobs' outcomes are recorded (or left to their leases): no longer held."""
+        wake = False
+        with self._lock:
+            for job in jobs:
+                entry = self._jobs.pop(job.id, None)
+                if entry is not None and entry[1] in _HOLDS_SLOT:
+                    wake = self._free_slot() or wake
+            wake = wake or not self._jobs
+        if wake:
+            self._on_room()
+
+    def _free_slot(self) -> bool:
+        self._slots_taken -= 1
+        if self._room_at is not None and self._slots_taken <= self._room_at:
+            self._room_at = None
+            return True
+        return False
+
+    def room(self, capacity: int, min_claim: int) -> int:
+        """Free slots now; if fewer than ``min_claim``, ask to be woken when there are."""
+        with self._lock:
+            free = capacity - self._slots_taken
+            self._room_at = capacity - min_claim if free < min_claim else None
+            return free
+
+    def leases(self) -> list[tuple[int, int]]:
+        with self._lock:
+            return [job.lease for job, _ in self._jobs.values()]
+
+    def was_lost(self, job_id: int, attempt: int) -> bool:
+        """Whether a vanished lease means the claim was lost (not our own outcome write)."""
+        with self._lock:
+            entry = self._jobs.get(job_id)
+            return entry is not None and entry[0].attempt == attempt and entry[1] in _OURS_TO_LOSE
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._jobs)

@@ -1,0 +1,197 @@
+"""The worker's background services, each one loop on one base: do a round, wait, repeat.
+
+* :class:`LeaseKeeper` renews the lease of every job this worker holds (the heartbeat);
+* :class:`Listener` LISTENs for inserts on its own connection and wakes the dispatcher;
+* :class:`Rescuer` requeues jobs whose lease expired (their worker died), or buries a
+  job that already used its last attempt;
+* :class:`Archiver` moves finished jobs to ``jobs_archive`` (``--archive-every``).
+
+A round that fails on the database is logged and tried again after a backoff that
+doubles up to :data:`MAX_ERROR_BACKOFF`: one policy for all of them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from datetime import timedelta
+
+import psycopg
+import sqlalchemy as sa
+from psycopg import sql
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.orm import Session
+
+from sqla_jobs import config as config_mod
+from sqla_jobs.config import WorkerConfig
+from sqla_jobs.models import JobStatus
+from sqla_jobs.sql import lease, locks
+from sqla_jobs.worker import _db
+from sqla_jobs.worker._inflight import Inflight
+
+log = logging.getLogger("sqla_jobs.worker")
+
+#: Longest pause between two tries of a service whose round failed.
+MAX_ERROR_BACKOFF = 5.0
+
+
+class Service:
+    """A loop that runs :meth:`round` every ``interval`` seconds until ``until`` is set."""
+
+    name = "service"
+    #: The warning's words when a round fails (followed by the pause and the error).
+    failure = "failed"
+
+    def __init__(self, until: threading.Event, interval: float) -> None:
+        self.until = until
+        self.interval = interval
+
+    def round(self) -> None:
+        raise NotImplementedError
+
+    def run(self) -> None:
+        failures = 0
+        while not self.until.is_set():
+            try:
+                self.round()
+                failures = 0
+                pause = self.interval
+            except (sa_exc.SQLAlchemyError, psycopg.Error) as exc:  # incl. pool timeouts
+                failures += 1
+                pause = min(MAX_ERROR_BACKOFF, 0.1 * 2**failures)
+                log.warning(
+                    "%s %s (next try in %.1fs): %s", self.name, self.failure, pause, _db.reason(exc)
+                )
+            self.until.wait(pause)
+
+
+class LeaseKeeper(Service):
+    """Renews the leases this worker holds, every ``lock_seconds / 3``."""
+
+    name = "heartbeat"
+
+    def __init__(
+        self, until: threading.Event, engine: sa.Engine, config: WorkerConfig, ledger: Inflight
+    ) -> None:
+        super().__init__(until, config.heartbeat_interval)
+        self.engine = engine
+        self.config = config
+        self.ledger = ledger
+
+    def round(self) -> None:
+        leases = self.ledger.leases()
+        if not leases:
+            return
+        stmt = lease.heartbeat(
+            worker=self.config.worker_id, leases=leases, lock_seconds=self.config.lock_seconds
+        )
+        with self.engine.begin() as conn:
+            kept = {r.id for r in _db.fenced(self.engine, conn, stmt)}
+        for job_id, attempt in leases:
+            if job_id not in kept and self.ledger.was_lost(job_id, attempt):
+                log.warning(
+                    "job %s: lease lost (expired and taken over, or the job was changed by "
+                    "an operator)",
+                    job_id,
+                    extra={"job_id": job_id, "attempt": attempt, "outcome": "lost"},
+                )
+
+
+class Listener(Service):
+    """LISTENs on the jobs channel on a connection of its own; each notification wakes."""
+
+    name = "listener"
+    failure = "connection lost"
+
+    def __init__(self, until: threading.Event, config: WorkerConfig, wake: Callable[[], None]):
+        super().__init__(until, 0.0)
+        self.channel = config_mod.check_channel(locks.NOTIFY_CHANNEL)
+        self.conninfo = config.url.set(drivername="postgresql").render_as_string(
+            hide_password=False
+        )
+        self.wake = wake
+
+    def round(self) -> None:
+        with psycopg.connect(self.conninfo, autocommit=True) as conn:
+            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
+            self.wake()  # notifications sent while we were away are lost: poll
+            while not self.until.is_set():
+                for _ in conn.notifies(timeout=1.0, stop_after=1):
+                    self.wake()
+
+
+class Rescuer(Service):
+    """Requeues expired leases every ``rescue_interval``; wakes the dispatcher if it did."""
+
+    name = "lease rescue"
+
+    def __init__(
+        self,
+        until: threading.Event,
+        engine: sa.Engine,
+        config: WorkerConfig,
+        wake: Callable[[], None],
+    ) -> None:
+        super().__init__(until, config.rescue_interval)
+        self.engine = engine
+        self.wake = wake
+
+    def round(self) -> None:
+        with self.engine.begin() as conn:
+            rows = _db.fenced(self.engine, conn, lease.rescue_expired())
+        for row in rows:
+            dead = row.status == JobStatus.DEAD
+            log.log(
+                logging.ERROR if dead else logging.WARNING,
+                "job %s (%s) lease expired on attempt %s (worker %s): %s",
+                row.id,
+                row.kind,
+                row.attempts,
+                row.worker,
+                "dead" if dead else "requeued",
+                extra={
+                    "job_id": row.id,
+                    "kind": row.kind,
+                    "attempt": row.attempts,
+                    "outcome": "dead" if dead else "rescued",
+                },
+            )
+        if rows:
+            self.wake()
+
+
+class Archiver(Service):
+    """Archives finished jobs every ``archive_every`` seconds, first right at start-up."""
+
+    name = "archiving"
+
+    def __init__(self, until: threading.Event, engine: sa.Engine, config: WorkerConfig) -> None:
+        assert config.archive_every is not None
+        super().__init__(until, config.archive_every)
+        self.engine = engine
+        self.older_than = timedelta(seconds=config.archive_older_than)
+
+    def round(self) -> None:
+        from sqla_jobs import ops  # ops imports the registry and stats: only when archiving
+
+        with self.engine.connect() as conn:
+            # A session-level lock: held across the batches' commits, released below or
+            # by PostgreSQL when this connection dies. Whoever fails to get it skips its turn.
+            got = conn.execute(locks.try_advisory_lock(locks.ARCHIVE_LOCK_KEY)).scalar_one()
+            conn.commit()
+            if not got:
+                log.debug("another worker is archiving; skipping this turn")
+                return
+            moved = 0
+            try:
+                with Session(bind=conn) as session:
+                    for count in ops.archive_batches(session, self.older_than):
+                        moved += count
+                        if self.until.is_set():
+                            break
+            finally:
+                conn.execute(locks.advisory_unlock(locks.ARCHIVE_LOCK_KEY))
+                conn.commit()
+        if moved:
+            log.info("archived %d finished job(s)", moved, extra={"outcome": "archived"})

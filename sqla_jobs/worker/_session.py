@@ -1,0 +1,371 @@
+"""The handler's session, the connection under it, and the guard on their transaction.
+
+The worker promises that a handler's database writes commit with the job's done-mark,
+in one transaction. That holds only if the handler cannot end that transaction itself,
+by any route a SQLAlchemy user knows. Each job gets a new :class:`HandlerSession` whose
+transactions run on the handler thread's own :class:`GuardedConnection`; while the
+handler runs, the guard is *armed* and refuses, with :class:`HandlerTransactionError`:
+
+* ``session.commit()``, ``session.close()``, ``session.begin()`` (as a block or not),
+  ``session.reset()`` and ``session.invalidate()``;
+* on the connection: ``commit()``, ``rollback()``, ``begin()`` inside the running
+  transaction, ``close()``, ``invalidate()``, ``detach()``, and the AUTOCOMMIT isolation
+  level; and a commit or rollback of the connection's transaction by any other route
+  (``session.get_transaction().commit()``, ...), caught by the connection's events;
+* SQL text that ends or starts a transaction: ``COMMIT``, ``ROLLBACK`` (but not
+  ``ROLLBACK TO SAVEPOINT``), ``END``, ``ABORT``, ``BEGIN``, ``START TRANSACTION``,
+  ``PREPARE TRANSACTION``, in any statement of a multi-statement text.
+
+``session.rollback()`` (discard the writes so far and go on) and ``session.begin_nested()``
+(a SAVEPOINT) stay allowed. Whatever a refused call left behind, the worker closes the
+connection (PostgreSQL rolls the transaction back) and records a failed attempt. As a
+last line, after every handler the worker asks the driver whether the transaction it
+opened is still open (:meth:`Guard.ended_by_handler`); a handler that went below
+SQLAlchemy to the DBAPI connection and committed is caught there, though writes it
+committed that way cannot be taken back (the README says so).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, NoReturn, cast
+
+import psycopg
+import sqlalchemy as sa
+import sqlparse
+from sqlalchemy.orm import Session, SessionTransaction
+
+from sqla_jobs.exceptions import HandlerTransactionError
+
+log = logging.getLogger("sqla_jobs.worker")
+
+# A cheap first look: only statements that mention one of these words are parsed.
+_SUSPECT = re.compile(r"\b(COMMIT|ROLLBACK|END|ABORT|BEGIN|START|PREPARE)\b", re.IGNORECASE)
+_ENDS_TRANSACTION = {"COMMIT", "ROLLBACK", "END", "ABORT", "BEGIN", "START"}
+
+
+def _transaction_control(statement: str) -> str | None:
+    """The first word of a statement in ``statement`` that ends or starts a transaction.
+
+    Parsed with sqlparse, so quoted text (``'a; COMMIT'``, ``$$...$$``) and comments do not
+    count, and every statement of a multi-statement text is looked at.
+    """
+    if _SUSPECT.search(statement) is None:
+        return None
+    for parsed in sqlparse.parse(statement):
+        words = [
+            t.normalized.upper()
+            for t in parsed.flatten()  # type: ignore[no-untyped-call]
+            if not t.is_whitespace and t.ttype not in sqlparse.tokens.Comment
+        ][:2]
+        if not words:
+            continue
+        first, second = words[0], (words[1] if len(words) > 1 else "")
+        if first == "ROLLBACK" and second == "TO":
+            continue  # ROLLBACK TO SAVEPOINT: begin_nested()'s own statement
+        if first in _ENDS_TRANSACTION or (first == "PREPARE" and second == "TRANSACTION"):
+            return f"{first} {second}".strip() if first == "PREPARE" else first
+    return None
+
+
+class Guard:
+    """Whether the handler's transaction may be ended now, and what the handler tried."""
+
+    __slots__ = ("armed", "executed", "violation")
+
+    def __init__(self) -> None:
+        self.armed = False
+        self.violation: str | None = None
+        self.executed = False  # a statement ran in the current transaction
+
+    def refuse(self, what: str) -> HandlerTransactionError:
+        self.violation = self.violation or what
+        return HandlerTransactionError(
+            f"handlers must not call {what}: the worker commits the handler's writes "
+            "together with the job's done-mark (use session.flush() to send writes, "
+            "session.rollback() to discard them, session.begin_nested() for a savepoint)"
+        )
+
+    @contextmanager
+    def disarmed(self) -> Iterator[None]:
+        armed, self.armed = self.armed, False
+        try:
+            yield
+        finally:
+            self.armed = armed
+
+    def ended_by_handler(self, conn: sa.Connection | None) -> str | None:
+        """Why the handler's transaction is not the one the worker opened, or None."""
+        if self.violation:
+            return self.violation
+        if conn is None or not self.executed or conn.closed or conn.invalidated:
+            return None
+        driver = cast("psycopg.Connection[Any]", conn.connection.driver_connection)
+        if driver.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+            return "a commit or rollback on the DBAPI connection (the transaction was ended)"
+        return None
+
+
+class GuardedConnection(sa.Connection):
+    """A handler thread's connection: refuses, while armed, to end its transaction."""
+
+    guard: Guard
+
+    def _refused(self, what: str) -> bool:
+        if self.guard.armed:
+            raise self.guard.refuse(what)
+        return False
+
+    def commit(self) -> None:
+        self._refused("connection.commit()") or super().commit()
+
+    def rollback(self) -> None:
+        self._refused("connection.rollback()") or super().rollback()
+
+    def begin(self) -> sa.RootTransaction:
+        if self.in_transaction():
+            self._refused("connection.begin()")
+        return super().begin()
+
+    def close(self) -> None:
+        self._refused("connection.close()") or super().close()
+
+    def invalidate(self, exception: BaseException | None = None) -> None:
+        self._refused("connection.invalidate()") or super().invalidate(exception)
+
+    def detach(self) -> None:
+        self._refused("connection.detach()") or super().detach()
+
+    def execution_options(self, **opt: Any) -> GuardedConnection:
+        if str(opt.get("isolation_level", "")).upper() == "AUTOCOMMIT":
+            self._refused("the AUTOCOMMIT isolation level")
+        super().execution_options(**opt)
+        return self
+
+
+def _connect(engine: sa.Engine) -> GuardedConnection:
+    conn = GuardedConnection(engine)
+    guard = conn.guard = Guard()
+
+    @sa.event.listens_for(conn, "begin")
+    def _began(_conn: sa.Connection) -> None:
+        guard.executed = False
+
+    @sa.event.listens_for(conn, "commit")
+    def _commit(_conn: sa.Connection) -> None:
+        if guard.armed:
+            raise guard.refuse("a commit of the job's transaction")
+
+    @sa.event.listens_for(conn, "rollback")
+    def _rollback(_conn: sa.Connection) -> None:
+        if guard.armed:
+            raise guard.refuse("a rollback of the job's connection")
+
+    @sa.event.listens_for(conn, "before_cursor_execute", retval=True)
+    def _statement(
+        _conn: sa.Connection, cursor: Any, statement: str, params: Any, context: Any, many: bool
+    ) -> tuple[str, Any]:
+        if guard.armed:
+            found = _transaction_control(statement)
+            if found is not None:
+                raise guard.refuse(f"SQL {found}")
+            guard.executed = True
+        return statement, params
+
+    return conn
+
+
+class ThreadConnection:
+    """A handler thread's own connection, kept from one job to the next.
+
+    Checking a pooled connection out and back in for every job (pool bookkeeping, reset,
+    events) cost about 15% of the worker's time per job that writes one row. The worker
+    gives it up (back to the pool, which resets or discards it) whenever a job leaves it
+    in any state but clean: invalidated or closed, still in a transaction, its execution
+    options changed (e.g. an isolation level), or the pool invalidated since it was taken.
+    """
+
+    __slots__ = ("conn", "engine", "generation", "options", "used")
+
+    def __init__(self, engine: sa.Engine) -> None:
+        self.engine = engine
+        self.conn: GuardedConnection | None = None
+        self.options: Any = None
+        self.generation = 0  # the worker's pool generation when conn was taken
+        # Whether a session ran on conn since the last clean(): a job that never touched
+        # the database (no-op handlers) skips the checks, a fifth of such a job's cost.
+        self.used = False
+
+    @property
+    def guard(self) -> Guard | None:
+        return None if self.conn is None else self.conn.guard
+
+    def connect(self) -> GuardedConnection:
+        self.used = True
+        if self.conn is None:
+            self.conn = _connect(self.engine)
+            self.options = self.conn.get_execution_options()
+        return self.conn
+
+    def clean(self) -> bool:
+        conn = self.conn
+        if conn is None or not self.used:
+            return True
+        self.used = False
+        if conn.guard.violation or conn.closed or conn.invalidated or conn.in_transaction():
+            return False
+        if conn.get_execution_options() is not self.options:
+            return False
+        driver = cast("psycopg.Connection[Any]", conn.connection.driver_connection)
+        return not (driver.closed or driver.broken) and (
+            driver.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        )
+
+    def close(self) -> None:
+        """Give the connection up; after a refused call, close it so its transaction dies."""
+        conn, self.conn = self.conn, None
+        if conn is None:
+            return
+        conn.guard.armed = False
+        try:
+            if conn.guard.violation and not conn.invalidated:
+                # Whatever the handler half-did to the transaction, PostgreSQL rolls it
+                # back when the connection goes; the pool must not reuse it.
+                conn.invalidate()
+            conn.close()
+        except Exception:
+            log.debug("closing a handler thread's connection", exc_info=True)
+
+
+class HandlerSession(Session):
+    """The Session a handler receives: its transaction belongs to the worker.
+
+    Use ``flush()`` to send writes early, ``rollback()`` to discard them and
+    ``begin_nested()`` for a savepoint; the worker commits what is left with the job's
+    done-mark when the handler returns. Each job gets a new session; its transaction runs
+    on the handler thread's own connection (``get_bind()`` is still the engine).
+    """
+
+    _sqla_jobs_thread_conn: ThreadConnection | None = None
+    #: What a refused call tried, even if the handler caught the error.
+    _sqla_jobs_violation: str | None = None
+
+    def connection(
+        self, bind_arguments: Any = None, execution_options: Any = None
+    ) -> sa.Connection:
+        thread_conn = self._sqla_jobs_thread_conn
+        if (
+            execution_options
+            and thread_conn is not None
+            and not bind_arguments
+            and not self.in_transaction()
+        ):
+            # The first use, with options (e.g. an isolation level): they go on the
+            # thread's connection before its transaction begins, as they would on a
+            # pooled one. The worker gives that connection up after the job.
+            thread_conn.connect().execution_options(**execution_options)
+            return super().connection()
+        return super().connection(bind_arguments, execution_options)
+
+    def commit(self) -> None:
+        self._violate("session.commit()")
+
+    def close(self) -> None:
+        self._violate("session.close()")
+
+    def reset(self) -> None:
+        self._violate("session.reset()")
+
+    def invalidate(self) -> None:
+        self._violate("session.invalidate()")
+
+    def begin(self, nested: bool = False) -> SessionTransaction:
+        if nested:
+            return super().begin(nested=True)
+        self._violate("session.begin()")
+
+    def rollback(self) -> None:
+        guard = self._guard()
+        if guard is None:
+            super().rollback()
+            return
+        with guard.disarmed():  # discarding the writes so far is allowed; a new one begins
+            super().rollback()
+
+    def _violate(self, what: str) -> NoReturn:
+        self._sqla_jobs_violation = what
+        raise (self._guard() or Guard()).refuse(what)
+
+    # The worker's own ends of the transaction.
+
+    def worker_commit(self) -> None:
+        guard = self._guard()
+        with guard.disarmed() if guard is not None else _nothing():
+            Session.commit(self)
+
+    def worker_close(self) -> None:
+        guard = self._guard()
+        with guard.disarmed() if guard is not None else _nothing():
+            Session.rollback(self)
+            Session.close(self)
+
+    def _guard(self) -> Guard | None:
+        thread_conn = self._sqla_jobs_thread_conn
+        return None if thread_conn is None else thread_conn.guard
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+@sa.event.listens_for(HandlerSession, "after_transaction_create")
+def _on_transaction(session: Session, transaction: SessionTransaction) -> None:
+    # Every (outermost) transaction of a handler's session starts on the handler
+    # thread's own connection instead of a pooled checkout; later lookups of the engine
+    # (execute, flush, connection()) find it. Only when the session first needs the
+    # database (autobegin), so a handler that never touches it costs no connection.
+    thread_conn = cast(HandlerSession, session)._sqla_jobs_thread_conn
+    if thread_conn is not None and transaction.parent is None:
+        conn = thread_conn.connect()
+        conn.guard.armed = True
+        session.connection(bind_arguments={"bind": conn})
+
+
+def open_session(engine: sa.Engine, thread_conn: ThreadConnection) -> HandlerSession:
+    """A new session for one job, its transactions on ``thread_conn``, the guard armed."""
+    session = HandlerSession(engine, autoflush=True, expire_on_commit=False)
+    session._sqla_jobs_thread_conn = thread_conn
+    guard = thread_conn.guard
+    if guard is not None:
+        guard.armed, guard.violation, guard.executed = True, None, False
+    return session
+
+
+def disarm(thread_conn: ThreadConnection) -> None:
+    """The handler returned: the worker may end the transaction again."""
+    if thread_conn.conn is not None:
+        thread_conn.conn.guard.armed = False
+
+
+def discard(session: HandlerSession, thread_conn: ThreadConnection) -> None:
+    """End the job's session; keep the thread's connection only if it is clean."""
+    disarm(thread_conn)
+    try:
+        # A session the handler never used (no transaction, no objects) has nothing
+        # to end: closing it only rebuilt its empty identity map, a third of a no-op
+        # job's time on its thread.
+        if session.in_transaction() or session.identity_map or session.new or session.deleted:
+            session.worker_close()
+    except Exception:
+        log.debug("discarding a broken handler session", exc_info=True)
+        thread_conn.close()
+    try:
+        clean = thread_conn.clean()
+    except Exception:
+        clean = False
+    if not clean:
+        thread_conn.close()

@@ -1,0 +1,261 @@
+"""The supervisor: builds the worker's parts, runs them, and stops them in phases.
+
+Phases, in order: ``NEW`` -> ``RUNNING`` (claiming) -> ``DRAINING`` (no more claims;
+buffered jobs given back; running handlers get ``shutdown_timeout``) -> ``STOPPED``
+(services ended). SIGTERM or SIGINT (when ``run`` installs the handlers) or
+:meth:`Worker.stop` starts the drain; a second signal exits at once.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import queue
+import signal
+import threading
+import time
+from collections.abc import Callable
+from types import FrameType
+
+import sqlalchemy as sa
+
+from sqla_jobs.config import WorkerConfig
+from sqla_jobs.exceptions import SqlaJobsError
+from sqla_jobs.sql import schema
+from sqla_jobs.tasks import Registry
+from sqla_jobs.worker._completer import Completer
+from sqla_jobs.worker._dispatcher import Dispatcher
+from sqla_jobs.worker._events import Events, Subscriber
+from sqla_jobs.worker._executor import ThreadExecutor
+from sqla_jobs.worker._inflight import Claimed, Inflight
+from sqla_jobs.worker._services import Archiver, LeaseKeeper, Listener, Rescuer, Service
+
+log = logging.getLogger("sqla_jobs.worker")
+
+
+class Phase(enum.Enum):
+    NEW = "new"
+    RUNNING = "running"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+
+
+class Lifecycle:
+    """The current phase, and an Event per phase that loops wait on."""
+
+    def __init__(self) -> None:
+        self.phase = Phase.NEW
+        self.draining = threading.Event()  # set from DRAINING on
+        self.stopped = threading.Event()  # set at STOPPED
+
+    def enter(self, phase: Phase) -> None:
+        self.phase = phase
+        if phase in (Phase.DRAINING, Phase.STOPPED):
+            self.draining.set()
+        if phase is Phase.STOPPED:
+            self.stopped.set()
+
+
+class Worker:
+    """Runs the handlers of ``registry`` until stopped.
+
+    ``run()`` blocks; ``stop()`` (or SIGTERM/SIGINT when ``run`` installs the handlers)
+    stops claiming, lets running handlers finish for up to ``shutdown_timeout`` seconds
+    and returns. Jobs not finished by then keep their lease until it expires and are
+    then taken by another worker: never lost.
+
+    With no ``queues`` in the config, the worker serves ``default`` plus every queue its
+    handlers declare.
+    """
+
+    def __init__(
+        self, registry: Registry, config: WorkerConfig, *, engine: sa.Engine | None = None
+    ) -> None:
+        if not len(registry):
+            raise SqlaJobsError("the registry has no handlers")
+        self.registry = registry
+        self.queues = config.queues if config.queues is not None else registry.queues()
+        self.config = config.with_queues(self.queues)
+        self.engine = engine or sa.create_engine(
+            config.url,
+            pool_size=config.concurrency + 4,
+            max_overflow=config.concurrency + 4,
+            # No pre-ping (it would cost a round trip per checkout): a disconnect error
+            # invalidates the whole pool, and every caller below retries or records it.
+            pool_timeout=60,
+            # Handlers' own statements keep psycopg's default (prepared on their 5th
+            # run); the worker's statements choose explicitly (see _db.rows).
+            connect_args={} if config.prepared_statements else {"prepare_threshold": None},
+        )
+        self.lifecycle = Lifecycle()
+        self.events = Events()
+        self._room = threading.Event()  # the ledger changed: the drain looks again
+        self._buffer: queue.SimpleQueue[Claimed | None] = queue.SimpleQueue()
+        self.ledger = Inflight(on_room=self._on_room)
+        self._dispatcher = Dispatcher(
+            self.engine, self.config, list(registry.kinds), self.ledger, self._buffer
+        )
+        self._completer = Completer(
+            self.engine, self.config, registry, self.ledger, self.events, self._dispatcher.wake_at
+        )
+        self._executor = ThreadExecutor(
+            self.engine,
+            self.config,
+            registry,
+            self.ledger,
+            self._buffer,
+            self._completer,
+            self.lifecycle.draining,
+            self._dispatcher.job_took,
+        )
+        self._threads: list[threading.Thread] = []
+        self._signals = 0
+
+    # --- public ----------------------------------------------------------------------
+
+    def subscribe(self, callback: Subscriber) -> None:
+        """Call ``callback(WorkerEvent)`` for every recorded outcome (see WorkerEvent)."""
+        self.events.subscribe(callback)
+
+    def check_schema(self) -> None:
+        """Raise SchemaNotReadyError unless the jobs table has every column and status."""
+        with self.engine.connect() as conn:
+            schema.check_schema(conn)
+
+    def run(self, *, install_signal_handlers: bool = False) -> None:
+        """Work until ``stop()`` (or a signal); returns after a graceful drain."""
+        self.check_schema()
+        if install_signal_handlers:
+            signal.signal(signal.SIGTERM, self._on_signal)
+            signal.signal(signal.SIGINT, self._on_signal)
+        self._start_parts()
+        self.lifecycle.enter(Phase.RUNNING)
+        log.info(
+            "worker %s started: queues=%s kinds=%s concurrency=%d",
+            self.config.worker_id,
+            ",".join(self.queues),
+            ",".join(self.registry.kinds),
+            self.config.concurrency,
+        )
+        self._warn_unserved_queues()
+        self._run_dispatcher()
+
+    def stop(self) -> None:
+        """Stop claiming; running handlers finish (up to shutdown_timeout)."""
+        if self.lifecycle.phase in (Phase.NEW, Phase.RUNNING):
+            self.lifecycle.enter(Phase.DRAINING)
+        self._dispatcher.wake()
+
+    # --- wiring ----------------------------------------------------------------------
+
+    def _start_parts(self) -> None:
+        stopped, draining = self.lifecycle.stopped, self.lifecycle.draining
+        self._start_thread(LeaseKeeper(stopped, self.engine, self.config, self.ledger).run)
+        self._start_thread(self._completer.run, "completer")
+        for i in range(self.config.concurrency):
+            self._start_thread(self._executor.thread_main, f"job-{i}")
+        self._executor.await_connections()
+        services: list[Service] = [Rescuer(draining, self.engine, self.config, self._wake)]
+        if self.config.listen:
+            services.append(Listener(stopped, self.config, self._wake))
+        if self.config.archive_every is not None:
+            services.append(Archiver(draining, self.engine, self.config))
+        for service in services:
+            self._start_thread(service.run, service.name.replace(" ", "-"))
+
+    def _wake(self) -> None:
+        self._dispatcher.wake()
+
+    def _on_room(self) -> None:
+        self._dispatcher.wake()
+        self._room.set()
+
+    def _start_thread(self, target: Callable[[], None], name: str = "heartbeat") -> None:
+        thread = threading.Thread(target=target, name=f"sqla_jobs-{name}", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _warn_unserved_queues(self) -> None:
+        for handler in self.registry.handlers():
+            if handler.queue is not None and handler.queue not in self.queues:
+                log.warning(
+                    "handler %r enqueues into queue %r by default, which this worker does "
+                    "not serve (--queues %s); add it to --queues or its jobs wait for "
+                    "another worker",
+                    handler.kind,
+                    handler.queue,
+                    ",".join(self.queues),
+                )
+
+    def _run_dispatcher(self) -> None:
+        # The dispatcher and the drain run on a thread of their own, and the calling
+        # thread only joins it. A signal handler runs on the main thread between two
+        # bytecodes, and stop() sets Events: had the main thread been the dispatcher,
+        # interrupted inside a wait while holding that Event's lock, stop() would wait
+        # for the lock forever (seen once in about 30 SIGTERMs).
+        failure: list[BaseException] = []
+
+        def dispatch_then_drain() -> None:
+            try:
+                self._dispatcher.run(self.lifecycle.draining)
+            except BaseException as exc:
+                failure.append(exc)
+            finally:
+                self.lifecycle.enter(Phase.DRAINING)
+                self._drain()
+
+        thread = threading.Thread(
+            target=dispatch_then_drain, name="sqla_jobs-dispatcher", daemon=True
+        )
+        thread.start()
+        try:
+            while thread.is_alive():
+                thread.join(0.5)
+        except BaseException:  # e.g. KeyboardInterrupt without our signal handlers
+            self.stop()
+            thread.join()
+            raise
+        if failure:
+            raise failure[0]
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        self._signals += 1
+        if self._signals > 1:
+            log.warning(
+                "second %s: exiting now; unfinished jobs go back when their lease expires",
+                signal.Signals(signum).name,
+            )
+            logging.shutdown()
+            os._exit(1)
+        log.info("received %s: no more claims, draining", signal.Signals(signum).name)
+        self.stop()
+
+    # --- the drain -------------------------------------------------------------------
+
+    def _drain(self) -> None:
+        deadline = time.monotonic() + self.config.shutdown_timeout
+        unstarted = self._dispatcher.give_back_buffered()
+        if unstarted:
+            self._completer.release(unstarted)
+            log.info("released %d buffered job(s) no handler had started", len(unstarted))
+        self._executor.stop()
+        while len(self.ledger) and time.monotonic() < deadline:
+            self._room.wait(0.05)
+            self._room.clear()
+        unfinished = len(self.ledger)
+        self._completer.stop()  # write the last batch of done-marks, then end
+        for thread in self._threads:
+            if thread.name == "sqla_jobs-completer":
+                thread.join(max(1.0, deadline - time.monotonic()))
+        self.lifecycle.enter(Phase.STOPPED)
+        for thread in self._threads:
+            if not thread.name.startswith("sqla_jobs-job-"):  # handlers may outlive the timeout
+                thread.join(2.0)  # the listener and heartbeat notice STOPPED within a second
+        if unfinished:
+            log.warning(
+                "shutdown timeout: %d job(s) still running; their leases will expire and "
+                "another worker will take them",
+                unfinished,
+            )
+        log.info("worker %s stopped", self.config.worker_id)
