@@ -8,6 +8,7 @@ worker crash after the side effect would), and checks that the effect happened o
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -45,8 +46,12 @@ class FakeProvider:
         self.calls: list[dict[str, Any]] = []
         self.effects: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()
+        #: Called before each request is recorded (tests hold a request here).
+        self.before_send: Callable[[], None] | None = None
 
     def send(self, *, idempotency_key: str | None = None, **request: Any) -> None:
+        if self.before_send is not None:
+            self.before_send()
         with self._lock:
             self.calls.append(request)
             key = idempotency_key or f"call-{len(self.calls)}"
@@ -60,7 +65,11 @@ registry = Registry()
 
 @registry.handler("send_receipt")
 def send_receipt(session: Session, payload: dict[str, Any]) -> None:
-    """Pattern 1: check state before acting; the second run finds the receipt sent."""
+    """Pattern 1: check state before acting; the second run finds the receipt sent.
+
+    The row lock (``with_for_update``) is what makes the check safe when two jobs for one
+    order run at once: the second waits for the first to commit, then reads the new state.
+    """
     order = session.get(Order, payload["order_id"], with_for_update=True)
     if order is None or order.receipt_sent_at is not None:
         return

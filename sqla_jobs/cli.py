@@ -158,7 +158,18 @@ def worker_parser(prog: str = "python -m sqla_jobs.worker") -> argparse.Argument
         help="how often the queue gauges are read; default %(default)s",
     )
     p.add_argument("--worker-id", default=None, help="default host:pid")
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument(
+        "--log-level",
+        default="INFO",
+        type=str.upper,
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+        help="default %(default)s",
+    )
+    p.add_argument(
+        "--log-outcomes",
+        action="store_true",
+        help="log every job's outcome at INFO, done jobs included (default: done at DEBUG)",
+    )
     p.add_argument("--log-format", choices=("text", "json"), default="text")
     return p
 
@@ -185,6 +196,7 @@ def _build_config(args: argparse.Namespace) -> config_mod.WorkerConfig:
         listen=not args.no_listen,
         prefetch=args.prefetch,
         prepared_statements=not args.no_prepared_statements,
+        log_outcomes=args.log_outcomes,
         **options,
     )
 
@@ -452,11 +464,13 @@ def _cmd_list(session: Any, args: argparse.Namespace) -> int:
             j.kind,
             f"{j.attempts}/{j.max_attempts}",
             j.run_at.isoformat(timespec="seconds"),
-            (j.last_error or "").split("\n", 1)[0][:60],
+            (j.current_error or "").split("\n", 1)[0][:60],
         )
         for j in jobs
     ]
-    header = ("ID", "STATUS", "QUEUE", "KIND", "ATTEMPTS", "RUN AT", "LAST ERROR")
+    # ERROR shows only a failure that is the job's state (dead, or queued for a retry);
+    # a done job's earlier failure is in `show`, labelled as such.
+    header = ("ID", "STATUS", "QUEUE", "KIND", "ATTEMPTS", "RUN AT", "ERROR")
     print("\n".join(_table(header, rows, {0})))
     if next_id is not None:
         print(f"\nnext page: --after-id {next_id}")
@@ -471,13 +485,21 @@ def _cmd_show(session: Any, args: argparse.Namespace) -> int:
     if args.json:
         _print_json(data)
         return 0
+    if job.archived:
+        data["status"] = f"{data['status']} (archived {data['archived_at']}, in jobs_archive)"
     for name in ("id", "kind", "queue", "priority", "status", "attempts", "max_attempts"):
         print(f"{name + ':':<17}{data[name]}")
     for name in ("idempotency_key", "worker", "created_at", "run_at", "locked_until"):
         print(f"{name + ':':<17}{data[name] if data[name] is not None else '-'}")
     print(f"{'finished_at:':<17}{data['finished_at'] or '-'}")
     print(f"payload:\n{json.dumps(job.payload, indent=2, sort_keys=True)}")
-    print(f"last_error:\n{job.last_error}" if job.last_error else "last_error:      -")
+    if job.current_error:
+        print(f"last_error:\n{job.current_error}")
+    elif job.last_error:
+        # Kept for history: the job ran again after this failure.
+        print(f"earlier failure (before the latest attempt):\n{job.last_error}")
+    else:
+        print("last_error:      -")
     return 0
 
 
@@ -487,6 +509,11 @@ def _one_id_check(session: Any, ids: list[int], allowed: tuple[str, ...], verb: 
 
     for job_id in ids:
         job = ops.get_job(session, job_id)  # JobNotFoundError: "no job with id N"
+        if job.archived:
+            raise ConfigError(
+                f"job {job_id} is archived (in jobs_archive, {job.status.value}); "
+                f"archived jobs cannot be {verb}"
+            )
         if len(ids) == 1 and job.status.value not in allowed:
             raise ConfigError(
                 f"job {job_id} is {job.status.value}; only {' or '.join(allowed)} jobs can be "

@@ -107,6 +107,9 @@ class WorkerConfig:
             archived. Defaults to 604800 (7 days).
         worker_id: recorded in ``jobs.worker`` and used to fence completions.
             Defaults to ``host:pid``.
+        log_outcomes: log every job's outcome at INFO, done jobs included (``--log-outcomes``).
+            Retries and lost claims log at WARNING and dead jobs at ERROR either way;
+            without this, done jobs log at DEBUG only. Defaults to False.
     """
 
     database_url: str
@@ -122,6 +125,7 @@ class WorkerConfig:
     archive_every: float | None = DEFAULT_ARCHIVE_EVERY
     archive_older_than: float = DEFAULT_ARCHIVE_OLDER_THAN
     worker_id: str = field(default_factory=default_worker_id)
+    log_outcomes: bool = False
 
     def __post_init__(self) -> None:
         database_url(self.database_url)
@@ -143,6 +147,8 @@ class WorkerConfig:
         _positive("archive_older_than", self.archive_older_than, allow_zero=True)
         if not isinstance(self.worker_id, str) or not self.worker_id or "\x00" in self.worker_id:
             raise ConfigError("worker_id must be a non-empty string without NUL characters")
+        if not isinstance(self.log_outcomes, bool):
+            raise ConfigError(f"log_outcomes must be True or False, got {self.log_outcomes!r}")
 
     def _check_queues(self, queues: object) -> None:
         if isinstance(queues, str) or not isinstance(queues, (tuple, list)) or not queues:

@@ -286,7 +286,13 @@ def _table_stats(conn: sa.Connection) -> TableStats:
 
 @dataclass(frozen=True)
 class JobRecord:
-    """A job as read by :func:`list_jobs` / :func:`get_job`: a snapshot, not an ORM object."""
+    """A job as read by :func:`list_jobs` / :func:`get_job`: a snapshot, not an ORM object.
+
+    ``archived_at`` is set when the job was read from ``jobs_archive`` (see :func:`archive`).
+    ``run_at`` is when the job was (or will be) ready for its latest attempt; a dead job
+    keeps that of its last attempt. ``last_error`` is the latest failure, kept after a
+    retry succeeds: :attr:`current_error` is it only while the failure is the job's state.
+    """
 
     id: int
     kind: str
@@ -303,6 +309,20 @@ class JobRecord:
     last_error: str | None
     created_at: datetime
     finished_at: datetime | None
+    archived_at: datetime | None = None
+
+    @property
+    def archived(self) -> bool:
+        return self.archived_at is not None
+
+    @property
+    def current_error(self) -> str | None:
+        """``last_error`` when a failure is why the job is where it is: dead, or queued
+        for a retry. None for a job that ran again since (done, running, retried by hand)."""
+        failed = self.status is JobStatus.DEAD or (
+            self.status is JobStatus.QUEUED and self.attempts > 0
+        )
+        return self.last_error if failed else None
 
     def to_dict(self) -> dict[str, Any]:
         data = _jsonable(asdict(self))
@@ -314,7 +334,7 @@ _RECORD_FIELDS = tuple(f.name for f in fields(JobRecord))
 
 
 def _record(row: Any) -> JobRecord:
-    values = {name: getattr(row, name) for name in _RECORD_FIELDS}
+    values: dict[str, Any] = {name: getattr(row, name, None) for name in _RECORD_FIELDS}
     values["status"] = JobStatus(values["status"])
     return JobRecord(**values)
 
@@ -359,11 +379,15 @@ def _statuses(
     return [_status(s) for s in status]
 
 
-def get_job(session: Session, id: int) -> JobRecord:
-    """The job with this id; JobNotFoundError if there is none (archived jobs included)."""
+def get_job(session: Session, id: int, *, archived: bool = True) -> JobRecord:
+    """The job with this id, from ``jobs`` or else (unless ``archived=False``) from
+    ``jobs_archive`` (then ``archived_at`` is set); JobNotFoundError if there is none."""
     row = session.execute(admin.get_job(id)).one_or_none()
+    if row is None and archived:
+        row = session.execute(admin.get_archived_job(id)).one_or_none()
     if row is None:
-        raise JobNotFoundError(f"no job with id {id}")
+        where = "" if archived else " (not looking in jobs_archive)"
+        raise JobNotFoundError(f"no job with id {id}{where}")
     return _record(row)
 
 

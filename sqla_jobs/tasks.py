@@ -214,6 +214,35 @@ class Registry:
     def __getitem__(self, kind: str) -> Handler[Any]:
         return self._handlers[kind]
 
+    def _handler_for(self, kind: str) -> Handler[Any]:
+        handler = self._handlers.get(kind) if isinstance(kind, str) else None
+        if handler is None:
+            known = ", ".join(self.kinds) or "none"
+            raise RegistryError(f"no handler registered for kind {kind!r} (registered: {known})")
+        return handler
+
+    def new(
+        self, kind: str, payload: Mapping[str, Any] | None = None, **options: Any
+    ) -> producer.NewJob:
+        """A :class:`NewJob` of ``kind`` with its handler's defaults (queue, priority,
+        max_attempts), for ``enqueue_many``. RegistryError for a kind with no handler."""
+        return self._handler_for(kind).new(payload, **options)
+
+    def enqueue(
+        self,
+        session: producer.Executor,
+        kind: str,
+        payload: Mapping[str, Any] | None = None,
+        **options: Any,
+    ) -> int | None:
+        """Enqueue ``kind`` by name with its handler's defaults, as ``handler.enqueue`` does.
+
+        Plain :func:`sqla_jobs.enqueue` (and ``Job(...)``) never look at a registry: they
+        use the values given, else the table's defaults. A kind with no handler here is a
+        RegistryError, raised before anything is written. Never commits.
+        """
+        return self._handler_for(kind).enqueue(session, payload, **options)
+
     def __contains__(self, kind: object) -> bool:
         return kind in self._handlers
 

@@ -13,23 +13,35 @@ embedded one (the ``embedded`` extra, pgserver) only when nothing else answers.
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import socket
+import sys
 import tempfile
 import threading
 import time
 import uuid
 import warnings
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
+from sqlalchemy.orm import Session
 
-from sqla_jobs import config, migrations
+from sqla_jobs import config, migrations, ops, validation
+from sqla_jobs.models import JobStatus
 from sqla_jobs.sql import admin
-from sqla_jobs.tasks import Registry
+from sqla_jobs.tasks import JobContext, Registry
+
+if TYPE_CHECKING:
+    from sqla_jobs.worker import Worker, WorkerEvent
 
 LOCAL_SERVER = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 
@@ -124,22 +136,131 @@ def migrate(url: URL | str, revision: str = "heads") -> None:
 
 
 @contextmanager
+def _logging_kept() -> Iterator[None]:
+    """An app's env.py calls logging.config.fileConfig, which replaces the root handlers
+    and disables every logger that exists: undo that once its migrations have run."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    loggers = {
+        name: (lg.disabled, lg.level, lg.handlers[:], lg.propagate)
+        for name, lg in logging.Logger.manager.loggerDict.items()
+        if isinstance(lg, logging.Logger)
+    }
+    try:
+        yield
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+        for name, (disabled, lvl, hs, propagate) in loggers.items():
+            lg = logging.getLogger(name)
+            lg.disabled, lg.propagate = disabled, propagate
+            lg.setLevel(lvl)
+            lg.handlers[:] = hs
+
+
+def migrate_app(alembic_config: Any, url: URL | str, revision: str = "heads") -> None:
+    """``alembic upgrade heads`` of your app's Alembic ``Config`` on the database at ``url``.
+
+    ``url`` replaces the config's ``sqlalchemy.url``: your ``env.py`` must read it from
+    there (as the one ``alembic init`` writes does). With sqla_jobs' location in your
+    ``version_locations`` this creates sqla_jobs' tables and yours. Logging set up by
+    your env.py (``fileConfig``) is undone afterwards.
+    """
+    from alembic import command
+
+    text = url if isinstance(url, str) else url.render_as_string(hide_password=False)
+    # Config values go through configparser interpolation: a '%' must be doubled.
+    alembic_config.set_main_option("sqlalchemy.url", text.replace("%", "%%"))
+    _prepend_sys_path(alembic_config)
+    with _logging_kept():
+        command.upgrade(alembic_config, revision)
+
+
+def _prepend_sys_path(alembic_config: Any) -> None:
+    """What the ``alembic`` command does with ``prepend_sys_path`` (``.`` in the ini that
+    ``alembic init`` writes), so env.py can import the app; relative to the ini's folder."""
+    paths = getattr(alembic_config, "get_prepend_sys_paths_list", None)
+    if paths is not None:
+        entries = paths() or []
+    else:  # Alembic before 1.16: one string, split on spaces, commas and colons
+        raw = alembic_config.get_main_option("prepend_sys_path") or ""
+        entries = [p for p in re.split(r", *| +|:", raw) if p]
+    ini = alembic_config.config_file_name
+    base = Path(ini).resolve().parent if ini else Path.cwd()
+    for entry in reversed(entries):
+        path = os.path.normpath(base / entry)
+        if path not in sys.path:
+            sys.path.insert(0, path)
+
+
+@contextmanager
 def scratch_database(
     admin_url: URL,
     *,
     prefix: str = "sqla_jobs_test",
     migrate: bool = True,
     template: str | None = None,
+    alembic_config: Any = None,
 ) -> Iterator[URL]:
-    """A throwaway database, migrated unless told otherwise, dropped on exit."""
+    """A throwaway database, migrated unless told otherwise, dropped on exit.
+
+    Migrated with sqla_jobs' revisions, or with your app's ``alembic_config`` (an
+    ``alembic.config.Config``: its heads, see :func:`migrate_app`). A ``template``
+    database is cloned as it is.
+    """
     name = f"{prefix}_{uuid.uuid4().hex[:12]}"
     url = create_database(admin_url, name, template=template)
     try:
         if migrate and template is None:
-            globals()["migrate"](url)
+            if alembic_config is not None:
+                migrate_app(alembic_config, url)
+            else:
+                globals()["migrate"](url)
         yield url
     finally:
         drop_database(admin_url, name)
+
+
+@dataclass(frozen=True)
+class DrainSummary:
+    """What :func:`drain` or :func:`run_inline` ran: per kind, how many attempts ended
+    done, were retried (failed, queued again) or went dead.
+
+    ``summary.done`` is ``{"send_receipt": 2, ...}``; ``summary.total("retried")`` adds up
+    one outcome over every kind.
+    """
+
+    done: Mapping[str, int] = field(default_factory=dict)
+    retried: Mapping[str, int] = field(default_factory=dict)
+    dead: Mapping[str, int] = field(default_factory=dict)
+
+    def total(self, outcome: str) -> int:
+        if outcome not in ("done", "retried", "dead"):
+            raise ValueError(f"outcome must be done, retried or dead, got {outcome!r}")
+        return sum(getattr(self, outcome).values())
+
+
+class _Tally:
+    """Counts outcomes per kind from any thread, then freezes into a DrainSummary."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: dict[str, Counter[str]] = {
+            "done": Counter(),
+            "retried": Counter(),
+            "dead": Counter(),
+        }
+
+    def add(self, outcome: str, kind: str) -> None:
+        with self._lock:
+            self._counts[outcome][kind] += 1
+
+    def summary(self) -> DrainSummary:
+        with self._lock:
+            return DrainSummary(**{k: dict(sorted(v.items())) for k, v in self._counts.items()})
+
+
+_EVENT_OUTCOMES = {"done": "done", "retry": "retried", "dead": "dead"}
 
 
 def drain(
@@ -148,25 +269,38 @@ def drain(
     *,
     timeout: float = 30.0,
     queues: tuple[str, ...] | None = None,
-) -> None:
+    until_empty: bool = False,
+    within: float | timedelta = 3600.0,
+) -> DrainSummary:
     """Run ``registry``'s handlers in this process until none of its jobs is ready or running.
 
     Like Oban.Testing's ``drain_queue``: a real worker against the real database, stopped
-    once the queue is empty. Jobs scheduled in the future are left alone. Raises
-    TimeoutError if jobs are still ready or running after ``timeout`` seconds.
+    once the queue is empty; it returns what ran (:class:`DrainSummary`). Jobs scheduled
+    in the future are left alone, unless ``until_empty``: then retries waiting out their
+    backoff and jobs scheduled within ``within`` (seconds or a timedelta, default an hour)
+    of the database's ``now()`` are made ready at once (their ``run_at`` is pulled
+    forward, for these jobs only: no clock is changed) and run, again and again, until
+    none of the registry's jobs is ready, running or due within that bound. So a job that
+    fails twice and then succeeds is done when this returns. Jobs must be committed.
+    Raises TimeoutError if jobs are still pending after ``timeout`` seconds.
     """
     from sqla_jobs.worker import Worker
 
+    horizon = within.total_seconds() if isinstance(within, timedelta) else float(within)
+    if not horizon >= 0:
+        raise ValueError(f"within must be >= 0 seconds, got {within!r}")
     text = url if isinstance(url, str) else url.render_as_string(hide_password=False)
     if not queues:
-        # Every queue the registry's jobs sit in (read once, before running).
+        # Every queue the registry's jobs sit in (read once, before running), and each
+        # handler's own queue, where the jobs its handlers enqueue on the way will go.
         probe = sa.create_engine(config.database_url(text), poolclass=sa.NullPool)
         try:
             with probe.connect() as conn:
                 stmt = admin.queues_of_kinds(list(registry.kinds))
-                queues = tuple(conn.execute(stmt).scalars()) or ("default",)
+                found = set(conn.execute(stmt).scalars())
         finally:
             probe.dispose()
+        queues = tuple(sorted(found | set(registry.queues())))
     worker = Worker(
         registry,
         config.WorkerConfig(
@@ -177,19 +311,214 @@ def drain(
             queues=queues,
         ),
     )
+    tally = _Tally()
+
+    def count(event: WorkerEvent) -> None:
+        outcome = _EVENT_OUTCOMES.get(event.outcome.value)
+        if outcome is not None:  # lost claims and released jobs are neither
+            tally.add(outcome, event.kind)
+
+    worker.subscribe(count)
     thread = threading.Thread(target=worker.run, name="sqla_jobs-drain", daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout
-    stmt = admin.pending_count(list(registry.kinds), list(worker.queues))
+    kinds, names = list(registry.kinds), list(worker.queues)
+    pending = admin.pending_count(kinds, names)
+    due = admin.due_within(kinds, names, horizon)
+    forward = admin.pull_forward(kinds, names, horizon)
     try:
         while True:
-            with worker.engine.connect() as conn:
-                if conn.execute(stmt).scalar_one() == 0:
-                    return
+            with worker.engine.begin() as conn:
+                if conn.execute(pending).scalar_one() == 0:
+                    if not until_empty or conn.execute(due).scalar_one() == 0:
+                        return tally.summary()
+                    conn.execute(forward)  # the worker polls every 50 ms
             if time.monotonic() > deadline or not thread.is_alive():
                 raise TimeoutError(f"jobs still ready or running after {timeout}s")
             time.sleep(0.02)
     finally:
-        worker.stop()
-        thread.join(timeout)
-        worker.engine.dispose()
+        stop_worker(worker, thread, timeout)
+
+
+def stop_worker(worker: Worker, thread: threading.Thread, timeout: float = 30.0) -> None:
+    """Stop a worker running on ``thread`` and close its connections.
+
+    ``Worker.run`` can return while its handler threads still hand their connections
+    back; disposing of the engine before they have would leave a connection open.
+    """
+    worker.stop()
+    thread.join(timeout)
+    for handler_thread in list(getattr(worker, "_threads", ())):
+        handler_thread.join(timeout)
+    worker.engine.dispose()
+
+
+# --- assertions over the caller's transaction ----------------------------------------
+
+
+def _connection(session: Session | sa.Connection) -> sa.Connection:
+    if isinstance(session, Session):
+        session.flush()  # jobs added as Job(...) objects are rows only once flushed
+        return session.connection()
+    return session
+
+
+def enqueued_jobs(
+    session: Session | sa.Connection,
+    kind: str | None = None,
+    *,
+    payload: Mapping[str, Any] | None = None,
+    queue: str | None = None,
+    priority: int | None = None,
+    status: JobStatus | str | None = JobStatus.QUEUED,
+) -> list[ops.JobRecord]:
+    """The jobs matching every filter given, oldest first, as seen by ``session``'s own
+    transaction: jobs it enqueued and has not committed are included.
+
+    ``payload`` matches by containment: a job matches when its payload holds at least
+    these keys with these values (``{"order_id": 7}`` matches ``{"order_id": 7, "n": 1}``).
+    ``status`` defaults to queued (ready or scheduled); None matches any status.
+    """
+    stmt = admin.find_jobs(
+        kind=kind,
+        statuses=None if status is None else [JobStatus(status)],
+        queue=queue,
+        priority=priority,
+        payload=None if payload is None else validation.dump_payload(payload),
+    )
+    return [ops._record(row) for row in _connection(session).execute(stmt)]
+
+
+def _describe_filters(kind: str, filters: Mapping[str, Any]) -> str:
+    given = ", ".join(f"{k}={v!r}" for k, v in filters.items() if v is not None)
+    return f"kind={kind!r}" + (f", {given}" if given else "")
+
+
+def assert_enqueued(
+    session: Session | sa.Connection,
+    kind: str,
+    *,
+    payload: Mapping[str, Any] | None = None,
+    queue: str | None = None,
+    priority: int | None = None,
+    count: int | None = None,
+) -> ops.JobRecord:
+    """Assert that a queued job of ``kind`` matches (``count``: exactly that many do);
+    return the first match. Sees the caller's uncommitted jobs; see :func:`enqueued_jobs`.
+
+    The AssertionError lists the queued jobs of that kind, to show what was there instead.
+    """
+    filters = {"payload": payload, "queue": queue, "priority": priority}
+    found = enqueued_jobs(session, kind, payload=payload, queue=queue, priority=priority)
+    if found and (count is None or len(found) == count):
+        return found[0]
+    others = enqueued_jobs(session, kind)
+    seen = [{"id": j.id, "queue": j.queue, "payload": j.payload} for j in others[:10]]
+    wanted = "a queued job" if count is None else f"{count} queued job(s)"
+    raise AssertionError(
+        f"expected {wanted} with {_describe_filters(kind, filters)}, found {len(found)}; "
+        f"queued jobs of kind {kind!r}: {seen or 'none'}"
+    )
+
+
+def refute_enqueued(
+    session: Session | sa.Connection,
+    kind: str,
+    *,
+    payload: Mapping[str, Any] | None = None,
+    queue: str | None = None,
+    priority: int | None = None,
+) -> None:
+    """Assert that no queued job of ``kind`` matches (same filters as assert_enqueued)."""
+    found = enqueued_jobs(session, kind, payload=payload, queue=queue, priority=priority)
+    if found:
+        filters = {"payload": payload, "queue": queue, "priority": priority}
+        seen = [{"id": j.id, "queue": j.queue, "payload": j.payload} for j in found[:10]]
+        raise AssertionError(
+            f"expected no queued job with {_describe_filters(kind, filters)}, "
+            f"found {len(found)}: {seen}"
+        )
+
+
+# --- inline mode ----------------------------------------------------------------------
+
+#: ``jobs.worker`` (and ``JobContext.worker``) of jobs run by :func:`run_inline`.
+INLINE_WORKER = "inline"
+
+
+def run_inline(
+    registry: Registry,
+    session: Session,
+    *,
+    scheduled: bool = False,
+    raise_errors: bool = True,
+    limit: int = 1000,
+) -> DrainSummary:
+    """Run the queued jobs of ``registry``'s kinds now, in ``session``'s own transaction.
+
+    For unit tests, with no worker: each job is locked, marked running (attempt + 1) and
+    its handler called with ``session``, the payload as stored (read back from jsonb, as
+    the worker gives it) and a :class:`JobContext` whose worker is ``"inline"``. Its
+    writes and its done-mark stay in your transaction, inside a savepoint: a handler that
+    raises has its writes rolled back and the failure recorded as the worker would
+    (queued again after its backoff, or dead at max_attempts), then the exception is
+    re-raised unless ``raise_errors=False``. As in the worker, ``session.commit()`` inside
+    a handler raises ``HandlerTransactionError``. Jobs the handlers enqueue run too, up
+    to ``limit`` runs in all. Only jobs ready as of the transaction's ``now()`` run,
+    unless ``scheduled``. Nothing is committed.
+    """
+    from sqla_jobs.exceptions import HandlerTransactionError
+    from sqla_jobs.worker._completer import describe
+
+    kinds = list(registry.kinds)
+    tally = _Tally()
+    runs = 0
+
+    violated: list[bool] = []
+
+    def refuse_commit(_session: Session) -> None:
+        violated.append(True)
+        raise HandlerTransactionError(
+            "handlers must not call session.commit(): run_inline (like the worker) commits "
+            "nothing; the handler's writes stay in the caller's transaction"
+        )
+
+    while True:
+        session.flush()
+        row = session.execute(admin.inline_next(kinds, scheduled=scheduled)).first()
+        if row is None:
+            return tally.summary()
+        if runs >= limit:
+            raise RuntimeError(f"run_inline ran {limit} jobs and more are queued (a loop?)")
+        runs += 1
+        handler = registry[row.kind]
+        savepoint = session.begin_nested()
+        attempt = session.execute(admin.inline_start(row.id, INLINE_WORKER)).scalar_one()
+        ctx = JobContext(row.id, row.kind, row.queue, attempt, row.max_attempts, INLINE_WORKER)
+        violated.clear()
+        sa.event.listen(session, "before_commit", refuse_commit)
+        try:
+            handler(session, row.payload, ctx)
+            if violated:
+                raise HandlerTransactionError(
+                    "handler called session.commit() and swallowed the error"
+                )
+            session.flush()
+        except BaseException as exc:
+            savepoint.rollback()
+            failed = admin.inline_failed(
+                row.id,
+                worker=INLINE_WORKER,
+                delay_seconds=handler.backoff.delay(attempt),
+                error=describe(exc),
+            )
+            status = session.execute(failed).scalar_one()
+            tally.add("dead" if status == JobStatus.DEAD else "retried", row.kind)
+            if raise_errors or not isinstance(exc, Exception):
+                raise
+            continue
+        finally:
+            sa.event.remove(session, "before_commit", refuse_commit)
+        session.execute(admin.inline_done(row.id))
+        savepoint.commit()
+        tally.add("done", row.kind)

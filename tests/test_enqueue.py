@@ -19,6 +19,7 @@ from sqla_jobs import (
     JobStatus,
     NewJob,
     Registry,
+    RegistryError,
     enqueue,
     enqueue_many,
     producer,
@@ -245,6 +246,45 @@ def test_registered_handler_enqueues_its_own_kind_with_its_defaults(engine: sa.E
         ("send_welcome_email", "mail", 3, 2),
         ("send_welcome_email", "mail", 3, 0),
     ]
+
+
+def test_registry_enqueue_by_kind_applies_the_handlers_defaults(engine: sa.Engine) -> None:
+    registry = Registry()
+
+    @registry.handler("charge_card", max_attempts=3, queue="payments", priority=1)
+    def charge_card(session: Session, payload: dict[str, Any]) -> None:
+        pass
+
+    with Session(engine) as s:
+        registry.enqueue(s, "charge_card", {"order_id": 1})
+        registry.enqueue(s, "charge_card", {"order_id": 2}, queue="urgent", key="charge-2")
+        enqueue_many(s, [registry.new("charge_card", {"order_id": 3})])
+        # Plain enqueue knows no registry: the table's defaults, as the README says.
+        enqueue(s, "charge_card", {"order_id": 4})
+        s.commit()
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(jobs).order_by(jobs.c.id)).all()
+    assert [(r.payload["order_id"], r.queue, r.max_attempts, r.priority) for r in rows] == [
+        (1, "payments", 3, 1),
+        (2, "urgent", 3, 1),
+        (3, "payments", 3, 1),
+        (4, "default", 8, 0),
+    ]
+
+
+def test_registry_enqueue_refuses_a_kind_it_has_no_handler_for(engine: sa.Engine) -> None:
+    registry = Registry()
+    registry.register("charge_card", lambda session, payload: None)
+    with Session(engine) as s:
+        with pytest.raises(
+            RegistryError,
+            match=r"no handler registered for kind 'charge_crad' \(registered: charge_card\)",
+        ):
+            registry.enqueue(s, "charge_crad", {})
+        with pytest.raises(RegistryError, match="no handler registered for kind 'x'"):
+            registry.new("x")
+        s.commit()
+    assert count(engine) == 0
 
 
 class Unserializable:

@@ -5,20 +5,36 @@ from __future__ import annotations
 import os
 import re
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
-from helpers import scalar, url_text
+from helpers import scalar, url_text, wait_for
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
 import sqla_jobs
-from sqla_jobs import testing
+from sqla_jobs import Worker, WorkerConfig, testing
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
 
 import idempotent_handlers as ex  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def fresh_providers() -> Iterator[None]:
+    def reset() -> None:
+        for provider in (ex.mailer, ex.payments):
+            provider.calls.clear()
+            provider.effects.clear()
+            provider.before_send = None
+
+    reset()
+    yield
+    reset()
 
 
 def test_public_api_is_exactly_what_all_lists() -> None:
@@ -44,7 +60,7 @@ def test_readme_enqueue_example_runs(engine: sa.Engine, db_url: URL) -> None:
         engine_in_readme = namespace.get("engine")
         if isinstance(engine_in_readme, sa.Engine):
             engine_in_readme.dispose()
-    assert scalar(engine, "SELECT count(*) FROM jobs") == 1003
+    assert scalar(engine, "SELECT count(*) FROM jobs") == 1004
 
 
 def test_idempotent_patterns_take_effect_once_when_a_job_runs_twice(
@@ -67,3 +83,57 @@ def test_idempotent_patterns_take_effect_once_when_a_job_runs_twice(
     assert len(ex.mailer.calls) == 1  # pattern 1: the second run did nothing
     assert len(ex.payments.calls) == 2 and len(ex.payments.effects) == 1  # pattern 2
     assert scalar(engine, "SELECT count(*) FROM example_ledger") == 1  # pattern 3
+
+
+def test_two_receipt_jobs_for_one_order_at_once_send_one_receipt(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    ex.ExampleBase.metadata.create_all(engine)
+    with Session(engine) as s:
+        s.add(ex.Order(id=1, email="a@example.com"))
+        s.flush()
+        ex.send_receipt.enqueue(s, {"order_id": 1})
+        ex.send_receipt.enqueue(s, {"order_id": 1})
+        s.commit()
+    release = threading.Event()
+    sending: list[int] = []
+
+    def hold_the_first_send() -> None:
+        sending.append(1)
+        release.wait(60)
+
+    ex.mailer.before_send = hold_the_first_send
+    worker = Worker(
+        ex.registry,
+        WorkerConfig(
+            database_url=url_text(db_url), concurrency=2, listen=False, poll_interval=0.05
+        ),
+    )
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+
+    def second_job_waits_on_the_row_lock() -> bool:
+        # Both handlers got past the check: the row lock is missing.
+        assert len(sending) < 2, "both jobs passed the receipt check at once"
+        waiting = scalar(
+            engine,
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        running = scalar(engine, "SELECT count(*) FROM jobs WHERE status = 'running'")
+        return bool(len(sending) == 1 and waiting == 1 and running == 2)
+
+    try:
+        # One job is inside send() holding the order's row lock while the other job's
+        # handler, running at the same moment, waits for that lock.
+        wait_for(second_job_waits_on_the_row_lock, message="one send and one lock waiter")
+        release.set()
+        wait_for(
+            lambda: scalar(engine, "SELECT count(*) FROM jobs WHERE status = 'done'") == 2,
+            message="both jobs done",
+        )
+    finally:
+        release.set()
+        testing.stop_worker(worker, thread)
+    assert len(ex.mailer.calls) == 1
+    assert scalar(engine, "SELECT receipt_sent_at IS NOT NULL FROM example_orders") is True

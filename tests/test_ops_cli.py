@@ -19,7 +19,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 from test_ops import insert, seed_states
 
-from sqla_jobs import enqueue
+from sqla_jobs import JobNotFoundError, enqueue, ops
 from sqla_jobs.sql import locks
 
 
@@ -326,3 +326,56 @@ def test_metrics_port_without_prometheus_client_is_a_clear_error(
     out = stop(proc)
     assert proc.returncode == 2, out
     assert "--metrics-port needs prometheus-client" in out and "Traceback" not in out
+
+
+def test_show_finds_an_archived_job_and_marks_it_archived(engine: sa.Engine, db_url: URL) -> None:
+    with Session(engine) as s:
+        job_id = enqueue(s, "noop", {"order": 1})
+        s.commit()
+    assert job_id is not None
+    insert(
+        engine,
+        "UPDATE jobs SET status = 'done', attempts = 1, finished_at = now() - interval '9 days'",
+    )
+    assert ok(db_url, "archive", "--older-than", "7d") == "archived 1 job(s)\n"
+    text = ok(db_url, "show", str(job_id))
+    assert re.search(r"^status: +done \(archived 20\S+, in jobs_archive\)$", text, re.M), text
+    assert '"order": 1' in text
+    data = json.loads(ok(db_url, "show", str(job_id), "--json"))
+    assert data["status"] == "done" and data["archived_at"].startswith("20")
+    # Live jobs have no archived_at; actions on an archived id say why they refuse.
+    result = cli(db_url, "retry", str(job_id))
+    assert result.returncode == 2
+    assert f"job {job_id} is archived (in jobs_archive, done); archived jobs cannot be retried" in (
+        result.stderr
+    )
+    with Session(engine) as s:
+        assert ops.get_job(s, job_id).archived
+        with pytest.raises(JobNotFoundError, match=r"\(not looking in jobs_archive\)"):
+            ops.get_job(s, job_id, archived=False)
+
+
+def test_list_and_show_label_an_error_a_later_attempt_overcame(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    insert(
+        engine,
+        """
+        INSERT INTO jobs (kind, payload, status, attempts, finished_at, last_error) VALUES
+          ('flaky', '{}', 'done', 2, now(), 'TimeoutError: first try'),
+          ('flaky', '{}', 'dead', 3, now(), 'ValueError: gave up'),
+          ('flaky', '{}', 'queued', 1, NULL, 'OSError: will retry')
+        """,
+    )
+    done_id, dead_id, retry_id = (r[0] for r in rows(engine, "SELECT id FROM jobs ORDER BY id"))
+    lines = ok(db_url, "list", "--kind", "flaky").splitlines()
+    assert lines[0].split()[-1] == "ERROR"
+    by_id = {int(line.split()[0]): line for line in lines[1:]}
+    # The done job's line ends with its RUN AT time: its old failure is not shown.
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\S+", by_id[done_id].split()[-1]), by_id[done_id]
+    assert by_id[dead_id].endswith("ValueError: gave up")
+    assert by_id[retry_id].endswith("OSError: will retry")
+    done = ok(db_url, "show", str(done_id))
+    assert "earlier failure (before the latest attempt):\nTimeoutError: first try" in done
+    assert "\nlast_error:" not in done
+    assert "last_error:\nValueError: gave up" in ok(db_url, "show", str(dead_id))

@@ -58,6 +58,18 @@ CASES: dict[str, Callable[[], Any]] = {
     "admin.prune_batch": lambda: admin.prune_batch(older_than=86400, batch=1000),
     "admin.queues_of_kinds": lambda: admin.queues_of_kinds(["a", "b"]),
     "admin.pending_count": lambda: admin.pending_count(["a"], ["default"]),
+    "admin.get_archived_job": lambda: admin.get_archived_job(1),
+    "admin.find_jobs": lambda: admin.find_jobs(
+        kind="a", statuses=[JobStatus.QUEUED], queue="q", priority=1, payload='{"n": 1}'
+    ),
+    "admin.due_within": lambda: admin.due_within(["a"], ["default"], 3600),
+    "admin.pull_forward": lambda: admin.pull_forward(["a"], ["default"], 3600),
+    "admin.inline_next": lambda: admin.inline_next(["a"], scheduled=False),
+    "admin.inline_start": lambda: admin.inline_start(1, "inline"),
+    "admin.inline_done": lambda: admin.inline_done(1),
+    "admin.inline_failed": lambda: admin.inline_failed(
+        1, worker="inline", delay_seconds=2.0, error="boom"
+    ),
     "stats.stats_now": lambda: stats.stats_now(),
     "stats.stats_queued": lambda: stats.stats_queued(),
     "stats.stats_running": lambda: stats.stats_running(),

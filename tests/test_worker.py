@@ -111,6 +111,29 @@ def test_job_goes_dead_at_max_attempts_and_is_kept(engine: sa.Engine, db_url: UR
         wait_for(lambda: status_counts(engine) == {"dead": 1}, message="dead")
     row = rows(engine, "SELECT attempts, finished_at IS NOT NULL, last_error FROM jobs")[0]
     assert row[0] == 3 and row[1] is True and "ValueError: boom" in row[2]
+    # No retry is coming: run_at stays that of the last attempt, not after finished_at.
+    assert scalar(engine, "SELECT run_at <= finished_at FROM jobs") is True
+
+
+def test_log_outcomes_logs_done_jobs_at_info(
+    engine: sa.Engine, db_url: URL, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="sqla_jobs.worker")
+    with Session(engine) as s:
+        first = enqueue(s, "noop", {})
+        s.commit()
+    with running(app_registry, db_url):
+        wait_for(lambda: status_counts(engine) == {"done": 1}, message="done")
+    assert not [r for r in caplog.records if "done in" in r.getMessage()]
+    with Session(engine) as s:
+        second = enqueue(s, "noop", {})
+        s.commit()
+    with running(app_registry, db_url, log_outcomes=True):
+        wait_for(lambda: status_counts(engine) == {"done": 2}, message="done")
+    (done,) = [r for r in caplog.records if "done in" in r.getMessage()]
+    assert done.levelno == logging.INFO
+    assert (done.__dict__["job_id"], done.__dict__["outcome"]) == (second, "done")
+    assert first != second
 
 
 def test_claim_order_is_priority_then_run_at(engine: sa.Engine, db_url: URL) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -245,6 +246,7 @@ def test_listen_wakes_an_idle_worker_without_waiting_for_the_poll(
         (["jobapp:noop"], {}, "is not a sqla_jobs.Registry (got Handler)"),
         (["jobapp:registry", "--concurrency", "0"], {}, "concurrency must be between"),
         (["jobapp:registry", "--queues", "bad queue"], {}, "queue must match"),
+        (["jobapp:registry", "--log-level", "LOUD"], {}, "argument --log-level: invalid choice"),
         (["jobapp:registry"], {"DATABASE_URL": "mysql://x@localhost/db"}, "must be PostgreSQL"),
         (["jobapp:registry"], {"DATABASE_URL": ""}, "database URL is empty"),
         (
@@ -270,6 +272,21 @@ def test_cli_names_the_migration_command_for_an_unmigrated_database(empty_db_url
     out = stop(proc)
     assert proc.returncode == 2
     assert "alembic upgrade head" in out and "Traceback" not in out
+
+
+def test_log_outcomes_flag_logs_every_done_job_at_info(engine: sa.Engine, db_url: URL) -> None:
+    with Session(engine) as s:
+        job_id = enqueue(s, "noop", {})
+        s.commit()
+    proc = start_worker(db_url, "--log-outcomes", "--log-format", "json")
+    try:
+        wait_for(lambda: scalar(engine, "SELECT status::text FROM jobs") == "done")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        out = stop(proc)
+    done = [json.loads(line) for line in out.splitlines() if '"outcome": "done"' in line]
+    assert [(d["level"], d["job_id"], d["kind"]) for d in done] == [("INFO", job_id, "noop")]
 
 
 def test_python_dash_m_sqla_jobs_lists_the_worker_command() -> None:

@@ -14,6 +14,7 @@ and then ``alembic upgrade heads``: sqla_jobs' revisions form their own branch (
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from alembic.config import Config
 from sqlalchemy import Connection
@@ -102,3 +103,45 @@ def downgrade(connection: Connection, revision: str = "base") -> None:
         connection.commit()
     command.downgrade(alembic_config(connection), revision)
     connection.commit()
+
+
+def guard_revisions(context: Any, revision: Any, directives: list[Any]) -> None:
+    """``process_revision_directives`` for your app's ``env.py``: refuse to write one of
+    your revisions into sqla_jobs' history.
+
+    With sqla_jobs' revisions the only head (your app has no branch yet), a plain
+    ``alembic revision --autogenerate`` would put your revision after sqla_jobs' head,
+    in the installed package. This raises a CommandError that says how to start your
+    own branch instead; nothing is written. Pass it in ``env.py``::
+
+        context.configure(..., process_revision_directives=guard_revisions)
+    """
+    from alembic.util import CommandError
+
+    script_dir = getattr(context, "script", None)
+    ours = VERSIONS_DIR.resolve()
+    for script in directives:
+        if script.message is None and script.head == "head":
+            # `alembic check` (it writes nothing): the CLI's revision command passes
+            # --head as given (None when absent), check always "head" and no message.
+            continue
+        into, parent = False, None
+        if script.version_path is not None:
+            into = Path(script.version_path).resolve() == ours
+        elif script_dir is not None:
+            try:
+                heads = script_dir.revision_map.get_revisions(script.head or "head")
+            except Exception:  # several heads, an unknown label: Alembic's own error says it
+                heads = ()
+            for head in heads:
+                if head is not None and Path(head.path).resolve().parent == ours:
+                    into, parent = True, head.revision
+                    break
+        if into:
+            after = f" after {parent}" if parent else ""
+            raise CommandError(
+                f"this revision would be written into sqla_jobs' own history{after}, inside "
+                f"the installed package ({ours}). Start your app's branch with: alembic "
+                'revision --autogenerate -m "..." --head base --branch-label <app> '
+                "--version-path alembic/versions; later revisions: --head <app>@head"
+            )

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.sql.dml import ReturningDelete, ReturningInsert
 
 from sqla_jobs import models
@@ -244,4 +244,145 @@ def pending_count(kinds: Sequence[str], queues: Sequence[str]) -> sa.Select[Any]
         jobs.c.kind == sa.any_(_common.text_array(kinds)),
         jobs.c.queue == sa.any_(_common.text_array(queues)),
         sa.or_(ready, jobs.c.status == _common.status(JobStatus.RUNNING)),
+    )
+
+
+# --- archived jobs (sqla_jobs.ops.get_job) ---------------------------------------------
+
+
+def get_archived_job(job_id: int) -> sa.Select[Any]:
+    """The archived copy of a job (``jobs_archive``), with ``archived_at``."""
+    archive = models.jobs_archive
+    return sa.select(*archive.c).where(archive.c.id == sa.bindparam("id", job_id, sa.BigInteger))
+
+
+# --- testing helpers (sqla_jobs.testing) -----------------------------------------------
+
+
+def find_jobs(
+    *,
+    kind: str | None = None,
+    statuses: Sequence[JobStatus] | None = None,
+    queue: str | None = None,
+    priority: int | None = None,
+    payload: str | None = None,
+    limit: int = 1000,
+) -> sa.Select[Any]:
+    """Jobs matching every filter given, in id order; ``payload`` is JSON text matched by
+    containment (``payload @> :payload``: the job's payload holds at least these keys)."""
+    conditions = _job_filters(statuses=statuses, kind=kind, queue=queue)
+    if priority is not None:
+        conditions.append(jobs.c.priority == sa.bindparam("priority", priority, sa.SmallInteger))
+    if payload is not None:
+        match = sa.cast(sa.bindparam("payload_match", payload, sa.Text), JSONB)
+        conditions.append(jobs.c.payload.contains(match))
+    return (
+        sa.select(*jobs.c)
+        .where(*conditions)
+        .order_by(jobs.c.id)
+        .limit(sa.bindparam("limit", limit, sa.Integer))
+    )
+
+
+def due_within(kinds: Sequence[str], queues: Sequence[str], seconds: float) -> sa.Select[Any]:
+    """How many queued jobs of ``kinds`` in ``queues`` are scheduled after now() and
+    within ``seconds`` of it (retries waiting out their backoff, delayed jobs)."""
+    return sa.select(sa.func.count()).where(
+        jobs.c.kind == sa.any_(_common.text_array(kinds)),
+        jobs.c.queue == sa.any_(_common.text_array(queues)),
+        jobs.c.status == _common.status(JobStatus.QUEUED),
+        jobs.c.run_at > sa.func.now(),
+        jobs.c.run_at
+        <= sa.func.now() + _common.seconds(sa.bindparam("horizon", seconds, sa.Float)),
+    )
+
+
+def pull_forward(kinds: Sequence[str], queues: Sequence[str], seconds: float) -> sa.Update:
+    """Make the queued jobs :func:`due_within` counts ready now (``run_at = now()``):
+    the test's clock moves for these jobs only. RETURNING their ids."""
+    return (
+        sa.update(jobs)
+        .where(
+            jobs.c.kind == sa.any_(_common.text_array(kinds)),
+            jobs.c.queue == sa.any_(_common.text_array(queues)),
+            jobs.c.status == _common.status(JobStatus.QUEUED),
+            jobs.c.run_at > sa.func.now(),
+            jobs.c.run_at
+            <= sa.func.now() + _common.seconds(sa.bindparam("horizon", seconds, sa.Float)),
+        )
+        .values(run_at=sa.func.now())
+        .returning(jobs.c.id)
+    )
+
+
+def inline_next(kinds: Sequence[str], *, scheduled: bool) -> sa.Select[Any]:
+    """The next queued job of ``kinds`` in claim order, locked (``FOR UPDATE SKIP
+    LOCKED``), for :func:`sqla_jobs.testing.run_inline`; with ``scheduled``, jobs whose
+    run_at is still ahead are included."""
+    conditions = [
+        jobs.c.kind == sa.any_(_common.text_array(kinds)),
+        jobs.c.status == _common.status(JobStatus.QUEUED),
+    ]
+    if not scheduled:
+        conditions.append(jobs.c.run_at <= sa.func.now())
+    return (
+        sa.select(*jobs.c)
+        .where(*conditions)
+        .order_by(jobs.c.priority, jobs.c.run_at, jobs.c.id)
+        .limit(1)
+        .with_for_update(skip_locked=True)
+    )
+
+
+def inline_start(job_id: int, worker: str) -> sa.Update:
+    """Mark a job running for an inline run (attempts + 1), as a claim would."""
+    return (
+        sa.update(jobs)
+        .where(jobs.c.id == sa.bindparam("id", job_id, sa.BigInteger))
+        .values(
+            status=_common.status(JobStatus.RUNNING),
+            attempts=jobs.c.attempts + 1,
+            worker=sa.bindparam("worker", worker, sa.Text),
+        )
+        .returning(jobs.c.attempts)
+    )
+
+
+def inline_done(job_id: int) -> sa.Update:
+    """Mark an inline run done."""
+    return (
+        sa.update(jobs)
+        .where(jobs.c.id == sa.bindparam("id", job_id, sa.BigInteger))
+        .values(
+            status=_common.status(JobStatus.DONE),
+            finished_at=sa.func.now(),
+            locked_until=None,
+            run_at=sa.func.least(jobs.c.run_at, sa.func.now()),
+        )
+    )
+
+
+def inline_failed(job_id: int, *, worker: str, delay_seconds: float, error: str) -> sa.Update:
+    """Record a failed inline attempt (its own writes were rolled back with it): queued
+    again after ``delay_seconds``, or dead at max_attempts, as :func:`retry` does."""
+    exhausted = jobs.c.attempts + 1 >= jobs.c.max_attempts
+    return (
+        sa.update(jobs)
+        .where(jobs.c.id == sa.bindparam("id", job_id, sa.BigInteger))
+        .values(
+            status=sa.case(
+                (exhausted, _common.status(JobStatus.DEAD)), else_=_common.status(JobStatus.QUEUED)
+            ),
+            attempts=jobs.c.attempts + 1,
+            worker=sa.bindparam("worker", worker, sa.Text),
+            run_at=sa.case(
+                # Run ahead of its schedule (``scheduled=True``): never ready after it ended.
+                (exhausted, sa.func.least(jobs.c.run_at, sa.func.now())),
+                else_=sa.func.now()
+                + _common.seconds(sa.bindparam("delay", delay_seconds, sa.Float)),
+            ),
+            last_error=sa.bindparam("error", error, sa.Text),
+            finished_at=sa.case((exhausted, sa.func.now()), else_=None),
+        )
+        .returning(jobs.c.status)
     )

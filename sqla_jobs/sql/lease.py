@@ -193,8 +193,12 @@ def record_failure(
             status=sa.case(
                 (exhausted, _common.status(JobStatus.DEAD)), else_=_common.status(JobStatus.QUEUED)
             ),
-            run_at=_common.clock(now)
-            + _common.seconds(sa.bindparam("delay", delay_seconds, sa.Float)),
+            # A dead job keeps the run_at of its last attempt: no retry is coming.
+            run_at=sa.case(
+                (exhausted, sa.func.least(jobs.c.run_at, _common.clock(now))),
+                else_=_common.clock(now)
+                + _common.seconds(sa.bindparam("delay", delay_seconds, sa.Float)),
+            ),
             locked_until=None,
             last_error=sa.bindparam("error", error, sa.Text),
             finished_at=sa.case((exhausted, _common.clock(now)), else_=None),

@@ -221,8 +221,10 @@ class Completer:
     def _done(self, attempt: Attempt) -> Outcome:
         job = attempt.job
         # Checked first: building the structured fields cost as much as a no-op job.
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug(
+        level = logging.INFO if self.config.log_outcomes else logging.DEBUG
+        if log.isEnabledFor(level):
+            log.log(
+                level,
                 "job %s (%s) done in %.3fs",
                 job.id,
                 job.kind,

@@ -1,0 +1,25 @@
+SELECT jobs.id,
+       jobs.kind,
+       jobs.queue,
+       jobs.priority,
+       jobs.payload,
+       jobs.status,
+       jobs.run_at,
+       jobs.locked_until,
+       jobs.attempts,
+       jobs.max_attempts,
+       jobs.idempotency_key,
+       jobs.worker,
+       jobs.last_error,
+       jobs.created_at,
+       jobs.finished_at
+FROM jobs
+WHERE jobs.kind = ANY (%(param_1)s::TEXT[])
+  AND jobs.status = 'queued'::job_status
+  AND jobs.run_at <= now()
+ORDER BY jobs.priority,
+         jobs.run_at,
+         jobs.id
+LIMIT %(param_2)s::INTEGER
+FOR
+UPDATE SKIP LOCKED;
