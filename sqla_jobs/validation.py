@@ -80,7 +80,10 @@ def seconds(
         raise error(f"{name} must be a timedelta, got {type(value).__name__}")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise error(f"{name} must be seconds or a timedelta, got {type(value).__name__}")
-    return number(name, value, allow_minimum=allow_zero, error=error)
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise error(f"{name} must be a finite number of seconds {bound}, got {value!r}")
+    return float(value)
 
 
 def ids(

@@ -83,6 +83,14 @@ def refused(session: Session, payload: dict[str, Any], job: JobContext) -> None:
         route(session, job)
 
 
+@registry.handler("begin_first", max_attempts=1)
+def begin_first(session: Session, payload: dict[str, Any], job: JobContext) -> None:
+    """The new user's case: the block is the handler's first use of the session."""
+    with session.begin():
+        _mark(session, job, "in block")
+    raise RuntimeError("after the block")
+
+
 @registry.handler("below_sqlalchemy", max_attempts=1)
 def below_sqlalchemy(session: Session, payload: dict[str, Any], job: JobContext) -> None:
     _mark(session, job)
@@ -136,6 +144,21 @@ def test_every_route_that_ends_the_handlers_transaction_is_refused_and_rolled_ba
         assert (status, attempts) == ("dead", 1), (jobs[job_id], status)
         assert "sqla_jobs.exceptions.HandlerTransactionError" in last_error, jobs[job_id]
         assert route in last_error, (jobs[job_id], last_error.splitlines()[0])
+    assert rows(engine, "SELECT job_id, label FROM marks") == []
+
+
+def test_a_with_session_begin_block_as_the_first_use_is_refused_and_leaves_no_row(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    with engine.begin() as conn:
+        conn.exec_driver_sql(SETUP)
+    _enqueue(engine, begin_first, [{}])
+    with running(registry, db_url):
+        ((_, status, _, last_error),) = wait_for(lambda: _finished(engine, 1))
+    assert status == "dead"
+    assert last_error.startswith(
+        "sqla_jobs.exceptions.HandlerTransactionError: handlers must not call session.begin()"
+    )
     assert rows(engine, "SELECT job_id, label FROM marks") == []
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import threading
 
 import sqlalchemy as sa
 from helpers import scalar, start_worker, stop, wait_for
@@ -38,16 +39,18 @@ def test_a_worker_with_queues_that_miss_a_handlers_queue_warns_once_at_start(
     db_url: URL,
 ) -> None:
     proc = start_worker(db_url, "--queues", "default,images", app="mailapp:registry")
-    assert proc.stdout is not None
-    head = []
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout or []), daemon=True)
+    reader.start()
     try:
-        for line in proc.stdout:  # up to the line after "started" (the worker keeps running)
-            head.append(line)
-            if len(head) > 1 and "started:" in head[-2]:
-                break
+        wait_for(lambda: any("started:" in line for line in lines), message="worker started")
+        # The warnings come right after the start line, from the same thread.
+        wait_for(lambda: any("does not serve" in line for line in lines), timeout=5)
     finally:
         proc.send_signal(signal.SIGTERM)
-        out = "".join(head) + stop(proc)
+        stop(proc)
+        reader.join(10)
+    out = "".join(lines)
     warning = (
         "handler 'send_welcome_email' enqueues into queue 'mail' by default, which this "
         "worker does not serve (--queues default,images)"
