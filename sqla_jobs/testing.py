@@ -479,8 +479,9 @@ def run_inline(
     def refuse_commit(_session: Session) -> None:
         violated.append(True)
         raise HandlerTransactionError(
-            "handlers must not call session.commit(): run_inline (like the worker) commits "
-            "nothing; the handler's writes stay in the caller's transaction"
+            "handlers must not end the job's transaction (session.commit()): run_inline "
+            "(like the worker) commits nothing; the handler's writes stay in the caller's "
+            "transaction"
         )
 
     while True:

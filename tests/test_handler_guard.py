@@ -157,7 +157,8 @@ def test_a_with_session_begin_block_as_the_first_use_is_refused_and_leaves_no_ro
         ((_, status, _, last_error),) = wait_for(lambda: _finished(engine, 1))
     assert status == "dead"
     assert last_error.startswith(
-        "sqla_jobs.exceptions.HandlerTransactionError: handlers must not call session.begin()"
+        "sqla_jobs.exceptions.HandlerTransactionError: handlers must not end the job's "
+        "transaction (session.begin())"
     )
     assert rows(engine, "SELECT job_id, label FROM marks") == []
 

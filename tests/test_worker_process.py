@@ -221,7 +221,11 @@ def test_listen_wakes_an_idle_worker_without_waiting_for_the_poll(
     try:
         wait_for(
             lambda: (
-                scalar(engine, "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN%'")
+                scalar(
+                    engine,
+                    "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN%'"
+                    " AND datname = current_database()",
+                )
                 == 1
             ),
             message="listener up",

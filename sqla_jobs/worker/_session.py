@@ -84,7 +84,7 @@ class Guard:
     def refuse(self, what: str) -> HandlerTransactionError:
         self.violation = self.violation or what
         return HandlerTransactionError(
-            f"handlers must not call {what}: the worker commits the handler's writes "
+            f"handlers must not end the job's transaction ({what}): the worker commits its writes "
             "together with the job's done-mark (use session.flush() to send writes, "
             "session.rollback() to discard them, session.begin_nested() for a savepoint)"
         )
@@ -114,34 +114,38 @@ class GuardedConnection(sa.Connection):
 
     guard: Guard
 
-    def _refused(self, what: str) -> bool:
+    def _check(self, what: str) -> None:
         if self.guard.armed:
             raise self.guard.refuse(what)
-        return False
 
     def commit(self) -> None:
-        self._refused("connection.commit()") or super().commit()
+        self._check("connection.commit()")
+        super().commit()
 
     def rollback(self) -> None:
-        self._refused("connection.rollback()") or super().rollback()
+        self._check("connection.rollback()")
+        super().rollback()
 
     def begin(self) -> sa.RootTransaction:
         if self.in_transaction():
-            self._refused("connection.begin()")
+            self._check("connection.begin()")
         return super().begin()
 
     def close(self) -> None:
-        self._refused("connection.close()") or super().close()
+        self._check("connection.close()")
+        super().close()
 
     def invalidate(self, exception: BaseException | None = None) -> None:
-        self._refused("connection.invalidate()") or super().invalidate(exception)
+        self._check("connection.invalidate()")
+        super().invalidate(exception)
 
     def detach(self) -> None:
-        self._refused("connection.detach()") or super().detach()
+        self._check("connection.detach()")
+        super().detach()
 
     def execution_options(self, **opt: Any) -> GuardedConnection:
         if str(opt.get("isolation_level", "")).upper() == "AUTOCOMMIT":
-            self._refused("the AUTOCOMMIT isolation level")
+            self._check("the AUTOCOMMIT isolation level")
         super().execution_options(**opt)
         return self
 
