@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from demo_app import AppBase, Order, send_receipt  # noqa: E402
+from demo_app import AppBase, Order, Summary, send_receipt  # noqa: E402
 
 from sqla_jobs import config, testing  # noqa: E402
 from sqla_jobs.models import JobStatus, jobs  # noqa: E402
@@ -53,9 +53,25 @@ def place_orders(engine: sa.Engine) -> None:
 
 
 def counts(engine: sa.Engine) -> dict[str, int]:
+    """Receipt jobs by status (the periodic summaries are shown apart)."""
     with engine.connect() as conn:
-        rows = conn.execute(sa.select(jobs.c.status, sa.func.count()).group_by(jobs.c.status))
+        rows = conn.execute(
+            sa.select(jobs.c.status, sa.func.count())
+            .where(jobs.c.kind == "send_receipt")
+            .group_by(jobs.c.status)
+        )
         return {status.value: n for status, n in rows}
+
+
+def summaries(engine: sa.Engine, wanted: int = 2, timeout: float = 30) -> list[Summary]:
+    """Wait for the periodic ``sales_summary`` to have run ``wanted`` times."""
+    deadline = time.monotonic() + timeout
+    with Session(engine) as session:
+        while True:
+            found = list(session.scalars(sa.select(Summary).order_by(Summary.scheduled_for)))
+            if len(found) >= wanted or time.monotonic() > deadline:
+                return found
+            time.sleep(0.2)
 
 
 def progress(engine: sa.Engine, timeout: float = 120) -> None:
@@ -102,6 +118,7 @@ def main() -> None:
     )
     try:
         progress(engine)
+        ticks = summaries(engine)
     finally:
         worker.send_signal(signal.SIGTERM)
         worker.wait(30)
@@ -116,9 +133,14 @@ def main() -> None:
         f"4. result: {sent}/{ORDERS} receipts sent; {retried} jobs needed a retry; "
         f"jobs by status: {counts(engine)}"
     )
+    print("5. the periodic sales_summary (every 2 s, one job per tick whatever the workers):")
+    for summary in ticks:
+        print(f"   tick {summary.scheduled_for:%H:%M:%S}: {summary.receipts_sent} receipts sent")
     engine.dispose()
     if sent != ORDERS:
         raise SystemExit("some receipts were not sent")
+    if len(ticks) < 2:
+        raise SystemExit("the periodic summary did not fire twice")
 
 
 if __name__ == "__main__":

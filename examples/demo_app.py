@@ -5,7 +5,7 @@ Run by ``make demo`` (see examples/demo.py); the worker loads it as ``demo_app:r
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
@@ -28,6 +28,14 @@ class Order(AppBase):
     receipt_key: Mapped[str | None]
 
 
+class Summary(AppBase):
+    __tablename__ = "demo_summaries"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    scheduled_for: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), unique=True)
+    receipts_sent: Mapped[int]
+
+
 registry = Registry()
 
 
@@ -42,3 +50,13 @@ def send_receipt(session: Session, payload: dict[str, Any], job: JobContext) -> 
     # recognised downstream as the same request.
     order.receipt_key = f"receipt-{job.id}"
     order.receipt_sent_at = sa.func.now()
+
+
+@registry.periodic(every=timedelta(seconds=2), missed="skip", grace=timedelta(seconds=5))
+@registry.handler("sales_summary")
+def sales_summary(session: Session, payload: dict[str, Any], job: JobContext) -> None:
+    """Every 2 seconds (once, however many workers run): how many receipts went out."""
+    sent = session.scalar(
+        sa.select(sa.func.count()).select_from(Order).where(Order.receipt_sent_at.is_not(None))
+    )
+    session.add(Summary(scheduled_for=job.scheduled_for, receipts_sent=sent or 0))

@@ -119,6 +119,11 @@ def worker_parser(prog: str = "python -m sqla_jobs.worker") -> argparse.Argument
     )
     p.add_argument("--no-listen", action="store_true", help="poll only; no LISTEN/NOTIFY")
     p.add_argument(
+        "--no-periodic",
+        action="store_true",
+        help="do not enqueue the app's periodic ticks (other workers do)",
+    )
+    p.add_argument(
         "--prefetch",
         type=int,
         default=config_mod.DEFAULT_PREFETCH,
@@ -197,6 +202,7 @@ def _build_config(args: argparse.Namespace) -> config_mod.WorkerConfig:
         prefetch=args.prefetch,
         prepared_statements=not args.no_prepared_statements,
         log_outcomes=args.log_outcomes,
+        periodic=not args.no_periodic,
         **options,
     )
 
@@ -282,6 +288,10 @@ def _add_ops_commands(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="one JSON document (per refresh)")
     p.add_argument("--watch", type=float, metavar="SECONDS", help="refresh every SECONDS")
     p.add_argument("--app", help="'module:registry' to report kinds it has no handler for")
+
+    p = command("periodic", "periodic schedules: next tick, last tick, its job's status")
+    p.add_argument("--app", required=True, help="'module:registry' that declares the schedules")
+    p.add_argument("--json", action="store_true")
 
     p = command("list", "list jobs, oldest id first (keyset pages)")
     _add_filters(p)
@@ -438,6 +448,54 @@ def _cmd_stats(session: Any, args: argparse.Namespace) -> int:
         if not args.json:
             print(flush=True)
         time.sleep(args.watch)
+
+
+def _when(moment: Any) -> str:
+    return "-" if moment is None else moment.isoformat(timespec="seconds")
+
+
+def _periodic_text(schedules: Sequence[Any]) -> str:
+    if not schedules:
+        return "no periodic schedules"
+    header = (
+        "NAME",
+        "KIND",
+        "SCHEDULE",
+        "TIME ZONE",
+        "MISSED",
+        "NEXT TICK",
+        "LAST TICK",
+        "LAST JOB",
+    )
+    rows = [
+        [
+            s.name,
+            s.kind,
+            s.expression,
+            s.timezone or "-",
+            s.missed or "-",
+            _when(s.next_tick) if s.in_app else "removed from the app",
+            _when(s.last_tick),
+            "-" if s.last_job_id is None else f"{s.last_job_id} {s.last_job_status or 'pruned'}",
+        ]
+        for s in schedules
+    ]
+    return "\n".join(_table(header, rows, set()))
+
+
+def _cmd_periodic(session: Any, args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from sqla_jobs import ops, tasks
+
+    sys.path.insert(0, os.getcwd())
+    registry = tasks.load_registry(args.app)
+    schedules = ops.periodic_statuses(session, registry)
+    if args.json:
+        _print_json([ops._jsonable(asdict(s)) for s in schedules])
+    else:
+        print(_periodic_text(schedules), flush=True)
+    return 0
 
 
 def _cmd_list(session: Any, args: argparse.Namespace) -> int:
@@ -602,6 +660,7 @@ def _cmd_prune(session: Any, args: argparse.Namespace) -> int:
 
 _OPS_COMMANDS: dict[str, Callable[[Any, argparse.Namespace], int]] = {
     "stats": _cmd_stats,
+    "periodic": _cmd_periodic,
     "list": _cmd_list,
     "show": _cmd_show,
     "retry": _cmd_retry,

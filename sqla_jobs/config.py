@@ -105,6 +105,8 @@ class WorkerConfig:
             time, the others skip their turn. Defaults to None (workers do not archive).
         archive_older_than: done jobs finished longer ago than this many seconds are
             archived. Defaults to 604800 (7 days).
+        periodic: enqueue the ticks of the registry's periodic schedules (any number of
+            workers may; each tick is enqueued once). Defaults to True.
         worker_id: recorded in ``jobs.worker`` and used to fence completions.
             Defaults to ``host:pid``.
         log_outcomes: log every job's outcome at INFO, done jobs included (``--log-outcomes``).
@@ -124,6 +126,7 @@ class WorkerConfig:
     prepared_statements: bool = True
     archive_every: float | None = DEFAULT_ARCHIVE_EVERY
     archive_older_than: float = DEFAULT_ARCHIVE_OLDER_THAN
+    periodic: bool = True
     worker_id: str = field(default_factory=default_worker_id)
     log_outcomes: bool = False
 

@@ -207,3 +207,36 @@ class JobArchive(Base):
 
 
 jobs_archive: sa.Table = JobArchive.__table__  # type: ignore[assignment]
+
+
+class PeriodicState(Base):
+    """Where each periodic schedule stands: the last tick enqueued (revision 0004).
+
+    One row per schedule name, inserted by the first worker that knows the schedule
+    (``last_tick`` = the database's ``now()`` then, so a new schedule does not catch up
+    on the time before it existed). Workers lock a schedule's row (``FOR UPDATE SKIP
+    LOCKED``) while they enqueue its due ticks and advance ``last_tick`` in the same
+    transaction: that is what makes a tick run once across a fleet even after its job
+    was archived and its idempotency key freed. A schedule removed from the code keeps
+    its row (``sqla-jobs periodic`` shows it as removed); delete the row to forget it.
+    """
+
+    __tablename__ = "jobs_periodic"
+
+    name: Mapped[str] = mapped_column(sa.Text, primary_key=True)
+    kind: Mapped[str] = mapped_column(sa.Text)
+    expression: Mapped[str] = mapped_column(sa.Text)
+    last_tick: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True))
+    last_job_id: Mapped[int | None] = mapped_column(sa.BigInteger)
+    created_at: Mapped[datetime] = mapped_column(
+        sa.DateTime(timezone=True), server_default=sa.func.now()
+    )
+    updated_at: Mapped[datetime] = mapped_column(
+        sa.DateTime(timezone=True), server_default=sa.func.now()
+    )
+
+    def __repr__(self) -> str:
+        return f"<PeriodicState {self.name!r} last_tick={self.last_tick}>"
+
+
+jobs_periodic: sa.Table = PeriodicState.__table__  # type: ignore[assignment]

@@ -53,6 +53,7 @@ from sqla_jobs import validation
 from sqla_jobs.exceptions import ConfigError, JobNotFoundError, SchemaNotReadyError
 from sqla_jobs.models import JobStatus
 from sqla_jobs.sql import admin, schema
+from sqla_jobs.sql import periodic as periodic_sql
 from sqla_jobs.sql import stats as stats_sql
 from sqla_jobs.tasks import Registry
 
@@ -150,6 +151,31 @@ class TableStats:
 
 
 @dataclass(frozen=True)
+class ScheduleStatus:
+    """One periodic schedule: what the app declares and where the database says it stands.
+
+    ``last_tick`` is the most recent tick handled (enqueued, or dropped by the ``missed``
+    policy); before the first tick, the moment a worker first saw the schedule. The last
+    job is the one enqueued for the most recent tick that got a job, live or archived
+    (``last_job_status`` None once pruned). ``in_app`` is False for a schedule that
+    has a row in ``jobs_periodic`` but is no longer in the app's code: no worker
+    enqueues its ticks. ``next_tick`` (by the database's clock) is None for those, and
+    ``last_tick`` None for a schedule no worker has seen yet.
+    """
+
+    name: str
+    kind: str
+    expression: str
+    timezone: str | None
+    missed: str | None
+    next_tick: datetime | None
+    last_tick: datetime | None
+    last_job_id: int | None
+    last_job_status: str | None
+    in_app: bool
+
+
+@dataclass(frozen=True)
 class Stats:
     """A snapshot of the queue, all figures as of ``taken_at`` (the database's clock).
 
@@ -167,6 +193,7 @@ class Stats:
     table: TableStats
     unknown_kinds: tuple[str, ...] = ()
     unserved_queues: tuple[str, ...] = ()
+    periodic: tuple[ScheduleStatus, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: datetimes as ISO 8601 text."""
@@ -255,7 +282,48 @@ def stats(session: Session, registry: Registry | None = None) -> Stats:
         table=table,
         unknown_kinds=unknown,
         unserved_queues=unserved,
+        periodic=periodic_statuses(session, registry) if registry and registry.schedules else (),
     )
+
+
+def periodic_statuses(session: Session, registry: Registry) -> tuple[ScheduleStatus, ...]:
+    """Every schedule of ``registry`` and every one the database knows, sorted by name.
+
+    Reads ``jobs_periodic`` (revision 0004) and the status of each schedule's last job
+    on a connection of its own, like :func:`stats`.
+    """
+    bind = session.get_bind()
+    engine = bind if isinstance(bind, sa.Engine) else bind.engine
+    try:
+        with engine.connect() as conn:
+            now = conn.execute(periodic_sql.database_now()).scalar_one()
+            states = {row.name: row for row in conn.execute(periodic_sql.list_states())}
+            conn.rollback()
+    except sa_exc.ProgrammingError as exc:
+        raise SchemaNotReadyError(
+            "cannot read jobs_periodic; run `alembic upgrade head` (revision 0004): "
+            f"{str(exc.orig).strip()}"
+        ) from None
+    declared = {s.name: s for s in registry.schedules}
+    found = []
+    for name in sorted(set(declared) | set(states)):
+        schedule, state = declared.get(name), states.get(name)
+        source: Any = schedule if schedule is not None else state
+        found.append(
+            ScheduleStatus(
+                name=name,
+                kind=source.kind,
+                expression=source.expression,
+                timezone=schedule.timezone if schedule else None,
+                missed=schedule.missed if schedule else None,
+                next_tick=schedule.next_after(now).astimezone(schedule.zone) if schedule else None,
+                last_tick=state.last_tick if state else None,
+                last_job_id=state.last_job_id if state else None,
+                last_job_status=state.last_job_status if state else None,
+                in_app=schedule is not None,
+            )
+        )
+    return tuple(found)
 
 
 def _float(value: Any) -> float | None:

@@ -19,6 +19,7 @@ registry, so importing it must register every handler.
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import importlib
 import inspect
 from collections.abc import Callable, Iterator, Mapping
@@ -28,6 +29,7 @@ from typing import Any, Generic, TypeVar
 
 from sqlalchemy.orm import Session
 
+from sqla_jobs import periodic as _periodic
 from sqla_jobs import producer, validation
 from sqla_jobs.exceptions import InvalidJobError, RegistryError
 from sqla_jobs.models import DEFAULT_QUEUE
@@ -50,6 +52,9 @@ class JobContext:
     attempt: int
     max_attempts: int
     worker: str
+    #: The tick a periodic job serves (aware, in its schedule's UTC offset); None for
+    #: jobs not enqueued by a schedule. See :mod:`sqla_jobs.periodic`.
+    scheduled_for: datetime | None = None
 
 
 _current: contextvars.ContextVar[JobContext] = contextvars.ContextVar("sqla_jobs_current_job")
@@ -90,8 +95,11 @@ class Handler(Generic[R]):
         self.fn = fn
         self.backoff = backoff or Backoff()
         self.wants_job = _takes_job_argument(self.kind, fn)
+        self.periodic = False  # set when a schedule enqueues this kind
 
     def __call__(self, session: Session, payload: Mapping[str, Any], job: JobContext) -> R:
+        if self.periodic and job.scheduled_for is None:
+            job = dataclasses.replace(job, scheduled_for=_periodic.scheduled_for(payload))
         token = _current.set(job)
         try:
             if self.wants_job:
@@ -169,6 +177,7 @@ class Registry:
 
     def __init__(self) -> None:
         self._handlers: dict[str, Handler[Any]] = {}
+        self._schedules: dict[str, _periodic.Schedule] = {}
 
     def handler(
         self,
@@ -210,6 +219,104 @@ class Registry:
         )
         self._handlers[kind] = handler
         return handler
+
+    def periodic(
+        self,
+        cron: str | None = None,
+        *,
+        every: timedelta | None = None,
+        name: str | None = None,
+        timezone: str = "UTC",
+        payload: Mapping[str, Any] | None = None,
+        missed: _periodic.Missed = "latest",
+        catch_up: timedelta | int | None = None,
+        grace: timedelta = _periodic.DEFAULT_GRACE,
+    ) -> Callable[[Handler[R]], Handler[R]]:
+        """Decorator adding a schedule to a registered handler; goes above ``@handler``::
+
+            @registry.periodic("0 2 * * *", timezone="Europe/Berlin")
+            @registry.handler("nightly_report")
+            def nightly_report(session, payload, job): ...
+
+        ``name`` defaults to the handler's kind; stack several ``@registry.periodic``
+        with distinct names for several schedules of one kind. The arguments are those
+        of :meth:`schedule`. Returns the handler unchanged.
+        """
+
+        def add(handler: Handler[R]) -> Handler[R]:
+            if not isinstance(handler, Handler):
+                raise RegistryError(
+                    f"@registry.periodic goes above @registry.handler(...) (got "
+                    f"{getattr(handler, '__qualname__', handler)!r}, not a registered handler)"
+                )
+            self.schedule(
+                handler.kind if name is None else name,
+                cron,
+                handler,
+                every=every,
+                timezone=timezone,
+                payload=payload,
+                missed=missed,
+                catch_up=catch_up,
+                grace=grace,
+            )
+            return handler
+
+        return add
+
+    def schedule(
+        self,
+        name: str,
+        cron: str | None,
+        handler: Handler[Any] | str,
+        *,
+        every: timedelta | None = None,
+        timezone: str = "UTC",
+        payload: Mapping[str, Any] | None = None,
+        missed: _periodic.Missed = "latest",
+        catch_up: timedelta | int | None = None,
+        grace: timedelta = _periodic.DEFAULT_GRACE,
+    ) -> _periodic.Schedule:
+        """Enqueue a job of ``handler``'s kind at every tick of a schedule named ``name``.
+
+        ``cron``: a 5-field expression or an alias (``@hourly``, ``@daily``, ...), read in
+        ``timezone`` (an IANA name); or ``cron=None`` and ``every=timedelta(...)``.
+        ``payload``: the jobs' payload, plus ``"scheduled_for"`` (the tick). ``missed``:
+        ``"latest"`` (default), ``"skip"`` or ``"all"`` (with ``catch_up``), applied when
+        a due tick is more than ``grace`` old (see :mod:`sqla_jobs.periodic`).
+        ``handler``: a registered :class:`Handler` or its kind. Raises RegistryError,
+        naming the schedule, for anything that could not run.
+        """
+        kind = handler.kind if isinstance(handler, Handler) else handler
+        if not isinstance(kind, str) or kind not in self._handlers:
+            raise RegistryError(
+                f"schedule {name!r}: kind {kind!r} has no handler in this registry; register "
+                "the handler before its schedule"
+            )
+        found = _periodic.Schedule(
+            name,
+            kind,
+            cron=cron,
+            every=every,
+            timezone=timezone,
+            payload={} if payload is None else payload,
+            missed=missed,
+            catch_up=catch_up,
+            grace=grace,
+        )
+        if found.name in self._schedules:
+            raise RegistryError(
+                f"schedule {found.name!r} is already registered; give each schedule of a kind "
+                "its own name="
+            )
+        self._schedules[found.name] = found
+        self._handlers[kind].periodic = True
+        return found
+
+    @property
+    def schedules(self) -> tuple[_periodic.Schedule, ...]:
+        """Every schedule, sorted by name."""
+        return tuple(self._schedules[n] for n in sorted(self._schedules))
 
     def __getitem__(self, kind: str) -> Handler[Any]:
         return self._handlers[kind]

@@ -282,6 +282,8 @@ def drain(
     forward, for these jobs only: no clock is changed) and run, again and again, until
     none of the registry's jobs is ready, running or due within that bound. So a job that
     fails twice and then succeeds is done when this returns. Jobs must be committed.
+    Periodic schedules enqueue nothing here (call ``sqla_jobs.periodic.enqueue_due``,
+    with a pinned ``now`` if you like, to enqueue their ticks).
     Raises TimeoutError if jobs are still pending after ``timeout`` seconds.
     """
     from sqla_jobs.worker import Worker
@@ -309,6 +311,7 @@ def drain(
             poll_interval=0.05,
             shutdown_timeout=timeout,
             queues=queues,
+            periodic=False,
         ),
     )
     tally = _Tally()

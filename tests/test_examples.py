@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from helpers import scalar, url_text, wait_for
+from helpers import rows, scalar, url_text, wait_for
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
@@ -61,6 +61,35 @@ def test_readme_enqueue_example_runs(engine: sa.Engine, db_url: URL) -> None:
         if isinstance(engine_in_readme, sa.Engine):
             engine_in_readme.dispose()
     assert scalar(engine, "SELECT count(*) FROM jobs") == 1004
+
+
+def test_readme_periodic_example_runs_and_registers_its_schedules(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Periodic jobs", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S)
+    assert code is not None
+    os.environ["DATABASE_URL"] = url_text(db_url)
+    namespace: dict[str, object] = {"__name__": "readme_periodic"}
+    try:
+        exec(compile(code.group(1), "README.md", "exec"), namespace)
+    finally:
+        del os.environ["DATABASE_URL"]
+        engine_in_readme = namespace.get("engine")
+        if isinstance(engine_in_readme, sa.Engine):
+            engine_in_readme.dispose()
+    registry = namespace["registry"]
+    assert isinstance(registry, sqla_jobs.Registry)
+    assert [s.name for s in registry.schedules] == ["nightly_report", "refresh-eu", "refresh-us"]
+    names = rows(engine, "SELECT name, kind, expression FROM jobs_periodic ORDER BY name")
+    assert [tuple(r) for r in names] == [
+        ("nightly_report", "nightly_report", "0 2 * * *"),
+        ("refresh-eu", "refresh_cache", "every 30s"),
+        ("refresh-us", "refresh_cache", "*/5 * * * *"),
+    ]
+    # A new schedule starts at its next tick: nothing was due yet.
+    assert scalar(engine, "SELECT count(*) FROM jobs") == 0
 
 
 def test_idempotent_patterns_take_effect_once_when_a_job_runs_twice(

@@ -20,10 +20,10 @@ import sqlparse
 from sqlalchemy.engine import make_url
 
 from sqla_jobs.models import JobStatus
-from sqla_jobs.sql import admin, enqueue, lease, locks, schema, stats
+from sqla_jobs.sql import admin, enqueue, lease, locks, periodic, schema, stats
 
 SNAPSHOTS = Path(__file__).with_name("sql")
-MODULES = (enqueue, lease, admin, stats, locks, schema)
+MODULES = (enqueue, lease, admin, stats, locks, schema, periodic)
 #: Functions in the statement modules that run statements instead of building one.
 NOT_BUILDERS = {"schema.check_schema"}
 
@@ -83,6 +83,12 @@ CASES: dict[str, Callable[[], Any]] = {
     "schema.archive_probe": lambda: schema.archive_probe(),
     "schema.schema_probe": lambda: schema.schema_probe(),
     "schema.status_values": lambda: schema.status_values(),
+    "periodic.register": lambda: periodic.register(["a"], ["k"], ["@daily"]),
+    "periodic.lock_due": lambda: periodic.lock_due(["a", "b"]),
+    "periodic.advance": lambda: periodic.advance(),
+    "periodic.database_now": lambda: periodic.database_now(),
+    "periodic.state_probe": lambda: periodic.state_probe(),
+    "periodic.list_states": lambda: periodic.list_states(),
 }
 
 

@@ -4,7 +4,9 @@
 * :class:`Listener` LISTENs for inserts on its own connection and wakes the dispatcher;
 * :class:`Rescuer` requeues jobs whose lease expired (their worker died), or buries a
   job that already used its last attempt;
-* :class:`Archiver` moves finished jobs to ``jobs_archive`` (``--archive-every``).
+* :class:`Archiver` moves finished jobs to ``jobs_archive`` (``--archive-every``);
+* :class:`PeriodicEnqueuer` enqueues the due ticks of the registry's periodic schedules,
+  waking at each next tick (``sqla_jobs.periodic``; off with ``--no-periodic``).
 
 A round that fails on the database is logged and tried again after a backoff that
 doubles up to :data:`MAX_ERROR_BACKOFF`: one policy for all of them.
@@ -27,6 +29,7 @@ from sqla_jobs import config as config_mod
 from sqla_jobs.config import WorkerConfig
 from sqla_jobs.models import JobStatus
 from sqla_jobs.sql import lease, locks
+from sqla_jobs.tasks import Registry
 from sqla_jobs.worker import _db
 from sqla_jobs.worker._inflight import Inflight
 
@@ -195,3 +198,30 @@ class Archiver(Service):
                 conn.commit()
         if moved:
             log.info("archived %d finished job(s)", moved, extra={"outcome": "archived"})
+
+
+class PeriodicEnqueuer(Service):
+    """Enqueues the due ticks of ``registry``'s schedules, then sleeps until the next tick.
+
+    Every worker runs one; the database decides which ticks are due and each is
+    enqueued once (see :func:`sqla_jobs.periodic.enqueue_due`). The pause after a round
+    is the time to the next tick by the database's clock, at most a minute.
+    """
+
+    name = "periodic ticks"
+    failure = "could not be enqueued"
+
+    def __init__(self, until: threading.Event, engine: sa.Engine, registry: Registry) -> None:
+        super().__init__(until, 0.0)
+        self.engine = engine
+        self.registry = registry
+        log.info(
+            "enqueueing the ticks of %d periodic schedule(s): %s",
+            len(registry.schedules),
+            ", ".join(f"{s.name} ({s.expression})" for s in registry.schedules),
+        )
+
+    def round(self) -> None:
+        from sqla_jobs import periodic
+
+        self.interval = periodic.enqueue_due(self.engine, self.registry).next_in

@@ -29,7 +29,14 @@ from sqla_jobs.worker._dispatcher import Dispatcher
 from sqla_jobs.worker._events import Events, Subscriber
 from sqla_jobs.worker._executor import ThreadExecutor
 from sqla_jobs.worker._inflight import Claimed, Inflight
-from sqla_jobs.worker._services import Archiver, LeaseKeeper, Listener, Rescuer, Service
+from sqla_jobs.worker._services import (
+    Archiver,
+    LeaseKeeper,
+    Listener,
+    PeriodicEnqueuer,
+    Rescuer,
+    Service,
+)
 
 log = logging.getLogger("sqla_jobs.worker")
 
@@ -122,6 +129,10 @@ class Worker:
         """Raise SchemaNotReadyError unless the jobs table has every column and status."""
         with self.engine.connect() as conn:
             schema.check_schema(conn)
+            if self.config.periodic and self.registry.schedules:
+                from sqla_jobs import periodic
+
+                periodic.check_schema(conn)
 
     def run(self, *, install_signal_handlers: bool = False) -> None:
         """Work until ``stop()`` (or a signal); returns after a graceful drain."""
@@ -161,6 +172,8 @@ class Worker:
             services.append(Listener(stopped, self.config, self._wake))
         if self.config.archive_every is not None:
             services.append(Archiver(draining, self.engine, self.config))
+        if self.config.periodic and self.registry.schedules:
+            services.append(PeriodicEnqueuer(draining, self.engine, self.registry))
         for service in services:
             self._start_thread(service.run, service.name.replace(" ", "-"))
 
