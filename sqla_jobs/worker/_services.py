@@ -66,6 +66,12 @@ class Service:
                 log.warning(
                     "%s %s (next try in %.1fs): %s", self.name, self.failure, pause, _db.reason(exc)
                 )
+            except Exception:
+                # A bug, not the database: logged with its traceback, and the service goes
+                # on (a dead heartbeat or rescuer thread would fail silently, much later).
+                failures += 1
+                pause = MAX_ERROR_BACKOFF
+                log.exception("%s %s (next try in %.1fs)", self.name, self.failure, pause)
             self.until.wait(pause)
 
 
