@@ -20,6 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 
 from sqla_jobs import config as config_mod
+from sqla_jobs import exceptions
 from sqla_jobs.exceptions import ConfigError, SqlaJobsError
 
 EXIT_USAGE = 2
@@ -226,7 +227,7 @@ def run_worker(args: argparse.Namespace) -> int:
     except SqlaJobsError as exc:
         return _fail(str(exc))
     except sa_exc.OperationalError as exc:
-        return _fail(f"cannot connect to the database: {str(exc.orig).strip()}")
+        return _fail(f"cannot connect to the database: {exceptions.db_error_text(exc)}")
     w.run(install_signal_handlers=True)
     # Handler threads that outlived --shutdown-timeout must not keep the process alive;
     # their jobs return to the queue when their leases expire.

@@ -50,3 +50,11 @@ class HandlerTransactionError(SqlaJobsError):
     made is rolled back. ``session.rollback()`` (discard the writes so far) and
     ``session.begin_nested()`` (a SAVEPOINT) stay allowed.
     """
+
+
+def db_error_text(exc: BaseException) -> str:
+    """The first line of a database error's own message (no SQL, no caret lines), for
+    errors printed as one line."""
+    orig = getattr(exc, "orig", None) or exc
+    text = str(orig).strip()
+    return text.splitlines()[0] if text else type(orig).__name__

@@ -49,7 +49,7 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session
 
-from sqla_jobs import validation
+from sqla_jobs import exceptions, validation
 from sqla_jobs.exceptions import ConfigError, JobNotFoundError, SchemaNotReadyError
 from sqla_jobs.models import JobStatus
 from sqla_jobs.sql import admin, schema
@@ -250,7 +250,8 @@ def stats(session: Session, registry: Registry | None = None) -> Stats:
             conn.rollback()
     except sa_exc.ProgrammingError as exc:
         raise SchemaNotReadyError(
-            f"cannot read the jobs table; run `alembic upgrade head`: {str(exc.orig).strip()}"
+            "cannot read the jobs table; run `alembic upgrade head`: "
+            f"{exceptions.db_error_text(exc)}"
         ) from None
 
     by_kind = tuple(
@@ -302,7 +303,7 @@ def periodic_statuses(session: Session, registry: Registry) -> tuple[ScheduleSta
     except sa_exc.ProgrammingError as exc:
         raise SchemaNotReadyError(
             "cannot read jobs_periodic; run `alembic upgrade head` (revision 0004): "
-            f"{str(exc.orig).strip()}"
+            f"{exceptions.db_error_text(exc)}"
         ) from None
     declared = {s.name: s for s in registry.schedules}
     found = []

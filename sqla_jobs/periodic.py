@@ -67,7 +67,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 
-from sqla_jobs import producer, validation
+from sqla_jobs import exceptions, producer, validation
 from sqla_jobs.exceptions import InvalidJobError, RegistryError, SchemaNotReadyError
 from sqla_jobs.sql import periodic as sql
 
@@ -384,7 +384,7 @@ def check_schema(connection: sa.Connection) -> None:
     except sa_exc.ProgrammingError as exc:
         raise SchemaNotReadyError(
             "the registry declares periodic schedules but jobs_periodic is missing; run "
-            f"`alembic upgrade head` (revision 0004): {str(exc.orig).strip()}"
+            f"`alembic upgrade head` (revision 0004): {exceptions.db_error_text(exc)}"
         ) from None
 
 

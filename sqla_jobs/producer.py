@@ -23,7 +23,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
-from sqla_jobs import validation
+from sqla_jobs import exceptions, validation
 from sqla_jobs.exceptions import InvalidJobError, SchemaNotReadyError
 from sqla_jobs.models import Job
 from sqla_jobs.sql import enqueue as enqueue_sql
@@ -143,7 +143,7 @@ def _schema_errors() -> Iterator[None]:
             raise SchemaNotReadyError(
                 "cannot enqueue: the jobs table does not exist in this database; run "
                 "`alembic upgrade head` (or `alembic upgrade heads` in your app) first "
-                f"({str(exc.orig).strip()})"
+                f"({exceptions.db_error_text(exc)})"
             ) from exc
         raise
 

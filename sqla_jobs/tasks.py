@@ -155,6 +155,11 @@ def _takes_job_argument(kind: str, fn: Callable[..., Any]) -> bool:
             f"handler {kind!r} ({name}) is an async def function; sqla_jobs runs `def` "
             "handlers only: write it as a plain def (it runs on a worker thread)"
         )
+    if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+        raise RegistryError(
+            f"handler {kind!r} ({name}) is a generator function (it contains `yield`): "
+            "calling it would not run its body; write it as a plain def that returns"
+        )
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):

@@ -18,7 +18,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 from test_worker import running
 
-from sqla_jobs import Handler, HandlerTransactionError, JobContext, Registry
+from sqla_jobs import Handler, HandlerTransactionError, JobContext, Registry, current_job
 
 registry = Registry()
 
@@ -97,6 +97,16 @@ def below_sqlalchemy(session: Session, payload: dict[str, Any], job: JobContext)
     session.connection().connection.driver_connection.commit()  # type: ignore[union-attr]
 
 
+def _coroutine_behind_a_plain_function() -> Any:
+    async def body(session: Session, payload: dict[str, Any]) -> None:
+        _mark(session, current_job(), "async body")
+
+    return lambda session, payload: body(session, payload)
+
+
+registry.register("wrapped_async", _coroutine_behind_a_plain_function(), max_attempts=1)
+
+
 @registry.handler("allowed")
 def allowed(session: Session, payload: dict[str, Any], job: JobContext) -> None:
     _mark(session, job, "discarded by rollback")
@@ -173,8 +183,24 @@ def test_a_commit_below_sqlalchemy_fails_the_attempt_instead_of_a_silent_done(
         ((_, status, _, last_error),) = wait_for(lambda: _finished(engine, 1))
     assert status == "dead"
     assert "the transaction was ended" in last_error
+    assert "what it committed that way stays committed" in last_error
     # The limit the README states: what the DBAPI committed cannot be taken back.
     assert rows(engine, "SELECT job_id FROM marks") == [(job_id,)]
+
+
+def test_a_handler_that_returns_an_unrun_coroutine_fails_instead_of_a_silent_done(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    with engine.begin() as conn:
+        conn.exec_driver_sql(SETUP)
+    _enqueue(engine, registry["wrapped_async"], [{}])
+    with running(registry, db_url):
+        ((_, status, _, last_error),) = wait_for(lambda: _finished(engine, 1))
+    assert status == "dead"
+    assert last_error.startswith(
+        "builtins.TypeError: the handler returned coroutine object instead of running"
+    )
+    assert rows(engine, "SELECT label FROM marks") == []
 
 
 def test_savepoints_and_session_rollback_keep_working_in_a_handler(

@@ -30,6 +30,14 @@ def test_an_async_handler_is_refused_until_async_handlers_exist() -> None:
     assert "send" not in registry
 
 
+def test_a_generator_handler_is_refused_because_calling_it_runs_nothing() -> None:
+    def report(session: Any, payload: Any) -> Any:
+        yield 1
+
+    with pytest.raises(RegistryError, match=r"'report' .* is a generator function"):
+        Registry().register("report", report)
+
+
 def test_an_object_with_an_async_call_is_refused_too() -> None:
     class Sender:
         async def __call__(self, session: Any, payload: Any) -> None:
@@ -137,3 +145,17 @@ def test_enqueue_into_an_unmigrated_database_says_to_run_the_migrations(
                 call(s)
     finally:
         engine.dispose()
+
+
+def test_the_worker_on_an_unmigrated_database_prints_one_line(empty_db_url: URL) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "sqla_jobs.worker", "jobapp:registry"],
+        cwd=Path(__file__).parent,
+        env={"DATABASE_URL": url_text(empty_db_url), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1, proc.stderr
+    assert "run `alembic upgrade head`" in proc.stderr

@@ -8,7 +8,7 @@ import sqlalchemy as sa
 from sqlalchemy import Connection
 from sqlalchemy import exc as sa_exc
 
-from sqla_jobs import models
+from sqla_jobs import exceptions, models
 from sqla_jobs.exceptions import SchemaNotReadyError
 from sqla_jobs.models import JobStatus, jobs
 
@@ -44,7 +44,7 @@ def check_schema(connection: Connection, *, archive: bool = False) -> None:
     except sa_exc.ProgrammingError as exc:
         raise SchemaNotReadyError(
             "the jobs tables are missing or outdated; run `alembic upgrade head` "
-            f"(or `alembic upgrade heads` in your app): {str(exc.orig).strip()}"
+            f"(or `alembic upgrade heads` in your app): {exceptions.db_error_text(exc)}"
         ) from None
     missing = {s.value for s in JobStatus} - found
     if missing:

@@ -10,6 +10,7 @@ transaction; a handler that wrote nothing is marked done in a batch.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import queue
 import threading
@@ -132,8 +133,9 @@ class ThreadExecutor:
         )
         started = time.monotonic()
         try:
-            handler(session, job.payload, ctx)
+            returned = handler(session, job.payload, ctx)
             _session.disarm(thread_conn)
+            _check_ran(returned)
             _check_transaction(session, thread_conn)
             # session.add() alone does not begin a transaction: pending objects
             # count as writes too, or they would never be flushed.
@@ -148,19 +150,34 @@ class ThreadExecutor:
             return Attempt(job, time.monotonic() - started, exc)
 
 
+def _check_ran(returned: object) -> None:
+    """A coroutine or generator returned by a wrapped handler means its body never ran."""
+    if inspect.isawaitable(returned) or inspect.isgenerator(returned):
+        close = getattr(returned, "close", None)
+        if close is not None:
+            close()  # no "never awaited" warning: the failure below says it
+        raise TypeError(
+            f"the handler returned {type(returned).__name__} object instead of running: "
+            "an async or generator function behind a plain one; its body never ran"
+        )
+
+
 def _check_transaction(session: HandlerSession, thread_conn: ThreadConnection) -> None:
     """The last line: the handler's transaction must still be the one the worker opened."""
     refused = session._sqla_jobs_violation
     guard = thread_conn.guard
-    problem = (
-        str(refused)
-        if refused is not None
-        else guard.ended_by_handler(thread_conn.conn)
-        if guard is not None
-        else None
-    )
-    if problem is not None:
+    problem = refused
+    if problem is None and guard is not None:
+        problem = guard.ended_by_handler(thread_conn.conn)
+    if problem is None:
+        return
+    if refused is None and guard is not None and guard.violation is None:
+        # Found by the driver's status: the commit happened below SQLAlchemy.
         raise HandlerTransactionError(
-            f"the handler ended, or tried to end, the job's transaction ({problem}); "
-            "its writes were rolled back and the attempt counts as failed"
+            f"the handler ended the job's transaction ({problem}); what it committed that "
+            "way stays committed, the rest was rolled back, and the attempt counts as failed"
         )
+    raise HandlerTransactionError(
+        f"the handler ended, or tried to end, the job's transaction ({problem}); "
+        "its writes were rolled back and the attempt counts as failed"
+    )
