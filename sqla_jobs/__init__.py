@@ -10,15 +10,24 @@ import typing as _typing
 from sqla_jobs.config import WorkerConfig
 from sqla_jobs.exceptions import (
     ConfigError,
+    Discard,
     HandlerTransactionError,
     InvalidJobError,
+    JobCancelled,
+    JobDecision,
+    JobInterrupted,
+    JobNotDoneError,
     JobNotFoundError,
+    JobTimeout,
     RegistryError,
+    ResultError,
+    RetryIn,
     SchemaNotReadyError,
+    Snooze,
     SqlaJobsError,
 )
 from sqla_jobs.models import Base, Job, JobArchive, JobStatus
-from sqla_jobs.ops import Stats, stats
+from sqla_jobs.ops import Stats, result, stats
 from sqla_jobs.producer import NewJob, enqueue, enqueue_async, enqueue_many
 from sqla_jobs.retry import Backoff
 from sqla_jobs.tasks import Handler, JobContext, Registry, current_job
@@ -30,18 +39,27 @@ __all__ = [
     "Backoff",
     "Base",
     "ConfigError",
+    "Discard",
     "Handler",
     "HandlerTransactionError",
     "InvalidJobError",
     "Job",
     "JobArchive",
+    "JobCancelled",
     "JobContext",
+    "JobDecision",
+    "JobInterrupted",
+    "JobNotDoneError",
     "JobNotFoundError",
     "JobStatus",
+    "JobTimeout",
     "NewJob",
     "Registry",
     "RegistryError",
+    "ResultError",
+    "RetryIn",
     "SchemaNotReadyError",
+    "Snooze",
     "SqlaJobsError",
     "Stats",
     "Worker",
@@ -50,6 +68,7 @@ __all__ = [
     "enqueue",
     "enqueue_async",
     "enqueue_many",
+    "result",
     "stats",
 ]
 

@@ -118,6 +118,14 @@ def worker_parser(prog: str = "python -m sqla_jobs.worker") -> argparse.Argument
         default=config_mod.DEFAULT_RESCUE_INTERVAL,
         help="how often expired leases are requeued; default %(default)s",
     )
+    p.add_argument(
+        "--timeout-grace",
+        type=float,
+        default=config_mod.DEFAULT_TIMEOUT_GRACE,
+        metavar="SECONDS",
+        help="how long a handler may overrun its timeout or a cancel before the worker "
+        "gives up on it; default %(default)s",
+    )
     p.add_argument("--no-listen", action="store_true", help="poll only; no LISTEN/NOTIFY")
     p.add_argument(
         "--no-periodic",
@@ -199,6 +207,7 @@ def _build_config(args: argparse.Namespace) -> config_mod.WorkerConfig:
         poll_interval=args.poll_interval,
         shutdown_timeout=args.shutdown_timeout,
         rescue_interval=args.rescue_interval,
+        timeout_grace=args.timeout_grace,
         listen=not args.no_listen,
         prefetch=args.prefetch,
         prepared_statements=not args.no_prepared_statements,
@@ -309,9 +318,16 @@ def _add_ops_commands(sub: Any) -> None:
     p.add_argument("--all-dead", action="store_true", help="every dead job matching filters")
     _add_filters(p, status=False)
 
-    p = command("cancel", "cancel queued or scheduled jobs")
+    p = command("cancel", "cancel queued or scheduled jobs; stop running ones")
     p.add_argument("ids", type=int, nargs="*", metavar="ID")
     _add_filters(p, status=False)
+    p.add_argument(
+        "--wait",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="how long to wait for running jobs to stop, to say how each ended (default 10)",
+    )
 
     p = command("delete", "delete jobs that are not running")
     p.add_argument("ids", type=int, nargs="*", metavar="ID")
@@ -551,7 +567,13 @@ def _cmd_show(session: Any, args: argparse.Namespace) -> int:
     for name in ("idempotency_key", "worker", "created_at", "run_at", "locked_until"):
         print(f"{name + ':':<17}{data[name] if data[name] is not None else '-'}")
     print(f"{'finished_at:':<17}{data['finished_at'] or '-'}")
+    print(f"{'timeout:':<17}{f'{job.timeout:g}s' if job.timeout is not None else '-'}")
+    print(f"{'snoozes:':<17}{job.snoozes}")
+    if job.cancel_requested_at is not None:
+        print(f"{'cancel asked at:':<17}{data['cancel_requested_at']}")
     print(f"payload:\n{json.dumps(job.payload, indent=2, sort_keys=True)}")
+    if job.status.value == "done":
+        print(f"result:\n{json.dumps(job.result, indent=2, sort_keys=True)}")
     if job.current_error:
         print(f"last_error:\n{job.current_error}")
     elif job.last_error:
@@ -607,9 +629,11 @@ def _cmd_retry(session: Any, args: argparse.Namespace) -> int:
 def _cmd_cancel(session: Any, args: argparse.Namespace) -> int:
     from sqla_jobs import ops
 
+    if args.wait < 0:
+        return _fail(f"--wait must be >= 0 seconds, got {args.wait:g}")
     if args.ids:
-        _one_id_check(session, args.ids, ("queued",), "cancelled")
-    n = ops.cancel_jobs(
+        _one_id_check(session, args.ids, ("queued", "running"), "cancelled")
+    done = ops.cancel(
         session,
         args.ids or None,
         kind=args.kind,
@@ -617,8 +641,45 @@ def _cmd_cancel(session: Any, args: argparse.Namespace) -> int:
         older_than=_duration(args.older_than),
     )
     session.commit()
-    print(f"cancelled {n} job(s)")
+    print(f"cancelled {len(done.cancelled)} job(s)")
+    if done.stopping:
+        print(f"asked {len(done.stopping)} running job(s) to stop")
+        _report_stops(session, done.stopping, args.wait)
+    for job_id in args.ids or ():
+        if job_id not in done.cancelled and job_id not in done.stopping:
+            status = ops.get_job(session, job_id).status.value
+            print(f"job {job_id}: not cancelled, it is {status} (it finished first)")
     return 0
+
+
+def _report_stops(session: Any, ids: Sequence[int], wait: float) -> None:
+    """Wait up to ``wait`` seconds for running jobs asked to stop; say how each ended."""
+    import time
+
+    from sqla_jobs import ops
+
+    pending = list(ids)
+    deadline = time.monotonic() + wait
+    while True:
+        still = []
+        for job_id in pending:
+            job = ops.get_job(session, job_id)
+            if job.status.value == "running":
+                still.append(job_id)
+            elif job.status.value == "cancelled":
+                print(f"job {job_id}: stopped and cancelled (its attempt's writes rolled back)")
+            else:
+                print(f"job {job_id}: finished first and stays {job.status.value}")
+        session.rollback()
+        pending = still
+        if not pending or time.monotonic() >= deadline:
+            break
+        time.sleep(0.2)
+    for job_id in pending:
+        print(
+            f"job {job_id}: still running after {wait:g}s; its worker stops it at its next "
+            "check (or it ends cancelled when its lease expires)"
+        )
 
 
 def _cmd_delete(session: Any, args: argparse.Namespace) -> int:

@@ -25,6 +25,7 @@ DEFAULT_LOCK_SECONDS = 30.0
 DEFAULT_POLL_INTERVAL = 1.0
 DEFAULT_SHUTDOWN_TIMEOUT = 30.0
 DEFAULT_RESCUE_INTERVAL = 5.0
+DEFAULT_TIMEOUT_GRACE = 5.0
 DEFAULT_PREFETCH = 500
 #: Archiving by workers (``--archive-every``): off unless asked; done jobs older than a week.
 DEFAULT_ARCHIVE_EVERY: float | None = None
@@ -107,6 +108,10 @@ class WorkerConfig:
             archived. Defaults to 604800 (7 days).
         periodic: enqueue the ticks of the registry's periodic schedules (any number of
             workers may; each tick is enqueued once). Defaults to True.
+        timeout_grace: seconds a handler may run past its timeout (or an operator's
+            cancel) before the worker records the outcome without it, stops renewing
+            its lease and replaces its thread (see the README's "Timeouts").
+            Defaults to 5.0.
         worker_id: recorded in ``jobs.worker`` and used to fence completions.
             Defaults to ``host:pid``.
         log_outcomes: log every job's outcome at INFO, done jobs included (``--log-outcomes``).
@@ -127,6 +132,7 @@ class WorkerConfig:
     archive_every: float | None = DEFAULT_ARCHIVE_EVERY
     archive_older_than: float = DEFAULT_ARCHIVE_OLDER_THAN
     periodic: bool = True
+    timeout_grace: float = DEFAULT_TIMEOUT_GRACE
     worker_id: str = field(default_factory=default_worker_id)
     log_outcomes: bool = False
 
@@ -148,6 +154,7 @@ class WorkerConfig:
         if self.archive_every is not None:
             _positive("archive_every", self.archive_every)
         _positive("archive_older_than", self.archive_older_than, allow_zero=True)
+        _positive("timeout_grace", self.timeout_grace, allow_zero=True)
         if not isinstance(self.worker_id, str) or not self.worker_id or "\x00" in self.worker_id:
             raise ConfigError("worker_id must be a non-empty string without NUL characters")
         if not isinstance(self.log_outcomes, bool):

@@ -6,13 +6,26 @@
      ├── RegistryError                                handler registration or app loading failed
      ├── SchemaNotReadyError                          the jobs table is missing or not migrated
      ├── HandlerTransactionError                      a handler tried to end its job's transaction
-     └── JobNotFoundError         (also LookupError)  no job has the given id
+     ├── JobNotFoundError         (also LookupError)  no job has the given id
+     ├── JobNotDoneError          (also LookupError)  result(): the job is not done (yet)
+     ├── ResultError              (also ValueError)   a handler returned what cannot be stored
+     └── JobInterrupted                               the worker stopped a running handler
+          ├── JobTimeout                              ... because its timeout passed
+          └── JobCancelled                            ... because an operator cancelled it
+
+    JobDecision                   (not an error)      raised by a handler to steer its job
+     ├── Snooze(seconds)                              run again later; the attempt is not spent
+     ├── RetryIn(seconds)                             a failed attempt, retried after seconds
+     └── Discard(reason)                              end the job ``cancelled`` now, no retry
 
 Every error is raised at the boundary where the bad value enters, before anything is
 written, so the caller's transaction stays usable.
 """
 
 from __future__ import annotations
+
+import math
+from datetime import timedelta
 
 
 class SqlaJobsError(Exception):
@@ -58,3 +71,84 @@ def db_error_text(exc: BaseException) -> str:
     orig = getattr(exc, "orig", None) or exc
     text = str(orig).strip()
     return text.splitlines()[0] if text else type(orig).__name__
+
+
+class JobNotDoneError(SqlaJobsError, LookupError):
+    """:func:`sqla_jobs.result` was asked for the result of a job that is not ``done``."""
+
+
+class ResultError(SqlaJobsError, ValueError):
+    """A handler returned a value that cannot be stored as the job's result.
+
+    Not JSON-serializable, or larger than ``sqla_jobs.validation.MAX_RESULT_BYTES``; the
+    attempt counts as failed (retried by the usual rules) and its writes are rolled back.
+    """
+
+
+class JobInterrupted(SqlaJobsError):
+    """The worker stopped this run of a handler; its writes are rolled back.
+
+    Raised by :meth:`sqla_jobs.JobContext.check` inside a handler that cooperates, and
+    recorded (in ``last_error``) for every run the worker stopped.
+    """
+
+
+class JobTimeout(JobInterrupted):
+    """The job's timeout passed: the attempt failed (retried or dead by the usual rules)."""
+
+
+class JobCancelled(JobInterrupted):
+    """An operator cancelled the running job: it ends ``cancelled`` and is never retried."""
+
+
+def _delay(name: str, seconds: float | timedelta) -> float:
+    value = seconds.total_seconds() if isinstance(seconds, timedelta) else seconds
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise TypeError(f"{name} takes seconds (a finite number) or a timedelta, got {seconds!r}")
+    if value < 0:
+        raise ValueError(f"{name} takes a delay >= 0 seconds, got {value}")
+    return float(value)
+
+
+class JobDecision(Exception):
+    """Base of the exceptions a handler raises to decide what happens to its job.
+
+    Not errors: the worker records each as its own outcome. As for a failure, the
+    handler's writes in this run are rolled back.
+    """
+
+
+class Snooze(JobDecision):
+    """Run the job again in ``seconds``; the attempt is not spent.
+
+    ``raise Snooze(60)`` from a handler puts the job back in its queue for later with
+    its attempt count unchanged and ``snoozes`` one higher. A job may snooze at most
+    its handler's ``max_snoozes`` times (default 100); one more snooze is a failed attempt.
+    """
+
+    def __init__(self, seconds: float | timedelta, reason: str = "") -> None:
+        self.seconds = _delay("Snooze", seconds)
+        self.reason = reason
+        super().__init__(f"snoozed for {self.seconds:g}s" + (f": {reason}" if reason else ""))
+
+
+class RetryIn(JobDecision):
+    """A failed attempt, retried in ``seconds`` instead of after the handler's backoff.
+
+    The attempt is spent: at the job's last attempt it goes ``dead``, as for any failure.
+    """
+
+    def __init__(self, seconds: float | timedelta, reason: str = "") -> None:
+        self.seconds = _delay("RetryIn", seconds)
+        self.reason = reason
+        super().__init__(
+            f"retry requested in {self.seconds:g}s" + (f": {reason}" if reason else "")
+        )
+
+
+class Discard(JobDecision):
+    """End the job ``cancelled`` at once, not retried; ``reason`` goes to ``last_error``."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"discarded by its handler: {reason}")

@@ -57,11 +57,13 @@ class Base(DeclarativeBase):
 
 
 class JobStatus(str, enum.Enum):
-    """Life cycle: queued -> running -> done | queued (retry) | dead; queued -> cancelled.
+    """Life cycle: queued -> running -> done | queued (retry, snooze) | dead | cancelled;
+    queued -> cancelled.
 
-    ``cancelled`` (revision 0002) is set only by an operator (:func:`sqla_jobs.ops.cancel_jobs`)
-    on a queued job. Workers claim ``queued`` rows only, so a worker built before 0002
-    never sees a cancelled job.
+    ``cancelled`` (revision 0002) is set by an operator (:func:`sqla_jobs.ops.cancel_jobs`)
+    on a queued job, by the worker when an operator cancelled the job while it ran
+    (revision 0005), or when its handler raised :class:`~sqla_jobs.Discard`. Workers
+    claim ``queued`` rows only, so a worker built before 0002 never sees a cancelled job.
     """
 
     QUEUED = "queued"
@@ -111,6 +113,11 @@ class Job(Base):
         sa.DateTime(timezone=True), server_default=sa.func.now()
     )
     finished_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
+    # Revision 0005 (job control).
+    result: Mapped[Any | None] = mapped_column(JSONB)
+    timeout: Mapped[float | None] = mapped_column(sa.Float)
+    snoozes: Mapped[int] = mapped_column(sa.Integer, server_default="0")
+    cancel_requested_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
 
     __table_args__ = (
         sa.CheckConstraint(
@@ -161,6 +168,10 @@ class Job(Base):
     def _check_key(self, _key: str, value: object) -> str | None:
         return validation.check_key(value)
 
+    @validates("timeout")
+    def _check_timeout(self, _key: str, value: object) -> float | None:
+        return validation.check_timeout(value)
+
     @validates("payload")
     def _check_payload(self, _key: str, value: object) -> dict[str, Any]:
         return validation.check_payload(value)
@@ -196,6 +207,10 @@ class JobArchive(Base):
     last_error: Mapped[str | None] = mapped_column(sa.Text)
     created_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
+    result: Mapped[Any | None] = mapped_column(JSONB)
+    timeout: Mapped[float | None] = mapped_column(sa.Float)
+    snoozes: Mapped[int] = mapped_column(sa.Integer, server_default="0")
+    cancel_requested_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
     archived_at: Mapped[datetime] = mapped_column(
         sa.DateTime(timezone=True), server_default=sa.func.now()
     )

@@ -23,7 +23,8 @@ refreshed by autovacuum/ANALYZE. ``tests/test_ops.py`` checks the plans.
 
 **Actions are safe while workers claim.** ``retry_jobs``, ``cancel_jobs`` and
 ``delete_jobs`` lock their rows with ``FOR UPDATE SKIP LOCKED`` and test the status: a
-row a worker is claiming at that instant is skipped, a running job is never changed,
+row a worker is claiming at that instant is skipped, a running job's row is never
+changed by retry or delete (``cancel`` only flags it for its worker, revision 0005),
 and the returned count is exactly the rows changed. They run in the caller's
 transaction and never commit (like ``enqueue``); the command-line tool commits.
 
@@ -50,7 +51,12 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session
 
 from sqla_jobs import exceptions, validation
-from sqla_jobs.exceptions import ConfigError, JobNotFoundError, SchemaNotReadyError
+from sqla_jobs.exceptions import (
+    ConfigError,
+    JobNotDoneError,
+    JobNotFoundError,
+    SchemaNotReadyError,
+)
 from sqla_jobs.models import JobStatus
 from sqla_jobs.sql import admin, schema
 from sqla_jobs.sql import periodic as periodic_sql
@@ -378,6 +384,10 @@ class JobRecord:
     last_error: str | None
     created_at: datetime
     finished_at: datetime | None
+    result: Any = None
+    timeout: float | None = None
+    snoozes: int = 0
+    cancel_requested_at: datetime | None = None
     archived_at: datetime | None = None
 
     @property
@@ -386,10 +396,11 @@ class JobRecord:
 
     @property
     def current_error(self) -> str | None:
-        """``last_error`` when a failure is why the job is where it is: dead, or queued
-        for a retry. None for a job that ran again since (done, running, retried by hand)."""
-        failed = self.status is JobStatus.DEAD or (
-            self.status is JobStatus.QUEUED and self.attempts > 0
+        """``last_error`` when a failure or a decision is why the job is where it is:
+        dead, cancelled, or queued for a retry or after a snooze. None for a job that ran
+        again since (done, running, retried by hand)."""
+        failed = self.status in (JobStatus.DEAD, JobStatus.CANCELLED) or (
+            self.status is JobStatus.QUEUED and (self.attempts > 0 or self.snoozes > 0)
         )
         return self.last_error if failed else None
 
@@ -504,6 +515,49 @@ def retry_jobs(
     return len(session.execute(stmt).all())
 
 
+@dataclass(frozen=True)
+class CancelResult:
+    """What :func:`cancel` did: queued jobs ``cancelled`` at once, and running jobs
+    asked to stop (``stopping``: their worker rolls the attempt back and ends them
+    ``cancelled``; one that finishes first stays ``done``)."""
+
+    cancelled: tuple[int, ...]
+    stopping: tuple[int, ...]
+
+
+def cancel(
+    session: Session,
+    ids: Sequence[int] | None = None,
+    *,
+    kind: str | None = None,
+    queue: str | None = None,
+    older_than: timedelta | None = None,
+    running: bool = True,
+) -> CancelResult:
+    """Cancel queued jobs, and (``running``) ask running ones to stop.
+
+    Give ``ids`` or at least one filter: cancelling every job takes an explicit ``kind``
+    or ``queue``. A queued job becomes ``cancelled`` (a job a worker claims while this
+    runs is skipped, then handled as a running one would be next time). A running job
+    gets ``cancel_requested_at``, and its worker is told when you commit (NOTIFY on
+    ``sqla_jobs_cancel``; its heartbeat reads the flag too): the handler is stopped as
+    for a timeout, its writes rolled back, and the job ends ``cancelled``, never retried.
+    Never commits.
+    """
+    ids_ = _ids(ids)
+    _check_filters(ids_, kind, queue)
+    if ids_ is None and kind is None and queue is None:
+        raise ConfigError("cancel needs job ids or a --kind/--queue filter")
+    age = _seconds("older_than", older_than)
+    stmt = admin.cancel_jobs(ids=ids_, kind=kind, queue=queue, older_than=age)
+    cancelled = tuple(sorted(r.id for r in session.execute(stmt)))
+    stopping: tuple[int, ...] = ()
+    if running:
+        marked = admin.request_cancel(ids=ids_, kind=kind, queue=queue, older_than=age)
+        stopping = tuple(r.id for r in session.execute(marked))
+    return CancelResult(cancelled, stopping)
+
+
 def cancel_jobs(
     session: Session,
     ids: Sequence[int] | None = None,
@@ -511,21 +565,32 @@ def cancel_jobs(
     kind: str | None = None,
     queue: str | None = None,
     older_than: timedelta | None = None,
+    running: bool = True,
 ) -> int:
-    """Cancel queued jobs (ready or scheduled); return how many were cancelled.
+    """:func:`cancel`, returning how many jobs were cancelled or asked to stop.
 
-    Give ``ids`` or at least one filter: cancelling every queued job takes an explicit
-    ``kind`` or ``queue``. A running job is not touched (its handler is already going);
-    a job a worker claims while this runs is skipped. Never commits.
+    With ``running=False``, running jobs are left alone (the behaviour before 0005).
+    Never commits.
     """
-    ids_ = _ids(ids)
-    _check_filters(ids_, kind, queue)
-    if ids_ is None and kind is None and queue is None:
-        raise ConfigError("cancel needs job ids or a --kind/--queue filter")
-    stmt = admin.cancel_jobs(
-        ids=ids_, kind=kind, queue=queue, older_than=_seconds("older_than", older_than)
-    )
-    return len(session.execute(stmt).all())
+    done = cancel(session, ids, kind=kind, queue=queue, older_than=older_than, running=running)
+    return len(done.cancelled) + len(done.stopping)
+
+
+def result(session: Session, job_id: int) -> Any:
+    """The value the handler of a ``done`` job returned (None if it returned None).
+
+    Reads the job, or its archived copy. :class:`~sqla_jobs.JobNotFoundError` if there
+    is neither; :class:`~sqla_jobs.JobNotDoneError` if the job is not ``done`` (yet).
+    Runs in the session's transaction.
+    """
+    validation.integer("job_id", job_id, minimum=0, error=ConfigError)
+    row = session.execute(admin.job_result(job_id)).one_or_none()
+    if row is None:
+        raise JobNotFoundError(f"no job with id {job_id}")
+    status = JobStatus(row.status)
+    if status is not JobStatus.DONE:
+        raise JobNotDoneError(f"job {job_id} is {status.value}: only done jobs have a result")
+    return row.result
 
 
 def delete_jobs(

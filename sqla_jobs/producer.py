@@ -52,6 +52,7 @@ class NewJob:
     queue: str | None = None
     priority: int | None = None
     max_attempts: int | None = None
+    timeout: float | timedelta | None = None
     payload_json: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -68,6 +69,7 @@ class NewJob:
             validation.check_priority(self.priority)
         if self.max_attempts is not None:
             validation.check_max_attempts(self.max_attempts)
+        object.__setattr__(self, "timeout", validation.check_timeout(self.timeout))
 
 
 _OPTIONAL_COLUMNS = (
@@ -75,6 +77,7 @@ _OPTIONAL_COLUMNS = (
     ("priority", "priority"),
     ("max_attempts", "max_attempts"),
     ("key", "idempotency_key"),
+    ("timeout", "timeout"),
 )
 
 
@@ -173,8 +176,12 @@ def enqueue(
     queue: str | None = None,
     priority: int | None = None,
     max_attempts: int | None = None,
+    timeout: float | timedelta | None = None,
 ) -> int | None:
     """Insert one job in the caller's transaction and return its id.
+
+    ``timeout`` (seconds or timedelta) limits each run of this job, over its handler's
+    own ``timeout``; see the README's "Timeouts".
 
     Returns ``None`` when ``key`` is given and a job with that idempotency key already
     exists (``ON CONFLICT DO NOTHING``): the existing job is left as it is. If another
@@ -192,6 +199,7 @@ def enqueue(
         queue=queue,
         priority=priority,
         max_attempts=max_attempts,
+        timeout=timeout,
     )
     return insert_one(session, job)
 
@@ -251,6 +259,7 @@ class _RowsWriter:
             and job.key is None
             and job.run_at is None
             and job.delay is None
+            and job.timeout is None
         ):
             return head + "}"
         parts = [head]
@@ -266,6 +275,8 @@ class _RowsWriter:
             parts.append(',"at":"' + job.run_at.isoformat() + '"')
         if job.delay is not None:
             parts.append(f',"d":{job.delay!r}')  # a float since __post_init__
+        if job.timeout is not None:
+            parts.append(f',"t":{job.timeout!r}')  # a float since __post_init__
         parts.append("}")
         return "".join(parts)
 

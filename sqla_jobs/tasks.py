@@ -23,7 +23,7 @@ import dataclasses
 import importlib
 import inspect
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
 
@@ -31,11 +31,17 @@ from sqlalchemy.orm import Session
 
 from sqla_jobs import periodic as _periodic
 from sqla_jobs import producer, validation
+from sqla_jobs.control import Control
 from sqla_jobs.exceptions import InvalidJobError, RegistryError
 from sqla_jobs.models import DEFAULT_QUEUE
 from sqla_jobs.retry import Backoff
 
 R = TypeVar("R")
+
+#: Where a sync handler runs: on a worker thread, or in a child process killed at its deadline.
+ISOLATIONS = ("thread", "process")
+#: How often a job may raise Snooze before one more counts as a failed attempt.
+DEFAULT_MAX_SNOOZES = 100
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,31 @@ class JobContext:
     #: The tick a periodic job serves (aware, in its schedule's UTC offset); None for
     #: jobs not enqueued by a schedule. See :mod:`sqla_jobs.periodic`.
     scheduled_for: datetime | None = None
+    #: The run's deadline and cancel flag (set by the worker; none in a plain call).
+    control: Control | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def deadline(self) -> float | None:
+        """When this run's time is up, on ``time.monotonic()``; None without a timeout.
+
+        The clock of asyncio's default loop too: ``asyncio.timeout_at(job.deadline)``.
+        """
+        return None if self.control is None else self.control.deadline
+
+    def time_left(self) -> float | None:
+        """Seconds until :attr:`deadline` (0 once passed); None without a timeout."""
+        return None if self.control is None else self.control.time_left()
+
+    @property
+    def cancelled(self) -> bool:
+        """True once this run must stop: its timeout passed, or an operator cancelled it."""
+        return self.control is not None and self.control.interruption() is not None
+
+    def check(self) -> None:
+        """Raise :class:`~sqla_jobs.JobTimeout` or :class:`~sqla_jobs.JobCancelled` if this
+        run must stop; call it in long loops. The worker rolls back the run's writes."""
+        if self.control is not None:
+            self.control.check()
 
 
 _current: contextvars.ContextVar[JobContext] = contextvars.ContextVar("sqla_jobs_current_job")
@@ -80,9 +111,19 @@ class Handler(Generic[R]):
         queue: str | None = None,
         priority: int | None = None,
         backoff: Backoff | None = None,
+        timeout: float | timedelta | None = None,
+        max_snoozes: int = DEFAULT_MAX_SNOOZES,
+        isolation: str = "thread",
     ) -> None:
+        if isolation not in ISOLATIONS:
+            raise RegistryError(
+                f"handler {kind!r}: isolation must be 'thread' or 'process', got {isolation!r}"
+            )
+        self.isolation = isolation
         try:
             self.kind = validation.check_kind(kind)
+            self.timeout = validation.check_timeout(timeout)
+            self.max_snoozes = validation.integer("max_snoozes", max_snoozes, minimum=0)
             self.max_attempts = (
                 None if max_attempts is None else validation.check_max_attempts(max_attempts)
             )
@@ -118,6 +159,7 @@ class Handler(Generic[R]):
         queue: str | None = None,
         priority: int | None = None,
         max_attempts: int | None = None,
+        timeout: float | timedelta | None = None,
     ) -> producer.NewJob:
         """A :class:`NewJob` of this kind, with this handler's defaults, for enqueue_many."""
         return producer.NewJob(
@@ -129,6 +171,7 @@ class Handler(Generic[R]):
             queue=queue if queue is not None else self.queue,
             priority=priority if priority is not None else self.priority,
             max_attempts=max_attempts if max_attempts is not None else self.max_attempts,
+            timeout=timeout,
         )
 
     def enqueue(
@@ -192,8 +235,18 @@ class Registry:
         queue: str | None = None,
         priority: int | None = None,
         backoff: Backoff | None = None,
+        timeout: float | timedelta | None = None,
+        max_snoozes: int = DEFAULT_MAX_SNOOZES,
+        isolation: str = "thread",
     ) -> Callable[[Callable[..., R]], Handler[R]]:
-        """Decorator registering ``fn(session, payload[, job])`` for ``kind``."""
+        """Decorator registering ``fn(session, payload[, job])`` for ``kind``.
+
+        ``timeout`` (seconds or timedelta): how long one run may take, unless the job
+        sets its own (``enqueue(..., timeout=...)``); see the README's "Timeouts".
+        ``max_snoozes``: how often a job may raise :class:`~sqla_jobs.Snooze`.
+        ``isolation="process"``: run each job in a child process that the worker kills at
+        the deadline or a cancel (see the README's "Timeouts").
+        """
         if not isinstance(kind, str):
             raise RegistryError(
                 'registry.handler needs the job\'s kind: write @registry.handler("kind"), '
@@ -202,7 +255,15 @@ class Registry:
 
         def register(fn: Callable[..., R]) -> Handler[R]:
             return self.register(
-                kind, fn, max_attempts=max_attempts, queue=queue, priority=priority, backoff=backoff
+                kind,
+                fn,
+                max_attempts=max_attempts,
+                queue=queue,
+                priority=priority,
+                backoff=backoff,
+                timeout=timeout,
+                max_snoozes=max_snoozes,
+                isolation=isolation,
             )
 
         return register
@@ -216,11 +277,22 @@ class Registry:
         queue: str | None = None,
         priority: int | None = None,
         backoff: Backoff | None = None,
+        timeout: float | timedelta | None = None,
+        max_snoozes: int = DEFAULT_MAX_SNOOZES,
+        isolation: str = "thread",
     ) -> Handler[R]:
         if kind in self._handlers:
             raise RegistryError(f"kind {kind!r} is already registered")
         handler = Handler(
-            kind, fn, max_attempts=max_attempts, queue=queue, priority=priority, backoff=backoff
+            kind,
+            fn,
+            max_attempts=max_attempts,
+            queue=queue,
+            priority=priority,
+            backoff=backoff,
+            timeout=timeout,
+            max_snoozes=max_snoozes,
+            isolation=isolation,
         )
         self._handlers[kind] = handler
         return handler

@@ -224,7 +224,8 @@ def scratch_database(
 @dataclass(frozen=True)
 class DrainSummary:
     """What :func:`drain` or :func:`run_inline` ran: per kind, how many attempts ended
-    done, were retried (failed, queued again) or went dead.
+    done, were retried (failed, queued again), went dead, were snoozed or ended cancelled
+    (``Discard``, or cancelled while running).
 
     ``summary.done`` is ``{"send_receipt": 2, ...}``; ``summary.total("retried")`` adds up
     one outcome over every kind.
@@ -233,10 +234,14 @@ class DrainSummary:
     done: Mapping[str, int] = field(default_factory=dict)
     retried: Mapping[str, int] = field(default_factory=dict)
     dead: Mapping[str, int] = field(default_factory=dict)
+    snoozed: Mapping[str, int] = field(default_factory=dict)
+    cancelled: Mapping[str, int] = field(default_factory=dict)
 
     def total(self, outcome: str) -> int:
-        if outcome not in ("done", "retried", "dead"):
-            raise ValueError(f"outcome must be done, retried or dead, got {outcome!r}")
+        if outcome not in ("done", "retried", "dead", "snoozed", "cancelled"):
+            raise ValueError(
+                f"outcome must be done, retried, dead, snoozed or cancelled, got {outcome!r}"
+            )
         return sum(getattr(self, outcome).values())
 
 
@@ -249,6 +254,8 @@ class _Tally:
             "done": Counter(),
             "retried": Counter(),
             "dead": Counter(),
+            "snoozed": Counter(),
+            "cancelled": Counter(),
         }
 
     def add(self, outcome: str, kind: str) -> None:
@@ -260,7 +267,13 @@ class _Tally:
             return DrainSummary(**{k: dict(sorted(v.items())) for k, v in self._counts.items()})
 
 
-_EVENT_OUTCOMES = {"done": "done", "retry": "retried", "dead": "dead"}
+_EVENT_OUTCOMES = {
+    "done": "done",
+    "retry": "retried",
+    "dead": "dead",
+    "snoozed": "snoozed",
+    "cancelled": "cancelled",
+}
 
 
 def drain(
@@ -445,6 +458,19 @@ def refute_enqueued(
 
 # --- inline mode ----------------------------------------------------------------------
 
+
+def _inline_result(value: object) -> str | None:
+    """The handler's return value as JSON text, as the worker stores it; ResultError else."""
+    from sqla_jobs.exceptions import ResultError
+
+    if value is None:
+        return None
+    try:
+        return validation.dump_result(value)
+    except ValueError as exc:
+        raise ResultError(str(exc)) from None
+
+
 #: ``jobs.worker`` (and ``JobContext.worker``) of jobs run by :func:`run_inline`.
 INLINE_WORKER = "inline"
 
@@ -470,7 +496,13 @@ def run_inline(
     to ``limit`` runs in all. Only jobs ready as of the transaction's ``now()`` run,
     unless ``scheduled``. Nothing is committed.
     """
-    from sqla_jobs.exceptions import HandlerTransactionError
+    from sqla_jobs.exceptions import (
+        Discard,
+        HandlerTransactionError,
+        JobDecision,
+        RetryIn,
+        Snooze,
+    )
     from sqla_jobs.worker._completer import describe
 
     kinds = list(registry.kinds)
@@ -502,27 +534,46 @@ def run_inline(
         violated.clear()
         sa.event.listen(session, "before_commit", refuse_commit)
         try:
-            handler(session, row.payload, ctx)
+            value = handler(session, row.payload, ctx)
             if violated:
                 raise HandlerTransactionError(
                     "handler called session.commit() and swallowed the error"
                 )
+            result = _inline_result(value)
             session.flush()
         except BaseException as exc:
             savepoint.rollback()
+            # The handler's decisions (revision 0005), as the worker records them.
+            if isinstance(exc, Snooze) and row.snoozes < handler.max_snoozes:
+                note = f"snooze {row.snoozes + 1} of at most {handler.max_snoozes}: {exc}"
+                snoozed = admin.inline_snoozed(row.id, delay_seconds=exc.seconds, note=note)
+                session.execute(snoozed)
+                tally.add("snoozed", row.kind)
+                continue
+            if isinstance(exc, Discard):
+                discarded = admin.inline_discarded(row.id, worker=INLINE_WORKER, reason=str(exc))
+                session.execute(discarded)
+                tally.add("cancelled", row.kind)
+                continue
+            error = describe(exc)
+            if isinstance(exc, Snooze):
+                error = (
+                    f"the job snoozed {row.snoozes} times, its handler's max_snoozes; one "
+                    f"more snooze counts as a failed attempt ({exc})"
+                )
+            delay = exc.seconds if isinstance(exc, RetryIn) else handler.backoff.delay(attempt)
             failed = admin.inline_failed(
-                row.id,
-                worker=INLINE_WORKER,
-                delay_seconds=handler.backoff.delay(attempt),
-                error=describe(exc),
+                row.id, worker=INLINE_WORKER, delay_seconds=delay, error=error
             )
             status = session.execute(failed).scalar_one()
             tally.add("dead" if status == JobStatus.DEAD else "retried", row.kind)
+            if isinstance(exc, JobDecision):
+                continue  # RetryIn (or one snooze too many) is the handler's decision
             if raise_errors or not isinstance(exc, Exception):
                 raise
             continue
         finally:
             sa.event.remove(session, "before_commit", refuse_commit)
-        session.execute(admin.inline_done(row.id))
+        session.execute(admin.inline_done(row.id, result))
         savepoint.commit()
         tally.add("done", row.kind)

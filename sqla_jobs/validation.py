@@ -167,6 +167,18 @@ def check_delay(delay: object) -> float | None:
     return seconds("delay", delay)
 
 
+#: Longest accepted job or handler timeout: a week.
+MAX_TIMEOUT_SECONDS = 7 * 86_400.0
+
+
+def check_timeout(timeout: object, *, error: type[SqlaJobsError] = InvalidJobError) -> float | None:
+    """A timeout (seconds or timedelta), > 0 and at most a week; None (no limit) stays None."""
+    value = seconds("timeout", timeout, allow_zero=False, error=error)
+    if value is not None and value > MAX_TIMEOUT_SECONDS:
+        raise error(f"timeout must be at most {MAX_TIMEOUT_SECONDS:g} seconds, got {value:g}")
+    return value
+
+
 # One encoder, built once: json.dumps with any option builds a new one per call, which
 # cost more than the encoding itself for a small payload. ensure_ascii (the default)
 # makes the text ASCII, so its length is its size in UTF-8 bytes.
@@ -194,6 +206,31 @@ def dump_payload(payload: object) -> str:
         raise InvalidJobError("payload must not contain NUL characters (jsonb refuses \\u0000)")
     if len(text) > MAX_PAYLOAD_BYTES:
         raise InvalidJobError(f"payload is larger than {MAX_PAYLOAD_BYTES} bytes as JSON")
+    return text
+
+
+#: Largest result a handler may return, as UTF-8 bytes of its JSON text.
+MAX_RESULT_BYTES = 1_048_576
+
+
+def dump_result(value: object) -> str:
+    """A handler's return value as JSON text for ``jobs.result``; ValueError if it cannot be.
+
+    Any JSON value is accepted (object, array, string, number, boolean). Nothing is
+    truncated: a value that is too large is refused.
+    """
+    try:
+        text = _ENCODER.encode(value)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"the handler's return value is not JSON-serializable: {exc}") from None
+    if "\\u0000" in text and _has_nul(value):
+        raise ValueError("the handler's return value contains NUL characters (jsonb refuses them)")
+    if len(text) > MAX_RESULT_BYTES:
+        raise ValueError(
+            f"the handler's return value is {len(text):,} bytes as JSON, more than the "
+            f"{MAX_RESULT_BYTES:,} allowed (MAX_RESULT_BYTES); store large results in your "
+            "own table and return a reference"
+        )
     return text
 
 

@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
 
 import idempotent_handlers as ex  # noqa: E402
+import job_control  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -166,3 +167,57 @@ def test_two_receipt_jobs_for_one_order_at_once_send_one_receipt(
         testing.stop_worker(worker, thread)
     assert len(ex.mailer.calls) == 1
     assert scalar(engine, "SELECT receipt_sent_at IS NOT NULL FROM example_orders") is True
+
+
+def _readme_section(title: str) -> str:
+    readme = (ROOT / "README.md").read_text()
+    return readme.split(f"### {title}", 1)[1].split("\n### ", 1)[0]
+
+
+def test_readme_job_control_examples_are_the_runnable_ones() -> None:
+    source = (ROOT / "examples" / "job_control.py").read_text()
+    for title, name in (("Steering a job", "sync_order"), ("Results", "render_invoice")):
+        code = re.search(r"```python\n(@registry.*?)```", _readme_section(title), re.S)
+        assert code is not None and f"def {name}(" in code.group(1)
+        # The README omits the type-checker comments the example file needs.
+        assert code.group(1) in source.replace("  # type: ignore[no-untyped-def]", "")
+
+
+def test_snooze_retry_in_discard_and_results_as_the_readme_tells(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    job_control.ExampleBase.metadata.create_all(engine)
+    with Session(engine) as s:
+        s.add(job_control.Order(id=7))
+        s.flush()
+        synced = job_control.sync_order.enqueue(s, {"order_id": 7})
+        missing = job_control.sync_order.enqueue(s, {"order_id": 99})
+        invoice = job_control.render_invoice.enqueue(s, {"order_id": 7, "pages": 2})
+        s.commit()
+    assert synced and missing and invoice
+
+    # drain() leaves jobs due in the future alone, and a snoozed or retried job is one
+    # for a moment: drain again until the job the partner limits is done.
+    def synced_now() -> bool:
+        testing.drain(db_url, job_control.registry)
+        status = scalar(engine, "SELECT status::text FROM jobs WHERE id = :j", j=synced)
+        return bool(status == "done")
+
+    wait_for(synced_now, message="order 7 synced")
+    with Session(engine) as s:
+        jobs = {
+            r.id: r
+            for r in s.execute(
+                sa.text("SELECT id, status::text, attempts, snoozes, last_error FROM jobs")
+            )
+        }
+        assert sqla_jobs.result(s, invoice) == {
+            "order_id": 7,
+            "pages": ["page 1 of order 7", "page 2 of order 7"],
+        }
+        assert s.get(job_control.Order, 7).synced_at is not None  # type: ignore[union-attr]
+    assert jobs[missing].status == "cancelled"
+    assert jobs[missing].last_error == "discarded by its handler: order 99 no longer exists"
+    assert jobs[synced].status == "done" and jobs[synced].attempts == 2
+    assert job_control.partner.pushed == [7]
+    assert (jobs[synced].snoozes, jobs[missing].snoozes) == (2, 0)

@@ -204,9 +204,25 @@ def test_retry_puts_dead_jobs_back_with_fresh_attempts_and_keeps_last_error(
         ops.retry_jobs(session, status="done")
 
 
-def test_cancel_changes_queued_and_scheduled_jobs_only(session: Session, engine: sa.Engine) -> None:
+def test_cancel_ends_queued_jobs_and_only_flags_running_ones(
+    session: Session, engine: sa.Engine
+) -> None:
     seed_states(engine)
-    assert ops.cancel_jobs(session, kind="noop") == 3  # 2 ready + 1 scheduled
+    done = ops.cancel(session, kind="noop")
+    assert len(done.cancelled) == 3  # 2 ready + 1 scheduled
+    running = [r[0] for r in rows(engine, "SELECT id FROM jobs WHERE status = 'running'")]
+    assert sorted(done.stopping) == sorted(running)
+    session.commit()
+    # The running rows stay running (their worker ends them) with the request recorded.
+    assert (
+        scalar(
+            engine,
+            "SELECT count(*) FROM jobs WHERE status = 'running' AND cancel_requested_at IS NULL",
+        )
+        == 0
+    )
+    # Asked again: nothing new to flag.
+    assert ops.cancel_jobs(session, kind="noop") == 0
     session.commit()
     counts = dict(
         rows(engine, "SELECT status::text, count(*) FROM jobs WHERE kind = 'noop' GROUP BY 1")
@@ -252,7 +268,7 @@ def test_bulk_action_skips_a_row_another_transaction_holds(
     assert rows(engine, "SELECT id FROM jobs WHERE status = 'dead'") == [(dead[0],)]
 
 
-def test_cancel_while_a_worker_drains_changes_only_jobs_still_queued(
+def test_cancel_while_a_worker_drains_ends_queued_jobs_and_stops_running_ones(
     engine: sa.Engine, db_url: URL
 ) -> None:
     setup_app_tables(engine)
@@ -263,7 +279,7 @@ def test_cancel_while_a_worker_drains_changes_only_jobs_still_queued(
     try:
         wait_for(lambda: scalar(engine, "SELECT count(*) FROM effects") >= 20, message="effects")
         with Session(engine) as s:
-            cancelled = ops.cancel_jobs(s, kind="effect")
+            asked = ops.cancel(s, kind="effect")
             s.commit()
         wait_for(
             lambda: scalar(engine, "SELECT count(*) FROM jobs WHERE status = 'running'") == 0,
@@ -272,8 +288,13 @@ def test_cancel_while_a_worker_drains_changes_only_jobs_still_queued(
     finally:
         out = stop(proc)
     counts = dict(rows(engine, "SELECT status::text, count(*) FROM jobs GROUP BY 1"))
-    assert counts.get("cancelled", 0) == cancelled, out
-    assert counts.get("done", 0) + cancelled == 400, (counts, out)
+    status_of = dict(rows(engine, "SELECT id, status::text FROM jobs"))
+    assert {status_of[i] for i in asked.cancelled} <= {"cancelled"}, out
+    # A running job either stopped (cancelled) or finished first (done).
+    assert {status_of[i] for i in asked.stopping} <= {"cancelled", "done"}, out
+    stopped = sum(status_of[i] == "cancelled" for i in asked.stopping)
+    assert counts.get("cancelled", 0) == len(asked.cancelled) + stopped, out
+    assert counts.get("done", 0) + counts.get("cancelled", 0) == 400, (counts, out)
     # No cancelled job ran; every done job ran exactly once.
     assert (
         scalar(
@@ -350,3 +371,12 @@ def test_archive_under_load_loses_and_duplicates_nothing(engine: sa.Engine, db_u
     assert scalar(engine, "SELECT count(*) FROM effects") == total
     assert scalar(engine, "SELECT max(attempts) FROM jobs_archive") == 1
     assert "claim lost" not in out
+
+
+def test_cancel_without_running_leaves_running_jobs_alone(
+    session: Session, engine: sa.Engine
+) -> None:
+    seed_states(engine)
+    assert ops.cancel_jobs(session, kind="noop", running=False) == 3
+    session.commit()
+    assert scalar(engine, "SELECT count(*) FROM jobs WHERE cancel_requested_at IS NOT NULL") == 0

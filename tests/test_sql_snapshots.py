@@ -42,6 +42,15 @@ CASES: dict[str, Callable[[], Any]] = {
     "lease.record_failure": lambda: lease.record_failure(
         worker="w", job_id=1, attempt=1, delay_seconds=2.0, error="boom"
     ),
+    "lease.snooze": lambda: lease.snooze(
+        worker="w", job_id=1, attempt=1, delay_seconds=30.0, note="snooze 1 of at most 100"
+    ),
+    "lease.cancel_running": lambda: lease.cancel_running(
+        worker="w", job_id=1, attempt=1, reason="discarded"
+    ),
+    "lease.statement_timeout": lambda: lease.statement_timeout(1500),
+    "lease.reset_statement_timeout": lambda: lease.reset_statement_timeout(),
+    "lease.terminate_backend": lambda: lease.terminate_backend(12345),
     "lease.heartbeat": lambda: lease.heartbeat(worker="w", leases=LEASES, lock_seconds=30),
     "lease.release": lambda: lease.release(worker="w", leases=LEASES),
     "lease.rescue_expired": lambda: lease.rescue_expired(),
@@ -51,6 +60,8 @@ CASES: dict[str, Callable[[], Any]] = {
     "admin.get_job": lambda: admin.get_job(1),
     "admin.retry_jobs": lambda: admin.retry_jobs(statuses=[JobStatus.DEAD], ids=[1, 2]),
     "admin.cancel_jobs": lambda: admin.cancel_jobs(kind="a"),
+    "admin.request_cancel": lambda: admin.request_cancel(ids=[1, 2]),
+    "admin.job_result": lambda: admin.job_result(1),
     "admin.delete_jobs": lambda: admin.delete_jobs(statuses=[JobStatus.DONE], queue="q"),
     "admin.archive_batch": lambda: admin.archive_batch(
         done_older_than=60, dead_older_than=3600, batch=1000
@@ -67,6 +78,8 @@ CASES: dict[str, Callable[[], Any]] = {
     "admin.inline_next": lambda: admin.inline_next(["a"], scheduled=False),
     "admin.inline_start": lambda: admin.inline_start(1, "inline"),
     "admin.inline_done": lambda: admin.inline_done(1),
+    "admin.inline_snoozed": lambda: admin.inline_snoozed(1, delay_seconds=60.0, note="later"),
+    "admin.inline_discarded": lambda: admin.inline_discarded(1, worker="inline", reason="gone"),
     "admin.inline_failed": lambda: admin.inline_failed(
         1, worker="inline", delay_seconds=2.0, error="boom"
     ),

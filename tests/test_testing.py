@@ -15,6 +15,7 @@ from helpers import rows, scalar, setup_app_tables, url_text
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
+import sqla_jobs
 from sqla_jobs import Backoff, HandlerTransactionError, Job, JobContext, Registry, enqueue, testing
 
 
@@ -228,7 +229,9 @@ def test_drain_counts_dead_jobs(engine: sa.Engine, db_url: URL) -> None:
     summary = testing.drain(db_url, registry, until_empty=True)
     assert summary == testing.DrainSummary(retried={"fails_until": 1}, dead={"fails_until": 1})
     assert summary.total("dead") == 1
-    with pytest.raises(ValueError, match="outcome must be done, retried or dead"):
+    with pytest.raises(
+        ValueError, match="outcome must be done, retried, dead, snoozed or cancelled"
+    ):
         summary.total("lost")
 
 
@@ -305,3 +308,55 @@ def test_drain_runs_jobs_that_handlers_enqueue_into_another_queue(
         ("orders", "done"),
         ("mail", "done"),
     ]
+
+
+def test_run_inline_records_results_and_the_handlers_decisions(session: Session) -> None:
+    from sqla_jobs import Discard, RetryIn, Snooze
+
+    registry = Registry()
+
+    @registry.handler("answer")
+    def answer(session: Session, payload: dict[str, Any]) -> dict[str, int]:
+        return {"answer": 42}
+
+    @registry.handler("later")
+    def later(session: Session, payload: dict[str, Any]) -> None:
+        raise Snooze(60, "not yet")
+
+    @registry.handler("gone")
+    def gone(session: Session, payload: dict[str, Any]) -> None:
+        raise Discard("nothing to do")
+
+    @registry.handler("slow_retry")
+    def slow_retry(session: Session, payload: dict[str, Any]) -> None:
+        raise RetryIn(600)
+
+    ids = {kind: registry[kind].enqueue(session, {}) for kind in registry.kinds}
+    summary = testing.run_inline(registry, session)  # decisions are not raised
+    assert summary.done == {"answer": 1}
+    assert summary.snoozed == {"later": 1}
+    assert summary.cancelled == {"gone": 1}
+    assert summary.retried == {"slow_retry": 1}
+    answered = ids["answer"]
+    assert answered is not None
+    assert sqla_jobs.result(session, answered) == {"answer": 42}
+    found = {
+        r.kind: r
+        for r in session.execute(
+            sa.text(
+                "SELECT kind, status::text AS status, attempts, snoozes, last_error, "
+                "extract(epoch FROM run_at - now()) AS wait FROM jobs"
+            )
+        )
+    }
+    assert (found["later"].status, found["later"].attempts, found["later"].snoozes) == (
+        "queued",
+        0,
+        1,
+    )
+    assert 59 < found["later"].wait <= 60
+    assert (found["gone"].status, found["gone"].last_error) == (
+        "cancelled",
+        "discarded by its handler: nothing to do",
+    )
+    assert found["slow_retry"].status == "queued" and 599 < found["slow_retry"].wait <= 600

@@ -26,6 +26,8 @@ CLAIMED_COLUMNS = (
     jobs.c.payload,
     jobs.c.attempts,
     jobs.c.max_attempts,
+    jobs.c.timeout,  # revision 0005
+    jobs.c.snoozes,  # revision 0005
 )
 
 

@@ -12,7 +12,7 @@ from sqlalchemy.sql.dml import ReturningDelete, ReturningInsert
 
 from sqla_jobs import models
 from sqla_jobs.models import JobStatus, jobs
-from sqla_jobs.sql import _common
+from sqla_jobs.sql import _common, locks
 from sqla_jobs.sql._common import Now
 
 
@@ -109,6 +109,8 @@ def retry_jobs(
             locked_until=None,
             worker=None,
             finished_at=None,
+            cancel_requested_at=None,
+            snoozes=0,
         )
         .returning(jobs.c.id)
     )
@@ -138,6 +140,47 @@ def cancel_jobs(
         )
         .returning(jobs.c.id)
     )
+
+
+def request_cancel(
+    *,
+    ids: Sequence[int] | None = None,
+    kind: str | None = None,
+    queue: str | None = None,
+    older_than: float | None = None,
+    now: Now = None,
+) -> sa.Select[Any]:
+    """Ask running jobs to stop (revision 0005): set ``cancel_requested_at`` and NOTIFY
+    ``CANCEL_CHANNEL`` with each id (delivered when the caller commits).
+
+    No SKIP LOCKED: a running row is locked only for a moment (a heartbeat, the
+    done-mark); waiting for it and testing the status again afterwards means a job that
+    finished meanwhile is left ``done`` and not reported. RETURNING the ids marked.
+    """
+    running = [JobStatus.RUNNING]
+    conditions = _job_filters(
+        ids=ids, statuses=running, kind=kind, queue=queue, older_than=older_than, now=now
+    )
+    marked = (
+        sa.update(jobs)
+        .where(*conditions, jobs.c.cancel_requested_at.is_(None))
+        .values(cancel_requested_at=_common.clock(now))
+        .returning(jobs.c.id)
+        .cte("marked")
+    )
+    notified = sa.func.pg_notify(
+        sa.bindparam("channel", locks.CANCEL_CHANNEL, sa.Text), sa.cast(marked.c.id, sa.Text)
+    )
+    return sa.select(marked.c.id, notified.label("notified")).order_by(marked.c.id)
+
+
+def job_result(job_id: int) -> sa.Select[Any]:
+    """``(status, result)`` of a job, live or archived (revision 0005)."""
+    archive = models.jobs_archive
+    job_id_param = sa.bindparam("id", job_id, sa.BigInteger)
+    live = sa.select(jobs.c.status, jobs.c.result).where(jobs.c.id == job_id_param)
+    archived = sa.select(archive.c.status, archive.c.result).where(archive.c.id == job_id_param)
+    return sa.select(sa.union_all(live, archived).subquery("found")).limit(1)
 
 
 def delete_jobs(
@@ -348,8 +391,8 @@ def inline_start(job_id: int, worker: str) -> sa.Update:
     )
 
 
-def inline_done(job_id: int) -> sa.Update:
-    """Mark an inline run done."""
+def inline_done(job_id: int, result: str | None = None) -> sa.Update:
+    """Mark an inline run done, with the handler's result (JSON text, or None)."""
     return (
         sa.update(jobs)
         .where(jobs.c.id == sa.bindparam("id", job_id, sa.BigInteger))
@@ -358,6 +401,37 @@ def inline_done(job_id: int) -> sa.Update:
             finished_at=sa.func.now(),
             locked_until=None,
             run_at=sa.func.least(jobs.c.run_at, sa.func.now()),
+            result=sa.cast(sa.bindparam("result", result, sa.Text), JSONB),
+        )
+    )
+
+
+def inline_snoozed(job_id: int, *, delay_seconds: float, note: str) -> sa.Update:
+    """An inline run raised Snooze (its start was rolled back with its writes): queued
+    again in ``delay_seconds``, attempt not spent, ``snoozes`` + 1."""
+    return (
+        sa.update(jobs)
+        .where(jobs.c.id == sa.bindparam("id", job_id, sa.BigInteger))
+        .values(
+            status=_common.status(JobStatus.QUEUED),
+            snoozes=jobs.c.snoozes + 1,
+            run_at=sa.func.now() + _common.seconds(sa.bindparam("delay", delay_seconds, sa.Float)),
+            last_error=sa.bindparam("error", note, sa.Text),
+        )
+    )
+
+
+def inline_discarded(job_id: int, *, worker: str, reason: str) -> sa.Update:
+    """An inline run raised Discard: ``cancelled``, the attempt spent, not retried."""
+    return (
+        sa.update(jobs)
+        .where(jobs.c.id == sa.bindparam("id", job_id, sa.BigInteger))
+        .values(
+            status=_common.status(JobStatus.CANCELLED),
+            attempts=jobs.c.attempts + 1,
+            worker=sa.bindparam("worker", worker, sa.Text),
+            last_error=sa.bindparam("error", reason, sa.Text),
+            finished_at=sa.func.now(),
         )
     )
 

@@ -26,7 +26,7 @@ def insert_job(
 
     Bind parameters: ``kind``, ``payload`` (JSON text), ``run_at`` or ``delay`` when
     flagged, and one per name in ``columns`` (queue, priority, max_attempts,
-    idempotency_key). Columns not named take the table's defaults.
+    idempotency_key, timeout). Columns not named take the table's defaults.
     """
     values: dict[str, Any] = {
         "kind": sa.bindparam("kind", type_=sa.Text),
@@ -55,7 +55,8 @@ def insert_jobs_json(*, with_keys: bool, now: Now = None) -> sa.Insert:
 
     One bound parameter, ``rows``: a JSON array of objects with ``k`` (kind), ``p``
     (payload), and optional ``q`` (queue), ``pr`` (priority), ``m`` (max_attempts),
-    ``key``, ``at`` (run_at, ISO 8601 with offset) and ``d`` (delay, seconds); a missing
+    ``key``, ``at`` (run_at, ISO 8601 with offset), ``d`` (delay, seconds) and ``t``
+    (timeout, seconds; revision 0005); a missing
     field takes the table default. One text parameter is the cheapest thing to send:
     psycopg quotes every element of a text array with a regular expression, which cost
     more than the insert itself.
@@ -75,6 +76,7 @@ def insert_jobs_json(*, with_keys: bool, now: Now = None) -> sa.Insert:
             sa.column("key", sa.Text),
             sa.column("at", sa.DateTime(timezone=True)),
             sa.column("d", sa.Float),
+            sa.column("t", sa.Float),
         )
         .render_derived(name="new_jobs", with_types=True)
     )
@@ -87,9 +89,13 @@ def insert_jobs_json(*, with_keys: bool, now: Now = None) -> sa.Insert:
         sa.func.coalesce(c.m, models.DEFAULT_MAX_ATTEMPTS),
         c.key,
         sa.func.coalesce(c.at, _common.clock(now) + _common.seconds(sa.func.coalesce(c.d, 0.0))),
+        c.t,
     )
     insert = pg_insert(jobs).from_select(
-        ["kind", "payload", "queue", "priority", "max_attempts", "idempotency_key", "run_at"],
+        [
+            *("kind", "payload", "queue", "priority", "max_attempts", "idempotency_key"),
+            *("run_at", "timeout"),
+        ],
         source,
     )
     if with_keys:

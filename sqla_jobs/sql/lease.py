@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
 from sqla_jobs import validation
 from sqla_jobs.models import JobStatus, jobs
@@ -167,6 +167,8 @@ def complete_one(*, worker: str, job_id: int, attempt: int, now: Now = None) -> 
             status=_common.status(JobStatus.DONE),
             finished_at=_common.clock(now),
             locked_until=sa.null(),
+            # The handler's return value as JSON text (validation.dump_result), or NULL.
+            result=sa.cast(sa.bindparam("result", None, sa.Text), JSONB),
         )
     )
 
@@ -185,32 +187,133 @@ def record_failure(
     RETURNING ``id, status``: no row means the claim was lost (fenced).
     """
     conditions = _fence(worker, [(job_id, attempt)])
-    exhausted = jobs.c.attempts >= jobs.c.max_attempts
+    ends = _ends_now()
     return (
         sa.update(jobs)
         .where(*conditions)
         .values(
-            status=sa.case(
-                (exhausted, _common.status(JobStatus.DEAD)), else_=_common.status(JobStatus.QUEUED)
-            ),
-            # A dead job keeps the run_at of its last attempt: no retry is coming.
+            status=_failed_status(),
+            # A job that ends here (dead, or cancelled by an operator) keeps the run_at
+            # of its last attempt: no retry is coming.
             run_at=sa.case(
-                (exhausted, sa.func.least(jobs.c.run_at, _common.clock(now))),
+                (ends, sa.func.least(jobs.c.run_at, _common.clock(now))),
                 else_=_common.clock(now)
                 + _common.seconds(sa.bindparam("delay", delay_seconds, sa.Float)),
             ),
             locked_until=None,
             last_error=sa.bindparam("error", error, sa.Text),
-            finished_at=sa.case((exhausted, _common.clock(now)), else_=None),
+            finished_at=sa.case((ends, _common.clock(now)), else_=None),
         )
         .returning(jobs.c.id, jobs.c.status)
     )
 
 
+def _failed_status() -> sa.ColumnElement[Any]:
+    """After a failed attempt: ``cancelled`` if an operator asked (revision 0005), ``dead``
+    at the last attempt, else ``queued``."""
+    return sa.case(
+        (jobs.c.cancel_requested_at.is_not(None), _common.status(JobStatus.CANCELLED)),
+        (jobs.c.attempts >= jobs.c.max_attempts, _common.status(JobStatus.DEAD)),
+        else_=_common.status(JobStatus.QUEUED),
+    )
+
+
+def _ends_now() -> sa.ColumnElement[bool]:
+    return sa.or_(jobs.c.cancel_requested_at.is_not(None), jobs.c.attempts >= jobs.c.max_attempts)
+
+
+def snooze(
+    *,
+    worker: str,
+    job_id: int,
+    attempt: int,
+    delay_seconds: float,
+    note: str,
+    now: Now = None,
+) -> sa.Update:
+    """The handler raised Snooze: queued again in ``delay_seconds``, the attempt not spent.
+
+    ``snoozes`` counts up (the worker bounds it); ``note`` goes to ``last_error``. A job an
+    operator cancelled meanwhile ends ``cancelled``. RETURNING ``id, status``; no row:
+    the claim was lost.
+    """
+    conditions = _fence(worker, [(job_id, attempt)])
+    cancelled = jobs.c.cancel_requested_at.is_not(None)
+    return (
+        sa.update(jobs)
+        .where(*conditions)
+        .values(
+            status=sa.case(
+                (cancelled, _common.status(JobStatus.CANCELLED)),
+                else_=_common.status(JobStatus.QUEUED),
+            ),
+            attempts=sa.case((cancelled, jobs.c.attempts), else_=jobs.c.attempts - 1),
+            snoozes=jobs.c.snoozes + 1,
+            run_at=_common.clock(now)
+            + _common.seconds(sa.bindparam("delay", delay_seconds, sa.Float)),
+            locked_until=None,
+            worker=sa.case((cancelled, jobs.c.worker), else_=None),
+            last_error=sa.bindparam("error", note, sa.Text),
+            finished_at=sa.case((cancelled, _common.clock(now)), else_=None),
+        )
+        .returning(jobs.c.id, jobs.c.status)
+    )
+
+
+def cancel_running(
+    *, worker: str, job_id: int, attempt: int, reason: str, now: Now = None
+) -> sa.Update:
+    """End a running claim ``cancelled``, not retried (Discard, or an operator's cancel).
+
+    RETURNING ``id, status``; no row: the claim was lost (or the job already finished).
+    """
+    conditions = _fence(worker, [(job_id, attempt)])
+    return (
+        sa.update(jobs)
+        .where(*conditions)
+        .values(
+            status=_common.status(JobStatus.CANCELLED),
+            locked_until=None,
+            last_error=sa.bindparam("error", reason, sa.Text),
+            finished_at=_common.clock(now),
+        )
+        .returning(jobs.c.id, jobs.c.status)
+    )
+
+
+def statement_timeout(milliseconds: int) -> sa.Select[Any]:
+    """``SET LOCAL statement_timeout`` as a function call (it takes a bound value).
+
+    Run at the start of a handler's transaction that has a deadline: the handler's own
+    statements are then cancelled when its time is up (revision 0005 timeouts).
+    """
+    return sa.select(
+        sa.func.set_config(
+            sa.literal_column("'statement_timeout'"),
+            sa.cast(sa.bindparam("ms", milliseconds, sa.Integer), sa.Text),
+            sa.true(),
+        )
+    )
+
+
+def terminate_backend(pid: int) -> sa.Select[Any]:
+    """End a killed child's backend (process isolation): its transaction rolls back now,
+    not when its running statement ends. A role may terminate its own backends."""
+    return sa.select(sa.func.pg_terminate_backend(sa.bindparam("pid", pid, sa.Integer)))
+
+
+def reset_statement_timeout() -> sa.TextClause:
+    """Back to the connection's own ``statement_timeout`` (the one it started with) for
+    the rest of the transaction: the worker's done-mark must not be cancelled by the
+    handler's deadline."""
+    return sa.text("RESET statement_timeout")
+
+
 def heartbeat(
     *, worker: str, leases: Sequence[tuple[int, int]], lock_seconds: float, now: Now = None
 ) -> sa.Update:
-    """Extend the leases still ours; RETURNING their ids (a missing id is a lost claim)."""
+    """Extend the leases still ours; RETURNING their ids (a missing id is a lost claim) and
+    whether an operator asked to cancel each."""
     conditions = _fence(worker, leases)
     return (
         sa.update(jobs)
@@ -219,21 +322,29 @@ def heartbeat(
             locked_until=_common.clock(now)
             + _common.seconds(sa.bindparam("lock_seconds", lock_seconds, sa.Float))
         )
-        .returning(jobs.c.id)
+        # The cancel flag comes back with each renewal: the lease keeper tells a job's
+        # handler to stop even if the cancel's NOTIFY was missed (revision 0005).
+        .returning(jobs.c.id, jobs.c.cancel_requested_at.is_not(None).label("cancelling"))
     )
 
 
 def release(*, worker: str, leases: Sequence[tuple[int, int]]) -> sa.Update:
     """Give back claims whose handler never started (shutdown): queued again, attempt not spent."""
     conditions = _fence(worker, leases)
+    cancelled = jobs.c.cancel_requested_at.is_not(None)
     return (
         sa.update(jobs)
         .where(*conditions)
         .values(
-            status=_common.status(JobStatus.QUEUED),
+            # An operator cancelled it while it was buffered (revision 0005): it ends now.
+            status=sa.case(
+                (cancelled, _common.status(JobStatus.CANCELLED)),
+                else_=_common.status(JobStatus.QUEUED),
+            ),
             attempts=jobs.c.attempts - 1,
             locked_until=None,
             worker=None,
+            finished_at=sa.case((cancelled, _common.clock(None)), else_=None),
         )
         .returning(jobs.c.id)
     )
@@ -243,7 +354,8 @@ def rescue_expired(*, limit: int = 1000, now: Now = None) -> sa.Update:
     """Requeue jobs whose lease expired (their worker died or stopped heartbeating).
 
     A job that had already used its last attempt goes dead instead: a poison job that
-    kills its worker must not be handed to the next one forever. This replaces the
+    kills its worker must not be handed to the next one forever; a job an operator asked
+    to cancel goes ``cancelled``. This replaces the
     seed's ``OR (status = 'running' AND locked_until < now())`` claim branch.
     """
     expired = (
@@ -258,7 +370,6 @@ def rescue_expired(*, limit: int = 1000, now: Now = None) -> sa.Update:
         .cte("expired")
         .prefix_with("MATERIALIZED")
     )
-    exhausted = jobs.c.attempts >= jobs.c.max_attempts
     message = sa.func.concat(
         "lease expired during attempt ",
         jobs.c.attempts,
@@ -272,13 +383,11 @@ def rescue_expired(*, limit: int = 1000, now: Now = None) -> sa.Update:
         sa.update(jobs)
         .where(jobs.c.id == expired.c.id)
         .values(
-            status=sa.case(
-                (exhausted, _common.status(JobStatus.DEAD)), else_=_common.status(JobStatus.QUEUED)
-            ),
+            status=_failed_status(),
             run_at=_common.clock(now),
             locked_until=None,
             last_error=message,
-            finished_at=sa.case((exhausted, _common.clock(now)), else_=None),
+            finished_at=sa.case((_ends_now(), _common.clock(now)), else_=None),
         )
         .returning(jobs.c.id, jobs.c.kind, jobs.c.status, jobs.c.attempts, jobs.c.worker)
     )

@@ -8,6 +8,9 @@ import sqlalchemy as sa
 
 #: LISTEN/NOTIFY channel the insert trigger notifies (the seed design's channel).
 NOTIFY_CHANNEL = "jobs"
+#: Channel ``sqla_jobs.ops.cancel_jobs`` notifies, at commit, with the id of each running
+#: job it asked to stop; workers LISTEN on it (revision 0005).
+CANCEL_CHANNEL = "sqla_jobs_cancel"
 #: Advisory lock key idle workers hold (shared) while they wait; the insert trigger
 #: notifies only when it is held (revision 0003, which freezes the same number).
 #: ``b"sqlajob\x02"`` as a bigint.

@@ -16,6 +16,7 @@ lost is logged here, in :meth:`_lost`, and nowhere else. Each outcome is emitted
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import time
@@ -27,6 +28,15 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 
 from sqla_jobs.config import WorkerConfig
+from sqla_jobs.control import Control
+from sqla_jobs.exceptions import (
+    Discard,
+    JobCancelled,
+    JobTimeout,
+    RetryIn,
+    Snooze,
+    SqlaJobsError,
+)
 from sqla_jobs.models import JobStatus
 from sqla_jobs.sql import lease
 from sqla_jobs.tasks import Registry
@@ -45,8 +55,18 @@ COMPLETE_BATCH = 1_000
 BATCH_TRIES = 5
 
 
+_OUTCOMES = {
+    JobStatus.QUEUED: Outcome.RETRY,
+    JobStatus.DEAD: Outcome.DEAD,
+    JobStatus.CANCELLED: Outcome.CANCELLED,
+}
+
+
 def describe(exc: BaseException) -> str:
     """``Type: message`` plus the end of the traceback, NUL-free, for ``last_error``."""
+    described = getattr(exc, "sqla_jobs_description", None)  # written by a child process
+    if isinstance(described, str):
+        return described.replace("\x00", "")
     head = f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}"
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     if len(tb) > MAX_TRACEBACK_CHARS:
@@ -98,7 +118,7 @@ class Completer:
             done = _db.count(
                 session.connection(),
                 sql,
-                {**params, "job_id": job.id, "attempt": job.attempt},
+                {**params, "job_id": job.id, "attempt": job.attempt, "result": attempt.result},
                 prepare=self.config.prepared_statements,
             )
             if not done:
@@ -109,40 +129,100 @@ class Completer:
         finally:
             self.ledger.remove([job])
 
+    def finished_in_child(self, attempt: Attempt, done: bool) -> Outcome:
+        """A process-isolated handler's child wrote the done-mark itself (``done``), or
+        found its claim lost and rolled back."""
+        self.ledger.move(attempt.job, State.SETTLING)
+        self.ledger.remove([attempt.job])
+        if done:
+            return self._done(attempt)
+        return self._lost(attempt, "(the handler's process rolled back its writes)")
+
     def complete_later(self, attempt: Attempt) -> None:
         """A handler that wrote nothing: its done-mark goes in the next batch."""
         self.ledger.move(attempt.job, State.COMPLETING)
         self._batch.put(attempt)
 
     def fail(self, attempt: Attempt) -> Outcome:
-        """Record a failed attempt: retry after the handler's backoff, or dead."""
+        """Record an attempt that raised: retry after the handler's backoff (or the
+        ``RetryIn`` delay), dead, snoozed (``Snooze``) or cancelled (``Discard``, an
+        operator's cancel)."""
         job, exc = attempt.job, attempt.error
         assert exc is not None
-        self.ledger.move(job, State.SETTLING)
-        try:
-            delay = self.registry[job.kind].backoff.delay(job.attempt)
-            stmt = lease.record_failure(
-                worker=self.config.worker_id,
-                job_id=job.id,
-                attempt=job.attempt,
-                delay_seconds=delay,
-                error=describe(exc),
+        handler = self.registry[job.kind]
+        if isinstance(exc, Snooze) and job.snoozes >= handler.max_snoozes:
+            exc = SqlaJobsError(
+                f"the job snoozed {job.snoozes} times, its handler's max_snoozes; one more "
+                f"snooze counts as a failed attempt ({exc})"
             )
+            attempt = dataclasses.replace(attempt, error=exc)
+        self.ledger.move(job, State.SETTLING)
+        delay = 0.0
+        try:
+            if isinstance(exc, Snooze):
+                delay = exc.seconds
+                stmt = lease.snooze(
+                    worker=self.config.worker_id,
+                    job_id=job.id,
+                    attempt=job.attempt,
+                    delay_seconds=delay,
+                    note=f"snooze {job.snoozes + 1} of at most {handler.max_snoozes}: {exc}",
+                )
+            elif isinstance(exc, (Discard, JobCancelled)):
+                stmt = lease.cancel_running(
+                    worker=self.config.worker_id,
+                    job_id=job.id,
+                    attempt=job.attempt,
+                    reason=str(exc) if isinstance(exc, Discard) else describe(exc),
+                )
+            else:
+                delay = (
+                    exc.seconds if isinstance(exc, RetryIn) else handler.backoff.delay(job.attempt)
+                )
+                stmt = lease.record_failure(
+                    worker=self.config.worker_id,
+                    job_id=job.id,
+                    attempt=job.attempt,
+                    delay_seconds=delay,
+                    error=describe(exc),
+                )
             with self.engine.begin() as conn:
                 found = _db.fenced(self.engine, conn, stmt)
         finally:
             self.ledger.remove([job])
         row = found[0] if found else None
         if row is None:
-            return self._lost(attempt, f"before its failure was recorded: {exc!r}")
-        outcome = Outcome.DEAD if row.status == JobStatus.DEAD else Outcome.RETRY
+            return self._lost(attempt, f"before its outcome was recorded: {exc!r}")
+        outcome = _OUTCOMES[row.status]
+        if isinstance(exc, Snooze) and outcome is Outcome.RETRY:
+            outcome = Outcome.SNOOZED
         self._log_failure(attempt, outcome, delay)
         self._emit(outcome, attempt)
-        if outcome is Outcome.RETRY and delay < self.config.poll_interval:
+        if outcome in (Outcome.RETRY, Outcome.SNOOZED) and delay < self.config.poll_interval:
             # A retry is an UPDATE, which fires no notification: wake up for it
             # ourselves instead of leaving it to the next poll.
             self.wake_at(time.monotonic() + delay)
         return outcome
+
+    def give_up(self, job: Claimed, control: Control) -> Outcome | None:
+        """Record the outcome of a run whose handler ignored its timeout or cancel.
+
+        Called by the lease keeper ``timeout_grace`` seconds after the deadline (or the
+        cancel), while the handler's thread is still inside the handler. Fenced like
+        every outcome: if the handler's own outcome got in first, nothing happens (None).
+        Whatever that thread does later is fenced away (logged in :meth:`_lost`).
+        """
+        if not control.abandon():
+            return None  # the handler returned meanwhile: its thread records the outcome
+        stop = control.interruption() or JobTimeout("the job ran past its timeout")
+        exc = type(stop)(
+            f"{stop} and did not stop within the {self.config.timeout_grace:g}s grace; the "
+            "worker gave up on it (its writes are rolled back when its thread returns)"
+        )
+        duration = time.monotonic() - control.started
+        attempt = Attempt(job, duration, exc, control=control)
+        self.fail(attempt)
+        return None
 
     def release(self, jobs: Iterable[Claimed]) -> None:
         """Give back claims no handler started: queued again, attempt not spent."""
@@ -237,6 +317,16 @@ class Completer:
     def _lost(self, attempt: Attempt, what: str) -> Outcome:
         """The one place a lost claim is logged: the lease expired and the job was taken over."""
         job = attempt.job
+        if attempt.control is not None and attempt.control.abandoned:
+            log.warning(
+                "job %s: its handler came back after the worker had given up on it "
+                "(timeout or cancel); this late outcome has no effect, %s",
+                job.id,
+                what,
+                extra=fields(job, outcome="late"),
+            )
+            self._emit(Outcome.LOST, attempt)
+            return Outcome.LOST
         log.warning(
             "job %s: claim lost (lease expired and the job was taken over, or an operator "
             "changed it) %s",
@@ -255,7 +345,25 @@ class Completer:
             error=f"{type(exc).__name__}: {exc}",
             outcome=outcome.value,
         )
-        if outcome is Outcome.DEAD:
+        if outcome is Outcome.SNOOZED:
+            log.info(
+                "job %s (%s) snoozed for %.1fs: %s",
+                job.id,
+                job.kind,
+                delay,
+                exc,
+                extra=extra,
+            )
+        elif outcome is Outcome.CANCELLED:
+            log.warning(
+                "job %s (%s) cancelled on attempt %s: %s",
+                job.id,
+                job.kind,
+                job.attempt,
+                exc,
+                extra=extra,
+            )
+        elif outcome is Outcome.DEAD:
             log.error(
                 "job %s (%s) dead after attempt %s/%s: %r",
                 job.id,

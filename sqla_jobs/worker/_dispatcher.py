@@ -198,7 +198,8 @@ class Dispatcher:
                 prepare=self.config.prepared_statements,
                 json_loads=_load_payload,
             )
-        # Columns: id, kind, queue, payload, attempts, max_attempts (sql.lease.claim).
+        # Columns: id, kind, queue, payload, attempts, max_attempts, timeout, snoozes
+        # (sql.lease.claim).
         jobs = [Claimed(*r) for r in found]
         self.ledger.add(jobs)
         return jobs

@@ -24,6 +24,8 @@ class Outcome(str, enum.Enum):
     DEAD = "dead"  # the attempt failed and was the last one
     LOST = "lost"  # the claim was lost (lease expired and taken over): nothing recorded
     RELEASED = "released"  # claimed but never started (shutdown): queued again, unspent
+    SNOOZED = "snoozed"  # the handler raised Snooze: queued again later, attempt unspent
+    CANCELLED = "cancelled"  # Discard, or an operator cancelled it while running: no retry
 
 
 @dataclass(frozen=True)
@@ -36,7 +38,7 @@ class WorkerEvent:
     queue: str
     attempt: int
     duration: float  # seconds the handler ran (0 for RELEASED)
-    error: str | None = None  # ``Type: message`` for RETRY and DEAD
+    error: str | None = None  # ``Type: message`` for RETRY, DEAD, SNOOZED and CANCELLED
 
 
 Subscriber = Callable[[WorkerEvent], None]

@@ -20,9 +20,14 @@ from collections.abc import Callable
 import sqlalchemy as sa
 
 from sqla_jobs.config import WorkerConfig
-from sqla_jobs.exceptions import HandlerTransactionError
+from sqla_jobs.control import Control
+from sqla_jobs.exceptions import (
+    JobDecision,
+    JobInterrupted,
+)
+from sqla_jobs.sql import lease
 from sqla_jobs.tasks import JobContext, Registry
-from sqla_jobs.worker import _session
+from sqla_jobs.worker import _isolated, _session
 from sqla_jobs.worker._completer import Completer
 from sqla_jobs.worker._inflight import Attempt, Claimed, Inflight, State
 from sqla_jobs.worker._session import HandlerSession, ThreadConnection
@@ -55,6 +60,9 @@ class ThreadExecutor:
         self.pool_generation = 0  # bumped when a pooled connection is invalidated
         sa.event.listen(engine, "invalidate", self._on_invalidate)
         self._ready = threading.Semaphore(0)  # one release per connected thread
+        self._replaced_lock = threading.Lock()
+        self._stuck = 0  # threads whose handler was given up and has not returned yet
+        self._replacements = 0
 
     def thread_main(self) -> None:
         """One handler thread: connect, then run jobs until the stop sentinel."""
@@ -69,9 +77,26 @@ class ThreadExecutor:
             finally:
                 self._ready.release()
             while (job := get()) is not None:
-                self._run(job, thread_conn)
+                if self._run(job, thread_conn):
+                    return  # this thread's handler was given up; a replacement took over
         finally:
             thread_conn.close()
+
+    def replace_thread(self) -> bool:
+        """Start a handler thread in place of one whose handler was given up (it ignored
+        its timeout or cancel); False if too many are stuck already."""
+        with self._replaced_lock:
+            if self._stuck >= self.config.concurrency:
+                return False
+            self._stuck += 1
+            self._replacements += 1
+            name = f"sqla_jobs-job-r{self._replacements}"
+        threading.Thread(target=self._replacement_main, name=name, daemon=True).start()
+        return True
+
+    def _replacement_main(self) -> None:
+        self._ready.release()  # nobody waits for it: keep the semaphore balanced
+        self.thread_main()
 
     def await_connections(self, timeout: float = 30.0) -> None:
         # "started" means ready to run jobs at full speed: opening a connection per
@@ -92,24 +117,34 @@ class ThreadExecutor:
         # threads take a new connection before their next job, as a pool checkout would.
         self.pool_generation += 1
 
-    def _run(self, job: Claimed, thread_conn: ThreadConnection) -> None:
+    def _run(self, job: Claimed, thread_conn: ThreadConnection) -> bool:
+        """Run one job; True if the worker gave it up meanwhile (this thread then ends)."""
         if self.draining.is_set():
             # Claimed but not started before shutdown: hand it back unspent.
             self.completer.release([job])
-            return
+            return False
         self.ledger.move(job, State.RUNNING)
         if thread_conn.generation != self.pool_generation:
             thread_conn.close()
             thread_conn.generation = self.pool_generation
+        handler = self.registry[job.kind]
+        control = Control(job.timeout if job.timeout is not None else handler.timeout)
+        self.ledger.watch(job, control)
+        if handler.isolation == "process":
+            return self._run_isolated(job, control)
+        thread_conn.control = control
+        control.on_interrupt(thread_conn.cancel_statement)
         try:
             session = _session.open_session(self.engine, thread_conn)
             try:
-                attempt = self._attempt(job, session, thread_conn)
+                attempt = self._attempt(job, session, thread_conn, control)
+                thread_conn.control = None
                 self.job_took(attempt.duration)
-                if attempt.error is None and attempt.wrote:
+                if attempt.error is None and (attempt.wrote or attempt.result is not None):
                     self.completer.complete_in(session, attempt)
-                    return
+                    return self._given_up(control)
             finally:
+                thread_conn.control = None
                 _session.discard(session, thread_conn)
             if attempt.error is None:
                 self.completer.complete_later(attempt)
@@ -123,20 +158,69 @@ class ThreadExecutor:
                 extra={"job_id": job.id, "kind": job.kind, "attempt": job.attempt},
             )
             self.ledger.remove([job])
+        return self._given_up(control)
+
+    def _run_isolated(self, job: Claimed, control: Control) -> bool:
+        """``isolation="process"``: the handler runs in a child that is killed at its
+        deadline or a cancel; this thread only waits for it (see _isolated)."""
+        handler = self.registry[job.kind]
+        try:
+            outcome, error = _isolated.run(
+                self.engine, self.config.worker_id, job, handler, control
+            )
+            control.finish()
+            attempt = Attempt(job, time.monotonic() - control.started, error, control=control)
+            self.job_took(attempt.duration)
+            if outcome is not None:
+                self.completer.finished_in_child(attempt, outcome == _isolated.DONE)
+            else:
+                self.completer.fail(attempt)
+        except Exception:
+            log.exception(
+                "could not run or record job %s in a child process; it will be retried "
+                "after its lease expires",
+                job.id,
+                extra={"job_id": job.id, "kind": job.kind, "attempt": job.attempt},
+            )
+            self.ledger.remove([job])
+        return self._given_up(control)
+
+    def _given_up(self, control: Control) -> bool:
+        if not control.abandoned:
+            return False
+        with self._replaced_lock:
+            self._stuck -= 1
+        return True
 
     def _attempt(
-        self, job: Claimed, session: HandlerSession, thread_conn: ThreadConnection
+        self,
+        job: Claimed,
+        session: HandlerSession,
+        thread_conn: ThreadConnection,
+        control: Control,
     ) -> Attempt:
         handler = self.registry[job.kind]
         ctx = JobContext(
-            job.id, job.kind, job.queue, job.attempt, job.max_attempts, self.config.worker_id
+            job.id,
+            job.kind,
+            job.queue,
+            job.attempt,
+            job.max_attempts,
+            self.config.worker_id,
+            control=control,
         )
-        started = time.monotonic()
+        started = control.started
         try:
-            returned = handler(session, job.payload, ctx)
+            control.check()  # cancelled while it waited in the buffer: do not start it
+            value = handler(session, job.payload, ctx)
+            control.finish()
             _session.disarm(thread_conn)
-            _check_ran(returned)
-            _check_transaction(session, thread_conn)
+            _session.check_ran(value)
+            _session.check_transaction(session, thread_conn)
+            stop = control.interruption()
+            if stop is not None:  # it returned, but too late or after a cancel
+                raise stop
+            result = _session.stored_result(value)
             # session.add() alone does not begin a transaction: pending objects
             # count as writes too, or they would never be flushed.
             wrote = session.in_transaction() or bool(
@@ -144,40 +228,16 @@ class ThreadExecutor:
             )
             if wrote:
                 session.flush()
-            return Attempt(job, time.monotonic() - started, None, wrote)
+            if control.timeout is not None and session.in_transaction():
+                # The done-mark follows in this transaction: not under the handler's limit.
+                session.connection().execute(lease.reset_statement_timeout())
+            return Attempt(job, time.monotonic() - started, None, wrote, result, control)
         except BaseException as exc:  # SystemExit and KeyboardInterrupt too: a failed attempt
+            control.finish()
             _session.disarm(thread_conn)
-            return Attempt(job, time.monotonic() - started, exc)
-
-
-def _check_ran(returned: object) -> None:
-    """A coroutine or generator returned by a wrapped handler means its body never ran."""
-    if inspect.isawaitable(returned) or inspect.isgenerator(returned):
-        close = getattr(returned, "close", None)
-        if close is not None:
-            close()  # no "never awaited" warning: the failure below says it
-        raise TypeError(
-            f"the handler returned {type(returned).__name__} object instead of running: "
-            "an async or generator function behind a plain one; its body never ran"
-        )
-
-
-def _check_transaction(session: HandlerSession, thread_conn: ThreadConnection) -> None:
-    """The last line: the handler's transaction must still be the one the worker opened."""
-    refused = session._sqla_jobs_violation
-    guard = thread_conn.guard
-    problem = refused
-    if problem is None and guard is not None:
-        problem = guard.ended_by_handler(thread_conn.conn)
-    if problem is None:
-        return
-    if refused is None and guard is not None and guard.violation is None:
-        # Found by the driver's status: the commit happened below SQLAlchemy.
-        raise HandlerTransactionError(
-            f"the handler ended the job's transaction ({problem}); what it committed that "
-            "way stays committed, the rest was rolled back, and the attempt counts as failed"
-        )
-    raise HandlerTransactionError(
-        f"the handler ended, or tried to end, the job's transaction ({problem}); "
-        "its writes were rolled back and the attempt counts as failed"
-    )
+            stop = control.interruption()
+            if stop is not None and not isinstance(exc, (JobInterrupted, JobDecision)):
+                # e.g. the statement cancelled at the deadline: recorded as the timeout
+                stop.__cause__ = exc
+                exc = stop
+            return Attempt(job, time.monotonic() - started, exc, control=control)

@@ -25,6 +25,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from sqla_jobs.control import Control
+
 
 @dataclass(frozen=True)
 class Claimed:
@@ -36,6 +38,8 @@ class Claimed:
     payload: dict[str, Any]
     attempt: int
     max_attempts: int
+    timeout: float | None = None
+    snoozes: int = 0
 
     @property
     def lease(self) -> tuple[int, int]:
@@ -50,6 +54,10 @@ class Attempt:
     duration: float
     error: BaseException | None = None
     wrote: bool = False
+    #: The handler's return value as JSON text (None: it returned None).
+    result: str | None = None
+    #: The run's deadline and cancel flag, when it had a handler run.
+    control: Control | None = None
 
 
 class State(enum.Enum):
@@ -76,6 +84,8 @@ class Inflight:
         self._slots_taken = 0
         self._room_at: int | None = None  # wake the dispatcher when slots taken <= this
         self._on_room = on_room
+        self._controls: dict[int, Control] = {}  # RUNNING jobs' stop signals
+        self._cancels: set[int] = set()  # cancel requests for jobs not started yet
 
     def add(self, jobs: Iterable[Claimed]) -> None:
         with self._lock:
@@ -87,8 +97,8 @@ class Inflight:
         """BUFFERED -> RUNNING -> SETTLING or COMPLETING (the latter frees the slot)."""
         with self._lock:
             entry = self._jobs.get(job.id)
-            if entry is None:
-                return
+            if entry is None or entry[0].attempt != job.attempt:
+                return  # a late thread's job, already given up and perhaps claimed again
             before = entry[1]
             self._jobs[job.id] = (job, state)
             freed = before in _HOLDS_SLOT and state not in _HOLDS_SLOT
@@ -101,8 +111,13 @@ class Inflight:
         wake = False
         with self._lock:
             for job in jobs:
-                entry = self._jobs.pop(job.id, None)
-                if entry is not None and entry[1] in _HOLDS_SLOT:
+                entry = self._jobs.get(job.id)
+                if entry is None or entry[0].attempt != job.attempt:
+                    continue  # a late thread's job, already given up (see overdue)
+                del self._jobs[job.id]
+                self._controls.pop(job.id, None)
+                self._cancels.discard(job.id)
+                if entry[1] in _HOLDS_SLOT:
                     wake = self._free_slot() or wake
             wake = wake or not self._jobs
         if wake:
@@ -123,8 +138,62 @@ class Inflight:
             return free
 
     def leases(self) -> list[tuple[int, int]]:
+        """The leases to renew: every held job's but those given up (:meth:`overdue`)."""
         with self._lock:
-            return [job.lease for job, _ in self._jobs.values()]
+            return [
+                job.lease
+                for job, _ in self._jobs.values()
+                if not ((c := self._controls.get(job.id)) is not None and c.abandoned)
+            ]
+
+    # --- stopping running jobs (timeouts and cancels) ------------------------------------
+
+    def watch(self, job: Claimed, control: Control) -> None:
+        """``job``'s handler starts with ``control``; a cancel that came first applies now."""
+        with self._lock:
+            self._controls[job.id] = control
+            cancelled = job.id in self._cancels
+            self._cancels.discard(job.id)
+        if cancelled:
+            control.request_cancel()
+
+    def request_cancel(self, job_id: int) -> bool:
+        """An operator cancelled ``job_id``: tell its handler. False if we do not hold it,
+        or knew already (the heartbeat reports the flag at every round)."""
+        with self._lock:
+            if job_id not in self._jobs:
+                return False
+            control = self._controls.get(job_id)
+            if control is None:
+                new = job_id not in self._cancels
+                self._cancels.add(job_id)
+                return new
+        return control.request_cancel()
+
+    def overdue(self, grace: float) -> list[tuple[Claimed, Control]]:
+        """Running jobs ``grace`` seconds past their deadline or cancel, not yet given up."""
+        with self._lock:
+            return [
+                (job, control)
+                for job, state in self._jobs.values()
+                if state is State.RUNNING
+                and (control := self._controls.get(job.id)) is not None
+                and not control.abandoned
+                and control.stop_due(grace)
+            ]
+
+    def expiring(self) -> list[Control]:
+        """Controls of running jobs whose deadline passed (their statements get cancelled)."""
+        with self._lock:
+            return [
+                c
+                for job, state in self._jobs.values()
+                if state is State.RUNNING
+                and (c := self._controls.get(job.id)) is not None
+                and c.timed_out
+                and c.running
+                and not c.expiry_signalled
+            ]
 
     def was_lost(self, job_id: int, attempt: int) -> bool:
         """Whether a vanished lease means the claim was lost (not our own outcome write)."""

@@ -27,11 +27,12 @@ from sqlalchemy.orm import Session
 
 from sqla_jobs import config as config_mod
 from sqla_jobs.config import WorkerConfig
+from sqla_jobs.control import Control
 from sqla_jobs.models import JobStatus
 from sqla_jobs.sql import lease, locks
 from sqla_jobs.tasks import Registry
 from sqla_jobs.worker import _db
-from sqla_jobs.worker._inflight import Inflight
+from sqla_jobs.worker._inflight import Claimed, Inflight
 
 log = logging.getLogger("sqla_jobs.worker")
 
@@ -96,7 +97,15 @@ class LeaseKeeper(Service):
             worker=self.config.worker_id, leases=leases, lock_seconds=self.config.lock_seconds
         )
         with self.engine.begin() as conn:
-            kept = {r.id for r in _db.fenced(self.engine, conn, stmt)}
+            found = _db.fenced(self.engine, conn, stmt)
+        kept = {r.id for r in found}
+        for row in found:
+            if row.cancelling and self.ledger.request_cancel(row.id):
+                log.info(
+                    "job %s: cancel requested by an operator (seen at the heartbeat)",
+                    row.id,
+                    extra={"job_id": row.id, "outcome": "cancelling"},
+                )
         for job_id, attempt in leases:
             if job_id not in kept and self.ledger.was_lost(job_id, attempt):
                 log.warning(
@@ -108,26 +117,96 @@ class LeaseKeeper(Service):
 
 
 class Listener(Service):
-    """LISTENs on the jobs channel on a connection of its own; each notification wakes."""
+    """LISTENs on the jobs channel on a connection of its own; each notification wakes.
+
+    Also LISTENs on the cancel channel (``locks.CANCEL_CHANNEL``, revision 0005): its
+    payload is the id of a running job an operator cancelled; ``on_cancel`` tells it
+    to the job's handler at once (the lease keeper's round is the fallback).
+    """
 
     name = "listener"
     failure = "connection lost"
 
-    def __init__(self, until: threading.Event, config: WorkerConfig, wake: Callable[[], None]):
+    def __init__(
+        self,
+        until: threading.Event,
+        config: WorkerConfig,
+        wake: Callable[[], None],
+        on_cancel: Callable[[int], object] | None = None,
+    ):
         super().__init__(until, 0.0)
         self.channel = config_mod.check_channel(locks.NOTIFY_CHANNEL)
+        self.cancel_channel = config_mod.check_channel(locks.CANCEL_CHANNEL)
         self.conninfo = config.url.set(drivername="postgresql").render_as_string(
             hide_password=False
         )
         self.wake = wake
+        self.on_cancel = on_cancel
 
     def round(self) -> None:
         with psycopg.connect(self.conninfo, autocommit=True) as conn:
             conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
+            if self.on_cancel is not None:
+                conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.cancel_channel)))
             self.wake()  # notifications sent while we were away are lost: poll
             while not self.until.is_set():
-                for _ in conn.notifies(timeout=1.0, stop_after=1):
-                    self.wake()
+                for note in conn.notifies(timeout=1.0, stop_after=1):
+                    if note.channel == self.cancel_channel:
+                        self._cancel(note.payload)
+                    else:
+                        self.wake()
+
+    def _cancel(self, payload: str) -> None:
+        if self.on_cancel is None or not payload.isdigit():
+            return
+        if self.on_cancel(int(payload)):
+            log.info(
+                "job %s: cancel requested by an operator",
+                payload,
+                extra={"job_id": int(payload), "outcome": "cancelling"},
+            )
+
+
+class DeadlineWatch(Service):
+    """Every quarter second: cancels the database statement of a running job whose
+    deadline passed, and gives up on a handler still running ``timeout_grace`` seconds
+    after its deadline or an operator's cancel (the completer records the outcome, the
+    lease keeper stops renewing it, the executor starts a thread in its place)."""
+
+    name = "deadline watch"
+
+    def __init__(
+        self,
+        until: threading.Event,
+        config: WorkerConfig,
+        ledger: Inflight,
+        give_up: Callable[[Claimed, Control], object],
+        replace_thread: Callable[[], bool],
+    ) -> None:
+        super().__init__(until, 0.25)
+        self.grace = config.timeout_grace
+        self.ledger = ledger
+        self.give_up = give_up
+        self.replace_thread = replace_thread
+
+    def round(self) -> None:
+        for control in self.ledger.expiring():
+            control.expired()
+        for job, control in self.ledger.overdue(self.grace):
+            log.warning(
+                "job %s (%s): handler still running %.1fs after its %s; giving up on it",
+                job.id,
+                job.kind,
+                self.grace,
+                "cancel" if control.cancelled else "timeout",
+                extra={"job_id": job.id, "kind": job.kind, "attempt": job.attempt},
+            )
+            self.give_up(job, control)
+            if control.abandoned and not self.replace_thread():
+                log.error(
+                    "too many handler threads are stuck in handlers that ignore their "
+                    "timeout; not starting another (this worker runs fewer jobs at once)"
+                )
 
 
 class Rescuer(Service):

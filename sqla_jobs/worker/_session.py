@@ -27,6 +27,7 @@ committed that way cannot be taken back (the README says so).
 
 from __future__ import annotations
 
+import inspect
 import logging
 import re
 from collections.abc import Iterator
@@ -38,7 +39,10 @@ import sqlalchemy as sa
 import sqlparse
 from sqlalchemy.orm import Session, SessionTransaction
 
-from sqla_jobs.exceptions import HandlerTransactionError
+from sqla_jobs import validation
+from sqla_jobs.control import Control
+from sqla_jobs.exceptions import HandlerTransactionError, ResultError
+from sqla_jobs.sql import lease
 
 log = logging.getLogger("sqla_jobs.worker")
 
@@ -192,7 +196,7 @@ class ThreadConnection:
     options changed (e.g. an isolation level), or the pool invalidated since it was taken.
     """
 
-    __slots__ = ("conn", "engine", "generation", "options", "used")
+    __slots__ = ("conn", "control", "engine", "generation", "options", "used")
 
     def __init__(self, engine: sa.Engine) -> None:
         self.engine = engine
@@ -202,6 +206,9 @@ class ThreadConnection:
         # Whether a session ran on conn since the last clean(): a job that never touched
         # the database (no-op handlers) skips the checks, a fifth of such a job's cost.
         self.used = False
+        # The running job's deadline (set by the executor per job): its transaction
+        # begins with statement_timeout set to the time left.
+        self.control: Control | None = None
 
     @property
     def guard(self) -> Guard | None:
@@ -213,6 +220,15 @@ class ThreadConnection:
             self.conn = _connect(self.engine)
             self.options = self.conn.get_execution_options()
         return self.conn
+
+    def cancel_statement(self) -> None:
+        """Cancel the statement the handler's connection runs, from another thread."""
+        conn = self.conn
+        if conn is None or conn.closed or conn.invalidated:
+            return
+        driver = cast("psycopg.Connection[Any]", conn.connection.driver_connection)
+        if not (driver.closed or driver.broken):
+            driver.cancel()
 
     def clean(self) -> bool:
         conn = self.conn
@@ -337,6 +353,13 @@ def _on_transaction(session: Session, transaction: SessionTransaction) -> None:
         conn = thread_conn.connect()
         conn.guard.armed = True
         session.connection(bind_arguments={"bind": conn})
+        control = thread_conn.control
+        time_left = None if control is None else control.time_left()
+        if time_left is not None:
+            # The handler's database work ends with its time; 1 ms, not 0 (no limit),
+            # when the deadline has already passed.
+            ms = max(1, int(time_left * 1000))
+            conn.execute(lease.statement_timeout(ms), {"ms": ms})
 
 
 def open_session(engine: sa.Engine, thread_conn: ThreadConnection) -> HandlerSession:
@@ -373,3 +396,47 @@ def discard(session: HandlerSession, thread_conn: ThreadConnection) -> None:
         clean = False
     if not clean:
         thread_conn.close()
+
+
+def check_ran(returned: object) -> None:
+    """A coroutine or generator returned by a wrapped handler means its body never ran."""
+    if inspect.isawaitable(returned) or inspect.isgenerator(returned):
+        close = getattr(returned, "close", None)
+        if close is not None:
+            close()  # no "never awaited" warning: the failure below says it
+        raise TypeError(
+            f"the handler returned {type(returned).__name__} object instead of running: "
+            "an async or generator function behind a plain one; its body never ran"
+        )
+
+
+def check_transaction(session: HandlerSession, thread_conn: ThreadConnection) -> None:
+    """The last line: the handler's transaction must still be the one the worker opened."""
+    refused = session._sqla_jobs_violation
+    guard = thread_conn.guard
+    problem = refused
+    if problem is None and guard is not None:
+        problem = guard.ended_by_handler(thread_conn.conn)
+    if problem is None:
+        return
+    if refused is None and guard is not None and guard.violation is None:
+        # Found by the driver's status: the commit happened below SQLAlchemy.
+        raise HandlerTransactionError(
+            f"the handler ended the job's transaction ({problem}); what it committed that "
+            "way stays committed, the rest was rolled back, and the attempt counts as failed"
+        )
+    raise HandlerTransactionError(
+        f"the handler ended, or tried to end, the job's transaction ({problem}); "
+        "its writes were rolled back and the attempt counts as failed"
+    )
+
+
+def stored_result(value: object) -> str | None:
+    """The handler's return value as JSON text for the done-mark; ResultError if it
+    cannot be stored (the attempt fails; nothing is truncated)."""
+    if value is None:
+        return None
+    try:
+        return validation.dump_result(value)
+    except ValueError as exc:
+        raise ResultError(str(exc)) from None

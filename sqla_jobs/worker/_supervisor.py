@@ -31,6 +31,7 @@ from sqla_jobs.worker._executor import ThreadExecutor
 from sqla_jobs.worker._inflight import Claimed, Inflight
 from sqla_jobs.worker._services import (
     Archiver,
+    DeadlineWatch,
     LeaseKeeper,
     Listener,
     PeriodicEnqueuer,
@@ -167,9 +168,18 @@ class Worker:
         for i in range(self.config.concurrency):
             self._start_thread(self._executor.thread_main, f"job-{i}")
         self._executor.await_connections()
-        services: list[Service] = [Rescuer(draining, self.engine, self.config, self._wake)]
+        services: list[Service] = [
+            Rescuer(draining, self.engine, self.config, self._wake),
+            DeadlineWatch(
+                stopped,
+                self.config,
+                self.ledger,
+                self._completer.give_up,
+                self._executor.replace_thread,
+            ),
+        ]
         if self.config.listen:
-            services.append(Listener(stopped, self.config, self._wake))
+            services.append(Listener(stopped, self.config, self._wake, self.ledger.request_cancel))
         if self.config.archive_every is not None:
             services.append(Archiver(draining, self.engine, self.config))
         if self.config.periodic and self.registry.schedules:

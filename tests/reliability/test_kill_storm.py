@@ -36,7 +36,13 @@ def test_kill_storm_loses_no_job_and_doubles_no_effect(
     setup_app(engine)
     with Session(engine) as s:
         # Handlers take 40-120 ms, so every kill lands on jobs in flight.
-        enqueue_many(s, [NewJob("work", {"sleep": rng.uniform(0.04, 0.12)}) for _ in range(JOBS)])
+        # With a timeout (far above the handlers' time), so every job also runs the
+        # deadline machinery: statement_timeout, the deadline watch, the reset before the
+        # done-mark (revision 0005).
+        enqueue_many(
+            s,
+            [NewJob("work", {"sleep": rng.uniform(0.04, 0.12)}, timeout=30) for _ in range(JOBS)],
+        )
         s.commit()
     sup = Supervisor(
         db_url,

@@ -24,8 +24,12 @@ WITH picked AS MATERIALIZED
                                        jobs.worker,
                                        jobs.last_error,
                                        jobs.created_at,
-                                       jobs.finished_at)
-INSERT INTO jobs_archive (id, kind, queue, priority, payload, status, run_at, locked_until, attempts, max_attempts, idempotency_key, worker, last_error, created_at, finished_at, archived_at)
+                                       jobs.finished_at,
+                                       jobs.result,
+                                       jobs.timeout,
+                                       jobs.snoozes,
+                                       jobs.cancel_requested_at)
+INSERT INTO jobs_archive (id, kind, queue, priority, payload, status, run_at, locked_until, attempts, max_attempts, idempotency_key, worker, last_error, created_at, finished_at, result, timeout, snoozes, cancel_requested_at, archived_at)
 SELECT moved.id,
        moved.kind,
        moved.queue,
@@ -41,5 +45,9 @@ SELECT moved.id,
        moved.last_error,
        moved.created_at,
        moved.finished_at,
+       moved.result,
+       moved.timeout,
+       moved.snoozes,
+       moved.cancel_requested_at,
        now() AS now_1
 FROM moved RETURNING jobs_archive.id;

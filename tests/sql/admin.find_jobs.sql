@@ -12,7 +12,11 @@ SELECT jobs.id,
        jobs.worker,
        jobs.last_error,
        jobs.created_at,
-       jobs.finished_at
+       jobs.finished_at,
+       jobs.result,
+       jobs.timeout,
+       jobs.snoozes,
+       jobs.cancel_requested_at
 FROM jobs
 WHERE jobs.status IN ('queued'::job_status)
   AND jobs.kind = %(kind)s::VARCHAR

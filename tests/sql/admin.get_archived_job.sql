@@ -13,6 +13,10 @@ SELECT jobs_archive.id,
        jobs_archive.last_error,
        jobs_archive.created_at,
        jobs_archive.finished_at,
+       jobs_archive.result,
+       jobs_archive.timeout,
+       jobs_archive.snoozes,
+       jobs_archive.cancel_requested_at,
        jobs_archive.archived_at
 FROM jobs_archive
 WHERE jobs_archive.id = %(id)s::BIGINT;

@@ -11,6 +11,8 @@ SET status='queued'::job_status,
     locked_until=%(locked_until)s::TIMESTAMP WITH TIME ZONE,
                                                        attempts=%(attempts)s::INTEGER,
                                                        worker=%(worker)s::VARCHAR,
-                                                       finished_at=%(finished_at)s::TIMESTAMP WITH TIME ZONE
+                                                       finished_at=%(finished_at)s::TIMESTAMP WITH TIME ZONE,
+                                                                                                        snoozes=%(snoozes)s::INTEGER,
+                                                                                                        cancel_requested_at=%(cancel_requested_at)s::TIMESTAMP WITH TIME ZONE
 FROM picked
 WHERE jobs.id = picked.id RETURNING jobs.id;

@@ -1,9 +1,10 @@
-INSERT INTO jobs (kind, payload, queue, priority, max_attempts, idempotency_key, run_at)
+INSERT INTO jobs (kind, payload, queue, priority, max_attempts, idempotency_key, run_at, timeout)
 SELECT new_jobs.k,
        new_jobs.p,
        coalesce(new_jobs.q, %(coalesce_2)s::VARCHAR) AS coalesce_1,
        coalesce(new_jobs.pr, %(coalesce_4)s::INTEGER) AS coalesce_3,
        coalesce(new_jobs.m, %(coalesce_6)s::INTEGER) AS coalesce_5,
        new_jobs.key,
-       coalesce(new_jobs.at, now() + interval '1 second' * coalesce(new_jobs.d, %(coalesce_8)s)) AS coalesce_7
-FROM json_to_recordset(CAST(%(rows)s::VARCHAR AS JSON)) AS new_jobs(k TEXT, p JSONB, q TEXT, pr SMALLINT, m INTEGER, key TEXT, at TIMESTAMP WITH TIME ZONE, d FLOAT) ON CONFLICT (idempotency_key) DO NOTHING RETURNING jobs.id;
+       coalesce(new_jobs.at, now() + interval '1 second' * coalesce(new_jobs.d, %(coalesce_8)s)) AS coalesce_7,
+       new_jobs.t
+FROM json_to_recordset(CAST(%(rows)s::VARCHAR AS JSON)) AS new_jobs(k TEXT, p JSONB, q TEXT, pr SMALLINT, m INTEGER, key TEXT, at TIMESTAMP WITH TIME ZONE, d FLOAT, t FLOAT) ON CONFLICT (idempotency_key) DO NOTHING RETURNING jobs.id;

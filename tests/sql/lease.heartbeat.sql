@@ -5,4 +5,5 @@ WHERE jobs.id = ANY (%(fence_ids)s::BIGINT[])
   AND jobs.id = fence.id
   AND jobs.attempts = fence.attempt
   AND CAST(jobs.status AS TEXT) = 'running'
-  AND jobs.worker = %(fence_worker)s::VARCHAR RETURNING jobs.id;
+  AND jobs.worker = %(fence_worker)s::VARCHAR RETURNING jobs.id,
+                                                        jobs.cancel_requested_at IS NOT NULL AS cancelling;

@@ -1,16 +1,19 @@
 UPDATE jobs
 SET status=CASE
+               WHEN (jobs.cancel_requested_at IS NOT NULL) THEN 'cancelled'::job_status
                WHEN (jobs.attempts >= jobs.max_attempts) THEN 'dead'::job_status
                ELSE 'queued'::job_status
            END,
            run_at=CASE
-                      WHEN (jobs.attempts >= jobs.max_attempts) THEN least(jobs.run_at, now())
+                      WHEN (jobs.cancel_requested_at IS NOT NULL
+                            OR jobs.attempts >= jobs.max_attempts) THEN least(jobs.run_at, now())
                       ELSE now() + interval '1 second' * %(delay)s
                   END,
                   locked_until=%(locked_until)s::TIMESTAMP WITH TIME ZONE,
                                                                      last_error=%(error)s::VARCHAR,
                                                                      finished_at=CASE
-                                                                                     WHEN (jobs.attempts >= jobs.max_attempts) THEN now()
+                                                                                     WHEN (jobs.cancel_requested_at IS NOT NULL
+                                                                                           OR jobs.attempts >= jobs.max_attempts) THEN now()
                                                                                  END
 FROM unnest(%(fence_ids)s::BIGINT[], %(fence_attempts)s::INTEGER[]) AS fence(id, attempt)
 WHERE jobs.id = ANY (%(fence_ids)s::BIGINT[])

@@ -8,6 +8,7 @@ WITH expired AS MATERIALIZED
    FOR UPDATE SKIP LOCKED)
 UPDATE jobs
 SET status=CASE
+               WHEN (jobs.cancel_requested_at IS NOT NULL) THEN 'cancelled'::job_status
                WHEN (jobs.attempts >= jobs.max_attempts) THEN 'dead'::job_status
                ELSE 'queued'::job_status
            END,
@@ -15,7 +16,8 @@ SET status=CASE
            locked_until=%(locked_until)s::TIMESTAMP WITH TIME ZONE,
                                                               last_error=concat(%(concat_1)s::VARCHAR, jobs.attempts, %(concat_2)s::VARCHAR, jobs.max_attempts, %(concat_3)s::VARCHAR, coalesce(jobs.worker, %(coalesce_1)s::VARCHAR), %(concat_4)s::VARCHAR),
                                                               finished_at=CASE
-                                                                              WHEN (jobs.attempts >= jobs.max_attempts) THEN now()
+                                                                              WHEN (jobs.cancel_requested_at IS NOT NULL
+                                                                                    OR jobs.attempts >= jobs.max_attempts) THEN now()
                                                                           END
 FROM expired
 WHERE jobs.id = expired.id RETURNING jobs.id,

@@ -12,6 +12,10 @@ SELECT jobs.id,
        jobs.worker,
        jobs.last_error,
        jobs.created_at,
-       jobs.finished_at
+       jobs.finished_at,
+       jobs.result,
+       jobs.timeout,
+       jobs.snoozes,
+       jobs.cancel_requested_at
 FROM jobs
 LIMIT %(param_1)s::INTEGER;

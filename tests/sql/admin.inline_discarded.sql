@@ -1,0 +1,7 @@
+UPDATE jobs
+SET status='cancelled'::job_status,
+    attempts=(jobs.attempts + %(attempts_1)s::INTEGER),
+    worker=%(worker)s::VARCHAR,
+    last_error=%(error)s::VARCHAR,
+    finished_at=now()
+WHERE jobs.id = %(id)s::BIGINT;

@@ -1,0 +1,26 @@
+UPDATE jobs
+SET status=CASE
+               WHEN (jobs.cancel_requested_at IS NOT NULL) THEN 'cancelled'::job_status
+               ELSE 'queued'::job_status
+           END,
+           run_at=(now() + interval '1 second' * %(delay)s),
+           locked_until=%(locked_until)s::TIMESTAMP WITH TIME ZONE,
+                                                              attempts=CASE
+                                                                           WHEN (jobs.cancel_requested_at IS NOT NULL) THEN jobs.attempts
+                                                                           ELSE jobs.attempts - %(attempts_1)s::INTEGER
+                                                                       END,
+                                                                       worker=CASE
+                                                                                  WHEN (jobs.cancel_requested_at IS NOT NULL) THEN jobs.worker
+                                                                              END,
+                                                                              last_error=%(error)s::VARCHAR,
+                                                                              finished_at=CASE
+                                                                                              WHEN (jobs.cancel_requested_at IS NOT NULL) THEN now()
+                                                                                          END,
+                                                                                          snoozes=(jobs.snoozes + %(snoozes_1)s::INTEGER)
+FROM unnest(%(fence_ids)s::BIGINT[], %(fence_attempts)s::INTEGER[]) AS fence(id, attempt)
+WHERE jobs.id = ANY (%(fence_ids)s::BIGINT[])
+  AND jobs.id = fence.id
+  AND jobs.attempts = fence.attempt
+  AND CAST(jobs.status AS TEXT) = 'running'
+  AND jobs.worker = %(fence_worker)s::VARCHAR RETURNING jobs.id,
+                                                        jobs.status;
