@@ -10,7 +10,6 @@ transaction; a handler that wrote nothing is marked done in a batch.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import queue
 import threading
