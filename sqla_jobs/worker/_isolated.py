@@ -14,6 +14,9 @@ When the deadline passes or an operator cancels the job, the worker kills the ch
 once even in the middle of a statement, and records ``JobTimeout`` / ``JobCancelled``.
 The handler thread itself never hangs: it only waits for the child.
 
+A child still running when the worker process exits is killed with it (as a handler
+thread would die with it); its job's lease expires and it runs again elsewhere.
+
 The price: a new interpreter per job (a few hundred milliseconds to import the app), and
 the handler must be defined at the top level of an importable module (its registry is
 found there by kind).
@@ -21,6 +24,7 @@ found there by kind).
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import json
 import os
@@ -45,6 +49,18 @@ from sqla_jobs.tasks import Handler, JobContext, Registry
 
 #: How the child says what happened; ``done`` and ``lost`` were written by the child.
 DONE, LOST = "done", "lost"
+
+#: Children still running, killed when the worker process exits (as a handler thread
+#: still running at exit dies with it): their transactions roll back, the jobs' leases
+#: expire and they run again elsewhere.
+_children: set[subprocess.Popen[str]] = set()
+
+
+@atexit.register
+def _kill_children() -> None:
+    for child in list(_children):
+        if child.poll() is None:
+            child.kill()
 
 
 class IsolatedHandlerError(SqlaJobsError):
@@ -98,6 +114,7 @@ def run(
         env=env,
         text=True,
     )
+    _children.add(child)
     backend: list[int] = []
 
     def kill() -> None:
@@ -113,6 +130,7 @@ def run(
     finally:
         kill()
         child.wait()
+        _children.discard(child)
         if backend and control.interruption() is not None:
             _terminate(engine, backend[0])
     stop = control.interruption()
