@@ -1,9 +1,19 @@
+WITH fence AS MATERIALIZED
+  (SELECT array_agg(lease.id
+                    ORDER BY lease.id, lease.attempt) AS ids,
+          array_agg(lease.attempt
+                    ORDER BY lease.id, lease.attempt) AS attempts
+   FROM unnest(%(fence_ids)s::BIGINT[], %(fence_attempts)s::INTEGER[]) AS lease(id, attempt))
 UPDATE jobs
 SET locked_until=(now() + interval '1 second' * %(lock_seconds)s)
-FROM unnest(%(fence_ids)s::BIGINT[], %(fence_attempts)s::INTEGER[]) AS fence(id, attempt)
 WHERE jobs.id = ANY (%(fence_ids)s::BIGINT[])
-  AND jobs.id = fence.id
-  AND jobs.attempts = fence.attempt
+  AND jobs.attempts = ANY (
+                             (SELECT fence.attempts
+                              FROM fence)[width_bucket(jobs.id - 1,
+                                                         (SELECT fence.ids
+                                                          FROM fence)) + 1:width_bucket(jobs.id,
+                                                                                          (SELECT fence.ids
+                                                                                           FROM fence))])
   AND CAST(jobs.status AS TEXT) = 'running'
   AND jobs.worker = %(fence_worker)s::VARCHAR RETURNING jobs.id,
                                                         jobs.cancel_requested_at IS NOT NULL AS cancelling;

@@ -19,9 +19,10 @@ SET status=CASE
                                                                               WHEN (jobs.cancel_requested_at IS NOT NULL
                                                                                     OR jobs.attempts >= jobs.max_attempts) THEN now()
                                                                           END
-FROM expired
-WHERE jobs.id = expired.id RETURNING jobs.id,
-                                     jobs.kind,
-                                     jobs.status,
-                                     jobs.attempts,
-                                     jobs.worker;
+WHERE jobs.id = ANY (CAST(
+                            (SELECT array_agg(expired.id) AS array_agg_1
+                             FROM expired) AS BIGINT[])) RETURNING jobs.id,
+                                                                   jobs.kind,
+                                                                   jobs.status,
+                                                                   jobs.attempts,
+                                                                   jobs.worker;
