@@ -171,6 +171,13 @@ def worker_parser(prog: str = "python -m sqla_jobs.worker") -> argparse.Argument
         metavar="SECONDS",
         help="how often the queue gauges are read; default %(default)s",
     )
+    p.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run N worker processes under one supervisor; default %(default)s",
+    )
     p.add_argument("--worker-id", default=None, help="default host:pid")
     p.add_argument(
         "--log-level",
@@ -217,10 +224,18 @@ def _build_config(args: argparse.Namespace) -> config_mod.WorkerConfig:
     )
 
 
-def run_worker(args: argparse.Namespace) -> int:
+def run_worker(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
+    """Run one worker; with ``--processes N`` (N > 1), a supervisor of N (``_procs``).
+
+    ``argv``: the worker's own options as given, passed on to the N children.
+    """
     from sqla_jobs import tasks, worker
 
     setup_logging(args.log_level, args.log_format)
+    if args.processes < 1:
+        return _fail(f"--processes must be at least 1, got {args.processes}")
+    if args.processes > 1 and args.metrics_port is not None:
+        return _fail("--metrics-port cannot be used with --processes: every process would serve it")
     try:
         cfg = _build_config(args)
         sys.path.insert(0, os.getcwd())
@@ -237,6 +252,11 @@ def run_worker(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     except sa_exc.OperationalError as exc:
         return _fail(f"cannot connect to the database: {exceptions.db_error_text(exc)}")
+    if args.processes > 1:  # checked here once; each child checks again and runs
+        from sqla_jobs import _procs
+
+        w.engine.dispose()
+        return _procs.supervise(argv, args.processes, args.worker_id)
     w.run(install_signal_handlers=True)
     # Handler threads that outlived --shutdown-timeout must not keep the process alive;
     # their jobs return to the queue when their leases expire.
@@ -248,7 +268,8 @@ def run_worker(args: argparse.Namespace) -> int:
 
 def worker_main(argv: Sequence[str] | None = None) -> int:
     """``python -m sqla_jobs.worker APP [options]``."""
-    return run_worker(worker_parser().parse_args(argv))
+    given = list(sys.argv[1:] if argv is None else argv)
+    return run_worker(worker_parser().parse_args(given), given)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -257,9 +278,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub: Any = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("worker", parents=[worker_parser("sqla-jobs worker")], add_help=False)
     _add_ops_commands(sub)
-    args = parser.parse_args(argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(given)
     if args.command == "worker":
-        return run_worker(args)
+        return run_worker(args, given[given.index("worker") + 1 :])
     if args.command in _OPS_COMMANDS:
         return _run_ops(args)
     return _fail(f"unknown command {args.command!r}")  # pragma: no cover - argparse refuses
