@@ -99,9 +99,9 @@ def _single_insert(job: NewJob) -> tuple[tuple[Any, ...], dict[str, Any]]:
 
 def _build(shape: tuple[Any, ...]) -> Any:
     """The insert a shape stands for: ``("one", has_run_at, has_delay, columns)`` or
-    ``("many", with_keys)``."""
+    ``("many", with_keys, options)``."""
     if shape[0] == "many":
-        return enqueue_sql.insert_jobs_json(with_keys=shape[1])
+        return enqueue_sql.insert_jobs_json(with_keys=shape[1], options=shape[2])
     _, has_run_at, has_delay, columns = shape
     return enqueue_sql.insert_job(has_run_at=has_run_at, has_delay=has_delay, columns=columns)
 
@@ -250,7 +250,8 @@ class _RowsWriter:
             text = self._texts[value] = validation.json_string(value)
         return text
 
-    def row(self, job: NewJob) -> str:
+    def row(self, job: NewJob) -> tuple[str, bool]:
+        """The job's JSON object, and whether it has more than a kind and a payload."""
         head = '{"k":' + self._text(job.kind) + ',"p":' + job.payload_json
         if (
             job.queue is None
@@ -261,7 +262,7 @@ class _RowsWriter:
             and job.delay is None
             and job.timeout is None
         ):
-            return head + "}"
+            return head + "}", False
         parts = [head]
         if job.queue is not None:
             parts.append(',"q":' + self._text(job.queue))
@@ -278,25 +279,27 @@ class _RowsWriter:
         if job.timeout is not None:
             parts.append(f',"t":{job.timeout!r}')  # a float since __post_init__
         parts.append("}")
-        return "".join(parts)
+        return "".join(parts), True
 
 
-def _chunks(batch: list[NewJob]) -> Iterator[tuple[str, bool]]:
-    """``(rows JSON, any idempotency key)`` per statement, within both chunk limits."""
+def _chunks(batch: list[NewJob]) -> Iterator[tuple[str, bool, bool]]:
+    """``(rows JSON, any idempotency key, any option)`` per statement, within both chunk
+    limits (see insert_jobs_json for the last two)."""
     writer = _RowsWriter()
     rows: list[str] = []
     chars = 0
-    keys = False
+    keys = options = False
     for job in batch:
-        row = writer.row(job)
+        row, extra = writer.row(job)
         if rows and (len(rows) >= ENQUEUE_MANY_CHUNK or chars + len(row) > ENQUEUE_MANY_MAX_CHARS):
-            yield "[" + ",".join(rows) + "]", keys
-            rows, chars, keys = [], 0, False
+            yield "[" + ",".join(rows) + "]", keys, options
+            rows, chars, keys, options = [], 0, False, False
         rows.append(row)
         chars += len(row) + 1
         keys = keys or job.key is not None
+        options = options or extra
     if rows:
-        yield "[" + ",".join(rows) + "]", keys
+        yield "[" + ",".join(rows) + "]", keys, options
 
 
 def enqueue_many(session: Executor, jobs: Iterable[NewJob]) -> list[int]:
@@ -312,6 +315,6 @@ def enqueue_many(session: Executor, jobs: Iterable[NewJob]) -> list[int]:
         if not isinstance(job, NewJob):
             raise InvalidJobError(f"enqueue_many takes NewJob objects, got {type(job).__name__}")
     ids: list[int] = []
-    for rows, with_keys in _chunks(batch):
-        ids.extend(_execute(session, ("many", with_keys), {"rows": rows}).scalars())
+    for rows, with_keys, options in _chunks(batch):
+        ids.extend(_execute(session, ("many", with_keys, options), {"rows": rows}).scalars())
     return ids

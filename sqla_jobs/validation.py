@@ -183,6 +183,27 @@ def check_timeout(timeout: object, *, error: type[SqlaJobsError] = InvalidJobErr
 # cost more than the encoding itself for a small payload. ensure_ascii (the default)
 # makes the text ASCII, so its length is its size in UTF-8 bytes.
 _ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
+# The C encoder json.JSONEncoder.encode builds on every call, built once (a third of the
+# cost of encoding a small payload: 1.3 us -> 0.45 us). Without the markers dict (which
+# a failed call would leave dirty for the next), a circular payload ends in
+# RecursionError rather than ValueError; both are refused below. None where the
+# interpreter has no C accelerator: then the encoder above is used.
+_MAKE_C_ENCODER: Any = getattr(json.encoder, "c_make_encoder", None)
+_C_ENCODE: Any = (
+    None
+    if _MAKE_C_ENCODER is None
+    else _MAKE_C_ENCODER(
+        None,
+        _ENCODER.default,
+        json.encoder.encode_basestring_ascii,
+        None,
+        ":",
+        ",",
+        False,
+        False,
+        False,
+    )
+)
 
 
 def json_string(value: str) -> str:
@@ -197,9 +218,13 @@ def dump_payload(payload: object) -> str:
             f"payload must be a JSON object (a dict), got {type(payload).__name__}"
         )
     try:
-        text = _ENCODER.encode(payload)
+        text = _ENCODER.encode(payload) if _C_ENCODE is None else "".join(_C_ENCODE(payload, 0))
     except (TypeError, ValueError) as exc:
         raise InvalidJobError(f"payload is not JSON-serializable: {exc}") from None
+    except RecursionError:
+        raise InvalidJobError(
+            "payload is not JSON-serializable: it refers to itself or is nested too deeply"
+        ) from None
     # json.dumps escapes every NUL (in keys and values) as \u0000, which jsonb refuses;
     # the text test is a cheap filter, the walk rules out an escaped backslash before it.
     if "\\u0000" in text and _has_nul(payload):

@@ -291,12 +291,17 @@ class Unserializable:
     pass
 
 
+CIRCULAR: dict[str, Any] = {"ok": 1}
+CIRCULAR["self"] = [CIRCULAR]
+
+
 BAD_INPUTS: list[tuple[str, dict[str, Any], str]] = [
     ("empty kind", {"kind": ""}, "kind must not be empty"),
     ("non-string kind", {"kind": 5}, "kind must be a string"),
     ("NUL in kind", {"kind": "a\x00b"}, "kind must not contain NUL"),
     ("not JSON", {"payload": {"x": Unserializable()}}, "not JSON-serializable"),
     ("NaN", {"payload": {"x": float("nan")}}, "not JSON-serializable"),
+    ("circular", {"payload": CIRCULAR}, "not JSON-serializable: it refers to itself"),
     ("not an object", {"payload": [1, 2]}, "payload must be a JSON object"),
     ("NUL in value", {"payload": {"x": ["ok", "a\x00"]}}, "must not contain NUL"),
     ("NUL in key", {"payload": {"a\x00": 1}}, "must not contain NUL"),
@@ -460,3 +465,90 @@ def test_each_insert_shape_is_built_and_compiled_once(
         s.commit()
     assert sorted(builds) == ["many", "one", "one"]
     assert count(engine) == 15
+
+
+def test_enqueue_many_keeps_control_characters_offsets_and_delays_exact(engine: sa.Engine) -> None:
+    # Tabs, newlines and backslashes in a kind, escapes in the payload's JSON, offsets,
+    # delays and defaults must all arrive intact, and the ids returned be the new rows.
+    at = datetime(2030, 5, 6, 7, 8, 9, 123456, tzinfo=timezone(timedelta(hours=5, minutes=30)))
+    kinds = ["tab\there", "new\nline\r", "back\\slash \\N", "\u00e9\u2603 \U0001f600", "."]
+    payload = {"text": 'a"b\\c\n\t\u00e9\U0001f600', "n": [1, 2.5, None, True], "\\N": "\\."}
+    new = [NewJob(kind, {**payload, "i": i}) for i, kind in enumerate(kinds)]
+    new += [
+        NewJob("scheduled", {"i": 5}, run_at=at, queue="q.1:a-b", priority=9, max_attempts=1),
+        NewJob("delayed", {"i": 6}, delay=timedelta(minutes=90, microseconds=7)),
+        NewJob("fractional", {"i": 7}, delay=0.000_250),
+    ]
+    with Session(engine) as s:
+        db_now = s.execute(sa.select(sa.func.now())).scalar_one()
+        ids = enqueue_many(s, new)
+        s.commit()
+    with engine.connect() as conn:
+        rows = {r.id: r for r in conn.execute(sa.select(jobs))}
+    assert sorted(ids) == sorted(rows) and len(ids) == len(new)
+    by_i = {r.payload["i"]: r for r in rows.values()}
+    for job in new:
+        row = by_i[job.payload["i"]]
+        assert (row.kind, row.payload) == (job.kind, dict(job.payload))
+        assert (row.status, row.attempts, row.idempotency_key) == (JobStatus.QUEUED, 0, None)
+    by_kind = {r.kind: r for r in rows.values()}
+    assert all(by_kind[k].run_at == db_now for k in kinds)
+    assert all(
+        (by_kind[k].queue, by_kind[k].priority, by_kind[k].max_attempts) == ("default", 0, 8)
+        for k in kinds
+    )
+    scheduled = by_kind["scheduled"]
+    assert (scheduled.run_at, scheduled.queue, scheduled.priority, scheduled.max_attempts) == (
+        at,
+        "q.1:a-b",
+        9,
+        1,
+    )
+    assert by_kind["delayed"].run_at == db_now + timedelta(minutes=90, microseconds=7)
+    assert by_kind["fractional"].run_at == db_now + timedelta(microseconds=250)
+
+
+def test_enqueue_many_delays_are_real_time_in_any_session_time_zone(engine: sa.Engine) -> None:
+    # 200 days cross a daylight-saving change in Berlin in either direction: the delay
+    # must be a span of real time (as now() + interval is), not of wall-clock time.
+    with Session(engine) as s:
+        s.execute(sa.text("SET LOCAL TIME ZONE 'Europe/Berlin'"))
+        db_now = s.execute(sa.select(sa.func.now())).scalar_one()
+        (copied,) = enqueue_many(s, [NewJob("k", {}, delay=timedelta(days=200))])
+        inserted = enqueue(s, "k", {}, delay=timedelta(days=200))
+        s.commit()
+    with engine.connect() as conn:
+        run_at = dict(conn.execute(sa.select(jobs.c.id, jobs.c.run_at)).tuples().all())
+    real_time = db_now.astimezone(timezone.utc) + timedelta(days=200)
+    assert run_at[copied] == run_at[inserted] == real_time
+    assert real_time != db_now + timedelta(days=200)  # Python's wall-clock sum differs
+
+
+def test_enqueue_many_mixes_keyed_and_unkeyed_jobs_in_one_call(engine: sa.Engine) -> None:
+    with Session(engine) as s:
+        enqueue(s, "k", {}, key="taken")
+        ids = enqueue_many(
+            s,
+            [
+                NewJob("k", {"n": 1}),
+                NewJob("k", {"n": 2}, key="taken"),
+                NewJob("k", {"n": 3}, key="new"),
+                NewJob("k", {"n": 4}),
+            ],
+        )
+        s.commit()
+    with engine.connect() as conn:
+        got = dict(conn.execute(sa.select(jobs.c.id, jobs.c.payload)).tuples().all())
+    assert sorted(got[i]["n"] for i in ids) == [1, 3, 4]
+    assert count(engine) == 4
+
+
+def test_enqueue_many_on_a_connection_rolls_back_with_it(engine: sa.Engine) -> None:
+    with engine.connect() as conn:
+        with conn.begin():
+            kept = enqueue_many(conn, [NewJob("kept", {"i": i}) for i in range(3)])
+        trans = conn.begin()
+        enqueue_many(conn, [NewJob("gone", {"i": i}) for i in range(3)])
+        trans.rollback()
+    assert count(engine) == 3 == len(kept)
+    assert count(engine, jobs.c.kind == "gone") == 0

@@ -7,4 +7,4 @@ SELECT new_jobs.k,
        new_jobs.key,
        coalesce(new_jobs.at, now() + interval '1 second' * coalesce(new_jobs.d, %(coalesce_8)s)) AS coalesce_7,
        new_jobs.t
-FROM json_to_recordset(CAST(%(rows)s::VARCHAR AS JSON)) AS new_jobs(k TEXT, p JSONB, q TEXT, pr SMALLINT, m INTEGER, key TEXT, at TIMESTAMP WITH TIME ZONE, d FLOAT, t FLOAT) ON CONFLICT (idempotency_key) DO NOTHING RETURNING jobs.id;
+FROM jsonb_to_recordset(CAST(%(rows)s::VARCHAR AS JSONB)) AS new_jobs(k TEXT, p JSONB, q TEXT, pr SMALLINT, m INTEGER, key TEXT, at TIMESTAMP WITH TIME ZONE, d FLOAT, t FLOAT) ON CONFLICT (idempotency_key) DO NOTHING RETURNING jobs.id;
