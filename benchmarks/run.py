@@ -31,6 +31,7 @@ import multiprocessing
 import os
 import platform
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -80,10 +81,15 @@ class Sizes:
     claim_done: int
     claim_future: int
     claim_iterations: int
+    backlogs: tuple[int, ...] = (20_000, 200_000, 1_000_000)
+    history: int = 1_000_000
+    processes_drain: int = 5_000
 
 
 FULL = Sizes(3, 8_000, 100_000, 20_000, 2_000, 500, 1_000_000, 100_000, 400)
-QUICK = Sizes(1, 2_000, 30_000, 5_000, 1_000, 150, 1_000_000, 100_000, 200)
+QUICK = Sizes(
+    1, 2_000, 30_000, 5_000, 1_000, 150, 1_000_000, 100_000, 200, (20_000, 200_000), 200_000, 2_000
+)
 
 
 @dataclass
@@ -251,6 +257,25 @@ def ours_enqueue_many(n_jobs: int, batch: int = 1_000) -> float:
     return n_jobs / elapsed
 
 
+def raw_copy_our_table(n_jobs: int, batch: int = 1_000) -> float:
+    """A raw COPY of the same jobs into our table, ``batch`` rows per transaction.
+
+    The peer of ``enqueue_many`` on equal terms: same table (indexes, trigger), same
+    payloads (a dict serialized per row, by psycopg's ``Jsonb``), same transaction size.
+    It returns no ids and checks nothing, which ``enqueue_many`` must.
+    """
+    with _ours("bench_enqcopy") as url, psycopg.connect(url) as conn:
+        t0 = time.perf_counter()
+        for start in range(0, n_jobs, batch):
+            with conn.cursor() as cur, cur.copy("COPY jobs (kind, payload) FROM STDIN") as copy:
+                for i in range(start, min(start + batch, n_jobs)):
+                    copy.write_row(("noop", Jsonb({"i": i})))
+            conn.commit()
+        elapsed = time.perf_counter() - t0
+        peers._check_count(url, n_jobs)
+    return n_jobs / elapsed
+
+
 def server_only_enqueue(n_jobs: int, batch: int = 1_000) -> float:
     """The server's own share of ``enqueue_many``: rows made by ``generate_series`` in SQL.
 
@@ -278,7 +303,8 @@ def server_only_enqueue(n_jobs: int, batch: int = 1_000) -> float:
 class WorkerProcess:
     """``python -m sqla_jobs.worker benchapp:registry`` as a child; ready when it logs."""
 
-    def __init__(self, url: str, *args: str) -> None:
+    def __init__(self, url: str, *args: str, expect: int = 1) -> None:
+        self.expect = expect  # "started" lines to wait for (one per process)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.getcwd()])}
         self.proc = subprocess.Popen(
             [
@@ -306,8 +332,10 @@ class WorkerProcess:
         for line in self.proc.stderr:
             self.lines.append(line)
             if " started: " in line:
-                self.ready_at = time.time()
-                self.ready.set()
+                self.expect -= 1
+                if self.expect <= 0:
+                    self.ready_at = time.time()
+                    self.ready.set()
 
     def wait_ready(self, timeout: float = 30.0) -> float:
         if not self.ready.wait(timeout):
@@ -434,6 +462,94 @@ def ours_drain(n_jobs: int, concurrency: int, kind: str = "noop", processes: int
                 row = conn.execute("SELECT count(*) FROM bench_effects").fetchone()
             if not row or row[0] != n_jobs:
                 raise RuntimeError(f"expected {n_jobs} effects, got {row}")
+    return n_jobs / (t1 - t0)
+
+
+def supervised_drain(n_jobs: int, processes: int, concurrency: int) -> float:
+    """Write-one-row drain by ONE command, ``--processes N`` (timed from the last child's
+    "started" line to the last done-mark, as ``ours_drain``)."""
+    with _ours("bench_procs") as url:
+        _fill(url, "write", n_jobs)
+        worker = WorkerProcess(
+            url,
+            "--processes",
+            str(processes),
+            "--concurrency",
+            str(concurrency),
+            expect=processes,
+        )
+        try:
+            t0 = worker.wait_ready(60.0)
+            _wait_all_done(url)
+            t1 = _last_done(url)
+        finally:
+            worker.stop()
+        peers._check_count(url, n_jobs, "done")
+        with psycopg.connect(url) as conn:
+            row = conn.execute("SELECT count(*) FROM bench_effects").fetchone()
+        if not row or row[0] != n_jobs:
+            raise RuntimeError(f"expected {n_jobs} effects, got {row}")
+    return n_jobs / (t1 - t0)
+
+
+def pgbench_tps(seconds: int, clients: int = 4) -> float | None:
+    """``pgbench -N -c CLIENTS -j 2 -T SECONDS`` TPS (scale 10) on a scratch database: the
+    server's rate for short write transactions (an UPDATE, a SELECT and an INSERT each)
+    on this machine. None, with a note, where pgbench is not installed (Debian:
+    ``apt-get install postgresql-client``)."""
+    pgbench = shutil.which("pgbench")
+    if pgbench is None:
+        print("  (pgbench not found: install postgresql-client; row skipped)", flush=True)
+        return None
+    with scratch_database("bench_pgbench") as url:
+        subprocess.run(
+            [pgbench, "-i", "-q", "-s", "10", url], check=True, capture_output=True, text=True
+        )
+        run = subprocess.run(
+            [pgbench, "-N", "-c", str(clients), "-j", "2", "-T", str(seconds), url],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+    found = re.search(r"tps = ([0-9.]+) \(without initial connection time\)", run.stdout)
+    if found is None:
+        raise RuntimeError("no tps in pgbench output:\n" + run.stdout)
+    return float(found.group(1))
+
+
+def _fill_backlog(url: str, n_jobs: int, history: int) -> None:
+    """``history`` done rows (finished a day ago), then ``n_jobs`` queued no-op jobs,
+    then ``VACUUM ANALYZE`` as after a bulk load: the statistics say nothing runs."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        if history:
+            conn.execute(
+                "INSERT INTO jobs (kind, payload, status, run_at, attempts, worker, finished_at)"
+                " SELECT 'noop', jsonb_build_object('n', g), 'done',"
+                " now() - interval '2 days', 1, 'old:1', now() - interval '1 day'"
+                " FROM generate_series(1, %s) g",
+                (history,),
+            )
+        conn.execute(
+            "INSERT INTO jobs (kind, payload)"
+            " SELECT 'noop', jsonb_build_object('n', g) FROM generate_series(1, %s) g",
+            (n_jobs,),
+        )
+        conn.execute("VACUUM ANALYZE jobs")
+
+
+def backlog_drain(n_jobs: int, history: int, concurrency: int = 4) -> float:
+    """Drain rate of one worker process facing a backlog of ``n_jobs`` no-op jobs, in a
+    table that may already hold ``history`` finished rows (timed as ``ours_drain``)."""
+    with _ours("bench_backlog") as url:
+        _fill_backlog(url, n_jobs, history)
+        worker = WorkerProcess(url, "--concurrency", str(concurrency))
+        try:
+            t0 = worker.wait_ready()
+            _wait_all_done(url, timeout=1800.0)
+            t1 = _last_done(url)
+        finally:
+            worker.stop()
+        peers._check_count(url, n_jobs + history, "done")
     return n_jobs / (t1 - t0)
 
 
@@ -708,7 +824,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="smaller sizes, one repeat")
     parser.add_argument(
         "--only",
-        default="enqueue,drain,tx,pickup,claim",
+        default="enqueue,drain,backlog,tx,procs,pickup,claim",
         help="comma-separated sections to run (default: all)",
     )
     parser.add_argument("--explain", action="store_true", help="print the claim plans")
@@ -799,15 +915,17 @@ def main(argv: list[str] | None = None) -> int:
                     raw_off,
                 )
             )
+    if "enqueue" in only or "many" in only:  # "many": enqueue_many and its peers alone
         step("enqueue_many")
         nm = sizes.enqueue_many
-        many, pgq, copy, floor = interleaved(
+        many, pgq, copy, our_copy, floor = interleaved(
             lambda: ours_enqueue_many(nm),
             lambda: _peer(lambda u: peers.pgqueuer_bulk_enqueue(u, nm, 1_000)),
             lambda: _peer(lambda u: peers.raw_copy_enqueue(u, nm)),
+            lambda: raw_copy_our_table(nm),
             lambda: server_only_enqueue(nm),
         )
-        assert many is not None and floor is not None
+        assert many is not None and floor is not None and our_copy is not None
         rows.append(
             Row.versus(
                 "enqueue",
@@ -819,7 +937,27 @@ def main(argv: list[str] | None = None) -> int:
                 3,
             )
         )
-        rows.append(Row("enqueue", "enqueue_many, batches of 1,000", many, "/s", "raw COPY", copy))
+        rows.append(
+            Row.versus(
+                "enqueue",
+                "enqueue_many, batches of 1,000",
+                many,
+                "/s",
+                "raw COPY, our table, 1,000/txn",
+                our_copy,
+                0.6,
+            )
+        )
+        rows.append(
+            Row(
+                "enqueue",
+                "enqueue_many, batches of 1,000",
+                many,
+                "/s",
+                "raw COPY, seed table, 1 txn",
+                copy,
+            )
+        )
         rows.append(
             Row(
                 "enqueue",
@@ -865,6 +1003,34 @@ def main(argv: list[str] | None = None) -> int:
             )
         if seed:
             rows.append(Row("drain", "seed loop, 1 connection (context)", seed, "/s"))
+
+    if "backlog" in only:
+        # Every rate is compared with the smallest backlog in an otherwise empty table.
+        base = sizes.backlogs[0]
+        cases = [(h, n) for h in (0, sizes.history) for n in sizes.backlogs]
+        backlog: dict[tuple[int, int], list[float]] = {c: [] for c in cases}
+        for rep in range(sizes.repeats):  # in turn: 20k, 200k, (1M once), ...
+            for history, n in cases:
+                if n >= 1_000_000 and rep:
+                    continue  # one run of the largest: a minute or more each
+                step(f"backlog {n:,}, {history:,} finished rows")
+                backlog[(history, n)].append(backlog_drain(n, history))
+        first = _median(backlog[(0, base)])
+        for history, n in cases:
+            label = f", table holding {history:,} finished rows" if history else ""
+            runs = "" if len(backlog[(history, n)]) > 1 or sizes.repeats == 1 else " (1 run)"
+            row = Row.versus(
+                "backlog",
+                f"{n:,} no-op, 1 process, concurrency 4{label}{runs}",
+                _median(backlog[(history, n)]),
+                "/s",
+                f"{base:,} backlog, empty table",
+                first,
+                0.8,
+            )
+            if (history, n) == (0, base):
+                row.target, row.met = "", None
+            rows.append(row)
 
     if "tx" in only:
         n = sizes.tx_drain
@@ -931,6 +1097,42 @@ def main(argv: list[str] | None = None) -> int:
                         seed,
                     )
                 )
+
+    if "procs" in only:
+        # One command, --processes N, each of concurrency 4; the best N against the
+        # server's own rate for small write transactions (pgbench -N, 4 clients).
+        n = sizes.processes_drain
+        counts = (1, 2, 3)
+        step("--processes N, write-one-row drain, and pgbench -N")
+        bench, *by_n = interleaved(
+            lambda: pgbench_tps(5 if args.quick else 15),
+            *(lambda p=p: supervised_drain(n, p, 4) for p in counts),
+        )
+        for p, rate in zip(counts, by_n, strict=True):
+            assert rate is not None
+            rows.append(
+                Row(
+                    "procs",
+                    f"{n:,} write-one-row, --processes {p}, concurrency 4 each",
+                    rate,
+                    "/s",
+                    "pgbench -N -c 4 (TPS)",
+                    bench,
+                )
+            )
+        best_n, best = max(zip(counts, by_n, strict=True), key=lambda pr: pr[1] or 0.0)
+        assert best is not None
+        rows.append(
+            Row.versus(
+                "procs",
+                f"best: --processes {best_n}",
+                best,
+                "/s",
+                "pgbench -N -c 4 (TPS)",
+                bench,
+                0.7,
+            )
+        )
 
     if "pickup" in only:
         step("pickup latency")
