@@ -10,6 +10,13 @@ rollbacks and crashes). Payload options, all optional:
 * ``log``: write ``runs`` rows;
 * ``die_after_flush``: on attempt 1, SIGKILL the worker process after the effect row
   has been flushed, i.e. inside the uncommitted handler-plus-done transaction.
+
+``gated`` is the fencing scenarios' handler: each run logs its start in ``runs``, then
+waits until the test opens its gate, a ``gates (job_id, worker, attempt)`` row, so the
+test decides when each run of a job reaches its done-mark. Its only write goes to
+``writes``, which has no unique key: two runs of a job can both commit a row, so
+nothing but the worker's fences keeps a stale run's write out. ``noop`` writes nothing
+(its done-mark is the batched one).
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ registry = Registry()
 FAST = Backoff(base=0.05, cap=0.2)
 #: A kind that looks like SQL injection; the worker must claim and run it like any other.
 INJECTION_KIND = "x'); DROP TABLE jobs; --"
+#: A gate never opened fails its run after this long, rather than hold a thread forever.
+GATE_TIMEOUT = 120.0
 
 
 def _conn(session: Session) -> sa.Connection:
@@ -70,6 +79,39 @@ def work(session: Session, payload: dict[str, Any], job: JobContext) -> None:
                 sa.text("UPDATE runs SET ended_at = clock_timestamp() WHERE id = :r"),
                 {"r": run_id},
             )
+
+
+@registry.handler("gated", backoff=FAST)
+def gated(session: Session, payload: dict[str, Any], job: JobContext) -> None:
+    """Wait for the gate of this run; then insert a row in ``writes`` if ``write``, and
+    raise instead if this attempt is in ``fail_on``. Nothing else touches the session, so
+    a run without ``write`` is completed by the batched done-mark."""
+    with _conn(session) as conn:
+        run_id = conn.execute(
+            sa.text("INSERT INTO runs (job_id, worker, attempt) VALUES (:j, :w, :a) RETURNING id"),
+            {"j": job.id, "w": job.worker, "a": job.attempt},
+        ).scalar_one()
+        deadline = time.monotonic() + GATE_TIMEOUT
+        gate = sa.text("SELECT 1 FROM gates WHERE job_id = :j AND worker = :w AND attempt = :a")
+        while conn.execute(gate, {"j": job.id, "w": job.worker, "a": job.attempt}).first() is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"gate of job {job.id} attempt {job.attempt} never opened")
+            time.sleep(0.02)
+        conn.execute(
+            sa.text("UPDATE runs SET ended_at = clock_timestamp() WHERE id = :r"), {"r": run_id}
+        )
+    if job.attempt in payload.get("fail_on", ()):
+        raise RuntimeError(f"planned failure of attempt {job.attempt} on {job.worker}")
+    if payload.get("write"):
+        session.execute(
+            sa.text("INSERT INTO writes (job_id, worker, attempt) VALUES (:j, :w, :a)"),
+            {"j": job.id, "w": job.worker, "a": job.attempt},
+        )
+
+
+@registry.handler("noop")
+def noop(session: Session, payload: dict[str, Any]) -> None:
+    pass
 
 
 @registry.handler("sql_error_code", backoff=FAST)

@@ -22,6 +22,22 @@ HERE = Path(__file__).resolve().parent
 WORKER_APP = "sqla_jobs_worker"
 
 
+#: Tables of the fencing scenarios (see ``relapp.gated``); no unique key on ``writes``, on purpose.
+GATED_SQL = """
+CREATE TABLE IF NOT EXISTS gates (
+    job_id bigint NOT NULL,
+    worker text NOT NULL,
+    attempt int NOT NULL,
+    PRIMARY KEY (job_id, worker, attempt)
+);
+CREATE TABLE IF NOT EXISTS writes (
+    job_id bigint NOT NULL,
+    worker text NOT NULL,
+    attempt int NOT NULL
+);
+"""
+
+
 def setup_app(engine: sa.Engine) -> None:
     with engine.begin() as conn:
         conn.exec_driver_sql(SETUP_SQL)
@@ -174,3 +190,42 @@ def wait_seconds(started: float) -> float:
 
 def count(engine: sa.Engine, query: str, **params: Any) -> int:
     return int(scalar(engine, query, **params))
+
+
+def setup_gated(engine: sa.Engine) -> None:
+    """The oracle tables plus the fencing scenarios' ``gates`` and ``writes`` (relapp)."""
+    setup_app(engine)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(GATED_SQL)
+
+
+def open_gate(engine: sa.Engine, job_id: int, worker: str, attempt: int) -> None:
+    """Let the ``gated`` run of ``job_id`` by ``worker`` at ``attempt`` go on (relapp)."""
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text("INSERT INTO gates (job_id, worker, attempt) VALUES (:j, :w, :a)"),
+            {"j": job_id, "w": worker, "a": attempt},
+        )
+
+
+def run_started(engine: sa.Engine, job_id: int, worker: str, attempt: int) -> bool:
+    query = "SELECT count(*) FROM runs WHERE job_id = :j AND worker = :w AND attempt = :a"
+    return count(engine, query, j=job_id, w=worker, a=attempt) > 0
+
+
+def freeze(proc: subprocess.Popen[bytes], engine: sa.Engine, app: str) -> None:
+    """SIGSTOP ``proc`` at a moment when none of its backends (application_name ``app``)
+    holds a lock on ``jobs``: frozen inside a heartbeat's or a claim's transaction, it
+    would keep its row locks, and no other worker could take its jobs over."""
+    holding = (
+        "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+        "WHERE a.application_name = :app AND l.relation = 'jobs'::regclass"
+    )
+    deadline = time.monotonic() + 30
+    while True:
+        proc.send_signal(signal.SIGSTOP)
+        if count(engine, holding, app=app) == 0:
+            return
+        proc.send_signal(signal.SIGCONT)
+        assert time.monotonic() < deadline, "the worker never left its transaction on jobs"
+        time.sleep(0.01)
