@@ -87,9 +87,18 @@ class Dispatcher:
         self._job_seconds: float | None = None  # moving average of handler run time
         self._idle_conn: sa.Connection | None = None  # holds the idle flag (see _loop)
         self._idle_flag_up = False
+        # Set when the listener (re)connects: whatever took its connection (a server
+        # restart, terminated backends) may have taken the idle flag's too, and a flag
+        # that silently vanished means producers stop notifying this worker.
+        self._idle_flag_suspect = False
 
     def wake(self) -> None:
         self._wake.set()
+
+    def listener_connected(self) -> None:
+        """The listener (re)connected: raise the idle flag again, on a new connection, at
+        the next wake-up (the listener's poll)."""
+        self._idle_flag_suspect = True
 
     def wake_at(self, when: float) -> None:
         """Look at the table again at ``when`` (monotonic): a short retry comes due then."""
@@ -147,6 +156,9 @@ class Dispatcher:
                 self.buffer.put(job)
             exhausted = free >= self._min_claim and len(claimed) < free
             if self.config.listen:
+                if self._idle_flag_suspect:
+                    self._idle_flag_suspect = False
+                    self._drop_idle_flag()  # raised again below, on a new connection
                 # The idle flag tells the insert trigger to NOTIFY (revision 0003). Up
                 # while the queue keeps up with us; down while claims come back full, so
                 # producers' commits are not serialized by NOTIFY under load.
@@ -224,9 +236,16 @@ class Dispatcher:
             log.warning(
                 "could not %s the idle flag: %s", "raise" if up else "lower", _db.reason(exc)
             )
-            self._idle_flag_up = False
-            if self._idle_conn is not None:
+            self._drop_idle_flag()
+            return False
+
+    def _drop_idle_flag(self) -> None:
+        """Close the idle flag's connection (the lock goes with it); the flag is down."""
+        self._idle_flag_up = False
+        if self._idle_conn is not None:
+            try:
                 self._idle_conn.invalidate()  # closes it: a lock it still held goes too
                 self._idle_conn.close()
-                self._idle_conn = None
-            return False
+            except sa_exc.SQLAlchemyError:
+                log.debug("closing the idle flag's connection", exc_info=True)
+            self._idle_conn = None

@@ -133,6 +133,7 @@ class Listener(Service):
         config: WorkerConfig,
         wake: Callable[[], None],
         on_cancel: Callable[[int], object] | None = None,
+        connected: Callable[[], None] | None = None,
     ):
         super().__init__(until, 0.0)
         self.channel = config_mod.check_channel(locks.NOTIFY_CHANNEL)
@@ -142,12 +143,16 @@ class Listener(Service):
         )
         self.wake = wake
         self.on_cancel = on_cancel
+        self.connected = connected
 
     def round(self) -> None:
         with psycopg.connect(self.conninfo, autocommit=True) as conn:
             conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
             if self.on_cancel is not None:
                 conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.cancel_channel)))
+            if self.connected is not None:
+                # Whatever took our connection may have taken the idle flag's too.
+                self.connected()
             self.wake()  # notifications sent while we were away are lost: poll
             while not self.until.is_set():
                 for note in conn.notifies(timeout=1.0, stop_after=1):

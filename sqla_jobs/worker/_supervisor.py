@@ -179,7 +179,15 @@ class Worker:
             ),
         ]
         if self.config.listen:
-            services.append(Listener(stopped, self.config, self._wake, self.ledger.request_cancel))
+            services.append(
+                Listener(
+                    stopped,
+                    self.config,
+                    self._wake,
+                    self.ledger.request_cancel,
+                    connected=self._dispatcher.listener_connected,
+                )
+            )
         if self.config.archive_every is not None:
             services.append(Archiver(draining, self.engine, self.config))
         if self.config.periodic and self.registry.schedules:
