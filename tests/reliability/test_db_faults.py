@@ -152,3 +152,74 @@ def test_a_terminated_listen_connection_comes_back_and_notifications_resume(
         assert terminate(engine, worker_backends(engine, listeners_only=True)) == WORKERS
 
     _fault_scenario(engine, db_url, tmp_path / "workers.log", fault, listen_fault=True)
+
+
+#: Neither the poll nor the lease rescue wakes an idle worker within a minute, so a job
+#: picked up within IDLE_PICKUP seconds was picked up because a notification woke it.
+IDLE_ARGS = ("--poll-interval", "60", "--rescue-interval", "60")
+IDLE_PICKUP = 10.0
+
+
+def _picked_up_by_notification(engine: sa.Engine, what: str) -> float:
+    with Session(engine) as s:
+        job_id = enqueue(s, "work", {})
+        s.commit()
+    started = time.monotonic()
+    wait_for(
+        lambda: scalar(engine, "SELECT status::text FROM jobs WHERE id = :i", i=job_id) == "done",
+        timeout=IDLE_PICKUP,
+        message=f"{what} picked up by notification (poll and rescue intervals are 60 s)",
+    )
+    return round(time.monotonic() - started, 3)
+
+
+def _idle_worker_fault(engine: sa.Engine, url: URL, log: Path, fault: Callable[[], None]) -> None:
+    """An idle worker, a fault, then jobs that only a notification can deliver promptly."""
+    setup_app(engine)
+    proc = spawn(url, log, *IDLE_ARGS)
+    try:
+        wait_for(lambda: worker_backends(engine, listeners_only=True), message="listener up")
+        before = set(worker_backends(engine, listeners_only=True))
+        pickups = [_picked_up_by_notification(engine, "a job before the fault")]
+        fault()
+        wait_for(
+            lambda: set(worker_backends(engine, listeners_only=True)) - before,
+            message="a new LISTEN connection",
+        )
+        for n in range(AFTER_FAULT):
+            pickups.append(_picked_up_by_notification(engine, f"job {n + 1} after the fault"))
+        assert proc.poll() is None, "the worker died"
+    finally:
+        stop_all([proc])
+    print(f"pickups before and after the fault: {pickups} s")
+    assert oracle(engine) == exactly_once(1 + AFTER_FAULT), log.read_text()[-3000:]
+
+
+def test_an_idle_workers_killed_listen_connection_comes_back_and_notifications_wake_it(
+    engine: sa.Engine, db_url: URL, tmp_path: Path
+) -> None:
+    def fault() -> None:
+        assert terminate(engine, worker_backends(engine, listeners_only=True)) == 1
+
+    _idle_worker_fault(engine, db_url, tmp_path / "worker.log", fault)
+
+
+def test_an_idle_worker_whose_backends_were_all_killed_is_woken_by_notifications(
+    engine: sa.Engine, db_url: URL, tmp_path: Path
+) -> None:
+    def fault() -> None:
+        assert terminate(engine, worker_backends(engine)) >= 2
+
+    _idle_worker_fault(engine, db_url, tmp_path / "worker.log", fault)
+
+
+def test_an_idle_worker_is_woken_by_notifications_after_a_postgresql_restart(
+    private_server: tuple[URL, Callable[[], None]], tmp_path: Path
+) -> None:
+    admin, restart = private_server
+    with testing.scratch_database(admin, migrate=True) as url:
+        engine = sa.create_engine(url, poolclass=sa.NullPool)
+        try:
+            _idle_worker_fault(engine, url, tmp_path / "worker.log", restart)
+        finally:
+            engine.dispose()

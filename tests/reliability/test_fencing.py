@@ -76,10 +76,7 @@ CASES = [
     Case("noop_same", {}, queue="same", replacement=(STALE, 2)),
     Case("fail_same", {"write": True, "fail_on": [1]}, queue="same", replacement=(STALE, 2)),
     # Claimed into the stale worker's buffer, never started there: its shutdown release.
-    *(
-        Case(f"buffered_{i}", {"write": True}, priority=2, started=False)
-        for i in range(BUFFERED)
-    ),
+    *(Case(f"buffered_{i}", {"write": True}, priority=2, started=False) for i in range(BUFFERED)),
 ]
 assert sum(c.started for c in CASES) == STALE_THREADS
 
@@ -133,9 +130,11 @@ def test_stale_worker_resumed_during_the_replacement_runs_changes_none_of_them(
     try:
         started = [c for c in CASES if c.started]
         wait_for(
-            lambda: all(run_started(engine, ids[c.name], STALE, 1) for c in started)
-            and count(engine, "SELECT count(*) FROM jobs WHERE status = 'running'")
-            == len(CASES),
+            lambda: (
+                all(run_started(engine, ids[c.name], STALE, 1) for c in started)
+                and count(engine, "SELECT count(*) FROM jobs WHERE status = 'running'")
+                == len(CASES)
+            ),
             message="stale worker running its gated jobs with the rest in its buffer",
         )
         freeze(stale, engine, STALE_APP)
@@ -150,10 +149,14 @@ def test_stale_worker_resumed_during_the_replacement_runs_changes_none_of_them(
         )
         reset = [ids[c.name] for c in CASES if c.replacement[1] == 1]
         wait_for(
-            lambda: count(
-                engine, "SELECT count(*) FROM jobs WHERE status = 'dead' AND id = ANY(:i)", i=reset
-            )
-            == len(reset),
+            lambda: (
+                count(
+                    engine,
+                    "SELECT count(*) FROM jobs WHERE status = 'dead' AND id = ANY(:i)",
+                    i=reset,
+                )
+                == len(reset)
+            ),
             message="jobs on their last attempt dead after their lease expired",
         )
         with Session(engine) as s:
@@ -253,9 +256,7 @@ def test_stale_worker_heartbeat_does_not_keep_a_dead_replacements_lease_alive(
         assert stale.wait(30) == 0
     finally:
         stop_all(procs)
-    assert rows(engine, "SELECT status::text, worker, attempts FROM jobs") == [
-        ("done", STALE, 3)
-    ]
+    assert rows(engine, "SELECT status::text, worker, attempts FROM jobs") == [("done", STALE, 3)]
     assert rows(engine, "SELECT worker, attempt FROM writes") == [(STALE, 3)]
     assert rows(engine, "SELECT worker, attempt FROM runs ORDER BY id") == [
         (STALE, 1),

@@ -11,7 +11,7 @@ from helpers import rows, scalar, wait_for
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
-from reliability.support import count, setup_app, spawn, stop_all
+from reliability.support import count, run_started, setup_app, setup_gated, spawn, stop_all
 from sqla_jobs import NewJob, enqueue, enqueue_many
 
 pytestmark = pytest.mark.reliability
@@ -89,3 +89,59 @@ def test_a_job_longer_than_the_shutdown_timeout_is_left_to_its_lease_never_lost(
     ((attempts, finished_at),) = rows(engine, "SELECT attempts, finished_at FROM jobs")
     assert attempts == 2 and finished_at >= lease
     assert rows(engine, "SELECT job_id, attempt FROM effects") == [(job_id, 2)]
+
+
+WARMUP = 30
+PREFETCH = 10
+BEHIND = 40
+
+
+def test_sigterm_gives_buffered_jobs_back_at_once_with_their_attempt_unspent(
+    engine: sa.Engine, db_url: URL, tmp_path: Path
+) -> None:
+    """One handler thread held in a job that outlives the shutdown timeout, jobs claimed
+    ahead of it in the buffer, a 60 s lease: when the worker has exited, the buffered
+    jobs are already queued again, attempt not spent. Nothing but the give-back can
+    explain that (their lease still had about a minute to run)."""
+    setup_gated(engine)
+    with Session(engine) as s:
+        # No-op jobs first: the worker learns its handlers' pace, so it buffers.
+        enqueue_many(s, [NewJob("noop", {}, priority=0) for _ in range(WARMUP)])
+        blocker = enqueue(s, "gated", {}, priority=1)  # its gate never opens
+        enqueue_many(s, [NewJob("noop", {}, priority=2) for _ in range(BEHIND)])
+        s.commit()
+    assert blocker is not None
+    log = tmp_path / "worker.log"
+    args = ("--concurrency", "1", "--prefetch", str(PREFETCH), "--lock-seconds", "60")
+    proc = spawn(db_url, log, *args, "--shutdown-timeout", "0.5", "--worker-id", "w")
+    try:
+        wait_for(lambda: run_started(engine, blocker, "w", 1), message="blocker running")
+        buffered = wait_for(
+            lambda: count(
+                engine, "SELECT count(*) FROM jobs WHERE status = 'running' AND id <> :b", b=blocker
+            ),
+            message="jobs claimed into the buffer behind the blocker",
+        )
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        stop_all([proc])
+    out = log.read_text()
+    print(f"{buffered} job(s) buffered behind the blocker")
+    assert dict(rows(engine, "SELECT status::text, count(*) FROM jobs GROUP BY 1")) == {
+        "done": WARMUP,
+        "running": 1,
+        "queued": BEHIND,
+    }, out[-3000:]
+    # The blocker keeps its lease (left to it, never lost); every other job is as new.
+    assert rows(engine, "SELECT id, worker, attempts FROM jobs WHERE status = 'running'") == [
+        (blocker, "w", 1)
+    ]
+    assert (
+        count(
+            engine,
+            "SELECT count(*) FROM jobs WHERE status = 'queued' AND attempts = 0 "
+            "AND worker IS NULL AND locked_until IS NULL",
+        )
+        == BEHIND
+    )
