@@ -1,0 +1,502 @@
+"""Does the reliability suite notice when a guard is removed? (A tool run by hand.)
+
+For each guard in ``MUTATIONS``: copy the repository to a scratch directory, replace one
+exact piece of text there (the guard) with a broken version, run the scenarios that
+should notice, and report the mutation *killed* (some test failed) or *SURVIVED* (every
+test passed: the suite does not protect that guard). A baseline run of the unmutated
+copy comes first, so a kill means the mutation, not a broken suite. See MUTATIONS.md for
+the last recorded results.
+
+    .venv/bin/python tests/reliability/mutations.py            # everything (~20 min)
+    .venv/bin/python tests/reliability/mutations.py --check    # only: are the anchors there?
+    .venv/bin/python tests/reliability/mutations.py --only done_fence_one,retry_fence
+
+The scratch copy is first on ``PYTHONPATH`` and is the working directory of pytest, so
+pytest and the worker processes it starts (``python -m sqla_jobs.worker``, same
+interpreter, environment inherited) import the mutated ``sqla_jobs``, not the installed
+one; the script checks that before running anything.
+
+When the code moves, update the table below: every ``original`` must occur exactly once
+in its file, and the script refuses to run (naming the mutation) when one does not.
+Not part of the test suite: it is slow, and pytest does not collect this file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+REL = "tests/reliability"
+
+# The scenarios, by what they prove (pytest node ids relative to the repository root).
+FENCED_TAKEOVER = (
+    f"{REL}/test_fencing.py::"
+    "test_stale_worker_resumed_during_the_replacement_runs_changes_none_of_them"
+)
+FENCED_HEARTBEAT = (
+    f"{REL}/test_fencing.py::"
+    "test_stale_worker_heartbeat_does_not_keep_a_dead_replacements_lease_alive"
+)
+STALE_AFTER_DONE = (
+    f"{REL}/test_crashes.py::test_stale_worker_resumed_after_takeover_is_fenced_and_rolls_back"
+)
+KILL_POINTS = (
+    f"{REL}/test_crashes.py::test_kill_at_every_point_of_a_jobs_life_keeps_effect_and_done_together"
+)
+NO_OVERLAP = f"{REL}/test_crashes.py::test_no_two_runs_of_a_job_overlap_while_heartbeats_are_alive"
+SHUTDOWN = f"{REL}/test_shutdown.py"
+GIVE_BACK = (
+    f"{REL}/test_shutdown.py::"
+    "test_sigterm_gives_buffered_jobs_back_at_once_with_their_attempt_unspent"
+)
+MISBEHAVING = (
+    f"{REL}/test_handlers.py::"
+    "test_misbehaving_handlers_are_recorded_failures_with_no_partial_writes"
+)
+POISON = (
+    f"{REL}/test_handlers.py::"
+    "test_poison_job_that_kills_its_worker_is_dead_after_exactly_max_attempts"
+)
+BUSY_LISTENER_FAULT = (
+    f"{REL}/test_db_faults.py::"
+    "test_a_terminated_listen_connection_comes_back_and_notifications_resume"
+)
+BUSY_BACKENDS_FAULT = f"{REL}/test_db_faults.py::test_workers_survive_termination_of_every_backend"
+IDLE_LISTENER_FAULT = (
+    f"{REL}/test_db_faults.py::"
+    "test_an_idle_workers_killed_listen_connection_comes_back_and_notifications_wake_it"
+)
+IDLE_BACKENDS_FAULT = (
+    f"{REL}/test_db_faults.py::"
+    "test_an_idle_worker_whose_backends_were_all_killed_is_woken_by_notifications"
+)
+IDLE_RESTART = (
+    f"{REL}/test_db_faults.py::"
+    "test_an_idle_worker_is_woken_by_notifications_after_a_postgresql_restart"
+)
+
+WORKER = "sqla_jobs/worker.py"
+LEASE = "sqla_jobs/sql/lease.py"
+
+
+def _drop_from_fence(call: str, *words: str) -> str:
+    """A fenced statement's conditions without those that mention any of ``words``."""
+    test = " or ".join(f'"{w}" in str(c)' for w in words)
+    return f"    conditions = [c for c in {call} if not ({test})]  # MUTATION\n"
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    #: The promise the guard keeps (README "Guarantees" / "Signals" / "Handlers").
+    guard: str
+    path: str
+    #: Exact text, present exactly once in ``path``.
+    original: str
+    replacement: str
+    #: Scenarios run against the mutated copy; older ones first, so the report shows
+    #: which of them (if any) already noticed.
+    tests: tuple[str, ...]
+
+
+# Anchors into the fenced statements (sqla_jobs/sql/lease.py): each statement's first
+# line, with enough of what follows to be unique.
+_COMPLETE = (
+    "    conditions = _fence(worker, leases)\n"
+    "    return (\n"
+    "        sa.update(jobs)\n"
+    "        .where(*conditions)\n"
+    "        .values(\n"
+    "            status=_common.status(JobStatus.DONE)"
+)
+_HEARTBEAT = (
+    "    conditions = _fence(worker, leases)\n"
+    "    return (\n"
+    "        sa.update(jobs)\n"
+    "        .where(*conditions)\n"
+    "        .values(\n"
+    "            locked_until="
+)
+_RELEASE = (
+    "    conditions = _fence(worker, leases)\n"
+    "    return (\n"
+    "        sa.update(jobs)\n"
+    "        .where(*conditions)\n"
+    "        .values(\n"
+    "            status=_common.status(JobStatus.QUEUED),"
+)
+_FENCE_CALL = "    conditions = _fence(worker, leases)\n"
+_RETRY_CALL = "    conditions = _fence(worker, [(job_id, attempt)])\n"
+_ONE_ATTEMPT = '            jobs.c.attempts == sa.bindparam("attempt", attempt, sa.Integer),\n'
+_ONE_RUNNING = "            _common.still_running(),\n"
+_ONE_WORKER = '            jobs.c.worker == sa.bindparam("fence_worker", worker, sa.Text),\n'
+
+
+def _in_statement(anchor: str, *words: str) -> str:
+    return anchor.replace(_FENCE_CALL, _drop_from_fence("_fence(worker, leases)", *words))
+
+
+MUTATIONS: list[Mutation] = [
+    # --- shutdown: buffered jobs given back, attempt not spent --------------------------
+    Mutation(
+        "give_back_on_shutdown",
+        "SIGTERM gives back claimed jobs no handler started (Worker._drain)",
+        WORKER,
+        "        self._release_buffered()\n",
+        "        pass  # MUTATION\n",
+        (SHUTDOWN,),
+    ),
+    Mutation(
+        "give_back_spends_no_attempt",
+        "a job given back on shutdown keeps its attempt (lease.release)",
+        LEASE,
+        "            attempts=jobs.c.attempts - 1,\n",
+        "            attempts=jobs.c.attempts,  # MUTATION\n",
+        (SHUTDOWN,),
+    ),
+    Mutation(
+        "unstarted_claim_released_by_handler",
+        "a job a handler thread took after the signal is given back, not run (Worker._run_job)",
+        WORKER,
+        "        if self._stopping.is_set():\n"
+        "            # Claimed but not started before shutdown",
+        "        if False:  # MUTATION\n            # Claimed but not started before shutdown",
+        (SHUTDOWN,),
+    ),
+    # --- fences -------------------------------------------------------------------------
+    Mutation(
+        "done_fence_one",
+        "the done-mark in the handler's transaction matches worker and attempt",
+        LEASE,
+        _ONE_ATTEMPT + _ONE_RUNNING + _ONE_WORKER,
+        _ONE_RUNNING,
+        (STALE_AFTER_DONE, FENCED_TAKEOVER),
+    ),
+    Mutation(
+        "done_fence_one_worker",
+        "... its worker condition alone (same attempt: a dead job retried by an operator)",
+        LEASE,
+        _ONE_ATTEMPT + _ONE_RUNNING + _ONE_WORKER,
+        _ONE_ATTEMPT + _ONE_RUNNING,
+        (STALE_AFTER_DONE, FENCED_TAKEOVER),
+    ),
+    Mutation(
+        "done_fence_one_attempt",
+        "... its attempt condition alone (same worker id: a restarted worker keeps its name)",
+        LEASE,
+        _ONE_ATTEMPT + _ONE_RUNNING + _ONE_WORKER,
+        _ONE_RUNNING + _ONE_WORKER,
+        (STALE_AFTER_DONE, FENCED_TAKEOVER),
+    ),
+    Mutation(
+        "done_fence_batch",
+        "the batched done-mark (handlers that wrote nothing) matches worker and attempt",
+        LEASE,
+        _COMPLETE,
+        _in_statement(_COMPLETE, "attempt", "worker"),
+        (STALE_AFTER_DONE, FENCED_TAKEOVER),
+    ),
+    Mutation(
+        "done_fence_batch_worker",
+        "... its worker condition alone",
+        LEASE,
+        _COMPLETE,
+        _in_statement(_COMPLETE, "worker"),
+        (STALE_AFTER_DONE, FENCED_TAKEOVER),
+    ),
+    Mutation(
+        "done_fence_batch_attempt",
+        "... its attempt condition alone",
+        LEASE,
+        _COMPLETE,
+        _in_statement(_COMPLETE, "attempt"),
+        (STALE_AFTER_DONE, FENCED_TAKEOVER),
+    ),
+    Mutation(
+        "retry_fence",
+        "recording a failed attempt matches worker and attempt",
+        LEASE,
+        _RETRY_CALL,
+        _drop_from_fence("_fence(worker, [(job_id, attempt)])", "attempt", "worker"),
+        (STALE_AFTER_DONE, FENCED_TAKEOVER),
+    ),
+    Mutation(
+        "release_fence",
+        "the shutdown give-back matches worker and attempt",
+        LEASE,
+        _RELEASE,
+        _in_statement(_RELEASE, "attempt", "worker"),
+        (SHUTDOWN, STALE_AFTER_DONE, FENCED_TAKEOVER),
+    ),
+    Mutation(
+        "heartbeat_fence",
+        "the heartbeat extends only leases that are still this worker's",
+        LEASE,
+        _HEARTBEAT,
+        _in_statement(_HEARTBEAT, "attempt", "worker"),
+        (STALE_AFTER_DONE, NO_OVERLAP, FENCED_TAKEOVER, FENCED_HEARTBEAT),
+    ),
+    # --- leases -------------------------------------------------------------------------
+    Mutation(
+        "heartbeat_renewal",
+        "the heartbeat renews the lease of every job held (no second run while one is alive)",
+        WORKER,
+        "            if not leases:\n                continue\n",
+        "            if True:  # MUTATION\n                continue\n",
+        (NO_OVERLAP,),
+    ),
+    Mutation(
+        "lease_rescue",
+        "expired leases are requeued (a killed worker's job runs again)",
+        WORKER,
+        "                    self._rescue()\n",
+        "                    pass  # MUTATION\n",
+        (POISON, STALE_AFTER_DONE),
+    ),
+    Mutation(
+        "poison_goes_dead",
+        "a lease that expires on the last attempt makes the job dead (no endless poison)",
+        LEASE,
+        "    exhausted = jobs.c.attempts >= jobs.c.max_attempts\n    message = ",
+        "    exhausted = sa.false()  # MUTATION\n    message = ",
+        (POISON,),
+    ),
+    # --- notifications ------------------------------------------------------------------
+    Mutation(
+        "listener_wakeup",
+        "a notification wakes the dispatcher (jobs picked up without waiting for a poll)",
+        WORKER,
+        "                        for _ in conn.notifies(timeout=1.0, stop_after=1):\n"
+        "                            self._wake.set()\n",
+        "                        for _ in conn.notifies(timeout=1.0, stop_after=1):\n"
+        "                            pass  # MUTATION\n",
+        (BUSY_LISTENER_FAULT, IDLE_LISTENER_FAULT),
+    ),
+    Mutation(
+        "idle_flag_after_reconnect",
+        "after the listener reconnects the idle flag is raised again (producers notify)",
+        WORKER,
+        "                    self._idle_flag_suspect = True\n",
+        "                    pass  # MUTATION\n",
+        (BUSY_BACKENDS_FAULT, IDLE_BACKENDS_FAULT, IDLE_RESTART),
+    ),
+    # --- the handler's transaction ------------------------------------------------------
+    Mutation(
+        "handler_commit_refused",
+        "session.commit() in a handler raises HandlerTransactionError",
+        WORKER,
+        '        self._sqla_jobs_violation = "commit()"\n        raise HandlerTransactionError(',
+        "        return Session.commit(self)  # MUTATION\n        raise HandlerTransactionError(",
+        (MISBEHAVING,),
+    ),
+    Mutation(
+        "swallowed_commit_fails_the_attempt",
+        "a handler that swallowed the refused commit() still fails its attempt",
+        WORKER,
+        "                if session._sqla_jobs_violation:\n",
+        "                if False:  # MUTATION\n",
+        (MISBEHAVING,),
+    ),
+    Mutation(
+        "base_exceptions_are_failures",
+        "SystemExit, KeyboardInterrupt and BaseException fail the attempt, not the worker",
+        WORKER,
+        "            except BaseException as exc:\n"
+        "                self._discard(session, thread_conn)",
+        "            except Exception as exc:  # MUTATION\n"
+        "                self._discard(session, thread_conn)",
+        (MISBEHAVING,),
+    ),
+    Mutation(
+        "handler_writes_committed",
+        "what a handler wrote through its session is committed (with the done-mark)",
+        WORKER,
+        "                wrote = session.in_transaction() or bool(\n",
+        "                wrote = False and bool(  # MUTATION\n",
+        (MISBEHAVING,),
+    ),
+    Mutation(
+        "writes_commit_with_the_done_mark",
+        "a handler's writes and its done-mark commit in ONE transaction",
+        WORKER,
+        "                if wrote:\n                    session.flush()\n",
+        "                if wrote:\n                    session._worker_commit()  # MUTATION\n",
+        (KILL_POINTS, FENCED_TAKEOVER),
+    ),
+]
+
+
+@dataclass(frozen=True)
+class Result:
+    name: str
+    verdict: str
+    failed: list[str]
+    seconds: int
+    tail: str
+
+
+IGNORE = shutil.ignore_patterns(
+    ".git",
+    ".venv",
+    ".pgdata",
+    "__pycache__",
+    ".mypy_cache",
+    ".ruff_cache",
+    ".pytest_cache",
+    "*.egg-info",
+)
+RUN_TIMEOUT = 1_200
+
+
+def check_anchors(mutations: list[Mutation], root: Path = ROOT) -> list[str]:
+    """One line per mutation whose original text is not in its file exactly once."""
+    problems = []
+    for m in mutations:
+        path = root / m.path
+        if not path.exists():
+            problems.append(f"{m.name}: {m.path} does not exist")
+            continue
+        found = path.read_text().count(m.original)
+        if found != 1:
+            problems.append(f"{m.name}: original text found {found} times in {m.path}")
+    return problems
+
+
+def _env(copy: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(copy), env.get("PYTHONPATH")) if p)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+def _imports_copy(copy: Path) -> None:
+    """The copy's sqla_jobs is what an interpreter started like a worker imports."""
+    out = subprocess.run(
+        [sys.executable, "-c", "import sqla_jobs; print(sqla_jobs.__file__)"],
+        cwd=copy,
+        env=_env(copy),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    if not Path(out).resolve().is_relative_to(copy.resolve()):
+        raise SystemExit(f"the scratch copy is not what gets imported: sqla_jobs from {out}")
+
+
+def run(mutation: Mutation | None, tests: tuple[str, ...], logdir: Path) -> Result:
+    """Run ``tests`` in a scratch copy with ``mutation`` applied (None: the baseline)."""
+    name = mutation.name if mutation else "baseline"
+    with tempfile.TemporaryDirectory(prefix=f"sqla_jobs_mut_{name}_") as tmp:
+        copy = Path(tmp) / "repo"
+        shutil.copytree(ROOT, copy, ignore=IGNORE)
+        if mutation is not None:
+            path = copy / mutation.path
+            text = path.read_text()
+            assert text.count(mutation.original) == 1, mutation.name
+            path.write_text(text.replace(mutation.original, mutation.replacement))
+        _imports_copy(copy)
+        started = time.monotonic()
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-m", "pytest", "-q", "-rf", "-p", "no:cacheprovider", *tests],
+                cwd=copy,
+                env=_env(copy),
+                capture_output=True,
+                text=True,
+                timeout=RUN_TIMEOUT,
+            )
+            output, code = proc.stdout + proc.stderr, proc.returncode
+        except subprocess.TimeoutExpired as exc:
+            partial = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
+            output, code = f"{partial}\ntimed out after {RUN_TIMEOUT}s", -1
+        seconds = round(time.monotonic() - started)
+    (logdir / f"{name}.log").write_text(output)
+    failed = sorted(set(re.findall(r"^FAILED (\S+?)(?: - .*)?$", output, re.MULTILINE)))
+    summary = output.strip().splitlines()[-1] if output.strip() else ""
+    if code == 0:
+        verdict = "passed" if mutation is None else "SURVIVED"
+    elif failed:
+        verdict = "FAILED" if mutation is None else "killed"
+    else:
+        verdict = f"error (pytest exit {code})"
+    return Result(name, verdict, failed, seconds, summary)
+
+
+def _short(nodeid: str) -> str:
+    return nodeid.split("::")[-1] if "::" in nodeid else nodeid
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="only check the anchors")
+    parser.add_argument("--only", help="comma-separated mutation names")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the unmutated run")
+    parser.add_argument("--logs", type=Path, help="where to keep each run's output")
+    parser.add_argument("--list", action="store_true", help="list the mutations")
+    args = parser.parse_args(argv)
+
+    mutations = MUTATIONS
+    if args.only:
+        wanted = args.only.split(",")
+        unknown = set(wanted) - {m.name for m in MUTATIONS}
+        if unknown:
+            parser.error(f"unknown mutation(s): {', '.join(sorted(unknown))}")
+        mutations = [m for m in MUTATIONS if m.name in wanted]
+    if args.list:
+        for m in mutations:
+            print(f"{m.name:38} {m.path:24} {m.guard}")
+        return 0
+    problems = check_anchors(mutations)
+    if problems:
+        print("anchors moved; update MUTATIONS in tests/reliability/mutations.py:")
+        print("\n".join(f"  {p}" for p in problems))
+        return 2
+    print(f"all {len(mutations)} anchors found once each")
+    if args.check:
+        return 0
+
+    logdir = args.logs or Path(tempfile.mkdtemp(prefix="sqla_jobs_mutations_"))
+    logdir.mkdir(parents=True, exist_ok=True)
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    print(f"commit {commit}, logs in {logdir}", flush=True)
+    results = []
+    if not args.no_baseline:
+        every = tuple(dict.fromkeys(t for m in mutations for t in m.tests))
+        base = run(None, every, logdir)
+        print(f"baseline: {base.verdict} in {base.seconds}s: {base.tail}", flush=True)
+        if base.verdict != "passed":
+            print("the unmutated suite fails; fix that first")
+            return 1
+    for m in mutations:
+        result = run(m, m.tests, logdir)
+        results.append((m, result))
+        by = ", ".join(_short(t) for t in result.failed)
+        print(f"{m.name}: {result.verdict} in {result.seconds}s {by}", flush=True)
+
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    print(f"\nResults, commit {commit}, {date}:\n")
+    print("| mutation | guard | result | failing tests | s |")
+    print("| --- | --- | --- | --- | --- |")
+    for m, r in results:
+        failing = ", ".join(f"`{_short(t)}`" for t in r.failed)
+        print(f"| `{m.name}` | {m.guard} | {r.verdict} | {failing} | {r.seconds} |")
+    survived = [m.name for m, r in results if r.verdict != "killed"]
+    if survived:
+        print(f"\nnot killed: {', '.join(survived)}")
+    return 1 if survived else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
