@@ -393,12 +393,15 @@ def _imports_copy(copy: Path) -> None:
         raise SystemExit(f"the scratch copy is not what gets imported: sqla_jobs from {out}")
 
 
-def run(mutation: Mutation | None, tests: tuple[str, ...], logdir: Path) -> Result:
-    """Run ``tests`` in a scratch copy with ``mutation`` applied (None: the baseline)."""
+def run(
+    mutation: Mutation | None, tests: tuple[str, ...], logdir: Path, source: Path = ROOT
+) -> Result:
+    """Run ``tests`` in a scratch copy of ``source`` with ``mutation`` applied (None: the
+    baseline)."""
     name = mutation.name if mutation else "baseline"
     with tempfile.TemporaryDirectory(prefix=f"sqla_jobs_mut_{name}_") as tmp:
         copy = Path(tmp) / "repo"
-        shutil.copytree(ROOT, copy, ignore=IGNORE)
+        shutil.copytree(source, copy, ignore=IGNORE)
         if mutation is not None:
             path = copy / mutation.path
             text = path.read_text()
@@ -472,18 +475,22 @@ def main(argv: list[str] | None = None) -> int:
     ).stdout.strip()
     print(f"commit {commit}, logs in {logdir}", flush=True)
     results = []
-    if not args.no_baseline:
-        every = tuple(dict.fromkeys(t for m in mutations for t in m.tests))
-        base = run(None, every, logdir)
-        print(f"baseline: {base.verdict} in {base.seconds}s: {base.tail}", flush=True)
-        if base.verdict != "passed":
-            print("the unmutated suite fails; fix that first")
-            return 1
-    for m in mutations:
-        result = run(m, m.tests, logdir)
-        results.append((m, result))
-        by = ", ".join(_short(t) for t in result.failed)
-        print(f"{m.name}: {result.verdict} in {result.seconds}s {by}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="sqla_jobs_mut_source_") as tmp:
+        # Every run copies this snapshot, so edits made to the tree meanwhile do not leak in.
+        source = Path(tmp) / "repo"
+        shutil.copytree(ROOT, source, ignore=IGNORE)
+        if not args.no_baseline:
+            every = tuple(dict.fromkeys(t for m in mutations for t in m.tests))
+            base = run(None, every, logdir, source)
+            print(f"baseline: {base.verdict} in {base.seconds}s: {base.tail}", flush=True)
+            if base.verdict != "passed":
+                print("the unmutated suite fails; fix that first")
+                return 1
+        for m in mutations:
+            result = run(m, m.tests, logdir, source)
+            results.append((m, result))
+            by = ", ".join(_short(t) for t in result.failed)
+            print(f"{m.name}: {result.verdict} in {result.seconds}s {by}", flush=True)
 
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     print(f"\nResults, commit {commit}, {date}:\n")
