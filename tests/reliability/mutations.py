@@ -84,8 +84,15 @@ IDLE_RESTART = (
     f"{REL}/test_db_faults.py::"
     "test_an_idle_worker_is_woken_by_notifications_after_a_postgresql_restart"
 )
+LISTENER_AWAY = (
+    f"{REL}/test_db_faults.py::"
+    "test_jobs_enqueued_while_the_listener_was_away_are_picked_up_when_it_is_back"
+)
+ENQUEUE_ROLLBACK = "tests/test_enqueue.py::test_rollback_leaves_no_job"
+ENQUEUE_NO_COMMIT = "tests/test_enqueue.py::test_enqueue_never_commits"
 
 WORKER = "sqla_jobs/worker.py"
+PRODUCER = "sqla_jobs/producer.py"
 LEASE = "sqla_jobs/sql/lease.py"
 
 
@@ -283,6 +290,15 @@ MUTATIONS: list[Mutation] = [
         (BUSY_LISTENER_FAULT, IDLE_LISTENER_FAULT),
     ),
     Mutation(
+        "listener_reconnect_poll",
+        "a listener that reconnects polls once (notifications sent meanwhile were lost)",
+        WORKER,
+        "                    self._wake.set()  # notifications sent while we were away"
+        " are lost: poll\n",
+        "                    pass  # MUTATION\n",
+        (LISTENER_AWAY,),
+    ),
+    Mutation(
         "idle_flag_after_reconnect",
         "after the listener reconnects the idle flag is raised again (producers notify)",
         WORKER,
@@ -332,6 +348,17 @@ MUTATIONS: list[Mutation] = [
         "                if wrote:\n                    session.flush()\n",
         "                if wrote:\n                    session._worker_commit()  # MUTATION\n",
         (KILL_POINTS, FENCED_TAKEOVER),
+    ),
+    # --- enqueue (no worker involved: in-process tests) ----------------------------------
+    Mutation(
+        "enqueue_joins_the_callers_transaction",
+        "enqueue never commits: the job commits or rolls back with the caller's work",
+        PRODUCER,
+        "    return conn.exec_driver_sql(*_driver_call(conn.dialect, shape, stmt, params))\n",
+        "    result = conn.exec_driver_sql(*_driver_call(conn.dialect, shape, stmt, params))\n"
+        "    conn.commit()  # MUTATION\n"
+        "    return result\n",
+        (ENQUEUE_ROLLBACK, ENQUEUE_NO_COMMIT),
     ),
 ]
 

@@ -17,6 +17,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
 from reliability.support import (
+    WORKER_APP,
     all_done,
     exactly_once,
     oracle,
@@ -223,3 +224,53 @@ def test_an_idle_worker_is_woken_by_notifications_after_a_postgresql_restart(
             _idle_worker_fault(engine, url, tmp_path / "worker.log", restart)
         finally:
             engine.dispose()
+
+
+def test_jobs_enqueued_while_the_listener_was_away_are_picked_up_when_it_is_back(
+    engine: sa.Engine, db_url: URL, admin_url: URL, tmp_path: Path
+) -> None:
+    """Notifications sent while the listener is disconnected are lost: it must poll once
+    it is back (poll and rescue intervals are 60 s, so nothing else would find the job)."""
+    setup_app(engine)
+    assert db_url.database
+    log = tmp_path / "worker.log"
+    proc = spawn(db_url, log, *IDLE_ARGS)
+    try:
+        wait_for(lambda: worker_backends(engine, listeners_only=True), message="listener up")
+        _picked_up_by_notification(engine, "a job before the fault")
+        # While the database refuses new connections, the listener cannot come back; the
+        # test works through the one connection it already holds.
+        admin = sa.create_engine(admin_url, poolclass=sa.NullPool, isolation_level="AUTOCOMMIT")
+        with engine.connect() as held, admin.connect() as server:
+            conn = held.execution_options(isolation_level="AUTOCOMMIT")
+
+            def listeners() -> list[int]:
+                query = (
+                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND application_name = :app AND query LIKE 'LISTEN%'"
+                )
+                return [r[0] for r in conn.execute(sa.text(query), {"app": WORKER_APP})]
+
+            server.exec_driver_sql(f'ALTER DATABASE "{db_url.database}" ALLOW_CONNECTIONS false')
+            try:
+                (listener,) = listeners()
+                conn.execute(sa.text("SELECT pg_terminate_backend(:p)"), {"p": listener})
+                wait_for(lambda: not listeners(), message="listener gone")
+                job_id = conn.execute(
+                    sa.text("INSERT INTO jobs (kind, payload) VALUES ('work', '{}') RETURNING id")
+                ).scalar_one()
+                assert not listeners()
+            finally:
+                server.exec_driver_sql(f'ALTER DATABASE "{db_url.database}" ALLOW_CONNECTIONS true')
+        wait_for(
+            lambda: (
+                scalar(engine, "SELECT status::text FROM jobs WHERE id = :i", i=job_id) == "done"
+            ),
+            timeout=IDLE_PICKUP,
+            message="the job enqueued while the listener was away, once it is back",
+        )
+        _picked_up_by_notification(engine, "a job after the fault")
+        assert proc.poll() is None, "the worker died"
+    finally:
+        stop_all([proc])
+    assert oracle(engine) == exactly_once(3), log.read_text()[-3000:]
