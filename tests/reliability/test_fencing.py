@@ -263,3 +263,56 @@ def test_stale_worker_heartbeat_does_not_keep_a_dead_replacements_lease_alive(
         (OTHER, 2),
         (STALE, 3),
     ]
+
+
+def test_a_workers_stale_run_ending_does_not_stop_the_heartbeat_of_its_new_run_of_the_job(
+    engine: sa.Engine, db_url: URL, tmp_path: Path
+) -> None:
+    """A worker frozen past its lease claims the job again once resumed, while its stale
+    run of it is still in its handler. When the stale run ends (fenced out), the new run
+    must keep its lease: still renewed by the heartbeat, never rescued from under it."""
+    setup_gated(engine)
+    with Session(engine) as s:
+        job_id = enqueue(s, "gated", {"write": True})
+        s.commit()
+    assert job_id is not None
+    short = ("--lock-seconds", "1", "--rescue-interval", "0.3", "--poll-interval", "0.2")
+    log = tmp_path / "stale.log"
+    stale = spawn(
+        db_url,
+        log,
+        *("--worker-id", STALE, "--concurrency", "2", *short),
+        env={"PGAPPNAME": STALE_APP},
+    )
+    try:
+        wait_for(lambda: run_started(engine, job_id, STALE, 1), message="first run started")
+        freeze(stale, engine, STALE_APP)
+        wait_for(
+            lambda: count(engine, "SELECT count(*) FROM jobs WHERE locked_until < now()"),
+            message="its lease expired",
+        )
+        stale.send_signal(signal.SIGCONT)  # rescues the job and claims it again
+        wait_for(lambda: run_started(engine, job_id, STALE, 2), message="second run started")
+        open_gate(engine, job_id, STALE, 1)
+        wait_for(lambda: "claim lost" in log.read_text(), message="first run fenced out")
+        ended = scalar(engine, "SELECT clock_timestamp()")
+        # The second run's lease (1 s) is renewed past the moment the first run ended.
+        wait_for(
+            lambda: scalar(
+                engine,
+                "SELECT locked_until > :t + interval '1.5 seconds' FROM jobs "
+                "WHERE status = 'running' AND attempts = 2",
+                t=ended,
+            ),
+            timeout=10,
+            message="the second run's lease renewed after the first run ended",
+        )
+        open_gate(engine, job_id, STALE, 2)
+        wait_for(lambda: scalar(engine, "SELECT status::text FROM jobs") == "done", message="done")
+        stale.send_signal(signal.SIGTERM)
+        assert stale.wait(30) == 0
+    finally:
+        stop_all([stale])
+    assert rows(engine, "SELECT status::text, worker, attempts FROM jobs") == [("done", STALE, 2)]
+    assert rows(engine, "SELECT worker, attempt FROM writes") == [(STALE, 2)]
+    assert rows(engine, "SELECT worker, attempt FROM runs ORDER BY id") == [(STALE, 1), (STALE, 2)]
