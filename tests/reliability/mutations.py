@@ -53,6 +53,10 @@ STALE_AFTER_DONE = (
 KILL_POINTS = (
     f"{REL}/test_crashes.py::test_kill_at_every_point_of_a_jobs_life_keeps_effect_and_done_together"
 )
+NEW_RUN_HEARTBEAT = (
+    f"{REL}/test_fencing.py::"
+    "test_a_workers_stale_run_ending_does_not_stop_the_heartbeat_of_its_new_run_of_the_job"
+)
 NO_OVERLAP = f"{REL}/test_crashes.py::test_no_two_runs_of_a_job_overlap_while_heartbeats_are_alive"
 SHUTDOWN = f"{REL}/test_shutdown.py"
 GIVE_BACK = (
@@ -261,6 +265,14 @@ MUTATIONS: list[Mutation] = [
         "            if not leases:\n                continue\n",
         "            if True:  # MUTATION\n                continue\n",
         (NO_OVERLAP,),
+    ),
+    Mutation(
+        "heartbeat_ledger_per_claim",
+        "a stale run's end leaves this worker's newer claim of the job in the heartbeat",
+        WORKER,
+        "        if self._held.get(job.id) == job.attempt:\n            del self._held[job.id]\n",
+        "        if True:  # MUTATION\n            self._held.pop(job.id, None)\n",
+        (FENCED_HEARTBEAT, NEW_RUN_HEARTBEAT),
     ),
     Mutation(
         "lease_rescue",
