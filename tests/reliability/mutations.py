@@ -95,7 +95,12 @@ LISTENER_AWAY = (
 ENQUEUE_ROLLBACK = "tests/test_enqueue.py::test_rollback_leaves_no_job"
 ENQUEUE_NO_COMMIT = "tests/test_enqueue.py::test_enqueue_never_commits"
 
-WORKER = "sqla_jobs/worker.py"
+SUPERVISOR = "sqla_jobs/worker/_supervisor.py"
+DISPATCHER = "sqla_jobs/worker/_dispatcher.py"
+EXECUTOR = "sqla_jobs/worker/_executor.py"
+INFLIGHT = "sqla_jobs/worker/_inflight.py"
+SERVICES = "sqla_jobs/worker/_services.py"
+SESSION = "sqla_jobs/worker/_session.py"
 PRODUCER = "sqla_jobs/producer.py"
 LEASE = "sqla_jobs/sql/lease.py"
 
@@ -161,10 +166,10 @@ MUTATIONS: list[Mutation] = [
     # --- shutdown: buffered jobs given back, attempt not spent --------------------------
     Mutation(
         "give_back_on_shutdown",
-        "SIGTERM gives back claimed jobs no handler started (Worker._drain)",
-        WORKER,
-        "        self._release_buffered()\n",
-        "        pass  # MUTATION\n",
+        "SIGTERM gives back claimed jobs no handler started (the supervisor's drain)",
+        SUPERVISOR,
+        "            self._completer.release(unstarted)\n",
+        "            pass  # MUTATION\n",
         (SHUTDOWN,),
     ),
     Mutation(
@@ -177,10 +182,9 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "unstarted_claim_released_by_handler",
-        "a job a handler thread took after the signal is given back, not run (Worker._run_job)",
-        WORKER,
-        "        if self._stopping.is_set():\n"
-        "            # Claimed but not started before shutdown",
+        "a job a handler thread took after the signal is given back, not run (executor)",
+        EXECUTOR,
+        "        if self.draining.is_set():\n            # Claimed but not started before shutdown",
         "        if False:  # MUTATION\n            # Claimed but not started before shutdown",
         (SHUTDOWN,),
     ),
@@ -261,25 +265,31 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "heartbeat_renewal",
         "the heartbeat renews the lease of every job held (no second run while one is alive)",
-        WORKER,
-        "            if not leases:\n                continue\n",
-        "            if True:  # MUTATION\n                continue\n",
+        SERVICES,
+        "        leases = self.ledger.leases()\n        if not leases:\n            return\n",
+        "        leases = self.ledger.leases()\n        if True:  # MUTATION\n            return\n",
         (NO_OVERLAP,),
     ),
     Mutation(
         "heartbeat_ledger_per_claim",
         "a stale run's end leaves this worker's newer claim of the job in the heartbeat",
-        WORKER,
-        "        if self._held.get(job.id) == job.attempt:\n            del self._held[job.id]\n",
-        "        if True:  # MUTATION\n            self._held.pop(job.id, None)\n",
+        INFLIGHT,
+        "                entry = self._jobs.pop(job.lease, None)\n",
+        # The ledger as it was, by job id: the end of a claim takes the job's newest claim.
+        "                entry = self._jobs.pop(  # MUTATION\n"
+        "                    next((k for k in reversed(list(self._jobs)) if k[0] == job.id),"
+        " job.lease),\n"
+        "                    None,\n"
+        "                )\n",
         (FENCED_HEARTBEAT, NEW_RUN_HEARTBEAT),
     ),
     Mutation(
         "lease_rescue",
         "expired leases are requeued (a killed worker's job runs again)",
-        WORKER,
-        "                    self._rescue()\n",
-        "                    pass  # MUTATION\n",
+        SUPERVISOR,
+        "        services: list[Service] = [Rescuer(draining, self.engine, self.config,"
+        " self._wake)]\n",
+        "        services: list[Service] = []  # MUTATION\n",
         (POISON, STALE_AFTER_DONE),
     ),
     Mutation(
@@ -294,71 +304,68 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "listener_wakeup",
         "a notification wakes the dispatcher (jobs picked up without waiting for a poll)",
-        WORKER,
-        "                        for _ in conn.notifies(timeout=1.0, stop_after=1):\n"
-        "                            self._wake.set()\n",
-        "                        for _ in conn.notifies(timeout=1.0, stop_after=1):\n"
-        "                            pass  # MUTATION\n",
+        SERVICES,
+        "                for _ in conn.notifies(timeout=1.0, stop_after=1):\n"
+        "                    self.wake()\n",
+        "                for _ in conn.notifies(timeout=1.0, stop_after=1):\n"
+        "                    pass  # MUTATION\n",
         (BUSY_LISTENER_FAULT, IDLE_LISTENER_FAULT),
     ),
     Mutation(
         "listener_reconnect_poll",
         "a listener that reconnects polls once (notifications sent meanwhile were lost)",
-        WORKER,
-        "                    self._wake.set()  # notifications sent while we were away"
-        " are lost: poll\n",
-        "                    pass  # MUTATION\n",
+        DISPATCHER,
+        "        self._idle_flag_suspect = True\n        self._wake.set()\n",
+        "        self._idle_flag_suspect = True\n        pass  # MUTATION\n",
         (LISTENER_AWAY,),
     ),
     Mutation(
         "idle_flag_after_reconnect",
         "after the listener reconnects the idle flag is raised again (producers notify)",
-        WORKER,
-        "                    self._idle_flag_suspect = True\n",
-        "                    pass  # MUTATION\n",
+        DISPATCHER,
+        "        self._idle_flag_suspect = True\n        self._wake.set()\n",
+        "        pass  # MUTATION\n        self._wake.set()\n",
         (BUSY_BACKENDS_FAULT, IDLE_BACKENDS_FAULT, IDLE_RESTART),
     ),
     # --- the handler's transaction ------------------------------------------------------
     Mutation(
         "handler_commit_refused",
         "session.commit() in a handler raises HandlerTransactionError",
-        WORKER,
-        '        self._sqla_jobs_violation = "commit()"\n        raise HandlerTransactionError(',
-        "        return Session.commit(self)  # MUTATION\n        raise HandlerTransactionError(",
+        SESSION,
+        '    def commit(self) -> None:\n        self._violate("session.commit()")\n',
+        "    def commit(self) -> None:\n        self.worker_commit()  # MUTATION\n",
         (MISBEHAVING,),
     ),
     Mutation(
         "swallowed_commit_fails_the_attempt",
-        "a handler that swallowed the refused commit() still fails its attempt",
-        WORKER,
-        "                if session._sqla_jobs_violation:\n",
-        "                if False:  # MUTATION\n",
+        "a handler that ended (or tried to end) its transaction fails its attempt",
+        EXECUTOR,
+        "    if problem is not None:\n        raise HandlerTransactionError(",
+        "    if False:  # MUTATION\n        raise HandlerTransactionError(",
         (MISBEHAVING,),
     ),
     Mutation(
         "base_exceptions_are_failures",
         "SystemExit, KeyboardInterrupt and BaseException fail the attempt, not the worker",
-        WORKER,
-        "            except BaseException as exc:\n"
-        "                self._discard(session, thread_conn)",
-        "            except Exception as exc:  # MUTATION\n"
-        "                self._discard(session, thread_conn)",
+        EXECUTOR,
+        "        except BaseException as exc:  # SystemExit and KeyboardInterrupt too",
+        "        except Exception as exc:  # MUTATION",
         (MISBEHAVING,),
     ),
     Mutation(
         "handler_writes_committed",
         "what a handler wrote through its session is committed (with the done-mark)",
-        WORKER,
-        "                wrote = session.in_transaction() or bool(\n",
-        "                wrote = False and bool(  # MUTATION\n",
+        EXECUTOR,
+        "            wrote = session.in_transaction() or bool(\n",
+        "            wrote = False and bool(  # MUTATION\n",
         (MISBEHAVING,),
     ),
     Mutation(
         "writes_commit_with_the_done_mark",
         "a handler's writes and its done-mark commit in ONE transaction",
-        WORKER,
-        "                if wrote:\n                    session.flush()\n",
-        "                if wrote:\n                    session._worker_commit()  # MUTATION\n",
+        EXECUTOR,
+        "            if wrote:\n                session.flush()\n",
+        "            if wrote:\n                session.worker_commit()  # MUTATION\n",
         (KILL_POINTS, FENCED_TAKEOVER),
     ),
     # --- enqueue (no worker involved: in-process tests) ----------------------------------
@@ -398,16 +405,23 @@ RUN_TIMEOUT = 1_200
 
 
 def check_anchors(mutations: list[Mutation], root: Path = ROOT) -> list[str]:
-    """One line per mutation whose original text is not in its file exactly once."""
+    """One line per mutation whose original text is not in its file exactly once, or
+    whose replacement does not compile."""
     problems = []
     for m in mutations:
         path = root / m.path
         if not path.exists():
             problems.append(f"{m.name}: {m.path} does not exist")
             continue
-        found = path.read_text().count(m.original)
+        text = path.read_text()
+        found = text.count(m.original)
         if found != 1:
             problems.append(f"{m.name}: original text found {found} times in {m.path}")
+            continue
+        try:
+            compile(text.replace(m.original, m.replacement), str(path), "exec")
+        except SyntaxError as exc:
+            problems.append(f"{m.name}: the mutated {m.path} does not compile: {exc}")
     return problems
 
 
