@@ -340,8 +340,8 @@ MUTATIONS: list[Mutation] = [
         "swallowed_commit_fails_the_attempt",
         "a handler that ended (or tried to end) its transaction fails its attempt",
         EXECUTOR,
-        "    if problem is not None:\n        raise HandlerTransactionError(",
-        "    if False:  # MUTATION\n        raise HandlerTransactionError(",
+        "    problem = refused\n",
+        "    return  # MUTATION\n    problem = refused\n",
         (MISBEHAVING,),
     ),
     Mutation(
