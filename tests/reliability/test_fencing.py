@@ -284,14 +284,20 @@ def test_a_workers_stale_run_ending_does_not_stop_the_heartbeat_of_its_new_run_o
         *("--worker-id", STALE, "--concurrency", "2", *short),
         env={"PGAPPNAME": STALE_APP},
     )
+    procs = [stale]
     try:
         wait_for(lambda: run_started(engine, job_id, STALE, 1), message="first run started")
         freeze(stale, engine, STALE_APP)
+        # A worker that serves another queue only rescues: the job is requeued, not taken.
+        # (Had the stale worker resumed first, its heartbeat would rightly have renewed
+        # the lease it still held, since nobody had taken the job.)
+        rescuer = spawn(db_url, tmp_path / "rescuer.log", "--queues", "elsewhere", *short)
+        procs.append(rescuer)
         wait_for(
-            lambda: count(engine, "SELECT count(*) FROM jobs WHERE locked_until < now()"),
-            message="its lease expired",
+            lambda: scalar(engine, "SELECT status::text FROM jobs") == "queued",
+            message="the expired lease rescued",
         )
-        stale.send_signal(signal.SIGCONT)  # rescues the job and claims it again
+        stale.send_signal(signal.SIGCONT)  # claims the job again, its first run still going
         wait_for(lambda: run_started(engine, job_id, STALE, 2), message="second run started")
         open_gate(engine, job_id, STALE, 1)
         wait_for(lambda: "claim lost" in log.read_text(), message="first run fenced out")
@@ -312,7 +318,7 @@ def test_a_workers_stale_run_ending_does_not_stop_the_heartbeat_of_its_new_run_o
         stale.send_signal(signal.SIGTERM)
         assert stale.wait(30) == 0
     finally:
-        stop_all([stale])
+        stop_all(procs)
     assert rows(engine, "SELECT status::text, worker, attempts FROM jobs") == [("done", STALE, 2)]
     assert rows(engine, "SELECT worker, attempt FROM writes") == [(STALE, 2)]
     assert rows(engine, "SELECT worker, attempt FROM runs ORDER BY id") == [(STALE, 1), (STALE, 2)]
