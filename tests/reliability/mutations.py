@@ -145,14 +145,10 @@ _HEARTBEAT = (
 )
 _RELEASE = (
     "    conditions = _fence(worker, leases)\n"
-    "    return (\n"
-    "        sa.update(jobs)\n"
-    "        .where(*conditions)\n"
-    "        .values(\n"
-    "            status=_common.status(JobStatus.QUEUED),"
+    "    cancelled = jobs.c.cancel_requested_at.is_not(None)\n"
 )
 _FENCE_CALL = "    conditions = _fence(worker, leases)\n"
-_RETRY_CALL = "    conditions = _fence(worker, [(job_id, attempt)])\n"
+_RETRY_CALL = "    conditions = _fence(worker, [(job_id, attempt)])\n    ends = _ends_now()\n"
 _ONE_ATTEMPT = '            jobs.c.attempts == sa.bindparam("attempt", attempt, sa.Integer),\n'
 _ONE_RUNNING = "            _common.still_running(),\n"
 _ONE_WORKER = '            jobs.c.worker == sa.bindparam("fence_worker", worker, sa.Text),\n'
@@ -242,7 +238,8 @@ MUTATIONS: list[Mutation] = [
         "recording a failed attempt matches worker and attempt",
         LEASE,
         _RETRY_CALL,
-        _drop_from_fence("_fence(worker, [(job_id, attempt)])", "attempt", "worker"),
+        _drop_from_fence("_fence(worker, [(job_id, attempt)])", "attempt", "worker")
+        + "    ends = _ends_now()\n",
         (STALE_AFTER_DONE, FENCED_TAKEOVER),
     ),
     Mutation(
@@ -274,30 +271,26 @@ MUTATIONS: list[Mutation] = [
         "heartbeat_ledger_per_claim",
         "a stale run's end leaves this worker's newer claim of the job in the heartbeat",
         INFLIGHT,
-        "                entry = self._jobs.pop(job.lease, None)\n",
-        # The ledger as it was, by job id: the end of a claim takes the job's newest claim.
-        "                entry = self._jobs.pop(  # MUTATION\n"
-        "                    next((k for k in reversed(list(self._jobs)) if k[0] == job.id),"
-        " job.lease),\n"
-        "                    None,\n"
-        "                )\n",
+        "                if entry is None or entry[0].attempt != job.attempt:\n"
+        "                    continue  # a late thread's job, already given up (see overdue)\n",
+        # The ledger by job id alone: the end of a claim removes the job's newer claim.
+        "                if entry is None:  # MUTATION\n                    continue\n",
         (FENCED_HEARTBEAT, NEW_RUN_HEARTBEAT),
     ),
     Mutation(
         "lease_rescue",
         "expired leases are requeued (a killed worker's job runs again)",
         SUPERVISOR,
-        "        services: list[Service] = [Rescuer(draining, self.engine, self.config,"
-        " self._wake)]\n",
-        "        services: list[Service] = []  # MUTATION\n",
+        "            Rescuer(draining, self.engine, self.config, self._wake),\n",
+        "            # MUTATION: no rescuer\n",
         (POISON, STALE_AFTER_DONE),
     ),
     Mutation(
         "poison_goes_dead",
         "a lease that expires on the last attempt makes the job dead (no endless poison)",
         LEASE,
-        "    exhausted = jobs.c.attempts >= jobs.c.max_attempts\n    message = ",
-        "    exhausted = sa.false()  # MUTATION\n    message = ",
+        "        (jobs.c.attempts >= jobs.c.max_attempts, _common.status(JobStatus.DEAD)),\n",
+        "        (sa.false(), _common.status(JobStatus.DEAD)),  # MUTATION\n",
         (POISON,),
     ),
     # --- notifications ------------------------------------------------------------------
@@ -305,26 +298,24 @@ MUTATIONS: list[Mutation] = [
         "listener_wakeup",
         "a notification wakes the dispatcher (jobs picked up without waiting for a poll)",
         SERVICES,
-        "                for _ in conn.notifies(timeout=1.0, stop_after=1):\n"
-        "                    self.wake()\n",
-        "                for _ in conn.notifies(timeout=1.0, stop_after=1):\n"
-        "                    pass  # MUTATION\n",
+        "                    else:\n                        self.wake()\n",
+        "                    else:\n                        pass  # MUTATION\n",
         (BUSY_LISTENER_FAULT, IDLE_LISTENER_FAULT),
     ),
     Mutation(
         "listener_reconnect_poll",
         "a listener that reconnects polls once (notifications sent meanwhile were lost)",
-        DISPATCHER,
-        "        self._idle_flag_suspect = True\n        self._wake.set()\n",
-        "        self._idle_flag_suspect = True\n        pass  # MUTATION\n",
+        SERVICES,
+        "            self.wake()  # notifications sent while we were away are lost: poll\n",
+        "            pass  # MUTATION\n",
         (LISTENER_AWAY,),
     ),
     Mutation(
         "idle_flag_after_reconnect",
         "after the listener reconnects the idle flag is raised again (producers notify)",
         DISPATCHER,
-        "        self._idle_flag_suspect = True\n        self._wake.set()\n",
-        "        pass  # MUTATION\n        self._wake.set()\n",
+        "        self._idle_flag_suspect = True\n",
+        "        pass  # MUTATION\n",
         (BUSY_BACKENDS_FAULT, IDLE_BACKENDS_FAULT, IDLE_RESTART),
     ),
     # --- the handler's transaction ------------------------------------------------------
@@ -339,7 +330,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "swallowed_commit_fails_the_attempt",
         "a handler that ended (or tried to end) its transaction fails its attempt",
-        EXECUTOR,
+        SESSION,
         "    problem = refused\n",
         "    return  # MUTATION\n    problem = refused\n",
         (MISBEHAVING,),
