@@ -72,7 +72,13 @@ _OURS_TO_LOSE = (State.BUFFERED, State.RUNNING)
 
 
 class Inflight:
-    """Jobs held by this worker, by id, with their state; and the room for more.
+    """Claims held by this worker, by ``(id, attempt)``, with their state; and the room
+    for more.
+
+    Keyed by the claim, not the job: a worker frozen past its lease can claim the job
+    again while its stale run is still in a handler. That run's end must neither take
+    the new claim out of the heartbeat nor free the new claim's slot, and the new claim
+    must not hide the stale one's slot (which frees when the stale run ends).
 
     ``on_room`` is called (outside the lock) when a handler slot frees up while the
     dispatcher waits for room (:meth:`want_room`), and whenever the ledger empties.
@@ -80,27 +86,27 @@ class Inflight:
 
     def __init__(self, on_room: Callable[[], None]) -> None:
         self._lock = threading.Lock()
-        self._jobs: dict[int, tuple[Claimed, State]] = {}
+        self._jobs: dict[tuple[int, int], tuple[Claimed, State]] = {}
         self._slots_taken = 0
         self._room_at: int | None = None  # wake the dispatcher when slots taken <= this
         self._on_room = on_room
-        self._controls: dict[int, Control] = {}  # RUNNING jobs' stop signals
+        self._controls: dict[tuple[int, int], Control] = {}  # RUNNING claims' stop signals
         self._cancels: set[int] = set()  # cancel requests for jobs not started yet
 
     def add(self, jobs: Iterable[Claimed]) -> None:
         with self._lock:
             for job in jobs:
-                self._jobs[job.id] = (job, State.BUFFERED)
+                self._jobs[job.lease] = (job, State.BUFFERED)
                 self._slots_taken += 1
 
     def move(self, job: Claimed, state: State) -> None:
         """BUFFERED -> RUNNING -> SETTLING or COMPLETING (the latter frees the slot)."""
         with self._lock:
-            entry = self._jobs.get(job.id)
-            if entry is None or entry[0].attempt != job.attempt:
-                return  # a late thread's job, already given up and perhaps claimed again
+            entry = self._jobs.get(job.lease)
+            if entry is None:
+                return  # a late thread's claim, already given up
             before = entry[1]
-            self._jobs[job.id] = (job, state)
+            self._jobs[job.lease] = (job, state)
             freed = before in _HOLDS_SLOT and state not in _HOLDS_SLOT
             wake = self._free_slot() if freed else False
         if wake:
@@ -111,11 +117,10 @@ class Inflight:
         wake = False
         with self._lock:
             for job in jobs:
-                entry = self._jobs.get(job.id)
-                if entry is None or entry[0].attempt != job.attempt:
-                    continue  # a late thread's job, already given up (see overdue)
-                del self._jobs[job.id]
-                self._controls.pop(job.id, None)
+                entry = self._jobs.pop(job.lease, None)
+                if entry is None:
+                    continue  # a late thread's claim, already given up (see overdue)
+                self._controls.pop(job.lease, None)
                 self._cancels.discard(job.id)
                 if entry[1] in _HOLDS_SLOT:
                     wake = self._free_slot() or wake
@@ -143,7 +148,7 @@ class Inflight:
             return [
                 job.lease
                 for job, _ in self._jobs.values()
-                if not ((c := self._controls.get(job.id)) is not None and c.abandoned)
+                if not ((c := self._controls.get(job.lease)) is not None and c.abandoned)
             ]
 
     # --- stopping running jobs (timeouts and cancels) ------------------------------------
@@ -151,7 +156,7 @@ class Inflight:
     def watch(self, job: Claimed, control: Control) -> None:
         """``job``'s handler starts with ``control``; a cancel that came first applies now."""
         with self._lock:
-            self._controls[job.id] = control
+            self._controls[job.lease] = control
             cancelled = job.id in self._cancels
             self._cancels.discard(job.id)
         if cancelled:
@@ -161,9 +166,10 @@ class Inflight:
         """An operator cancelled ``job_id``: tell its handler. False if we do not hold it,
         or knew already (the heartbeat reports the flag at every round)."""
         with self._lock:
-            if job_id not in self._jobs:
+            held = [lease for lease in self._jobs if lease[0] == job_id]
+            if not held:
                 return False
-            control = self._controls.get(job_id)
+            control = self._controls.get(max(held))  # the newest claim's run
             if control is None:
                 new = job_id not in self._cancels
                 self._cancels.add(job_id)
@@ -177,7 +183,7 @@ class Inflight:
                 (job, control)
                 for job, state in self._jobs.values()
                 if state is State.RUNNING
-                and (control := self._controls.get(job.id)) is not None
+                and (control := self._controls.get(job.lease)) is not None
                 and not control.abandoned
                 and control.stop_due(grace)
             ]
@@ -189,7 +195,7 @@ class Inflight:
                 c
                 for job, state in self._jobs.values()
                 if state is State.RUNNING
-                and (c := self._controls.get(job.id)) is not None
+                and (c := self._controls.get(job.lease)) is not None
                 and c.timed_out
                 and c.running
                 and not c.expiry_signalled
@@ -198,8 +204,8 @@ class Inflight:
     def was_lost(self, job_id: int, attempt: int) -> bool:
         """Whether a vanished lease means the claim was lost (not our own outcome write)."""
         with self._lock:
-            entry = self._jobs.get(job_id)
-            return entry is not None and entry[0].attempt == attempt and entry[1] in _OURS_TO_LOSE
+            entry = self._jobs.get((job_id, attempt))
+            return entry is not None and entry[1] in _OURS_TO_LOSE
 
     def __len__(self) -> int:
         with self._lock:
