@@ -459,18 +459,6 @@ def refute_enqueued(
 # --- inline mode ----------------------------------------------------------------------
 
 
-def _inline_result(value: object) -> str | None:
-    """The handler's return value as JSON text, as the worker stores it; ResultError else."""
-    from sqla_jobs.exceptions import ResultError
-
-    if value is None:
-        return None
-    try:
-        return validation.dump_result(value)
-    except ValueError as exc:
-        raise ResultError(str(exc)) from None
-
-
 #: ``jobs.worker`` (and ``JobContext.worker``) of jobs run by :func:`run_inline`.
 INLINE_WORKER = "inline"
 
@@ -503,6 +491,7 @@ def run_inline(
         RetryIn,
         Snooze,
     )
+    from sqla_jobs.worker import _session
     from sqla_jobs.worker._completer import describe
 
     kinds = list(registry.kinds)
@@ -539,7 +528,7 @@ def run_inline(
                 raise HandlerTransactionError(
                     "handler called session.commit() and swallowed the error"
                 )
-            result = _inline_result(value)
+            result = _session.stored_result(value)
             session.flush()
         except BaseException as exc:
             savepoint.rollback()

@@ -3,15 +3,14 @@ running in this process; timeouts and cancelling are in test_job_control_process
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
+import test_worker
 from controlapp import registry
 from helpers import rows, scalar, setup_app_tables, url_text, wait_for
 from sqlalchemy.engine import URL
@@ -31,7 +30,6 @@ from sqla_jobs import (
     RetryIn,
     Snooze,
     Worker,
-    WorkerConfig,
     enqueue,
     enqueue_many,
     ops,
@@ -39,20 +37,10 @@ from sqla_jobs import (
 from sqla_jobs.control import Control
 
 
-@contextmanager
-def running(url: URL, **options: Any) -> Iterator[Worker]:
+def running(url: URL, **options: Any) -> contextlib.AbstractContextManager[Worker]:
+    """test_worker's in-process worker, on this file's registry, polling every 0.1 s."""
     options.setdefault("poll_interval", 0.1)
-    options.setdefault("lock_seconds", 5)
-    worker = Worker(registry, WorkerConfig(database_url=url_text(url), **options))
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
-        yield worker
-    finally:
-        worker.stop()
-        thread.join(30)
-        assert not thread.is_alive()
-        worker.engine.dispose()
+    return test_worker.running(registry, url, **options)
 
 
 def job_row(engine: sa.Engine, job_id: int) -> Any:
