@@ -41,3 +41,21 @@ def write(session: Session, payload: dict[str, Any], job: JobContext) -> None:
 def stamp(session: Session, payload: dict[str, Any], job: JobContext) -> None:
     started = time.time()
     session.execute(_STAMP, {"j": job.id, "t": started})
+
+
+#: The same no-op handler beside limited kinds (``benchapp:limited``), for the cost of
+#: queue control: ``noop`` stays unlimited, ``noop16`` may run 16 at once across the
+#: fleet, ``idle3`` (limit 3) never has jobs.
+limited = Registry()
+limited.register("noop", noop.fn)
+limited.register("noop16", noop.fn, limit=16)
+limited.register("idle3", noop.fn, limit=3)
+
+
+def _nap(session: Session, payload: dict[str, Any]) -> None:
+    time.sleep(0.002)
+
+
+#: A 2 ms job (a call to a fast service), unlimited and limited to 16.
+limited.register("nap", _nap)
+limited.register("nap16", _nap, limit=16)

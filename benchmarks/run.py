@@ -303,7 +303,9 @@ def server_only_enqueue(n_jobs: int, batch: int = 1_000) -> float:
 class WorkerProcess:
     """``python -m sqla_jobs.worker benchapp:registry`` as a child; ready when it logs."""
 
-    def __init__(self, url: str, *args: str, expect: int = 1) -> None:
+    def __init__(
+        self, url: str, *args: str, expect: int = 1, app: str = "benchapp:registry"
+    ) -> None:
         self.expect = expect  # "started" lines to wait for (one per process)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.getcwd()])}
         self.proc = subprocess.Popen(
@@ -311,7 +313,7 @@ class WorkerProcess:
                 sys.executable,
                 "-m",
                 "sqla_jobs.worker",
-                "benchapp:registry",
+                app,
                 "--database-url",
                 url,
                 *WORKER_ARGS,
@@ -439,11 +441,19 @@ def _fill(url: str, kind: str, n_jobs: int) -> None:
         conn.execute("VACUUM ANALYZE jobs")
 
 
-def ours_drain(n_jobs: int, concurrency: int, kind: str = "noop", processes: int = 1) -> float:
+def ours_drain(
+    n_jobs: int,
+    concurrency: int,
+    kind: str = "noop",
+    processes: int = 1,
+    app: str = "benchapp:registry",
+) -> float:
     """Drain rate of ``processes`` worker processes (timed from the last one's start)."""
     with _ours("bench_drain") as url:
         _fill(url, kind, n_jobs)
-        workers = [WorkerProcess(url, "--concurrency", str(concurrency)) for _ in range(processes)]
+        workers = [
+            WorkerProcess(url, "--concurrency", str(concurrency), app=app) for _ in range(processes)
+        ]
         try:
             t0 = max(w.wait_ready() for w in workers)
             cpu0 = (sum(_process_cpu(w.proc.pid) for w in workers), _machine_cpu())
@@ -455,6 +465,7 @@ def ours_drain(n_jobs: int, concurrency: int, kind: str = "noop", processes: int
                 w.stop()
         run = (cpu1[0] - cpu0[0], cpu1[1] - cpu0[1], n_jobs)
         label = f"ours {kind} c={concurrency}" + (f" p={processes}" if processes > 1 else "")
+        label += "" if app == "benchapp:registry" else f" {app}"
         CPU.setdefault(label, []).append(run)
         peers._check_count(url, n_jobs, "done")
         if kind == "write":
@@ -824,7 +835,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="smaller sizes, one repeat")
     parser.add_argument(
         "--only",
-        default="enqueue,drain,backlog,tx,procs,pickup,claim",
+        default="enqueue,drain,backlog,tx,procs,pickup,claim,limits",
         help="comma-separated sections to run (default: all)",
     )
     parser.add_argument("--explain", action="store_true", help="print the claim plans")
@@ -1131,6 +1142,55 @@ def main(argv: list[str] | None = None) -> int:
                 "pgbench -N -c 4 (TPS)",
                 bench,
                 0.7,
+            )
+        )
+
+    if "limits" in only:
+        # Queue control (#16): an unlimited kind beside limited ones, and a kind limited
+        # to 16 at concurrency 16, each against the plain no-op drain; interleaved runs.
+        n = sizes.drain
+        step("limits: unlimited beside limited, limit 16 vs none")
+        naps = n // 4
+        plain, beside, sixteen, nap, nap16 = interleaved(
+            lambda: ours_drain(n, 16),
+            lambda: ours_drain(n, 16, app="benchapp:limited"),
+            lambda: ours_drain(n, 16, "noop16", app="benchapp:limited"),
+            lambda: ours_drain(naps, 16, "nap", app="benchapp:limited"),
+            lambda: ours_drain(naps, 16, "nap16", app="benchapp:limited"),
+        )
+        assert plain is not None and beside is not None and sixteen is not None
+        assert nap is not None and nap16 is not None
+        rows.append(
+            Row.versus(
+                "limits",
+                f"{n:,} no-op, concurrency 16, two limited kinds in the registry",
+                beside,
+                "/s",
+                "same, no limited kind",
+                plain,
+                0.9,
+            )
+        )
+        rows.append(
+            Row.versus(
+                "limits",
+                f"{n:,} no-op of a kind limited to 16, concurrency 16",
+                sixteen,
+                "/s",
+                "same, unlimited kind",
+                plain,
+                0.8,
+            )
+        )
+        rows.append(
+            Row.versus(
+                "limits",
+                f"{naps:,} 2 ms jobs of a kind limited to 16, concurrency 16",
+                nap16,
+                "/s",
+                "same, unlimited kind",
+                nap,
+                0.8,
             )
         )
 

@@ -366,6 +366,32 @@ def _add_ops_commands(sub: Any) -> None:
     p.add_argument("--older-than", required=True, metavar="DURATION", help="e.g. 90d")
     p.add_argument("--batch", type=int, default=10_000, help="rows per transaction")
 
+    for name, text in (
+        ("pause", "stop every worker from starting jobs of a queue (or --kind); persisted"),
+        ("resume", "let workers start jobs of a paused queue (or --kind) again"),
+    ):
+        p = command(name, text)
+        p.add_argument("queue", nargs="?")
+        p.add_argument("--kind")
+
+    p = command("limit", "set fleet-wide limits of a queue (or --kind) at run time")
+    p.add_argument("queue", nargs="?")
+    p.add_argument("--kind")
+    p.add_argument("--concurrency", type=int, metavar="N", help="at most N running at once")
+    p.add_argument("--rate", metavar="RATE", help="at most RATE starts, e.g. 100/min, 10/s")
+    p.add_argument(
+        "--clear", action="store_true", help="drop the overrides: the code's limits apply"
+    )
+    p.add_argument(
+        "--clear-declared", action="store_true", help="with --clear: the code's limits too"
+    )
+
+    p = command("limits", "list paused and limited queues and kinds")
+    p.add_argument("--json", action="store_true")
+
+    p = command("workers", "list live workers (the registry their heartbeats refresh)")
+    p.add_argument("--json", action="store_true")
+
 
 def _duration(text: str | None) -> timedelta | None:
     from sqla_jobs import ops
@@ -453,6 +479,12 @@ def _stats_text(s: Any) -> str:
         f"bloat: {t.dead_tuples:,} dead tuples / {t.live_tuples:,} live "
         f"({t.dead_tuple_ratio:.1%}); last autovacuum {vacuum}",
     ]
+    if s.paused_queues:
+        lines.append(f"paused queues (no worker starts their jobs): {', '.join(s.paused_queues)}")
+    limited = [c for c in s.controls if c.concurrency is not None or c.rate is not None]
+    if limited:
+        lines += ["", "limits:", *_controls_text(limited)]
+    lines.append(f"live workers: {len(s.workers)}")
     if s.unknown_kinds:
         lines.append(f"unknown kinds (no handler in the app): {', '.join(s.unknown_kinds)}")
     if s.unserved_queues:
@@ -742,6 +774,131 @@ def _cmd_prune(session: Any, args: argparse.Namespace) -> int:
     return 0
 
 
+def _scope_args(args: argparse.Namespace) -> dict[str, str | None]:
+    if (args.queue is None) == (args.kind is None):
+        raise ConfigError(f"{args.command} needs a queue name or --kind KIND (one of them)")
+    return {"queue": args.queue, "kind": args.kind}
+
+
+def _scope_text(args: argparse.Namespace) -> str:
+    return f"queue {args.queue}" if args.queue is not None else f"kind {args.kind}"
+
+
+def _cmd_pause(session: Any, args: argparse.Namespace) -> int:
+    from sqla_jobs import ops
+
+    ops.pause(session, **_scope_args(args))
+    session.commit()
+    print(f"paused {_scope_text(args)}: no worker starts its jobs until resumed")
+    return 0
+
+
+def _cmd_resume(session: Any, args: argparse.Namespace) -> int:
+    from sqla_jobs import ops
+
+    ops.resume(session, **_scope_args(args))
+    session.commit()
+    print(f"resumed {_scope_text(args)}")
+    return 0
+
+
+def _cmd_limit(session: Any, args: argparse.Namespace) -> int:
+    from sqla_jobs import ops
+
+    scope = _scope_args(args)
+    if args.clear_declared and not args.clear:
+        return _fail("--clear-declared goes with --clear")
+    if args.clear:
+        if args.concurrency is not None or args.rate is not None:
+            return _fail("--clear takes no --concurrency or --rate")
+        ops.clear_limits(session, **scope, declared=args.clear_declared)
+    else:
+        ops.set_limit(session, **scope, concurrency=args.concurrency, rate=args.rate)
+    session.commit()
+    found = [c for c in ops.controls(session) if (c.scope, c.name) == _scope_key(args)]
+    if not found:
+        print(f"{_scope_text(args)}: no limits")
+    else:
+        c = found[0]
+        print(
+            f"{_scope_text(args)}: concurrency {c.concurrency or 'unlimited'}, "
+            f"rate {c.rate or 'unlimited'}" + (" (paused)" if c.paused else "")
+        )
+    return 0
+
+
+def _scope_key(args: argparse.Namespace) -> tuple[str, str]:
+    return ("queue", args.queue) if args.queue is not None else ("kind", args.kind)
+
+
+def _controls_text(controls: Sequence[Any]) -> list[str]:
+    def source(override: Any, declared: Any) -> str:
+        if override is not None:
+            return "operator"
+        return "code" if declared is not None else "-"
+
+    rows = [
+        (
+            c.scope,
+            c.name,
+            "yes" if c.paused else "no",
+            c.concurrency or "-",
+            source(c.concurrency_override, c.declared_concurrency),
+            c.rate or "-",
+            source(c.rate_override, c.declared_rate),
+        )
+        for c in controls
+    ]
+    header = ("SCOPE", "NAME", "PAUSED", "CONCURRENCY", "SET BY", "RATE", "SET BY")
+    return _table(header, rows, set())
+
+
+def _cmd_limits(session: Any, args: argparse.Namespace) -> int:
+    from sqla_jobs import ops
+
+    controls = ops.controls(session)
+    if args.json:
+        _print_json({"controls": [c.to_dict() for c in controls]})
+    elif not controls:
+        print("no queue or kind is paused or limited")
+    else:
+        print("\n".join(_controls_text(controls)))
+    return 0
+
+
+def _workers_text(workers: Sequence[Any], now: Any) -> list[str]:
+    rows = [
+        (
+            w.id,
+            w.host,
+            w.pid,
+            w.version,
+            ",".join(w.queues),
+            len(w.kinds),
+            f"{w.running}/{w.concurrency}",
+            _age((now - w.started_at).total_seconds()),
+            _age((now - w.heartbeat_at).total_seconds()) + " ago",
+        )
+        for w in workers
+    ]
+    header = ("ID", "HOST", "PID", "VERSION", "QUEUES", "KINDS", "RUNNING", "UP", "HEARTBEAT")
+    return _table(header, rows, {2, 5, 6})
+
+
+def _cmd_workers(session: Any, args: argparse.Namespace) -> int:
+    from sqla_jobs import ops
+
+    workers = ops.workers(session)
+    if args.json:
+        _print_json({"workers": [w.to_dict() for w in workers]})
+    elif not workers:
+        print("no live workers")
+    else:
+        now = session.execute(sa.select(sa.func.now())).scalar_one()
+        print("\n".join(_workers_text(workers, now)))
+    return 0
+
+
 _OPS_COMMANDS: dict[str, Callable[[Any, argparse.Namespace], int]] = {
     "stats": _cmd_stats,
     "periodic": _cmd_periodic,
@@ -752,4 +909,9 @@ _OPS_COMMANDS: dict[str, Callable[[Any, argparse.Namespace], int]] = {
     "delete": _cmd_delete,
     "archive": _cmd_archive,
     "prune": _cmd_prune,
+    "pause": _cmd_pause,
+    "resume": _cmd_resume,
+    "limit": _cmd_limit,
+    "limits": _cmd_limits,
+    "workers": _cmd_workers,
 }

@@ -31,7 +31,7 @@ from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, validates
 
 from sqla_jobs import validation
@@ -255,3 +255,103 @@ class PeriodicState(Base):
 
 
 jobs_periodic: sa.Table = PeriodicState.__table__  # type: ignore[assignment]
+
+
+class QueueControl(Base):
+    """Fleet-wide control of one queue or one kind (revision 0006): pause and limits.
+
+    One row per ``(scope, name)``, ``scope`` being ``'queue'`` or ``'kind'``. Operators
+    set ``paused`` and the ``concurrency`` / ``rate_*`` overrides (:mod:`sqla_jobs.control`);
+    workers write the limits their code declares into the ``declared_*`` columns at
+    start. The effective limit is the override when set, else the declared one. Every
+    claim reads this table, so a pause or a limit holds on every host at once.
+    """
+
+    __tablename__ = "jobs_controls"
+
+    scope: Mapped[str] = mapped_column(sa.Text, primary_key=True)
+    name: Mapped[str] = mapped_column(sa.Text, primary_key=True)
+    paused: Mapped[bool] = mapped_column(sa.Boolean, server_default=sa.false())
+    concurrency: Mapped[int | None] = mapped_column(sa.Integer)
+    declared_concurrency: Mapped[int | None] = mapped_column(sa.Integer)
+    rate_count: Mapped[int | None] = mapped_column(sa.Integer)
+    rate_seconds: Mapped[float | None] = mapped_column(sa.Float)
+    declared_rate_count: Mapped[int | None] = mapped_column(sa.Integer)
+    declared_rate_seconds: Mapped[float | None] = mapped_column(sa.Float)
+    updated_at: Mapped[datetime] = mapped_column(
+        sa.DateTime(timezone=True), server_default=sa.func.now()
+    )
+
+    __table_args__ = (
+        sa.CheckConstraint("scope IN ('queue', 'kind')", name="scope"),
+        sa.CheckConstraint("concurrency >= 1", name="concurrency_positive"),
+        sa.CheckConstraint("declared_concurrency >= 1", name="declared_concurrency_positive"),
+        sa.CheckConstraint(
+            "(rate_count IS NULL) = (rate_seconds IS NULL) AND rate_count >= 1 "
+            "AND rate_seconds > 0",
+            name="rate",
+        ),
+        sa.CheckConstraint(
+            "(declared_rate_count IS NULL) = (declared_rate_seconds IS NULL) "
+            "AND declared_rate_count >= 1 AND declared_rate_seconds > 0",
+            name="declared_rate",
+        ),
+    )
+
+    def __repr__(self) -> str:
+        return f"<QueueControl {self.scope} {self.name!r}>"
+
+
+queue_controls: sa.Table = QueueControl.__table__  # type: ignore[assignment]
+
+
+class RateStart(Base):
+    """Starts counted against a rate limit (revision 0006): ``count`` claims at ``started_at``.
+
+    Written by the claim of a rate-limited kind or queue, under that scope's advisory
+    lock; rows older than the longest window are deleted by the same claims.
+    """
+
+    __tablename__ = "jobs_rate_starts"
+
+    id: Mapped[int] = mapped_column(sa.BigInteger, sa.Identity(always=True), primary_key=True)
+    scope: Mapped[str] = mapped_column(sa.Text)
+    name: Mapped[str] = mapped_column(sa.Text)
+    started_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True))
+    count: Mapped[int] = mapped_column(sa.Integer)
+
+    __table_args__ = (
+        sa.Index("jobs_rate_starts_scope_name_started_at_idx", "scope", "name", "started_at"),
+    )
+
+
+rate_starts: sa.Table = RateStart.__table__  # type: ignore[assignment]
+
+
+class WorkerRecord(Base):
+    """A live worker (revision 0006), refreshed by its heartbeat; gone once ``expires_at`` passes.
+
+    ``expires_at`` is the last heartbeat plus the worker's ``lock_seconds``: a worker
+    that died disappears from :func:`sqla_jobs.control.workers` when its leases would
+    expire, and the next heartbeat of any worker deletes its row.
+    """
+
+    __tablename__ = "jobs_workers"
+
+    id: Mapped[str] = mapped_column(sa.Text, primary_key=True)
+    host: Mapped[str] = mapped_column(sa.Text)
+    pid: Mapped[int] = mapped_column(sa.Integer)
+    version: Mapped[str] = mapped_column(sa.Text)
+    queues: Mapped[list[str]] = mapped_column(ARRAY(sa.Text))
+    kinds: Mapped[list[str]] = mapped_column(ARRAY(sa.Text))
+    concurrency: Mapped[int] = mapped_column(sa.Integer)
+    started_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True))
+    heartbeat_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True))
+    expires_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True))
+    running: Mapped[int] = mapped_column(sa.Integer, server_default="0")
+
+    def __repr__(self) -> str:
+        return f"<WorkerRecord {self.id!r}>"
+
+
+worker_records: sa.Table = WorkerRecord.__table__  # type: ignore[assignment]

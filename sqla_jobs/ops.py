@@ -1,8 +1,9 @@
 """Operations: see the queue, act on jobs, keep the table small.
 
 The functions here back the ``sqla-jobs`` commands (``stats``, ``list``, ``show``,
-``retry``, ``cancel``, ``delete``, ``archive``, ``prune``) and can be called from your own
-code, a shell, or an admin view::
+``retry``, ``cancel``, ``delete``, ``archive``, ``prune``; ``pause``, ``resume``,
+``limit``, ``limits`` and ``workers`` for queue control, revision 0006) and can be called
+from your own code, a shell, or an admin view::
 
     from sqla_jobs import ops
 
@@ -53,14 +54,17 @@ from sqlalchemy.orm import Session
 from sqla_jobs import exceptions, validation
 from sqla_jobs.exceptions import (
     ConfigError,
+    InvalidJobError,
     JobNotDoneError,
     JobNotFoundError,
     SchemaNotReadyError,
 )
 from sqla_jobs.models import JobStatus
 from sqla_jobs.sql import admin, schema
+from sqla_jobs.sql import control as control_sql
 from sqla_jobs.sql import periodic as periodic_sql
 from sqla_jobs.sql import stats as stats_sql
+from sqla_jobs.sql import workers as workers_sql
 from sqla_jobs.tasks import Registry
 
 #: Rows moved (archive) or deleted (prune) per transaction. Defaults to 10,000.
@@ -200,11 +204,19 @@ class Stats:
     unknown_kinds: tuple[str, ...] = ()
     unserved_queues: tuple[str, ...] = ()
     periodic: tuple[ScheduleStatus, ...] = ()
+    controls: tuple[ControlState, ...] = ()
+    workers: tuple[WorkerInfo, ...] = ()
+
+    @property
+    def paused_queues(self) -> tuple[str, ...]:
+        """Queues no worker starts jobs from (:func:`pause`)."""
+        return tuple(c.name for c in self.controls if c.scope == "queue" and c.paused)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: datetimes as ISO 8601 text."""
         data = asdict(self)
         data["table"]["dead_tuple_ratio"] = self.table.dead_tuple_ratio
+        data["paused_queues"] = list(self.paused_queues)
         return _jsonable(data)  # type: ignore[no-any-return]
 
 
@@ -253,6 +265,8 @@ def stats(session: Session, registry: Registry | None = None) -> Stats:
                 ("done_last_minute", "done_last_hour"),
             )
             table = _table_stats(conn)
+            controls_ = tuple(_control(r) for r in conn.execute(control_sql.controls()))
+            workers_ = tuple(_worker(r) for r in conn.execute(workers_sql.live()))
             conn.rollback()
     except sa_exc.ProgrammingError as exc:
         raise SchemaNotReadyError(
@@ -290,6 +304,8 @@ def stats(session: Session, registry: Registry | None = None) -> Stats:
         unknown_kinds=unknown,
         unserved_queues=unserved,
         periodic=periodic_statuses(session, registry) if registry and registry.schedules else (),
+        controls=controls_,
+        workers=workers_,
     )
 
 
@@ -688,3 +704,165 @@ def prune(session: Session, older_than: timedelta, batch: int = DEFAULT_BATCH) -
         total += deleted
         if deleted < batch:
             return total
+
+
+# --- queue control: pause, limits, workers (revision 0006) ---------------------------
+
+
+@dataclass(frozen=True)
+class ControlState:
+    """A paused or limited queue or kind, as every worker of the fleet obeys it.
+
+    ``concurrency`` and ``rate`` are the effective limits: the operator's override
+    (``*_override``) when set, else what the code declares (``declared_*``: written by
+    the last worker that started with that kind or queue). ``rate`` reads like ``"100/min"``.
+    """
+
+    scope: str
+    name: str
+    paused: bool
+    concurrency: int | None
+    rate: str | None
+    concurrency_override: int | None
+    rate_override: str | None
+    declared_concurrency: int | None
+    declared_rate: str | None
+    updated_at: datetime
+
+    def to_dict(self) -> dict[str, Any]:
+        return _jsonable(asdict(self))  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """A live worker, from the registry its heartbeat refreshes (``sqla-jobs workers``).
+
+    ``running`` is the number of jobs its handlers ran at its last heartbeat (every
+    ``lock_seconds / 3``); ``expires_at`` is when it leaves the registry unless it beats again.
+    """
+
+    id: str
+    host: str
+    pid: int
+    version: str
+    queues: tuple[str, ...]
+    kinds: tuple[str, ...]
+    concurrency: int
+    started_at: datetime
+    heartbeat_at: datetime
+    expires_at: datetime
+    running: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return _jsonable(asdict(self))  # type: ignore[no-any-return]
+
+
+def _rate_text(count: int | None, seconds: float | None) -> str | None:
+    if count is None or seconds is None:
+        return None
+    return str(validation.Rate(count, seconds))
+
+
+def _scope(queue: str | None, kind: str | None) -> tuple[str, str]:
+    if (queue is None) == (kind is None):
+        raise ConfigError("name a queue or a kind (one of them)")
+    try:
+        if queue is not None:
+            return control_sql.QUEUE, validation.check_queue(queue)
+        return control_sql.KIND, validation.check_kind(kind)
+    except InvalidJobError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def pause(session: Session, queue: str | None = None, *, kind: str | None = None) -> None:
+    """Stop every worker of the fleet from starting jobs of ``queue`` (or of ``kind``).
+
+    Takes effect when the caller commits: every claim that begins after the commit
+    leaves the queue out (the claim's own SQL reads the pause), on every host, and it
+    stays paused across restarts until :func:`resume`. Running jobs finish; enqueueing
+    keeps working. Never commits.
+    """
+    scope, name = _scope(queue, kind)
+    session.execute(control_sql.set_control(scope, name, paused=True))
+
+
+def resume(session: Session, queue: str | None = None, *, kind: str | None = None) -> None:
+    """Undo :func:`pause`; at commit, a notification wakes the idle workers. Never commits."""
+    scope, name = _scope(queue, kind)
+    session.execute(control_sql.set_control(scope, name, paused=False))
+    session.execute(control_sql.notify_control())
+
+
+def set_limit(
+    session: Session,
+    queue: str | None = None,
+    *,
+    kind: str | None = None,
+    concurrency: int | None = None,
+    rate: str | validation.Rate | None = None,
+) -> None:
+    """Override the limits of ``queue`` (or ``kind``) across the fleet, at run time.
+
+    ``concurrency``: at most this many of its jobs run at once; ``rate`` (``"100/min"``):
+    at most that many start in any window of that length. Only what is given changes;
+    :func:`clear_limits` drops the overrides. Workers pick the change up within about a
+    second (at once for a raised or removed limit). Never commits.
+    """
+    scope, name = _scope(queue, kind)
+    values: dict[str, Any] = {}
+    if concurrency is not None:
+        values["concurrency"] = validation.check_limit("concurrency", concurrency, ConfigError)
+    if rate is not None:
+        checked = validation.check_rate("rate", rate, ConfigError)
+        values.update(rate_count=checked.count, rate_seconds=checked.seconds)
+    if not values:
+        raise ConfigError("set_limit needs a concurrency or a rate")
+    session.execute(control_sql.set_control(scope, name, **values))
+    session.execute(control_sql.notify_control())
+
+
+def clear_limits(
+    session: Session, queue: str | None = None, *, kind: str | None = None, declared: bool = False
+) -> None:
+    """Drop the operator's limits of ``queue`` (or ``kind``): the code's declared ones apply
+    again; with ``declared``, those are dropped too (until a worker declaring them starts).
+    Never commits."""
+    scope, name = _scope(queue, kind)
+    values: dict[str, Any] = dict(concurrency=None, rate_count=None, rate_seconds=None)
+    if declared:
+        values.update(
+            declared_concurrency=None, declared_rate_count=None, declared_rate_seconds=None
+        )
+    session.execute(control_sql.set_control(scope, name, **values))
+    session.execute(control_sql.notify_control())
+
+
+def _control(row: Any) -> ControlState:
+    return ControlState(
+        scope=row.scope,
+        name=row.name,
+        paused=row.paused,
+        concurrency=row.concurrency,
+        rate=_rate_text(row.rate_count, row.rate_seconds),
+        concurrency_override=row.concurrency_override,
+        rate_override=_rate_text(row.rate_count_override, row.rate_seconds_override),
+        declared_concurrency=row.declared_concurrency,
+        declared_rate=_rate_text(row.declared_rate_count, row.declared_rate_seconds),
+        updated_at=row.updated_at,
+    )
+
+
+def controls(session: Session) -> list[ControlState]:
+    """Every paused or limited queue and kind, queues first, by name."""
+    return [_control(row) for row in session.execute(control_sql.controls())]
+
+
+def _worker(row: Any) -> WorkerInfo:
+    values = {f.name: getattr(row, f.name) for f in fields(WorkerInfo)}
+    values.update(queues=tuple(row.queues), kinds=tuple(row.kinds))
+    return WorkerInfo(**values)
+
+
+def workers(session: Session) -> list[WorkerInfo]:
+    """The live workers of the fleet (heartbeat within their lease time), by id."""
+    return [_worker(row) for row in session.execute(workers_sql.live())]

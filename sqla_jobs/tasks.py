@@ -114,6 +114,8 @@ class Handler(Generic[R]):
         timeout: float | timedelta | None = None,
         max_snoozes: int = DEFAULT_MAX_SNOOZES,
         isolation: str = "thread",
+        limit: int | None = None,
+        rate: str | validation.Rate | None = None,
     ) -> None:
         if isolation not in ISOLATIONS:
             raise RegistryError(
@@ -124,6 +126,8 @@ class Handler(Generic[R]):
             self.kind = validation.check_kind(kind)
             self.timeout = validation.check_timeout(timeout)
             self.max_snoozes = validation.integer("max_snoozes", max_snoozes, minimum=0)
+            self.limit = None if limit is None else validation.check_limit("limit", limit)
+            self.rate = None if rate is None else validation.check_rate("rate", rate)
             self.max_attempts = (
                 None if max_attempts is None else validation.check_max_attempts(max_attempts)
             )
@@ -226,6 +230,28 @@ class Registry:
     def __init__(self) -> None:
         self._handlers: dict[str, Handler[Any]] = {}
         self._schedules: dict[str, _periodic.Schedule] = {}
+        self._queue_limits: dict[str, tuple[int | None, validation.Rate | None]] = {}
+
+    def limit_queue(
+        self, queue: str, *, limit: int | None = None, rate: str | validation.Rate | None = None
+    ) -> None:
+        """Declare a fleet-wide limit for a queue: at most ``limit`` of its jobs run at once,
+        at most ``rate`` (``"100/min"``) start per window. Operators can override both."""
+        try:
+            name = validation.check_queue(queue)
+            checked = (
+                None if limit is None else validation.check_limit("limit", limit),
+                None if rate is None else validation.check_rate("rate", rate),
+            )
+        except InvalidJobError as exc:
+            raise RegistryError(f"queue {queue!r}: {exc}") from None
+        if checked == (None, None):
+            raise RegistryError(f"queue {queue!r}: limit_queue needs a limit or a rate")
+        self._queue_limits[name] = checked
+
+    def queue_limits(self) -> dict[str, tuple[int | None, validation.Rate | None]]:
+        """Queues with a declared limit: ``{queue: (limit, rate)}``."""
+        return dict(self._queue_limits)
 
     def handler(
         self,
@@ -238,6 +264,8 @@ class Registry:
         timeout: float | timedelta | None = None,
         max_snoozes: int = DEFAULT_MAX_SNOOZES,
         isolation: str = "thread",
+        limit: int | None = None,
+        rate: str | validation.Rate | None = None,
     ) -> Callable[[Callable[..., R]], Handler[R]]:
         """Decorator registering ``fn(session, payload[, job])`` for ``kind``.
 
@@ -246,6 +274,10 @@ class Registry:
         ``max_snoozes``: how often a job may raise :class:`~sqla_jobs.Snooze`.
         ``isolation="process"``: run each job in a child process that the worker kills at
         the deadline or a cancel (see the README's "Timeouts").
+
+        ``limit``: at most this many jobs of the kind run at once across every worker;
+        ``rate`` (``"100/min"``): at most that many start in any such window. Both are
+        the code's defaults; operators override them at run time (``sqla-jobs limit``).
         """
         if not isinstance(kind, str):
             raise RegistryError(
@@ -264,6 +296,8 @@ class Registry:
                 timeout=timeout,
                 max_snoozes=max_snoozes,
                 isolation=isolation,
+                limit=limit,
+                rate=rate,
             )
 
         return register
@@ -280,6 +314,8 @@ class Registry:
         timeout: float | timedelta | None = None,
         max_snoozes: int = DEFAULT_MAX_SNOOZES,
         isolation: str = "thread",
+        limit: int | None = None,
+        rate: str | validation.Rate | None = None,
     ) -> Handler[R]:
         if kind in self._handlers:
             raise RegistryError(f"kind {kind!r} is already registered")
@@ -293,6 +329,8 @@ class Registry:
             timeout=timeout,
             max_snoozes=max_snoozes,
             isolation=isolation,
+            limit=limit,
+            rate=rate,
         )
         self._handlers[kind] = handler
         return handler

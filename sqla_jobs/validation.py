@@ -14,6 +14,7 @@ import json
 import math
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -272,3 +273,52 @@ def _has_nul(value: object) -> bool:
 def check_payload(payload: Any) -> dict[str, Any]:
     dump_payload(payload)
     return dict(payload)
+
+
+# --- queue control: limits and rates (revision 0006) ----------------------------------
+
+#: Largest concurrency limit or rate count accepted.
+MAX_LIMIT = 1_000_000
+_RATE_RE = re.compile(
+    r"^\s*(\d+)\s*/\s*(\d+(?:\.\d+)?)?\s*"
+    r"(s|sec|second|m|min|minute|h|hr|hour|d|day)s?\s*$",
+    re.IGNORECASE,
+)
+_RATE_UNITS = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60}
+_RATE_UNITS.update({"h": 3600, "hr": 3600, "hour": 3600, "d": 86400, "day": 86400})
+
+
+@dataclass(frozen=True)
+class Rate:
+    """At most ``count`` starts in any window of ``seconds``: ``check_rate("r", "100/min")``."""
+
+    count: int
+    seconds: float
+
+    def __str__(self) -> str:
+        if self.seconds in (1, 60, 3600, 86400):
+            unit = {1: "s", 60: "min", 3600: "h", 86400: "d"}[int(self.seconds)]
+            return f"{self.count}/{unit}"
+        return f"{self.count}/{self.seconds:g}s"
+
+
+def check_limit(name: str, value: object, error: type[SqlaJobsError] = InvalidJobError) -> int:
+    """A concurrency limit: how many jobs may run at once across the fleet."""
+    return integer(name, value, minimum=1, maximum=MAX_LIMIT, error=error)
+
+
+def check_rate(name: str, value: object, error: type[SqlaJobsError] = InvalidJobError) -> Rate:
+    """``"100/min"``, ``"10/s"``, ``"5/10s"``, ``"1000/h"``, ``"2/day"`` (or a Rate) as a Rate."""
+    if isinstance(value, Rate):
+        return value
+    match = _RATE_RE.match(value) if isinstance(value, str) else None
+    if match is None:
+        raise error(
+            f"{name} must look like '100/min' (a count, '/', an optional number and a unit "
+            f"s, min, h or day), got {value!r}"
+        )
+    count = check_limit(f"{name}'s count", int(match.group(1)), error)
+    seconds = float(match.group(2) or 1) * _RATE_UNITS[match.group(3).lower()]
+    if seconds <= 0:
+        raise error(f"{name}'s window must be longer than 0 seconds, got {value!r}")
+    return Rate(count, seconds)

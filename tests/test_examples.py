@@ -221,3 +221,22 @@ def test_snooze_retry_in_discard_and_results_as_the_readme_tells(
     assert jobs[synced].status == "done" and jobs[synced].attempts == 2
     assert job_control.partner.pushed == [7]
     assert (jobs[synced].snoozes, jobs[missing].snoozes) == (2, 0)
+
+
+def test_readme_pausing_and_limits_example_runs(engine: sa.Engine, db_url: URL) -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Pausing and limits", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S)
+    assert code is not None
+    os.environ["DATABASE_URL"] = url_text(db_url)
+    namespace: dict[str, object] = {"__name__": "readme"}
+    try:
+        exec(compile(code.group(1), "README.md", "exec"), namespace)
+    finally:
+        del os.environ["DATABASE_URL"]
+        engine_in_readme = namespace.get("engine")
+        if isinstance(engine_in_readme, sa.Engine):
+            engine_in_readme.dispose()
+    # Resumed and cleared: nothing is paused or limited by an operator any more.
+    assert scalar(engine, "SELECT count(*) FROM jobs_controls WHERE paused") == 0
+    assert scalar(engine, "SELECT count(concurrency) FROM jobs_controls") == 0

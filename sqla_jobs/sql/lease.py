@@ -16,7 +16,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB, aggregate_order_by
 
 from sqla_jobs import validation
 from sqla_jobs.models import JobStatus, jobs
-from sqla_jobs.sql import _common
+from sqla_jobs.sql import _common, control
 from sqla_jobs.sql._common import Now
 
 
@@ -34,8 +34,15 @@ def claim(
     kinds: Sequence[str],
     limit: int,
     now: Now = None,
+    locked_queues: Sequence[str] = (),
+    locked_kinds: Sequence[str] = (),
 ) -> sa.Select[Any]:
     """Claim up to ``limit`` ready jobs of the given queues and kinds, in one statement.
+
+    Paused queues and kinds are left out by the statement itself, and so are limited
+    ones (revision 0006) unless named in ``locked_queues`` / ``locked_kinds``: the
+    caller holds their advisory locks and sized ``limit`` to the room they have left
+    (see :mod:`sqla_jobs.sql.control`).
 
     Rows come back in claim order (priority, run_at, id): ``UPDATE ... RETURNING`` alone
     returns them in whatever order the join produced, and a worker that buffers a batch
@@ -65,8 +72,9 @@ def claim(
             jobs.c.status == _common.status(JobStatus.QUEUED),
             jobs.c.priority == levels.c.level,
             jobs.c.run_at <= _common.clock(now),
-            jobs.c.queue == sa.any_(_common.text_array(queues)),
-            jobs.c.kind == sa.any_(_common.text_array(kinds)),
+            jobs.c.queue
+            == sa.any_(control.claimable(control.QUEUE, queues, locked_queues, "queues")),
+            jobs.c.kind == sa.any_(control.claimable(control.KIND, kinds, locked_kinds, "kinds")),
         )
         .order_by(jobs.c.run_at)
         .limit(_limit(limit))

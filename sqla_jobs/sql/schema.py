@@ -23,6 +23,16 @@ def schema_probe() -> sa.Select[Any]:
     return sa.select(*jobs.c).limit(0)
 
 
+def control_probe() -> sa.Select[Any]:
+    """Reads every column of the queue-control tables (revision 0006); no row."""
+    controls, starts, workers = models.queue_controls, models.rate_starts, models.worker_records
+    return (
+        sa.select(*controls.c, *starts.c, *workers.c)
+        .select_from(controls.join(starts, sa.false()).join(workers, sa.false()))
+        .limit(0)
+    )
+
+
 def status_values() -> sa.TextClause:
     return sa.text("SELECT unnest(enum_range(NULL::job_status))::text")
 
@@ -35,7 +45,7 @@ def check_schema(connection: Connection, *, archive: bool = False) -> None:
     probe never breaks the caller's transaction. Runs no DDL.
     """
 
-    probes = [schema_probe()] + ([archive_probe()] if archive else [])
+    probes = [schema_probe(), control_probe()] + ([archive_probe()] if archive else [])
     try:
         with connection.begin_nested() if connection.in_transaction() else connection.begin():
             for probe in probes:

@@ -48,6 +48,56 @@ def rows(
     )
 
 
+def rows_after(
+    conn: sa.Connection, first: Iterable[Compiled], then: Compiled, *, prepare: bool
+) -> list[Any]:
+    """Run the ``first`` statements and then ``then`` in one round trip (psycopg's pipeline
+    mode); return ``then``'s rows.
+
+    The server still runs them one after the other, each with a snapshot of its own:
+    a statement after ``pg_advisory_xact_lock`` sees every commit made before the lock
+    was granted, as if sent on its own.
+    """
+    driver = cast("psycopg.Connection[Any]", conn.connection.driver_connection)
+    try:
+        with driver.pipeline(), driver.cursor(row_factory=namedtuple_row) as cursor:
+            for sql, params in first:
+                cursor.execute(sql, params, prepare=prepare)
+            cursor.execute(then[0], then[1], prepare=prepare)
+            return cursor.fetchall()
+    except psycopg.Error as exc:
+        if driver.closed or driver.broken:
+            conn.invalidate()
+        raise sa_exc.DBAPIError.instance(then[0], then[1], exc, psycopg.Error) from exc
+
+
+def rows_and_commit(
+    conn: sa.Connection,
+    sql: str,
+    params: dict[str, Any],
+    *,
+    prepare: bool,
+    json_loads: Callable[[str | bytes], Any] | None = None,
+) -> list[Any]:
+    """Like :func:`rows`, and commit in the same round trip (pipeline mode).
+
+    The caller's ``engine.begin()`` block then commits a transaction that is already
+    over, which psycopg treats as nothing to do.
+    """
+    driver = cast("psycopg.Connection[Any]", conn.connection.driver_connection)
+    try:
+        with driver.pipeline(), driver.cursor(row_factory=namedtuple_row) as cursor:
+            if json_loads is not None:
+                set_json_loads(json_loads, cursor)
+            cursor.execute(sql, params, prepare=prepare)
+            driver.commit()
+            return cursor.fetchall()
+    except psycopg.Error as exc:
+        if driver.closed or driver.broken:
+            conn.invalidate()
+        raise sa_exc.DBAPIError.instance(sql, params, exc, psycopg.Error) from exc
+
+
 def count(conn: sa.Connection, sql: str, params: dict[str, Any], *, prepare: bool) -> int:
     """Like :func:`rows`; returns the number of rows affected (no rows built)."""
     return _on_cursor(conn, sql, params, prepare, lambda c: c.rowcount)

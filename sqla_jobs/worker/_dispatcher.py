@@ -25,6 +25,7 @@ from sqla_jobs.config import WorkerConfig
 from sqla_jobs.sql import lease, locks
 from sqla_jobs.worker import _db
 from sqla_jobs.worker._inflight import Claimed, Inflight
+from sqla_jobs.worker._limits import Limits
 
 log = logging.getLogger("sqla_jobs.worker")
 
@@ -61,6 +62,7 @@ class Dispatcher:
         kinds: list[str],
         ledger: Inflight,
         buffer: queue.SimpleQueue[Claimed | None],
+        limits: Limits | None = None,
     ) -> None:
         self.engine = engine
         self.config = config
@@ -76,6 +78,7 @@ class Dispatcher:
                 limit=1,
             ),
         )
+        self.limits = limits  # claims of limited queues and kinds (revision 0006)
         self._wake = threading.Event()
         self._timers: list[float] = []  # monotonic times to wake at (a heap)
         self._timers_lock = threading.Lock()
@@ -179,13 +182,22 @@ class Dispatcher:
 
     def _timeout(self) -> float:
         """The poll interval, or less if a retry's timer comes due sooner."""
+        self._pop_due_timers()
         now = time.monotonic()
         with self._timers_lock:
-            while self._timers and self._timers[0] <= now:
-                heapq.heappop(self._timers)
             if self._timers:
                 return min(self.config.poll_interval, self._timers[0] - now)
         return self.config.poll_interval
+
+    def _pop_due_timers(self) -> None:
+        now = time.monotonic()
+        fired = False
+        with self._timers_lock:
+            while self._timers and self._timers[0] <= now:
+                heapq.heappop(self._timers)
+                fired = True
+        if fired and self.limits is not None:
+            self.limits.poke()  # a retry came due: the claims look at every kind again
 
     def _size_buffer(self) -> None:
         """Buffer PREFETCH_SECONDS of work at the handlers' recent pace."""
@@ -198,23 +210,50 @@ class Dispatcher:
         self._min_claim = max(1, target // 2)
 
     def _claim(self, limit: int) -> list[Claimed]:
-        sql, params = self._claim_sql
-        with self.engine.begin() as conn:
-            # Prepared: that skips 0.7 ms of planning per batch, and the claim's generic
-            # plan is its custom one (an index range scan per priority, primary-key
-            # probes; see benchmarks/README.md).
-            found = _db.rows(
-                conn,
-                sql,
-                {**params, "limit": limit},
-                prepare=self.config.prepared_statements,
-                json_loads=_load_payload,
-            )
+        limits = self.limits
+        first: list[Claimed] = []
+        if limits is not None:
+            self._pop_due_timers()  # before deciding what to skip
+            limits.refresh()
+            if limits.due():
+                first = limits.claim(limit, self._run_claim)
+        wanted = limit - len(first)
+        if limits is not None and limits.skip_unlimited():
+            jobs = []
+        else:
+            with self.engine.begin() as conn:
+                jobs = self._run_claim(conn, self._claim_sql, wanted)
+            self.ledger.add(jobs)
+            if limits is not None and len(jobs) < wanted:
+                limits.unlimited_drained()
+        jobs = first + jobs
+        if limits is not None and limits.groups and not first and len(jobs) < limit:
+            jobs += limits.claim(limit - len(jobs), self._run_claim)
+        return jobs
+
+    def _run_claim(
+        self,
+        conn: sa.Connection,
+        compiled: tuple[str, dict[str, Any]],
+        limit: int,
+        commit: bool = False,
+    ) -> list[Claimed]:
+        if limit <= 0:
+            return []
+        sql, params = compiled
+        # Prepared: that skips 0.7 ms of planning per batch, and the claim's generic
+        # plan is its custom one (an index range scan per priority, primary-key
+        # probes; see benchmarks/README.md).
+        found = (_db.rows_and_commit if commit else _db.rows)(
+            conn,
+            sql,
+            {**params, "limit": limit},
+            prepare=self.config.prepared_statements,
+            json_loads=_load_payload,
+        )
         # Columns: id, kind, queue, payload, attempts, max_attempts, timeout, snoozes
         # (sql.lease.claim).
-        jobs = [Claimed(*r) for r in found]
-        self.ledger.add(jobs)
-        return jobs
+        return [Claimed(*r) for r in found]
 
     def _set_idle_flag(self, up: bool) -> bool:
         """Raise or lower the idle flag on its own connection; False if that failed.

@@ -67,6 +67,8 @@ class State(enum.Enum):
     COMPLETING = "completing"
 
 
+KIND = "kind"
+QUEUE = "queue"
 _HOLDS_SLOT = (State.BUFFERED, State.RUNNING, State.SETTLING)
 _OURS_TO_LOSE = (State.BUFFERED, State.RUNNING)
 
@@ -89,6 +91,9 @@ class Inflight:
         self._jobs: dict[tuple[int, int], tuple[Claimed, State]] = {}
         self._slots_taken = 0
         self._room_at: int | None = None  # wake the dispatcher when slots taken <= this
+        # Limited kinds and queues: (scope, name) -> how many of its jobs must free their
+        # slots before the dispatcher is woken to claim it again (see wake_after).
+        self._watches: dict[tuple[str, str], int] = {}
         self._on_room = on_room
         self._controls: dict[tuple[int, int], Control] = {}  # RUNNING claims' stop signals
         self._cancels: set[int] = set()  # cancel requests for jobs not started yet
@@ -108,7 +113,7 @@ class Inflight:
             before = entry[1]
             self._jobs[job.lease] = (job, state)
             freed = before in _HOLDS_SLOT and state not in _HOLDS_SLOT
-            wake = self._free_slot() if freed else False
+            wake = self._free_slot(job) if freed else False
         if wake:
             self._on_room()
 
@@ -123,13 +128,15 @@ class Inflight:
                 self._controls.pop(job.lease, None)
                 self._cancels.discard(job.id)
                 if entry[1] in _HOLDS_SLOT:
-                    wake = self._free_slot() or wake
+                    wake = self._free_slot(job) or wake
             wake = wake or not self._jobs
         if wake:
             self._on_room()
 
-    def _free_slot(self) -> bool:
+    def _free_slot(self, job: Claimed) -> bool:
         self._slots_taken -= 1
+        if self._watches and self._watched(job):
+            return True
         if self._room_at is not None and self._slots_taken <= self._room_at:
             self._room_at = None
             return True
@@ -141,6 +148,48 @@ class Inflight:
             free = capacity - self._slots_taken
             self._room_at = capacity - min_claim if free < min_claim else None
             return free
+
+    def _watched(self, job: Claimed) -> bool:
+        for key in ((KIND, job.kind), (QUEUE, job.queue)):
+            left = self._watches.get(key)
+            if left is not None:
+                if left <= 1:
+                    del self._watches[key]
+                    return True
+                self._watches[key] = left - 1
+        return False
+
+    def wake_after(self, scope: str, name: str, count: int) -> None:
+        """Wake the dispatcher once ``count`` more jobs of this kind or queue free their slots.
+
+        A limited kind full of this worker's own jobs is claimed again in batches (half
+        its limit), not one claim per finished job.
+        """
+        with self._lock:
+            self._watches[(scope, name)] = max(1, count)
+
+    def holding(self, scope: str, name: str) -> int:
+        """Jobs of this kind (``scope="kind"``) or queue held and not yet finished running.
+
+        Buffered, running and settling jobs count; a job whose handler returned without
+        writing (waiting for its batch done-mark) does not: it runs no more.
+        """
+        with self._lock:
+            return sum(
+                1
+                for job, state in self._jobs.values()
+                if state in _HOLDS_SLOT and getattr(job, scope) == name
+            )
+
+    def taken(self) -> int:
+        """Handler slots taken (buffered, running or settling jobs)."""
+        with self._lock:
+            return self._slots_taken
+
+    def running(self) -> int:
+        """Jobs a handler is running now."""
+        with self._lock:
+            return sum(1 for _, state in self._jobs.values() if state is State.RUNNING)
 
     def leases(self) -> list[tuple[int, int]]:
         """The leases to renew: every held job's but those given up (:meth:`overdue`)."""

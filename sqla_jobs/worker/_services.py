@@ -14,9 +14,12 @@ doubles up to :data:`MAX_ERROR_BACKOFF`: one policy for all of them.
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
+import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 import psycopg
@@ -29,7 +32,7 @@ from sqla_jobs import config as config_mod
 from sqla_jobs.config import WorkerConfig
 from sqla_jobs.control import Control
 from sqla_jobs.models import JobStatus
-from sqla_jobs.sql import lease, locks
+from sqla_jobs.sql import lease, locks, workers
 from sqla_jobs.tasks import Registry
 from sqla_jobs.worker import _db
 from sqla_jobs.worker._inflight import Claimed, Inflight
@@ -77,19 +80,57 @@ class Service:
 
 
 class LeaseKeeper(Service):
-    """Renews the leases this worker holds, every ``lock_seconds / 3``."""
+    """Renews the leases this worker holds, every ``lock_seconds / 3``; with ``kinds``, also
+    keeps this worker's row in the registry of workers (``jobs_workers``, revision 0006)."""
 
     name = "heartbeat"
 
     def __init__(
-        self, until: threading.Event, engine: sa.Engine, config: WorkerConfig, ledger: Inflight
+        self,
+        until: threading.Event,
+        engine: sa.Engine,
+        config: WorkerConfig,
+        ledger: Inflight,
+        kinds: Sequence[str] | None = None,
     ) -> None:
         super().__init__(until, config.heartbeat_interval)
         self.engine = engine
         self.config = config
         self.ledger = ledger
+        self.kinds = kinds
 
     def round(self) -> None:
+        self._renew()
+        if self.kinds is not None:
+            self._announce()
+
+    def _announce(self) -> None:
+        stmt = workers.beat(
+            worker=self.config.worker_id,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            version=_version(),
+            queues=self.config.served_queues,
+            kinds=self.kinds or (),
+            concurrency=self.config.concurrency,
+            lock_seconds=self.config.lock_seconds,
+            running=self.ledger.running(),
+        )
+        with self.engine.begin() as conn:
+            conn.execute(stmt)
+            conn.execute(workers.forget_expired())
+
+    def retire(self) -> None:
+        """Remove this worker's row from the registry (it stopped); best effort."""
+        if self.kinds is None:
+            return
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(workers.retire(self.config.worker_id))
+        except sa_exc.SQLAlchemyError as exc:
+            log.warning("could not remove this worker from jobs_workers: %s", _db.reason(exc))
+
+    def _renew(self) -> None:
         leases = self.ledger.leases()
         if not leases:
             return
@@ -114,6 +155,16 @@ class LeaseKeeper(Service):
                     job_id,
                     extra={"job_id": job_id, "attempt": attempt, "outcome": "lost"},
                 )
+
+
+@functools.cache
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("sqla-jobs")
+    except metadata.PackageNotFoundError:
+        return "unknown"
 
 
 class Listener(Service):

@@ -29,6 +29,7 @@ from sqla_jobs.worker._dispatcher import Dispatcher
 from sqla_jobs.worker._events import Events, Subscriber
 from sqla_jobs.worker._executor import ThreadExecutor
 from sqla_jobs.worker._inflight import Claimed, Inflight
+from sqla_jobs.worker._limits import Limits
 from sqla_jobs.worker._services import (
     Archiver,
     DeadlineWatch,
@@ -101,8 +102,9 @@ class Worker:
         self._room = threading.Event()  # the ledger changed: the drain looks again
         self._buffer: queue.SimpleQueue[Claimed | None] = queue.SimpleQueue()
         self.ledger = Inflight(on_room=self._on_room)
+        self._limits = Limits(self.engine, self.config, registry, self.ledger, self._wake_at)
         self._dispatcher = Dispatcher(
-            self.engine, self.config, list(registry.kinds), self.ledger, self._buffer
+            self.engine, self.config, list(registry.kinds), self.ledger, self._buffer, self._limits
         )
         self._completer = Completer(
             self.engine, self.config, registry, self.ledger, self.events, self._dispatcher.wake_at
@@ -117,6 +119,9 @@ class Worker:
             self.lifecycle.draining,
             self._dispatcher.job_took,
         )
+        self._lease_keeper = LeaseKeeper(
+            self.lifecycle.stopped, self.engine, self.config, self.ledger, kinds=registry.kinds
+        )
         self._threads: list[threading.Thread] = []
         self._signals = 0
 
@@ -129,11 +134,11 @@ class Worker:
     def check_schema(self) -> None:
         """Raise SchemaNotReadyError unless the jobs table has every column and status."""
         with self.engine.connect() as conn:
-            schema.check_schema(conn)
             if self.config.periodic and self.registry.schedules:
                 from sqla_jobs import periodic
 
-                periodic.check_schema(conn)
+                periodic.check_schema(conn)  # first: its message names what is missing
+            schema.check_schema(conn)
 
     def run(self, *, install_signal_handlers: bool = False) -> None:
         """Work until ``stop()`` (or a signal); returns after a graceful drain."""
@@ -163,7 +168,7 @@ class Worker:
 
     def _start_parts(self) -> None:
         stopped, draining = self.lifecycle.stopped, self.lifecycle.draining
-        self._start_thread(LeaseKeeper(stopped, self.engine, self.config, self.ledger).run)
+        self._start_thread(self._lease_keeper.run)
         self._start_thread(self._completer.run, "completer")
         for i in range(self.config.concurrency):
             self._start_thread(self._executor.thread_main, f"job-{i}")
@@ -196,7 +201,11 @@ class Worker:
             self._start_thread(service.run, service.name.replace(" ", "-"))
 
     def _wake(self) -> None:
+        self._limits.poke()  # a notification or a rescue: limited groups may have jobs
         self._dispatcher.wake()
+
+    def _wake_at(self, when: float) -> None:
+        self._dispatcher.wake_at(when)
 
     def _on_room(self) -> None:
         self._dispatcher.wake()
@@ -289,4 +298,5 @@ class Worker:
                 "another worker will take them",
                 unfinished,
             )
+        self._lease_keeper.retire()
         log.info("worker %s stopped", self.config.worker_id)

@@ -26,6 +26,9 @@ GRANTS = """
 GRANT CONNECT ON DATABASE "{db}" TO {role};
 GRANT USAGE ON SCHEMA public TO {role};
 GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE jobs TO {role};
+GRANT SELECT, INSERT, UPDATE ON TABLE jobs_controls TO {role};
+GRANT SELECT, INSERT, DELETE ON TABLE jobs_rate_starts TO {role};
+GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE jobs_workers TO {role};
 """
 #: The test handlers' own tables (not sqla_jobs'), as an application would grant them.
 APP_GRANTS = """

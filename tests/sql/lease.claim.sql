@@ -7,8 +7,24 @@ WITH picked AS MATERIALIZED
       WHERE jobs.status = 'queued'::job_status
         AND jobs.priority = levels.level
         AND jobs.run_at <= now()
-        AND jobs.queue = ANY (%(param_1)s::TEXT[])
-        AND jobs.kind = ANY (%(param_2)s::TEXT[])
+        AND jobs.queue = ANY (array(
+                                      (SELECT unnest(%(queues)s::TEXT[]) AS name
+                                       EXCEPT SELECT jobs_controls.name
+                                       FROM jobs_controls
+                                       WHERE jobs_controls.scope = %(param_1)s::VARCHAR
+                                         AND (jobs_controls.paused
+                                              OR (coalesce(jobs_controls.concurrency, jobs_controls.declared_concurrency) IS NOT NULL
+                                                  OR coalesce(jobs_controls.rate_count, jobs_controls.declared_rate_count) IS NOT NULL)
+                                              AND jobs_controls.name != ALL (%(locked_queues)s::TEXT[])))))
+        AND jobs.kind = ANY (array(
+                                     (SELECT unnest(%(kinds)s::TEXT[]) AS name
+                                      EXCEPT SELECT jobs_controls.name
+                                      FROM jobs_controls
+                                      WHERE jobs_controls.scope = %(param_2)s::VARCHAR
+                                        AND (jobs_controls.paused
+                                             OR (coalesce(jobs_controls.concurrency, jobs_controls.declared_concurrency) IS NOT NULL
+                                                 OR coalesce(jobs_controls.rate_count, jobs_controls.declared_rate_count) IS NOT NULL)
+                                             AND jobs_controls.name != ALL (%(locked_kinds)s::TEXT[])))))
       ORDER BY jobs.run_at
       LIMIT %(limit)s::INTEGER
       FOR UPDATE SKIP LOCKED) AS ready ON true

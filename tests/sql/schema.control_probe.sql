@@ -1,0 +1,30 @@
+SELECT jobs_controls.scope,
+       jobs_controls.name,
+       jobs_controls.paused,
+       jobs_controls.concurrency,
+       jobs_controls.declared_concurrency,
+       jobs_controls.rate_count,
+       jobs_controls.rate_seconds,
+       jobs_controls.declared_rate_count,
+       jobs_controls.declared_rate_seconds,
+       jobs_controls.updated_at,
+       jobs_rate_starts.id,
+       jobs_rate_starts.scope AS scope_1,
+       jobs_rate_starts.name AS name_1,
+       jobs_rate_starts.started_at,
+       jobs_rate_starts.count,
+       jobs_workers.id AS id_1,
+       jobs_workers.host,
+       jobs_workers.pid,
+       jobs_workers.version,
+       jobs_workers.queues,
+       jobs_workers.kinds,
+       jobs_workers.concurrency AS concurrency_1,
+       jobs_workers.started_at AS started_at_1,
+       jobs_workers.heartbeat_at,
+       jobs_workers.expires_at,
+       jobs_workers.running
+FROM jobs_controls
+JOIN jobs_rate_starts ON false
+JOIN jobs_workers ON false
+LIMIT %(param_1)s::INTEGER;
