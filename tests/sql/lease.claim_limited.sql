@@ -42,6 +42,8 @@ WITH picked AS MATERIALIZED
                                                                      jobs.payload,
                                                                      jobs.attempts,
                                                                      jobs.max_attempts,
+                                                                     jobs.timeout,
+                                                                     jobs.snoozes,
                                                                      jobs.priority,
                                                                      jobs.run_at)
 SELECT claimed.id,
@@ -49,7 +51,9 @@ SELECT claimed.id,
        claimed.queue,
        claimed.payload,
        claimed.attempts,
-       claimed.max_attempts
+       claimed.max_attempts,
+       claimed.timeout,
+       claimed.snoozes
 FROM claimed
 ORDER BY claimed.priority,
          claimed.run_at,
