@@ -3,15 +3,21 @@
 ``noop`` does nothing (the worker's own overhead); ``write`` inserts one row in the
 handler's session, so the row and the done-mark commit in one transaction; ``stamp``
 records when the handler started (``time.time()``, the producer's clock is the same
-machine's) for the pickup-latency scenario. ``SETUP_SQL`` creates their tables.
+machine's) for the pickup-latency scenario; ``sleep`` waits 0.2 s (an I/O-bound job on
+a thread). ``SETUP_SQL`` creates their tables.
+
+``async_registry`` (``benchapp:async_registry``) holds their ``async def`` twins:
+``noop`` does nothing, ``sleep`` awaits ``asyncio.sleep(0.2)``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 from sqla_jobs import JobContext, Registry
@@ -59,3 +65,25 @@ def _nap(session: Session, payload: dict[str, Any]) -> None:
 #: A 2 ms job (a call to a fast service), unlimited and limited to 16.
 limited.register("nap", _nap)
 limited.register("nap16", _nap, limit=16)
+
+
+#: Seconds a ``sleep`` job waits (sync: time.sleep; async: asyncio.sleep).
+SLEEP_SECONDS = 0.2
+
+
+@registry.handler("sleep")
+def sleep(session: Session, payload: dict[str, Any]) -> None:
+    time.sleep(SLEEP_SECONDS)
+
+
+async_registry = Registry()
+
+
+@async_registry.handler("noop")
+async def async_noop(session: AsyncSession, payload: dict[str, Any]) -> None:
+    pass
+
+
+@async_registry.handler("sleep")
+async def async_sleep(session: AsyncSession, payload: dict[str, Any]) -> None:
+    await asyncio.sleep(SLEEP_SECONDS)

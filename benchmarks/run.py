@@ -18,6 +18,11 @@ Scenarios:
   seed's loop on 4 threads;
 * pickup: an idle worker, one job every 20 ms; latency from the producer's commit
   returning to the handler's first line (``benchapp.stamp``);
+* async: ``async def`` handlers (``benchapp:async_registry``) in one worker process: a
+  no-op drain vs the sync no-op drain (concurrency 16), interleaved; 0.2 s
+  ``asyncio.sleep`` jobs at ``--async-concurrency 200`` vs ``time.sleep`` jobs at
+  ``--concurrency 16``; the worker's resident memory (peak RSS) with 200 such jobs at
+  once, next to its RSS when started;
 * claim: one claim statement (LIMIT 1, rolled back) with 1,000,000 done rows and 100,000
   future jobs in the table vs an empty table, for our claim and the seed's
   ``OR (status = 'running' AND locked_until < now())`` form (on its own index, same data),
@@ -77,6 +82,7 @@ class Sizes:
     enqueue_many: int
     drain: int
     tx_drain: int
+    sleep_jobs: int
     pickup: int
     claim_done: int
     claim_future: int
@@ -86,9 +92,21 @@ class Sizes:
     processes_drain: int = 5_000
 
 
-FULL = Sizes(3, 8_000, 100_000, 20_000, 2_000, 500, 1_000_000, 100_000, 400)
+FULL = Sizes(3, 8_000, 100_000, 20_000, 2_000, 5_000, 500, 1_000_000, 100_000, 400)
 QUICK = Sizes(
-    1, 2_000, 30_000, 5_000, 1_000, 150, 1_000_000, 100_000, 200, (20_000, 200_000), 200_000, 2_000
+    1,
+    2_000,
+    30_000,
+    5_000,
+    1_000,
+    1_000,
+    150,
+    1_000_000,
+    100_000,
+    200,
+    (20_000, 200_000),
+    200_000,
+    2_000,
 )
 
 
@@ -564,6 +582,40 @@ def backlog_drain(n_jobs: int, history: int, concurrency: int = 4) -> float:
     return n_jobs / (t1 - t0)
 
 
+def _rss_kib(pid: int, field: str = "VmRSS") -> float:
+    """Resident memory of process ``pid`` (``VmRSS`` now, or ``VmHWM``: the peak), KiB."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return float(line.split()[1])
+    except OSError:
+        pass
+    return float("nan")
+
+
+#: Resident memory of the async worker: label -> [(KiB when started, peak KiB)] per run.
+RSS: dict[str, list[tuple[float, float]]] = {}
+
+
+def async_drain(n_jobs: int, kind: str, *args: str, app: str = "benchapp:async_registry") -> float:
+    """Drain rate of one worker process running ``app``'s handlers of ``kind``."""
+    with _ours("bench_async") as url:
+        _fill(url, kind, n_jobs)
+        worker = WorkerProcess(url, *args, app=app)
+        try:
+            t0 = worker.wait_ready()
+            started_kib = _rss_kib(worker.proc.pid)
+            _wait_all_done(url)
+            peak_kib = _rss_kib(worker.proc.pid, "VmHWM")
+            t1 = _last_done(url)
+        finally:
+            worker.stop()
+        RSS.setdefault(f"{app} {kind} {' '.join(args)}", []).append((started_kib, peak_kib))
+        peers._check_count(url, n_jobs, "done")
+    return n_jobs / (t1 - t0)
+
+
 def _seed_write(conn: psycopg.Connection[Any], payload: Any) -> None:
     conn.execute("INSERT INTO bench_effects (n) VALUES (%s)", (payload["n"],))
 
@@ -769,6 +821,8 @@ def _fmt(value: float | None, unit: str) -> str:
         return f"{value:.2f} ms"
     if unit == "us":
         return f"{value:,.0f} us"
+    if unit == "MiB":
+        return f"{value:,.1f} MiB"
     return f"{value:,.0f}/s"
 
 
@@ -835,7 +889,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="smaller sizes, one repeat")
     parser.add_argument(
         "--only",
-        default="enqueue,drain,backlog,tx,procs,pickup,claim,limits",
+        default="enqueue,drain,backlog,tx,procs,async,pickup,claim,limits",
         help="comma-separated sections to run (default: all)",
     )
     parser.add_argument("--explain", action="store_true", help="print the claim plans")
@@ -1191,6 +1245,52 @@ def main(argv: list[str] | None = None) -> int:
                 "same, unlimited kind",
                 nap,
                 0.8,
+            )
+        )
+
+    if "async" in only:
+        n = sizes.drain
+        step("async no-op drain vs sync")
+        async_noop, sync_noop = interleaved(
+            lambda: async_drain(n, "noop"),
+            lambda: async_drain(n, "noop", "--concurrency", "16", app="benchapp:registry"),
+        )
+        assert async_noop is not None
+        rows.append(
+            Row.versus(
+                "async",
+                f"{n:,} no-op, async def, async concurrency 100",
+                async_noop,
+                "/s",
+                "same, def, concurrency 16",
+                sync_noop,
+                0.8,
+            )
+        )
+        ns = sizes.sleep_jobs
+        step(f"{ns:,} sleep jobs, async 200 vs sync 16 (once each)")
+        async_sleep = async_drain(ns, "sleep", "--async-concurrency", "200")
+        sync_sleep = async_drain(ns, "sleep", "--concurrency", "16", app="benchapp:registry")
+        rows.append(
+            Row.versus(
+                "async",
+                f"{ns:,} jobs awaiting asyncio.sleep(0.2), async concurrency 200",
+                async_sleep,
+                "/s",
+                "time.sleep(0.2), def, concurrency 16",
+                sync_sleep,
+                5,
+            )
+        )
+        ((started_kib, peak_kib),) = RSS["benchapp:async_registry sleep --async-concurrency 200"]
+        rows.append(
+            Row(
+                "async",
+                "worker RSS, peak with 200 async jobs at once",
+                peak_kib / 1024,
+                "MiB",
+                "same worker when started",
+                started_kib / 1024,
             )
         )
 

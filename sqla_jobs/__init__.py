@@ -28,7 +28,7 @@ from sqla_jobs.exceptions import (
 )
 from sqla_jobs.models import Base, Job, JobArchive, JobStatus
 from sqla_jobs.ops import Stats, result, stats
-from sqla_jobs.producer import NewJob, enqueue, enqueue_async, enqueue_many
+from sqla_jobs.producer import NewJob, enqueue, enqueue_async, enqueue_many, enqueue_many_async
 from sqla_jobs.retry import Backoff
 from sqla_jobs.tasks import Handler, JobContext, Registry, current_job
 
@@ -68,6 +68,7 @@ __all__ = [
     "enqueue",
     "enqueue_async",
     "enqueue_many",
+    "enqueue_many_async",
     "result",
     "stats",
 ]

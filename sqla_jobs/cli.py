@@ -89,6 +89,12 @@ def worker_parser(prog: str = "python -m sqla_jobs.worker") -> argparse.Argument
         help="handlers run at once (threads); default %(default)s",
     )
     p.add_argument(
+        "--async-concurrency",
+        type=int,
+        default=config_mod.DEFAULT_ASYNC_CONCURRENCY,
+        help="async def handlers run at once (tasks of one event loop); default %(default)s",
+    )
+    p.add_argument(
         "--queues",
         default=None,
         help="comma-separated queues to claim from; default: 'default' plus every queue "
@@ -207,6 +213,7 @@ def _build_config(args: argparse.Namespace) -> config_mod.WorkerConfig:
     return config_mod.WorkerConfig(
         database_url=_url_arg(args),
         concurrency=args.concurrency,
+        async_concurrency=args.async_concurrency,
         queues=None
         if args.queues is None
         else tuple(q.strip() for q in args.queues.split(",") if q.strip()),

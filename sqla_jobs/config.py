@@ -20,6 +20,8 @@ from sqla_jobs.exceptions import ConfigError, InvalidJobError
 
 #: Defaults, each documented in the README's configuration table.
 DEFAULT_CONCURRENCY = 1
+#: ``async def`` handlers run at once on the worker's event loop.
+DEFAULT_ASYNC_CONCURRENCY = 100
 DEFAULT_QUEUES = ("default",)
 DEFAULT_LOCK_SECONDS = 30.0
 DEFAULT_POLL_INTERVAL = 1.0
@@ -32,6 +34,7 @@ DEFAULT_ARCHIVE_EVERY: float | None = None
 DEFAULT_ARCHIVE_OLDER_THAN = 7 * 86400.0
 MAX_PREFETCH = 10_000
 MAX_CONCURRENCY = 512
+MAX_ASYNC_CONCURRENCY = 10_000
 MIN_LOCK_SECONDS = 0.5
 
 _CHANNEL_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -78,6 +81,11 @@ class WorkerConfig:
         database_url: where the jobs table lives (``postgresql://`` or ``+psycopg``).
         concurrency: handlers run at once, each in a thread with its own connection.
             Defaults to 1.
+        async_concurrency: ``async def`` handlers run at once, as tasks of one event
+            loop on a thread of its own. They share a small pool of connections
+            (``min(async_concurrency, 10)`` plus as many overflow): a handler takes one
+            only once it uses its session, and holds it until its job is recorded.
+            Unused when the registry has no async handlers. Defaults to 100.
         queues: queues this worker claims from. Defaults to None: ``default`` plus
             every queue a handler of the worker's registry declares (``queue=...``).
         lock_seconds: visibility timeout of a claim; heartbeats renew it every third.
@@ -121,6 +129,7 @@ class WorkerConfig:
 
     database_url: str
     concurrency: int = DEFAULT_CONCURRENCY
+    async_concurrency: int = DEFAULT_ASYNC_CONCURRENCY
     queues: tuple[str, ...] | None = None
     lock_seconds: float = DEFAULT_LOCK_SECONDS
     poll_interval: float = DEFAULT_POLL_INTERVAL
@@ -140,6 +149,13 @@ class WorkerConfig:
         database_url(self.database_url)
         validation.integer(
             "concurrency", self.concurrency, minimum=1, maximum=MAX_CONCURRENCY, error=ConfigError
+        )
+        validation.integer(
+            "async_concurrency",
+            self.async_concurrency,
+            minimum=1,
+            maximum=MAX_ASYNC_CONCURRENCY,
+            error=ConfigError,
         )
         if self.queues is not None:
             self._check_queues(self.queues)

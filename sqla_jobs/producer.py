@@ -209,6 +209,19 @@ def insert_one(session: Executor, job: NewJob) -> int | None:
     return _execute(session, *_single_insert(job)).scalar_one_or_none()
 
 
+async def _execute_async(
+    session: AsyncExecutor, shape: tuple[Any, ...], params: dict[str, Any]
+) -> CursorResult[Any]:
+    """:func:`_execute` on an ``AsyncSession`` or ``AsyncConnection``."""
+    stmt = _statement(shape)
+    if isinstance(session, AsyncSession):
+        conn = await session.connection(bind_arguments={"mapper": Job, "clause": stmt})
+    else:
+        conn = session
+    with _schema_errors():
+        return await conn.exec_driver_sql(*_driver_call(conn.dialect, shape, stmt, params))
+
+
 async def enqueue_async(
     session: AsyncExecutor,
     kind: str,
@@ -216,15 +229,14 @@ async def enqueue_async(
     **options: Any,
 ) -> int | None:
     """``enqueue`` for an ``AsyncSession`` or ``AsyncConnection``; same rules, same result."""
-    shape, params = _single_insert(NewJob(kind, {} if payload is None else payload, **options))
-    stmt = _statement(shape)
-    if isinstance(session, AsyncSession):
-        conn = await session.connection(bind_arguments={"mapper": Job, "clause": stmt})
-    else:
-        conn = session
-    with _schema_errors():
-        result = await conn.exec_driver_sql(*_driver_call(conn.dialect, shape, stmt, params))
-    return result.scalar_one_or_none()
+    return await insert_one_async(
+        session, NewJob(kind, {} if payload is None else payload, **options)
+    )
+
+
+async def insert_one_async(session: AsyncExecutor, job: NewJob) -> int | None:
+    """:func:`insert_one` on an ``AsyncSession`` or ``AsyncConnection``. Never commits."""
+    return (await _execute_async(session, *_single_insert(job))).scalar_one_or_none()
 
 
 #: enqueue_many sends at most this many characters of JSON per statement (a text value
@@ -302,6 +314,14 @@ def _chunks(batch: list[NewJob]) -> Iterator[tuple[str, bool, bool]]:
         yield "[" + ",".join(rows) + "]", keys, options
 
 
+def _checked(jobs: Iterable[NewJob]) -> list[NewJob]:
+    batch = list(jobs)
+    for job in batch:
+        if not isinstance(job, NewJob):
+            raise InvalidJobError(f"enqueue_many takes NewJob objects, got {type(job).__name__}")
+    return batch
+
+
 def enqueue_many(session: Executor, jobs: Iterable[NewJob]) -> list[int]:
     """Insert many jobs in the caller's transaction, one statement per 5,000 jobs.
 
@@ -310,11 +330,16 @@ def enqueue_many(session: Executor, jobs: Iterable[NewJob]) -> list[int]:
     already existed (in the table or earlier in the same batch) are skipped and have no
     id. Never commits.
     """
-    batch = list(jobs)
-    for job in batch:
-        if not isinstance(job, NewJob):
-            raise InvalidJobError(f"enqueue_many takes NewJob objects, got {type(job).__name__}")
     ids: list[int] = []
-    for rows, with_keys, options in _chunks(batch):
+    for rows, with_keys, options in _chunks(_checked(jobs)):
         ids.extend(_execute(session, ("many", with_keys, options), {"rows": rows}).scalars())
+    return ids
+
+
+async def enqueue_many_async(session: AsyncExecutor, jobs: Iterable[NewJob]) -> list[int]:
+    """:func:`enqueue_many` on an ``AsyncSession`` or ``AsyncConnection``. Never commits."""
+    ids: list[int] = []
+    for rows, with_keys, options in _chunks(_checked(jobs)):
+        result = await _execute_async(session, ("many", with_keys, options), {"rows": rows})
+        ids.extend(result.scalars())
     return ids

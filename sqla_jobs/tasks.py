@@ -14,6 +14,17 @@ A handler takes ``(session, payload)`` or ``(session, payload, job)``; ``job`` i
 :class:`JobContext` (id, kind, attempt, ...), also available anywhere in the handler's
 call stack through :func:`current_job`. The worker imports the module that builds the
 registry, so importing it must register every handler.
+
+An ``async def`` handler gets an ``AsyncSession`` instead and runs on the worker's event
+loop (``WorkerConfig.async_concurrency`` at once); its writes commit with the done-mark,
+in one transaction, as a plain ``def`` handler's do::
+
+    @registry.handler("notify_user")
+    async def notify_user(session: AsyncSession, payload, job):
+        user = await session.get(User, payload["user_id"])
+        ...
+
+    await notify_user.enqueue_async(async_session, {"user_id": 42})
 """
 
 from __future__ import annotations
@@ -22,11 +33,12 @@ import contextvars
 import dataclasses
 import importlib
 import inspect
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
+from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 from sqla_jobs import periodic as _periodic
@@ -92,7 +104,11 @@ _current: contextvars.ContextVar[JobContext] = contextvars.ContextVar("sqla_jobs
 
 
 def current_job() -> JobContext:
-    """The job being run by the calling handler; LookupError outside a handler."""
+    """The job being run by the calling handler; LookupError outside a handler.
+
+    A context variable: in an ``async def`` handler it is the job of the calling task
+    (tasks the handler starts inherit it), whatever else runs on the loop meanwhile.
+    """
     try:
         return _current.get()
     except LookupError:
@@ -141,8 +157,22 @@ class Handler(Generic[R]):
         self.backoff = backoff or Backoff()
         self.wants_job = _takes_job_argument(self.kind, fn)
         self.periodic = False  # set when a schedule enqueues this kind
+        #: An ``async def`` handler: the worker runs it on its event loop, with an
+        #: AsyncSession (:meth:`run_async`).
+        self.is_async = _is_async(fn)
+        if self.is_async and isolation == "process":
+            raise RegistryError(
+                f"handler {kind!r}: isolation='process' is for plain def handlers; an async "
+                "def handler runs on the worker's event loop (its timeout and cancel cancel "
+                "its task): drop isolation='process' or write the handler as a plain def"
+            )
 
     def __call__(self, session: Session, payload: Mapping[str, Any], job: JobContext) -> R:
+        if self.is_async:
+            raise TypeError(
+                f"handler {self.kind!r} is an async def function: await "
+                "handler.run_async(async_session, payload, job) instead"
+            )
         if self.periodic and job.scheduled_for is None:
             job = dataclasses.replace(job, scheduled_for=_periodic.scheduled_for(payload))
         token = _current.set(job)
@@ -150,6 +180,25 @@ class Handler(Generic[R]):
             if self.wants_job:
                 return self.fn(session, payload, job)
             return self.fn(session, payload)
+        finally:
+            _current.reset(token)
+
+    async def run_async(
+        self, session: AsyncSession, payload: Mapping[str, Any], job: JobContext
+    ) -> Any:
+        """Await an ``async def`` handler, with :func:`current_job` set for its task."""
+        if not self.is_async:
+            raise TypeError(f"handler {self.kind!r} is a plain def function: call it")
+        if self.periodic and job.scheduled_for is None:
+            job = dataclasses.replace(job, scheduled_for=_periodic.scheduled_for(payload))
+        # Set inside the coroutine, so in the context of the task that runs it: each
+        # task has its own copy, and concurrent jobs on one loop never see each other's.
+        token = _current.set(job)
+        try:
+            fn = cast("Callable[..., Awaitable[Any]]", self.fn)
+            if self.wants_job:
+                return await fn(session, payload, job)
+            return await fn(session, payload)
         finally:
             _current.reset(token)
 
@@ -188,6 +237,15 @@ class Handler(Generic[R]):
         # The NewJob is validated once, here; insert_one does not check it again.
         return producer.insert_one(session, self.new(payload, **options))
 
+    async def enqueue_async(
+        self,
+        session: producer.AsyncExecutor,
+        payload: Mapping[str, Any] | None = None,
+        **options: Any,
+    ) -> int | None:
+        """``enqueue`` on an ``AsyncSession`` or ``AsyncConnection``. Never commits."""
+        return await producer.insert_one_async(session, self.new(payload, **options))
+
     def __repr__(self) -> str:
         return f"<Handler {self.kind!r} -> {getattr(self.fn, '__qualname__', self.fn)!r}>"
 
@@ -195,17 +253,11 @@ class Handler(Generic[R]):
 def _takes_job_argument(kind: str, fn: Callable[..., Any]) -> bool:
     """Whether ``fn`` wants ``job`` too; RegistryError unless it can be called as a handler."""
     name = getattr(fn, "__qualname__", repr(fn))
-    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
-        getattr(fn, "__call__", None)  # noqa: B004 (a callable object's async __call__)
-    ):
-        raise RegistryError(
-            f"handler {kind!r} ({name}) is an async def function; sqla_jobs runs `def` "
-            "handlers only: write it as a plain def (it runs on a worker thread)"
-        )
     if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
         raise RegistryError(
             f"handler {kind!r} ({name}) is a generator function (it contains `yield`): "
-            "calling it would not run its body; write it as a plain def that returns"
+            "calling it would not run its body; write it as a plain def (or async def) that "
+            "returns"
         )
     try:
         signature = inspect.signature(fn)
@@ -220,7 +272,14 @@ def _takes_job_argument(kind: str, fn: Callable[..., Any]) -> bool:
     raise RegistryError(
         f"handler {kind!r} ({name}{signature}) cannot be called as (session, payload) or "
         "(session, payload, job): write it as def handler(session, payload) or "
-        "def handler(session, payload, job)"
+        "def handler(session, payload, job) (or async def, with the same arguments)"
+    )
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    """An ``async def`` function, or a callable object whose ``__call__`` is one."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004 (a callable object's async __call__)
     )
 
 
@@ -465,6 +524,16 @@ class Registry:
         """
         return self._handler_for(kind).enqueue(session, payload, **options)
 
+    async def enqueue_async(
+        self,
+        session: producer.AsyncExecutor,
+        kind: str,
+        payload: Mapping[str, Any] | None = None,
+        **options: Any,
+    ) -> int | None:
+        """:meth:`enqueue` on an ``AsyncSession`` or ``AsyncConnection``. Never commits."""
+        return await self._handler_for(kind).enqueue_async(session, payload, **options)
+
     def __contains__(self, kind: object) -> bool:
         return kind in self._handlers
 
@@ -486,6 +555,10 @@ class Registry:
     def handlers(self) -> list[Handler[Any]]:
         """The registered handlers, by kind."""
         return [self._handlers[kind] for kind in sorted(self._handlers)]
+
+    def kinds_where(self, is_async: bool) -> tuple[str, ...]:
+        """The kinds whose handlers are ``async def`` (True) or plain ``def`` (False)."""
+        return tuple(k for k in self.kinds if self._handlers[k].is_async == is_async)
 
 
 def load_registry(path: str) -> Registry:

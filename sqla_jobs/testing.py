@@ -13,6 +13,7 @@ embedded one (the ``embedded`` extra, pgserver) only when nothing else answers.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import re
@@ -36,6 +37,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
 from sqla_jobs import config, migrations, ops, validation
+from sqla_jobs.exceptions import RegistryError
 from sqla_jobs.models import JobStatus
 from sqla_jobs.sql import admin
 from sqla_jobs.tasks import JobContext, Registry
@@ -369,6 +371,31 @@ def stop_worker(worker: Worker, thread: threading.Thread, timeout: float = 30.0)
     worker.engine.dispose()
 
 
+async def drain_async(
+    url: URL | str,
+    registry: Registry,
+    *,
+    timeout: float = 30.0,
+    queues: tuple[str, ...] | None = None,
+    until_empty: bool = False,
+    within: float | timedelta = 3600.0,
+) -> DrainSummary:
+    """:func:`drain`, awaitable from an async test: the worker runs on threads of its own.
+
+    The caller's event loop is free meanwhile (the worker's ``async def`` handlers run on
+    the worker's own loop), so an async test may serve what the handlers call.
+    """
+    return await asyncio.to_thread(
+        drain,
+        url,
+        registry,
+        timeout=timeout,
+        queues=queues,
+        until_empty=until_empty,
+        within=within,
+    )
+
+
 # --- assertions over the caller's transaction ----------------------------------------
 
 
@@ -517,6 +544,11 @@ def run_inline(
             raise RuntimeError(f"run_inline ran {limit} jobs and more are queued (a loop?)")
         runs += 1
         handler = registry[row.kind]
+        if handler.is_async:
+            raise RegistryError(
+                f"run_inline runs plain def handlers in your Session; {row.kind!r} is an "
+                "async def handler: run it with drain() or await drain_async() instead"
+            )
         savepoint = session.begin_nested()
         attempt = session.execute(admin.inline_start(row.id, INLINE_WORKER)).scalar_one()
         ctx = JobContext(row.id, row.kind, row.queue, attempt, row.max_attempts, INLINE_WORKER)

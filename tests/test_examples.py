@@ -240,3 +240,21 @@ def test_readme_pausing_and_limits_example_runs(engine: sa.Engine, db_url: URL) 
     # Resumed and cleared: nothing is paused or limited by an operator any more.
     assert scalar(engine, "SELECT count(*) FROM jobs_controls WHERE paused") == 0
     assert scalar(engine, "SELECT count(concurrency) FROM jobs_controls") == 0
+
+
+def test_readme_async_handlers_example_runs(engine: sa.Engine, db_url: URL) -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("### Async handlers", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S)
+    assert code is not None
+    os.environ["DATABASE_URL"] = url_text(db_url)
+    namespace: dict[str, object] = {"__name__": "readme_async"}
+    try:
+        exec(compile(code.group(1), "README.md", "exec"), namespace)
+    finally:
+        del os.environ["DATABASE_URL"]
+    assert scalar(engine, "SELECT count(*) FROM jobs WHERE kind = 'notify_user'") == 11
+    registry = namespace["registry"]
+    assert isinstance(registry, sqla_jobs.Registry)
+    testing.drain(db_url, registry)
+    assert scalar(engine, "SELECT count(*) FROM jobs WHERE status = 'done'") == 11

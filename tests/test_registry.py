@@ -19,15 +19,16 @@ from sqla_jobs.producer import NewJob
 from sqla_jobs.tasks import load_registry
 
 
-def test_an_async_handler_is_refused_until_async_handlers_exist() -> None:
+def test_an_async_def_handler_is_registered_as_async() -> None:
     registry = Registry()
 
-    async def send(session: Any, payload: Any) -> None:
+    async def send(session: Any, payload: Any, job: Any) -> None:
         pass
 
-    with pytest.raises(RegistryError, match=r"'send' .* is an async def function.*plain def"):
-        registry.handler("send")(send)
-    assert "send" not in registry
+    handler = registry.handler("send")(send)
+    assert (handler.is_async, handler.wants_job) == (True, True)
+    assert registry.kinds_where(True) == ("send",)
+    assert registry.kinds_where(False) == ()
 
 
 def test_a_generator_handler_is_refused_because_calling_it_runs_nothing() -> None:
@@ -38,13 +39,50 @@ def test_a_generator_handler_is_refused_because_calling_it_runs_nothing() -> Non
         Registry().register("report", report)
 
 
-def test_an_object_with_an_async_call_is_refused_too() -> None:
+def test_an_object_with_an_async_call_is_an_async_handler_too() -> None:
     class Sender:
         async def __call__(self, session: Any, payload: Any) -> None:
             pass
 
-    with pytest.raises(RegistryError, match="is an async def function"):
-        Registry().register("send", Sender())
+    handler = Registry().register("send", Sender())
+    assert (handler.is_async, handler.wants_job) == (True, False)
+
+
+def test_an_async_handler_with_the_wrong_arguments_is_refused() -> None:
+    async def send(session: Any) -> None:
+        pass
+
+    with pytest.raises(
+        RegistryError,
+        match=r"'send' .* cannot be called as \(session, payload\) or \(session, payload, "
+        r"job\).*\(or async def, with the same arguments\)",
+    ):
+        Registry().register("send", send)
+
+
+@pytest.mark.parametrize("kind", ["generator", "async generator"])
+def test_a_generator_handler_is_refused(kind: str) -> None:
+    def gen(session: Any, payload: Any) -> Any:
+        yield 1
+
+    async def agen(session: Any, payload: Any) -> Any:
+        yield 1
+
+    with pytest.raises(
+        RegistryError,
+        match=r"handler 'g' \(.*\) is a generator function \(it contains `yield`\): calling "
+        r"it would not run its body; write it as a plain def \(or async def\) that returns",
+    ):
+        Registry().register("g", gen if kind == "generator" else agen)
+
+
+def test_calling_an_async_handler_like_a_plain_one_says_to_await_run_async() -> None:
+    async def send(session: Any, payload: Any) -> None:
+        pass
+
+    handler = Registry().register("send", send)
+    with pytest.raises(TypeError, match=r"'send' is an async def function: await handler"):
+        handler(None, {}, None)  # type: ignore[arg-type, unused-coroutine]
 
 
 @pytest.mark.parametrize(

@@ -249,6 +249,11 @@ def test_listen_wakes_an_idle_worker_without_waiting_for_the_poll(
         (["jobapp:nothing"], {}, "module 'jobapp' has no attribute 'nothing'"),
         (["jobapp:noop"], {}, "is not a sqla_jobs.Registry (got Handler)"),
         (["jobapp:registry", "--concurrency", "0"], {}, "concurrency must be between"),
+        (
+            ["asyncapp:registry", "--async-concurrency", "0"],
+            {},
+            "async_concurrency must be between 1 and 10000",
+        ),
         (["jobapp:registry", "--queues", "bad queue"], {}, "queue must match"),
         (["jobapp:registry", "--log-level", "LOUD"], {}, "argument --log-level: invalid choice"),
         (["jobapp:registry"], {"DATABASE_URL": "mysql://x@localhost/db"}, "must be PostgreSQL"),

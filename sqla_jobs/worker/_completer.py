@@ -1,7 +1,8 @@
 """The completer: records each attempt's outcome in the database, fenced.
 
 * a handler that wrote: its done-mark in the handler's own transaction, then commit
-  (:meth:`Completer.complete_in`, on the handler's thread);
+  (:meth:`Completer.complete_in`, on the handler's thread; :meth:`complete_in_async`
+  for an ``async def`` handler's AsyncSession, on the event loop);
 * a handler that wrote nothing: done-marks in batches (:meth:`complete_later`, written
   by the completer's own thread);
 * a failed attempt: queued again after the handler's backoff, or dead at its last
@@ -26,6 +27,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from sqla_jobs.config import WorkerConfig
 from sqla_jobs.control import Control
@@ -72,6 +74,10 @@ def describe(exc: BaseException) -> str:
     if len(tb) > MAX_TRACEBACK_CHARS:
         tb = "...\n" + tb[-MAX_TRACEBACK_CHARS:]
     return f"{head}\n\n{tb}".replace("\x00", "")
+
+
+def _worker_commit(session: Any) -> None:
+    session.worker_commit()  # the HandlerSession under an AsyncSession, in its greenlet
 
 
 def fields(job: Claimed, **more: Any) -> dict[str, Any]:
@@ -137,6 +143,26 @@ class Completer:
         if done:
             return self._done(attempt)
         return self._lost(attempt, "(the handler's process rolled back its writes)")
+
+    async def complete_in_async(self, session: AsyncSession, attempt: Attempt) -> Outcome:
+        """:meth:`complete_in` for an ``async def`` handler's AsyncSession (the same fence,
+        and the result stored with the done-mark)."""
+        job = attempt.job
+        self.ledger.move(job, State.SETTLING)
+        try:
+            sql, params = self._complete_one_sql
+            conn = await session.connection()
+            result = await conn.exec_driver_sql(
+                sql,
+                {**params, "job_id": job.id, "attempt": job.attempt, "result": attempt.result},
+            )
+            if not result.rowcount:
+                await session.rollback()
+                return self._lost(attempt, "rolled back this run's writes")
+            await session.run_sync(_worker_commit)
+            return self._done(attempt)
+        finally:
+            self.ledger.remove([job])
 
     def complete_later(self, attempt: Attempt) -> None:
         """A handler that wrote nothing: its done-mark goes in the next batch."""

@@ -6,6 +6,14 @@ when at least half the buffer is free, so a short job never waits for a claim ro
 trip and a batch of jobs costs one claim. It sleeps when nothing is ready, until a
 wake-up: a notification (the listener), a freed slot (the ledger), a short retry coming
 due (:meth:`wake_at`: one timer for all of them), the lease rescuer, or the poll interval.
+
+Each pool of handler slots (the handler threads for ``def`` handlers, the event loop
+for ``async def`` ones) has its own buffer, its own pace and its own claim, of its own
+kinds only: a worker whose threads are busy never claims their kinds for the loop's
+free slots, or the other way round. A pool whose claim came back short rests (is not
+claimed for) until the next wake-up that may bring it jobs (a notification, a timer,
+the rescuer, the poll interval), so a busy pool's claims do not drag an idle pool's
+empty claims along with them; a freed slot does not end the rest.
 """
 
 from __future__ import annotations
@@ -16,7 +24,8 @@ import logging
 import queue
 import threading
 import time
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
@@ -24,7 +33,7 @@ from sqlalchemy import exc as sa_exc
 from sqla_jobs.config import WorkerConfig
 from sqla_jobs.sql import lease, locks
 from sqla_jobs.worker import _db
-from sqla_jobs.worker._inflight import Claimed, Inflight
+from sqla_jobs.worker._inflight import SYNC_POOL, Claimed, Inflight
 from sqla_jobs.worker._limits import Limits
 
 log = logging.getLogger("sqla_jobs.worker")
@@ -52,6 +61,41 @@ def _load_payload(data: str | bytes) -> Any:
     return _PAYLOADS.raw_decode(text)[0]
 
 
+class Buffer(Protocol):
+    """Where claimed jobs wait for a handler slot (``queue.SimpleQueue`` is one)."""
+
+    def put(self, item: Claimed | None) -> None: ...
+
+    def get_nowait(self) -> Claimed | None: ...
+
+
+@dataclass(eq=False)
+class Pool:
+    """One pool of handler slots: its kinds, its buffer and the pace of its handlers."""
+
+    number: int  # the ledger's pool (SYNC_POOL, ASYNC_POOL)
+    kinds: tuple[str, ...]
+    slots: int
+    buffer: Buffer
+    claim_sql: _db.Compiled = ("", {})
+    # Both follow the buffer's size (see _size_buffer); they start without one.
+    capacity: int = 0
+    # Claim again once at least this many slots are free: batches of about half the
+    # buffer, not one claim per finished job.
+    min_claim: int = 1
+    job_seconds: float | None = field(default=None)  # moving average of handler run time
+    # The last claim came back short: no claim for this pool before this (monotonic) time
+    # or the next outside wake-up (see Dispatcher._loop).
+    rest_until: float = 0.0
+    #: Claims of this pool's limited queues and kinds (revision 0006); None: no limits.
+    limits: Limits | None = None
+
+    def job_took(self, seconds: float) -> None:
+        """A handler ran for ``seconds``: the pace the buffer is sized from."""
+        average = self.job_seconds  # a racy update loses a sample at worst
+        self.job_seconds = seconds if average is None else 0.9 * average + 0.1 * seconds
+
+
 class Dispatcher:
     """Claim loop, buffer sizing, the idle flag and the one wake-up timer."""
 
@@ -61,33 +105,31 @@ class Dispatcher:
         config: WorkerConfig,
         kinds: list[str],
         ledger: Inflight,
-        buffer: queue.SimpleQueue[Claimed | None],
-        limits: Limits | None = None,
+        buffer: Buffer,
+        pools: list[Pool] | None = None,
     ) -> None:
         self.engine = engine
         self.config = config
         self.ledger = ledger
         self.buffer = buffer
-        self._claim_sql = _db.compile_statement(
-            engine,
-            lease.claim(
-                worker=config.worker_id,
-                lock_seconds=config.lock_seconds,
-                queues=config.served_queues,
-                kinds=kinds,
-                limit=1,
-            ),
-        )
-        self.limits = limits  # claims of limited queues and kinds (revision 0006)
+        #: With no pools given, one pool of ``concurrency`` threads for every kind.
+        self.pools = pools or [Pool(SYNC_POOL, tuple(kinds), config.concurrency, buffer)]
+        for pool in self.pools:
+            pool.capacity = pool.slots
+            pool.claim_sql = _db.compile_statement(
+                engine,
+                lease.claim(
+                    worker=config.worker_id,
+                    lock_seconds=config.lock_seconds,
+                    queues=config.served_queues,
+                    kinds=pool.kinds,
+                    limit=1,
+                ),
+            )
         self._wake = threading.Event()
+        self._woken = False  # a wake-up that may bring jobs (not only a freed slot)
         self._timers: list[float] = []  # monotonic times to wake at (a heap)
         self._timers_lock = threading.Lock()
-        # Both follow the buffer's size (see _size_buffer); they start without one.
-        self._capacity = config.concurrency
-        # Claim again once at least this many slots are free: batches of about half the
-        # buffer, not one claim per finished job.
-        self._min_claim = 1
-        self._job_seconds: float | None = None  # moving average of handler run time
         self._idle_conn: sa.Connection | None = None  # holds the idle flag (see _loop)
         self._idle_flag_up = False
         # Set when the listener (re)connects: whatever took its connection (a server
@@ -96,6 +138,11 @@ class Dispatcher:
         self._idle_flag_suspect = False
 
     def wake(self) -> None:
+        self._woken = True
+        self._wake.set()
+
+    def room_freed(self) -> None:
+        """A handler slot was freed: claim for its pool (a resting pool keeps resting)."""
         self._wake.set()
 
     def listener_connected(self) -> None:
@@ -107,12 +154,11 @@ class Dispatcher:
         """Look at the table again at ``when`` (monotonic): a short retry comes due then."""
         with self._timers_lock:
             heapq.heappush(self._timers, when)
-        self._wake.set()  # the loop recomputes its timeout
+        self.wake()  # the loop recomputes its timeout
 
     def job_took(self, seconds: float) -> None:
-        """A handler ran for ``seconds``: the pace the buffer is sized from."""
-        average = self._job_seconds  # a racy update loses a sample at worst
-        self._job_seconds = seconds if average is None else 0.9 * average + 0.1 * seconds
+        """A handler of the first pool ran for ``seconds`` (see :meth:`Pool.job_took`)."""
+        self.pools[0].job_took(seconds)
 
     def run(self, draining: threading.Event) -> None:
         """Claim until ``draining`` is set; then lower the idle flag and return."""
@@ -125,27 +171,48 @@ class Dispatcher:
                 self._idle_conn = None
 
     def give_back_buffered(self) -> list[Claimed]:
-        """Take every job still in the buffer (no handler started it), for release."""
+        """Take every job still in the buffers (no handler started it), for release."""
         unstarted: list[Claimed] = []
-        while True:
-            try:
-                job = self.buffer.get_nowait()
-            except queue.Empty:
-                return unstarted
-            if job is not None:
-                unstarted.append(job)
+        for pool in self.pools:
+            while True:
+                try:
+                    job = pool.buffer.get_nowait()
+                except queue.Empty:
+                    break
+                if job is not None:
+                    unstarted.append(job)
+        return unstarted
 
     def _loop(self, draining: threading.Event) -> None:
         errors = 0
         recheck = False
+        look_again = False  # the next round claims for every pool, resting or not
         while not draining.is_set():
             # Cleared before looking at the table, so a wake-up that arrives while we
             # claim is not lost: the wait below then returns at once.
             self._wake.clear()
+            woken, self._woken, look_again = self._woken or look_again, False, False
+            now = time.monotonic()
+            # Per pool: (room for a claim, whether the table had fewer ready jobs).
+            rounds: list[tuple[bool, bool]] = []
             try:
-                self._size_buffer()
-                free = self.ledger.room(self._capacity, self._min_claim)
-                claimed = self._claim(free) if free >= self._min_claim else []
+                for pool in self.pools:
+                    if pool.rest_until > now and not woken and len(self.pools) > 1:
+                        rounds.append((False, True))  # resting: nothing was ready for it
+                        continue
+                    self._size_buffer(pool)
+                    free = self.ledger.room(pool.capacity, pool.min_claim, pool.number)
+                    has_room = free >= pool.min_claim
+                    claimed = self._claim(pool, free) if has_room else []
+                    for job in claimed:
+                        pool.buffer.put(job)
+                    ran_out = has_room and len(claimed) < free
+                    # A pool with limited groups does not rest: a capped group comes
+                    # back short while it has jobs, and its limits wake us to refill.
+                    limited = pool.limits is not None and bool(pool.limits.groups)
+                    rest = ran_out and not limited
+                    pool.rest_until = now + self.config.poll_interval if rest else 0.0
+                    rounds.append((has_room, ran_out))
                 errors = 0
             except sa_exc.SQLAlchemyError as exc:  # incl. pool timeouts
                 errors += 1
@@ -155,9 +222,7 @@ class Dispatcher:
                 )
                 draining.wait(pause)
                 continue
-            for job in claimed:
-                self.buffer.put(job)
-            exhausted = free >= self._min_claim and len(claimed) < free
+            exhausted = any(ran_out for _, ran_out in rounds)
             if self.config.listen:
                 if self._idle_flag_suspect:
                     self._idle_flag_suspect = False
@@ -167,17 +232,18 @@ class Dispatcher:
                 # producers' commits are not serialized by NOTIFY under load.
                 if exhausted and not self._idle_flag_up:
                     if self._set_idle_flag(True):
-                        recheck = True
+                        recheck = look_again = True
                         continue  # a job committed before the flag was up notified no one
-                elif free >= self._min_claim and not exhausted and self._idle_flag_up:
+                elif not exhausted and self._idle_flag_up and any(r for r, _ in rounds):
                     self._set_idle_flag(False)
-            if free < self._min_claim or len(claimed) < free:
+            if not any(room and not ran_out for room, ran_out in rounds):
                 # No room (the ledger wakes us when there is), or nothing more is ready
                 # (a notification, a retry's timer, the rescuer or the poll wakes us;
                 # finished handlers do not, so a drained queue is not polled per job).
                 timeout = self._timeout()
                 if recheck:
                     timeout, recheck = min(timeout, IDLE_RECHECK_SECONDS), False
+                    look_again = True
                 self._wake.wait(timeout)
 
     def _timeout(self) -> float:
@@ -196,21 +262,25 @@ class Dispatcher:
             while self._timers and self._timers[0] <= now:
                 heapq.heappop(self._timers)
                 fired = True
-        if fired and self.limits is not None:
-            self.limits.poke()  # a retry came due: the claims look at every kind again
+        if fired:
+            for pool in self.pools:
+                if pool.limits is not None:
+                    pool.limits.poke()  # a retry came due: the claims look at every kind again
 
-    def _size_buffer(self) -> None:
-        """Buffer PREFETCH_SECONDS of work at the handlers' recent pace."""
-        per_job = self._job_seconds
+    def _size_buffer(self, pool: Pool) -> None:
+        """Buffer PREFETCH_SECONDS of work at the pool's handlers' recent pace."""
+        per_job = pool.job_seconds
         target = 0
         if per_job is not None and self.config.prefetch:
-            pace = self.config.concurrency / max(per_job, 1e-6)  # jobs per second
+            pace = pool.slots / max(per_job, 1e-6)  # jobs per second
             target = min(self.config.prefetch, int(pace * PREFETCH_SECONDS))
-        self._capacity = self.config.concurrency + target
-        self._min_claim = max(1, target // 2)
+        pool.capacity = pool.slots + target
+        pool.min_claim = max(1, target // 2)
 
-    def _claim(self, limit: int) -> list[Claimed]:
-        limits = self.limits
+    def _claim(self, pool: Pool, limit: int) -> list[Claimed]:
+        """Claim for ``pool``: its limited groups (revision 0006) first when due, then
+        its unlimited kinds."""
+        limits = pool.limits
         first: list[Claimed] = []
         if limits is not None:
             self._pop_due_timers()  # before deciding what to skip
@@ -222,8 +292,8 @@ class Dispatcher:
             jobs = []
         else:
             with self.engine.begin() as conn:
-                jobs = self._run_claim(conn, self._claim_sql, wanted)
-            self.ledger.add(jobs)
+                jobs = self._run_claim(conn, pool.claim_sql, wanted)
+            self.ledger.add(jobs, pool.number)
             if limits is not None and len(jobs) < wanted:
                 limits.unlimited_drained()
         jobs = first + jobs

@@ -47,8 +47,11 @@ class ThreadExecutor:
         completer: Completer,
         draining: threading.Event,
         job_took: Callable[[float], None],
+        threads: int | None = None,
     ) -> None:
         self.engine = engine
+        #: Handler threads: ``concurrency``, or none when every handler is async.
+        self.threads = config.concurrency if threads is None else threads
         self.config = config
         self.registry = registry
         self.ledger = ledger
@@ -102,13 +105,13 @@ class ThreadExecutor:
         # handler thread on its first job cost the first few hundred jobs of a burst
         # (a backend start each, on the same cores as the jobs).
         deadline = time.monotonic() + timeout
-        for _ in range(self.config.concurrency):
+        for _ in range(self.threads):
             if not self._ready.acquire(timeout=max(0.0, deadline - time.monotonic())):
                 log.warning("handler threads still connecting after %.0fs", timeout)
                 return
 
     def stop(self) -> None:
-        for _ in range(self.config.concurrency):
+        for _ in range(self.threads):
             self.buffer.put(None)  # one stop sentinel per handler thread
 
     def _on_invalidate(self, *_args: object) -> None:

@@ -12,6 +12,10 @@ A claimed job moves through four states and then leaves the ledger::
 * ``COMPLETING``: the handler returned without writing; the completer will mark it done
   in a batch. Its handler slot is free.
 
+Slots are counted per pool: pool 0 is the handler threads (plain ``def`` handlers),
+pool 1 the event loop's tasks (``async def`` handlers); the dispatcher sizes each
+pool's claims from its own free slots.
+
 Every held job's lease is renewed by the lease keeper. A lease that vanishes while the
 job is ``BUFFERED`` or ``RUNNING`` was lost (taken over, changed by an operator); while
 it is ``SETTLING`` or ``COMPLETING``, the vanishing is this worker's own write.
@@ -73,9 +77,14 @@ _HOLDS_SLOT = (State.BUFFERED, State.RUNNING, State.SETTLING)
 _OURS_TO_LOSE = (State.BUFFERED, State.RUNNING)
 
 
+#: The pools of handler slots: the handler threads, and the event loop's tasks.
+SYNC_POOL = 0
+ASYNC_POOL = 1
+
+
 class Inflight:
-    """Claims held by this worker, by ``(id, attempt)``, with their state; and the room
-    for more.
+    """Claims held by this worker, by ``(id, attempt)``, with their state and pool; and
+    the room for more.
 
     Keyed by the claim, not the job: a worker frozen past its lease can claim the job
     again while its stale run is still in a handler. That run's end must neither take
@@ -83,14 +92,16 @@ class Inflight:
     must not hide the stale one's slot (which frees when the stale run ends).
 
     ``on_room`` is called (outside the lock) when a handler slot frees up while the
-    dispatcher waits for room (:meth:`want_room`), and whenever the ledger empties.
+    dispatcher waits for room in that pool (:meth:`room`), and whenever the ledger
+    empties.
     """
 
     def __init__(self, on_room: Callable[[], None]) -> None:
         self._lock = threading.Lock()
-        self._jobs: dict[tuple[int, int], tuple[Claimed, State]] = {}
-        self._slots_taken = 0
-        self._room_at: int | None = None  # wake the dispatcher when slots taken <= this
+        self._jobs: dict[tuple[int, int], tuple[Claimed, State, int]] = {}
+        self._slots_taken = [0, 0]  # per pool
+        # Per pool: wake the dispatcher when that pool's slots taken <= this.
+        self._room_at: list[int | None] = [None, None]
         # Limited kinds and queues: (scope, name) -> how many of its jobs must free their
         # slots before the dispatcher is woken to claim it again (see wake_after).
         self._watches: dict[tuple[str, str], int] = {}
@@ -98,11 +109,11 @@ class Inflight:
         self._controls: dict[tuple[int, int], Control] = {}  # RUNNING claims' stop signals
         self._cancels: set[int] = set()  # cancel requests for jobs not started yet
 
-    def add(self, jobs: Iterable[Claimed]) -> None:
+    def add(self, jobs: Iterable[Claimed], pool: int = SYNC_POOL) -> None:
         with self._lock:
             for job in jobs:
-                self._jobs[job.lease] = (job, State.BUFFERED)
-                self._slots_taken += 1
+                self._jobs[job.lease] = (job, State.BUFFERED, pool)
+                self._slots_taken[pool] += 1
 
     def move(self, job: Claimed, state: State) -> None:
         """BUFFERED -> RUNNING -> SETTLING or COMPLETING (the latter frees the slot)."""
@@ -110,10 +121,10 @@ class Inflight:
             entry = self._jobs.get(job.lease)
             if entry is None:
                 return  # a late thread's claim, already given up
-            before = entry[1]
-            self._jobs[job.lease] = (job, state)
+            before, pool = entry[1], entry[2]
+            self._jobs[job.lease] = (job, state, pool)
             freed = before in _HOLDS_SLOT and state not in _HOLDS_SLOT
-            wake = self._free_slot(job) if freed else False
+            wake = self._free_slot(job, pool) if freed else False
         if wake:
             self._on_room()
 
@@ -128,25 +139,26 @@ class Inflight:
                 self._controls.pop(job.lease, None)
                 self._cancels.discard(job.id)
                 if entry[1] in _HOLDS_SLOT:
-                    wake = self._free_slot(job) or wake
+                    wake = self._free_slot(job, entry[2]) or wake
             wake = wake or not self._jobs
         if wake:
             self._on_room()
 
-    def _free_slot(self, job: Claimed) -> bool:
-        self._slots_taken -= 1
+    def _free_slot(self, job: Claimed, pool: int) -> bool:
+        self._slots_taken[pool] -= 1
         if self._watches and self._watched(job):
             return True
-        if self._room_at is not None and self._slots_taken <= self._room_at:
-            self._room_at = None
+        room_at = self._room_at[pool]
+        if room_at is not None and self._slots_taken[pool] <= room_at:
+            self._room_at[pool] = None
             return True
         return False
 
-    def room(self, capacity: int, min_claim: int) -> int:
-        """Free slots now; if fewer than ``min_claim``, ask to be woken when there are."""
+    def room(self, capacity: int, min_claim: int, pool: int = SYNC_POOL) -> int:
+        """Free slots of ``pool``; if fewer than ``min_claim``, ask to be woken when there are."""
         with self._lock:
-            free = capacity - self._slots_taken
-            self._room_at = capacity - min_claim if free < min_claim else None
+            free = capacity - self._slots_taken[pool]
+            self._room_at[pool] = capacity - min_claim if free < min_claim else None
             return free
 
     def _watched(self, job: Claimed) -> bool:
@@ -177,26 +189,26 @@ class Inflight:
         with self._lock:
             return sum(
                 1
-                for job, state in self._jobs.values()
+                for job, state, _ in self._jobs.values()
                 if state in _HOLDS_SLOT and getattr(job, scope) == name
             )
 
-    def taken(self) -> int:
-        """Handler slots taken (buffered, running or settling jobs)."""
+    def taken(self, pool: int = SYNC_POOL) -> int:
+        """Handler slots of ``pool`` taken (buffered, running or settling jobs)."""
         with self._lock:
-            return self._slots_taken
+            return self._slots_taken[pool]
 
     def running(self) -> int:
         """Jobs a handler is running now."""
         with self._lock:
-            return sum(1 for _, state in self._jobs.values() if state is State.RUNNING)
+            return sum(1 for _, state, _ in self._jobs.values() if state is State.RUNNING)
 
     def leases(self) -> list[tuple[int, int]]:
         """The leases to renew: every held job's but those given up (:meth:`overdue`)."""
         with self._lock:
             return [
                 job.lease
-                for job, _ in self._jobs.values()
+                for job, _, _ in self._jobs.values()
                 if not ((c := self._controls.get(job.lease)) is not None and c.abandoned)
             ]
 
@@ -230,7 +242,7 @@ class Inflight:
         with self._lock:
             return [
                 (job, control)
-                for job, state in self._jobs.values()
+                for job, state, _ in self._jobs.values()
                 if state is State.RUNNING
                 and (control := self._controls.get(job.lease)) is not None
                 and not control.abandoned
@@ -242,7 +254,7 @@ class Inflight:
         with self._lock:
             return [
                 c
-                for job, state in self._jobs.values()
+                for job, state, _ in self._jobs.values()
                 if state is State.RUNNING
                 and (c := self._controls.get(job.lease)) is not None
                 and c.timed_out

@@ -36,7 +36,7 @@ from sqla_jobs.config import WorkerConfig
 from sqla_jobs.sql import control, lease
 from sqla_jobs.tasks import Registry
 from sqla_jobs.worker import _db
-from sqla_jobs.worker._inflight import Claimed, Inflight
+from sqla_jobs.worker._inflight import SYNC_POOL, Claimed, Inflight
 
 log = logging.getLogger("sqla_jobs.worker")
 
@@ -103,11 +103,19 @@ class Limits:
         registry: Registry,
         ledger: Inflight,
         wake_at: Callable[[float], None],
+        *,
+        kinds: tuple[str, ...] | None = None,
+        pool: int = SYNC_POOL,
+        slots: int | None = None,
     ) -> None:
         self.engine = engine
         self.config = config
         self.registry = registry
-        self.kinds = tuple(registry.kinds)
+        # One Limits per pool of handler slots (#12): its kinds, its ledger pool, its
+        # slots. The groups' locks make the limits hold across pools as across workers.
+        self.kinds = tuple(registry.kinds) if kinds is None else kinds
+        self.pool = pool
+        self.slots = config.concurrency if slots is None else slots
         self.ledger = ledger
         self.wake_at = wake_at
         self.groups: list[Group] = []
@@ -224,7 +232,7 @@ class Limits:
                 if r.rate_count is not None:
                     rated.append((r.scope, r.name, float(r.rate_seconds)))
                     # Only as many as free handlers: a buffered job would start late.
-                    room = min(room, self.config.concurrency - self.ledger.taken())
+                    room = min(room, self.slots - self.ledger.taken(self.pool))
                     left = r.rate_count - int(r.started)
                     if left <= room:
                         room = left
@@ -241,7 +249,7 @@ class Limits:
                             scope=scope, name=name, older_than=window * 1.25 + RATE_MARGIN_SECONDS
                         )
                     )
-        self.ledger.add(found)  # after the commit: a claim that failed holds nothing
+        self.ledger.add(found, self.pool)  # after the commit: a claim that failed holds nothing
         if room > 0 and len(found) < room:
             # Nothing more of the group is ready: skip its locks and round trips until
             # a notification wakes the worker (poke) or the poll interval passes.

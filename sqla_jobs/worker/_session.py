@@ -38,6 +38,7 @@ import psycopg
 import sqlalchemy as sa
 import sqlparse
 from sqlalchemy.orm import Session, SessionTransaction
+from sqlalchemy.util.concurrency import in_greenlet
 
 from sqla_jobs import validation
 from sqla_jobs.control import Control
@@ -196,10 +197,25 @@ class ThreadConnection:
     options changed (e.g. an isolation level), or the pool invalidated since it was taken.
     """
 
-    __slots__ = ("conn", "control", "engine", "generation", "options", "used")
+    __slots__ = (
+        "conn",
+        "control",
+        "engine",
+        "generation",
+        "in_greenlet",
+        "options",
+        "pending",
+        "used",
+    )
 
-    def __init__(self, engine: sa.Engine) -> None:
+    def __init__(self, engine: sa.Engine, *, in_greenlet: bool = False) -> None:
         self.engine = engine
+        #: An AsyncSession's connection (the engine's pool is asyncio's): taken only in
+        #: the session's greenlet, when the session first looks up its bind (see
+        #: HandlerSession.get_bind). A session.add() begins the session's transaction
+        #: outside any greenlet, where no connection can be taken.
+        self.in_greenlet = in_greenlet
+        self.pending = False  # a transaction began and waits for its connection
         self.conn: GuardedConnection | None = None
         self.options: Any = None
         self.generation = 0  # the worker's pool generation when conn was taken
@@ -272,6 +288,16 @@ class HandlerSession(Session):
     _sqla_jobs_thread_conn: ThreadConnection | None = None
     #: What a refused call tried, even if the handler caught the error.
     _sqla_jobs_violation: str | None = None
+
+    def get_bind(self, *args: Any, **kw: Any) -> Any:
+        thread_conn = self._sqla_jobs_thread_conn
+        if thread_conn is not None and thread_conn.pending and in_greenlet():
+            # Every statement and flush looks up its bind just before it takes its
+            # connection, in the AsyncSession's greenlet: the deferred connection is
+            # taken there, on the first one.
+            thread_conn.pending = False
+            _bind_transaction(self, thread_conn)
+        return super().get_bind(*args, **kw)
 
     def connection(
         self, bind_arguments: Any = None, execution_options: Any = None
@@ -350,16 +376,23 @@ def _on_transaction(session: Session, transaction: SessionTransaction) -> None:
     # database (autobegin), so a handler that never touches it costs no connection.
     thread_conn = cast(HandlerSession, session)._sqla_jobs_thread_conn
     if thread_conn is not None and transaction.parent is None:
-        conn = thread_conn.connect()
-        conn.guard.armed = True
-        session.connection(bind_arguments={"bind": conn})
-        control = thread_conn.control
-        time_left = None if control is None else control.time_left()
-        if time_left is not None:
-            # The handler's database work ends with its time; 1 ms, not 0 (no limit),
-            # when the deadline has already passed.
-            ms = max(1, int(time_left * 1000))
-            conn.execute(lease.statement_timeout(ms), {"ms": ms})
+        if thread_conn.in_greenlet and not in_greenlet():
+            thread_conn.pending = True
+            return
+        _bind_transaction(session, thread_conn)
+
+
+def _bind_transaction(session: Session, thread_conn: ThreadConnection) -> None:
+    conn = thread_conn.connect()
+    conn.guard.armed = True
+    session.connection(bind_arguments={"bind": conn})
+    control = thread_conn.control
+    time_left = None if control is None else control.time_left()
+    if time_left is not None:
+        # The handler's database work ends with its time; 1 ms, not 0 (no limit),
+        # when the deadline has already passed.
+        ms = max(1, int(time_left * 1000))
+        conn.execute(lease.statement_timeout(ms), {"ms": ms})
 
 
 def open_session(engine: sa.Engine, thread_conn: ThreadConnection) -> HandlerSession:

@@ -8,6 +8,8 @@ buffered jobs given back; running handlers get ``shutdown_timeout``) -> ``STOPPE
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import enum
 import logging
 import os
@@ -24,11 +26,12 @@ from sqla_jobs.config import WorkerConfig
 from sqla_jobs.exceptions import SqlaJobsError
 from sqla_jobs.sql import schema
 from sqla_jobs.tasks import Registry
+from sqla_jobs.worker._async_executor import CANCEL_GRACE_SECONDS, AsyncExecutor, LoopBuffer
 from sqla_jobs.worker._completer import Completer
-from sqla_jobs.worker._dispatcher import Dispatcher
+from sqla_jobs.worker._dispatcher import Dispatcher, Pool
 from sqla_jobs.worker._events import Events, Subscriber
 from sqla_jobs.worker._executor import ThreadExecutor
-from sqla_jobs.worker._inflight import Claimed, Inflight
+from sqla_jobs.worker._inflight import ASYNC_POOL, SYNC_POOL, Claimed, Inflight
 from sqla_jobs.worker._limits import Limits
 from sqla_jobs.worker._services import (
     Archiver,
@@ -76,6 +79,9 @@ class Worker:
 
     With no ``queues`` in the config, the worker serves ``default`` plus every queue its
     handlers declare.
+
+    Plain ``def`` handlers run on ``concurrency`` threads; ``async def`` handlers on one
+    event loop of its own thread, ``async_concurrency`` at once. A registry may mix both.
     """
 
     def __init__(
@@ -102,9 +108,28 @@ class Worker:
         self._room = threading.Event()  # the ledger changed: the drain looks again
         self._buffer: queue.SimpleQueue[Claimed | None] = queue.SimpleQueue()
         self.ledger = Inflight(on_room=self._on_room)
-        self._limits = Limits(self.engine, self.config, registry, self.ledger, self._wake_at)
+        sync_kinds, async_kinds = registry.kinds_where(False), registry.kinds_where(True)
+        pools: list[Pool] = []
+        if sync_kinds:
+            pools.append(Pool(SYNC_POOL, sync_kinds, self.config.concurrency, self._buffer))
+        async_pool: Pool | None = None
+        if async_kinds:
+            async_pool = Pool(ASYNC_POOL, async_kinds, self.config.async_concurrency, LoopBuffer())
+            pools.append(async_pool)
+        for pool in pools:  # each pool claims its own limited groups (revision 0006)
+            pool.limits = Limits(
+                self.engine,
+                self.config,
+                registry,
+                self.ledger,
+                self._wake_at,
+                kinds=pool.kinds,
+                pool=pool.number,
+                slots=pool.slots,
+            )
+        self._pools = pools
         self._dispatcher = Dispatcher(
-            self.engine, self.config, list(registry.kinds), self.ledger, self._buffer, self._limits
+            self.engine, self.config, list(registry.kinds), self.ledger, self._buffer, pools
         )
         self._completer = Completer(
             self.engine, self.config, registry, self.ledger, self.events, self._dispatcher.wake_at
@@ -117,11 +142,25 @@ class Worker:
             self._buffer,
             self._completer,
             self.lifecycle.draining,
-            self._dispatcher.job_took,
+            pools[0].job_took,
+            threads=self.config.concurrency if sync_kinds else 0,
         )
         self._lease_keeper = LeaseKeeper(
             self.lifecycle.stopped, self.engine, self.config, self.ledger, kinds=registry.kinds
         )
+        self._async_executor: AsyncExecutor | None = None
+        if async_pool is not None:
+            assert isinstance(async_pool.buffer, LoopBuffer)
+            self._async_executor = AsyncExecutor(
+                self.config,
+                registry,
+                self.ledger,
+                async_pool.buffer,
+                self._completer,
+                self.lifecycle.draining,
+                async_pool.job_took,
+                on_failure=self.stop,
+            )
         self._threads: list[threading.Thread] = []
         self._signals = 0
 
@@ -149,14 +188,52 @@ class Worker:
         self._start_parts()
         self.lifecycle.enter(Phase.RUNNING)
         log.info(
-            "worker %s started: queues=%s kinds=%s concurrency=%d",
+            "worker %s started: queues=%s kinds=%s concurrency=%d async_concurrency=%s",
             self.config.worker_id,
             ",".join(self.queues),
             ",".join(self.registry.kinds),
-            self.config.concurrency,
+            self._executor.threads,
+            self.config.async_concurrency if self._async_executor is not None else "-",
         )
         self._warn_unserved_queues()
         self._run_dispatcher()
+
+    async def run_async(self) -> None:
+        """``await worker.run_async()``: run the worker from an application's event loop.
+
+        The worker runs as :meth:`run` does, on threads of its own (its ``async def``
+        handlers on its own event loop, not the caller's), so nothing it does blocks the
+        caller's loop. Cancelling the awaiting task stops the worker gracefully (the
+        drain of :meth:`stop`) and re-raises the cancellation once it has stopped.
+        """
+        loop = asyncio.get_running_loop()
+        finished: asyncio.Future[None] = loop.create_future()
+
+        def settle(error: BaseException | None) -> None:
+            if finished.done():
+                return
+            if error is None:
+                finished.set_result(None)
+            else:
+                finished.set_exception(error)
+
+        def target() -> None:
+            error: BaseException | None = None
+            try:
+                self.run()
+            except BaseException as exc:
+                error = exc
+            with contextlib.suppress(RuntimeError):  # the caller's loop is closed
+                loop.call_soon_threadsafe(settle, error)
+
+        thread = threading.Thread(target=target, name="sqla_jobs-run-async", daemon=True)
+        thread.start()
+        try:
+            await asyncio.shield(finished)
+        except asyncio.CancelledError:
+            self.stop()
+            await asyncio.shield(finished)
+            raise
 
     def stop(self) -> None:
         """Stop claiming; running handlers finish (up to shutdown_timeout)."""
@@ -170,8 +247,10 @@ class Worker:
         stopped, draining = self.lifecycle.stopped, self.lifecycle.draining
         self._start_thread(self._lease_keeper.run)
         self._start_thread(self._completer.run, "completer")
-        for i in range(self.config.concurrency):
+        for i in range(self._executor.threads):
             self._start_thread(self._executor.thread_main, f"job-{i}")
+        if self._async_executor is not None:
+            self._threads.append(self._async_executor.start())
         self._executor.await_connections()
         services: list[Service] = [
             Rescuer(draining, self.engine, self.config, self._wake),
@@ -201,14 +280,16 @@ class Worker:
             self._start_thread(service.run, service.name.replace(" ", "-"))
 
     def _wake(self) -> None:
-        self._limits.poke()  # a notification or a rescue: limited groups may have jobs
+        for pool in self._pools:  # a notification or a rescue: limited groups may have jobs
+            if pool.limits is not None:
+                pool.limits.poke()
         self._dispatcher.wake()
 
     def _wake_at(self, when: float) -> None:
         self._dispatcher.wake_at(when)
 
     def _on_room(self) -> None:
-        self._dispatcher.wake()
+        self._dispatcher.room_freed()
         self._room.set()
 
     def _start_thread(self, target: Callable[[], None], name: str = "heartbeat") -> None:
@@ -280,10 +361,18 @@ class Worker:
             self._completer.release(unstarted)
             log.info("released %d buffered job(s) no handler had started", len(unstarted))
         self._executor.stop()
+        if self._async_executor is not None:
+            self._async_executor.stop()
         while len(self.ledger) and time.monotonic() < deadline:
             self._room.wait(0.05)
             self._room.clear()
         unfinished = len(self.ledger)
+        if self._async_executor is not None:
+            # Past the timeout: cancel the async handlers still running (their writes are
+            # rolled back, their jobs left to their leases); a loop a handler blocks
+            # never gets to it, and the process exits around it.
+            self._async_executor.cancel_running()
+            self._async_executor.join(CANCEL_GRACE_SECONDS if unfinished else 30.0)
         self._completer.stop()  # write the last batch of done-marks, then end
         for thread in self._threads:
             if thread.name == "sqla_jobs-completer":

@@ -73,8 +73,10 @@ def spawn(
 class Supervisor:
     """Keeps ``size`` worker processes alive, restarting any that died (like systemd)."""
 
-    def __init__(self, url: URL, logdir: Path, size: int, *args: str) -> None:
-        self.url, self.logdir, self.args = url, logdir, args
+    def __init__(
+        self, url: URL, logdir: Path, size: int, *args: str, app: str = "relapp:registry"
+    ) -> None:
+        self.url, self.logdir, self.args, self.app = url, logdir, args, app
         self.procs: list[subprocess.Popen[bytes]] = []
         self.slots: list[subprocess.Popen[bytes] | None] = [None] * size
         self.kills = 0
@@ -88,7 +90,7 @@ class Supervisor:
         started = 0
         for i, proc in enumerate(self.slots):
             if proc is None or proc.poll() is not None:
-                new = spawn(self.url, self.log, *self.args)
+                new = spawn(self.url, self.log, *self.args, app=self.app)
                 self.slots[i] = new
                 self.procs.append(new)
                 started += 1

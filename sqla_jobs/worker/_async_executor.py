@@ -1,0 +1,420 @@
+"""The asyncio executor: runs ``async def`` handlers as tasks of one event loop.
+
+One thread (``sqla_jobs-asyncio``) runs an event loop; up to ``async_concurrency`` jobs
+run on it at once, each as a task with its own ``AsyncSession``. The session's sync
+half is the same :class:`HandlerSession` a thread's handler gets, so the same guard
+refuses every way to end the job's transaction (``await session.commit()`` goes through
+``HandlerSession.commit``; ``AsyncConnection.commit()`` through
+``GuardedConnection.commit``). Its transaction runs on a connection of the loop's small
+pool, taken when the handler first uses the session (a handler that only awaits other
+I/O holds none) and given back when the job's outcome is recorded.
+
+Each run ends in the same :class:`Attempt` as a thread's, recorded by the same
+:class:`Completer`: the done-mark in the handler's transaction (fenced, then commit),
+a batch done-mark for a handler that wrote nothing, a retry or a dead job for one that
+raised (``BaseException`` and a ``CancelledError`` it raised itself included). The
+blocking parts of the completer (failures, releases) run in the loop's default thread
+pool, never on the loop.
+
+Leases are renewed by the lease keeper on its own thread, so a handler that blocks the
+loop (``time.sleep``, a CPU loop) delays the other tasks but never loses its claims.
+At shutdown the feed stops; running tasks get the shutdown timeout, then are
+cancelled: their transactions are rolled back and their jobs left to their leases
+(never marked done, never lost).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import queue
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
+
+from sqla_jobs.config import WorkerConfig
+from sqla_jobs.control import Control
+from sqla_jobs.exceptions import JobDecision, JobInterrupted
+from sqla_jobs.sql import lease
+from sqla_jobs.tasks import JobContext, Registry
+from sqla_jobs.worker import _session
+from sqla_jobs.worker._completer import Completer, fields
+from sqla_jobs.worker._inflight import Attempt, Claimed, Inflight, State
+from sqla_jobs.worker._session import HandlerSession, ThreadConnection
+
+log = logging.getLogger("sqla_jobs.worker")
+
+#: Connections of the loop's pool: this many (at most ``async_concurrency``), and as
+#: many again as overflow. Handlers that wait for one await it; they do not block the loop.
+ASYNC_POOL_SIZE = 10
+#: The loop lets other threads take the GIL after starting this many jobs (see _feed).
+GIL_YIELD_EVERY = 16
+#: How long the drain waits for cancelled tasks to roll back before it moves on.
+CANCEL_GRACE_SECONDS = 5.0
+
+
+class LoopBuffer:
+    """The event loop's buffer: any thread puts claimed jobs in; the loop is woken.
+
+    A deque (its ``append`` and ``popleft`` are atomic), so the drain can take back the
+    jobs no task started (:meth:`get_nowait`) from its own thread.
+    """
+
+    def __init__(self) -> None:
+        self._jobs: collections.deque[Claimed] = collections.deque()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wakeup: asyncio.Event | None = None
+        # The loop waits for jobs: one put wakes it (not one call_soon_threadsafe per job).
+        self._waiting = False
+
+    def attach(self, loop: asyncio.AbstractEventLoop) -> asyncio.Event:
+        self._loop, self._wakeup = loop, asyncio.Event()
+        return self._wakeup
+
+    def put(self, item: Claimed | None) -> None:
+        if item is not None:
+            self._jobs.append(item)
+        self.wake()
+
+    def wake(self) -> None:
+        loop, wakeup = self._loop, self._wakeup
+        if self._waiting and loop is not None and wakeup is not None:
+            self._waiting = False
+            with contextlib.suppress(RuntimeError):  # a closed loop has nothing to wake
+                loop.call_soon_threadsafe(wakeup.set)
+
+    def get_nowait(self) -> Claimed | None:
+        try:
+            return self._jobs.popleft()
+        except IndexError:
+            raise queue.Empty from None
+
+    async def get(self, stopping: Callable[[], bool]) -> Claimed | None:
+        """The next job, waiting for one; None once ``stopping()`` and nothing is left."""
+        assert self._wakeup is not None
+        while True:
+            if self._jobs:
+                return self._jobs.popleft()
+            if stopping():
+                return None
+            # Set before looking again, so a put between the look and the wait wakes us.
+            self._waiting = True
+            if self._jobs or stopping():
+                self._waiting = False
+                continue
+            await self._wakeup.wait()
+            self._wakeup.clear()
+
+
+@dataclass
+class _Running:
+    """One task's job, and whether the drain cancelled it (then nothing is recorded)."""
+
+    job: Claimed
+    in_handler: bool = True
+    cancelled: bool = False
+    task: asyncio.Task[None] | None = None
+
+
+class AsyncExecutor:
+    """One event loop on its own thread, running up to ``async_concurrency`` handlers."""
+
+    def __init__(
+        self,
+        config: WorkerConfig,
+        registry: Registry,
+        ledger: Inflight,
+        buffer: LoopBuffer,
+        completer: Completer,
+        draining: threading.Event,
+        job_took: Callable[[float], None],
+        on_failure: Callable[[], None],
+    ) -> None:
+        self.config = config
+        #: Called if the loop ends by an error: the worker stops (and gives back the jobs
+        #: claimed for the loop) rather than claim jobs nothing will run.
+        self.on_failure = on_failure
+        self.registry = registry
+        self.ledger = ledger
+        self.buffer = buffer
+        self.completer = completer
+        self.draining = draining
+        self.job_took = job_took
+        self.slots = config.async_concurrency
+        self.engine: AsyncEngine | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._started = threading.Event()
+        self._stopping = False
+        self._tasks: dict[asyncio.Task[None], _Running] = {}
+
+    # --- called from the supervisor's threads -----------------------------------------
+
+    def start(self, timeout: float = 30.0) -> threading.Thread:
+        self._thread = threading.Thread(target=self._main, name="sqla_jobs-asyncio", daemon=True)
+        self._thread.start()
+        if not self._started.wait(timeout):
+            log.warning("the event loop of async handlers is still starting after %.0fs", timeout)
+        return self._thread
+
+    def stop(self) -> None:
+        """Start no more jobs; running ones go on (see :meth:`cancel_running`)."""
+        self._stopping = True
+        self.buffer._waiting = True  # wake the feed even if it was not waiting yet
+        self.buffer.wake()
+
+    def cancel_running(self) -> None:
+        """The shutdown timeout passed: cancel the handlers still running."""
+        loop = self._loop
+        if loop is None:
+            return
+        with contextlib.suppress(RuntimeError):  # the loop already ended
+            loop.call_soon_threadsafe(self._cancel_all)
+
+    def join(self, timeout: float) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    # --- on the loop ------------------------------------------------------------------
+
+    def _main(self) -> None:
+        try:
+            asyncio.run(self._serve())
+        except BaseException:
+            log.exception("the event loop of async handlers failed; stopping the worker")
+            self.on_failure()
+        finally:
+            self._started.set()
+
+    async def _serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        wakeup = self.buffer.attach(self._loop)
+        size = min(self.slots, ASYNC_POOL_SIZE)
+        self.engine = create_async_engine(
+            self.config.url,
+            pool_size=size,
+            max_overflow=size,
+            pool_timeout=60,
+            connect_args={} if self.config.prepared_statements else {"prepare_threshold": None},
+        )
+        self._started.set()
+        try:
+            await self._feed()
+            while self._tasks:
+                await asyncio.wait(list(self._tasks))
+        finally:
+            wakeup.set()
+            await self.engine.dispose()
+
+    async def _feed(self) -> None:
+        free = asyncio.Semaphore(self.slots)
+        loop = asyncio.get_running_loop()
+
+        def finished(task: asyncio.Task[None]) -> None:
+            self._tasks.pop(task, None)
+            free.release()
+
+        started = 0
+        while True:
+            await free.acquire()  # a slot first: jobs not started stay in the buffer
+            job = await self.buffer.get(lambda: self._stopping)
+            if job is None:
+                free.release()
+                return
+            started += 1
+            if not started % GIL_YIELD_EVERY:
+                time.sleep(0)  # let the dispatcher and completer threads have the GIL
+            running = _Running(job)
+            task = loop.create_task(self._run(running))
+            running.task = task
+            self._tasks[task] = running
+            task.add_done_callback(finished)
+
+    def _cancel_all(self) -> None:
+        for task, running in list(self._tasks.items()):
+            if running.in_handler:
+                running.cancelled = True
+                task.cancel()
+
+    async def _run(self, running: _Running) -> None:
+        job = running.job
+        if self.draining.is_set():
+            # Claimed but not started before shutdown: hand it back unspent.
+            await asyncio.to_thread(self.completer.release, [job])
+            return
+        self.ledger.move(job, State.RUNNING)
+        assert self.engine is not None
+        handler = self.registry[job.kind]
+        control = Control(job.timeout if job.timeout is not None else handler.timeout)
+        conn = ThreadConnection(self.engine.sync_engine, in_greenlet=True)
+        conn.control = control  # its transaction begins with statement_timeout = time left
+        loop = asyncio.get_running_loop()
+        control.on_interrupt(conn.cancel_statement)
+        control.on_interrupt(lambda: _call_soon(loop, self._interrupt, running))
+        self.ledger.watch(job, control)
+        session = AsyncSession(
+            self.engine,
+            sync_session_class=HandlerSession,
+            autoflush=True,
+            expire_on_commit=False,
+        )
+        handler_session: HandlerSession = session.sync_session  # type: ignore[assignment]
+        handler_session._sqla_jobs_thread_conn = conn
+        try:
+            try:
+                attempt = await self._attempt(running, session, conn, control)
+                if attempt is None:
+                    log.warning(
+                        "job %s: cancelled at the shutdown timeout; its writes were rolled "
+                        "back and it runs again when its lease expires",
+                        job.id,
+                        extra=fields(job, outcome="cancelled"),
+                    )
+                    self.ledger.remove([job])
+                    return
+                self.job_took(attempt.duration)
+                if attempt.error is None and (attempt.wrote or attempt.result is not None):
+                    await self.completer.complete_in_async(session, attempt)
+                    return
+            finally:
+                if conn.conn is not None or _has_state(handler_session):
+                    await session.run_sync(_release, conn)
+                # else: a session that never took a connection or held an object has
+                # nothing to end; a greenlet to say so cost a tenth of a no-op job.
+            if attempt.error is None:
+                self.completer.complete_later(attempt)
+            else:
+                await asyncio.to_thread(self.completer.fail, attempt)
+        except Exception:  # bookkeeping itself failed (database down): the lease expires
+            log.exception(
+                "could not record the outcome of job %s; it will be retried after "
+                "its lease expires",
+                job.id,
+                extra=fields(job),
+            )
+            self.ledger.remove([job])
+
+    def _interrupt(self, running: _Running) -> None:
+        """On the loop: the run's timeout passed, an operator cancelled it, or the worker
+        gave up on it; its handler's task is cancelled (what it raises is recorded as
+        the timeout or the cancel, see :meth:`_attempt`)."""
+        if running.in_handler and running.task is not None:
+            running.task.cancel()
+
+    async def _attempt(
+        self, running: _Running, session: AsyncSession, conn: ThreadConnection, control: Control
+    ) -> Attempt | None:
+        """The handler's run as an Attempt; None if the drain cancelled it.
+
+        The same checks and decisions as a thread's run (``_executor._attempt``): a
+        returned un-run coroutine fails, the result is stored with the done-mark,
+        ``Snooze``/``RetryIn``/``Discard`` reach the completer, and the handler runs
+        under ``asyncio.timeout_at`` of the run's deadline.
+        """
+        job = running.job
+        handler = self.registry[job.kind]
+        ctx = JobContext(
+            job.id,
+            job.kind,
+            job.queue,
+            job.attempt,
+            job.max_attempts,
+            self.config.worker_id,
+            control=control,
+        )
+        started = control.started
+        try:
+            try:
+                control.check()  # cancelled while it waited in the buffer: do not start it
+                async with _deadline(control, running, self._interrupt):
+                    value = await handler.run_async(session, job.payload, ctx)
+            finally:
+                running.in_handler = False
+                control.finish()
+                _session.disarm(conn)
+            if running.cancelled:  # it swallowed the cancellation: still not recorded
+                return None
+            _session.check_ran(value)
+            sync_session: HandlerSession = session.sync_session  # type: ignore[assignment]
+            _session.check_transaction(sync_session, conn)
+            stop = control.interruption()
+            if stop is not None:  # it returned, but too late or after a cancel
+                raise stop
+            result = _session.stored_result(value)
+            wrote = sync_session.in_transaction() or bool(
+                sync_session.new or sync_session.dirty or sync_session.deleted
+            )
+            if wrote:
+                await session.flush()
+            if control.timeout is not None and sync_session.in_transaction():
+                # The done-mark follows in this transaction: not under the handler's limit.
+                await session.execute(lease.reset_statement_timeout())
+            return Attempt(job, time.monotonic() - started, None, wrote, result, control)
+        except BaseException as exc:  # CancelledError, SystemExit...: a failed attempt
+            # Caught here, inside the task: an asyncio Task would re-raise SystemExit
+            # and KeyboardInterrupt out of the loop and stop every other handler.
+            control.finish()
+            if running.cancelled:
+                return None
+            stop = control.interruption()
+            if stop is not None and not isinstance(exc, (JobInterrupted, JobDecision)):
+                # the CancelledError of its deadline or a cancel, or a statement cancelled
+                # at the deadline: recorded as the timeout or the cancel
+                task = asyncio.current_task()
+                if isinstance(exc, asyncio.CancelledError) and task is not None:
+                    _uncancel(task)  # the task goes on to record the outcome
+                stop.__cause__ = exc
+                exc = stop
+            return Attempt(job, time.monotonic() - started, exc, control=control)
+
+
+@contextlib.asynccontextmanager
+async def _deadline(
+    control: Control, running: _Running, interrupt: Callable[[_Running], None]
+) -> AsyncIterator[None]:
+    """``asyncio.timeout_at(control.deadline)`` (Python 3.11+); on 3.10, a timer that
+    cancels the handler's task at the deadline (the loop's clock is ``time.monotonic()``,
+    the deadline's)."""
+    if control.deadline is None:
+        yield
+    elif sys.version_info >= (3, 11):
+        async with asyncio.timeout_at(control.deadline):
+            yield
+    else:
+        timer = asyncio.get_running_loop().call_at(control.deadline, interrupt, running)
+        try:
+            yield
+        finally:
+            timer.cancel()
+
+
+def _uncancel(task: asyncio.Task[Any]) -> None:
+    if sys.version_info >= (3, 11):
+        task.uncancel()
+
+
+def _call_soon(
+    loop: asyncio.AbstractEventLoop, fn: Callable[[_Running], None], arg: _Running
+) -> None:
+    with contextlib.suppress(RuntimeError):  # the loop already ended
+        loop.call_soon_threadsafe(fn, arg)
+
+
+def _has_state(session: HandlerSession) -> bool:
+    return bool(session.in_transaction() or session.identity_map or session.new or session.deleted)
+
+
+def _release(session: Any, conn: ThreadConnection) -> None:
+    """End the job's session and give its connection back to the loop's pool.
+
+    Run in the session's greenlet (``run_sync``): the pool is asyncio's.
+    """
+    _session.discard(session, conn)
+    conn.close()
