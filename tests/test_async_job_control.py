@@ -245,3 +245,25 @@ def test_process_isolation_is_refused_for_an_async_handler() -> None:
         "def handler runs on the worker's event loop (its timeout and cancel cancel its "
         "task): drop isolation='process' or write the handler as a plain def"
     )
+
+
+ACTIVE = {"now": 0, "max": 0}
+
+
+@registry.handler("a_limited", limit=2)
+async def a_limited(session: AsyncSession, payload: dict[str, Any]) -> None:
+    ACTIVE["now"] += 1  # one event loop: no lock needed
+    ACTIVE["max"] = max(ACTIVE["max"], ACTIVE["now"])
+    try:
+        await asyncio.sleep(0.3)
+    finally:
+        ACTIVE["now"] -= 1
+
+
+def test_a_concurrency_limit_holds_for_an_async_kind(engine: sa.Engine, db_url: URL) -> None:
+    ACTIVE.update(now=0, max=0)
+    ids = [_enqueue(engine, "a_limited") for _ in range(8)]
+    with running(registry, db_url, poll_interval=0.1):
+        wait_for(lambda: all(_finished(engine, j) for j in ids), message="8 limited jobs done")
+    assert {_job(engine, j).status for j in ids} == {"done"}
+    assert ACTIVE["max"] == 2  # reached, never passed (async concurrency is 100)
