@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from sqla_jobs.exceptions import JobCancelled, JobInterrupted, JobTimeout
+from sqla_jobs.exceptions import JobCancelled, JobDecision, JobInterrupted, JobTimeout
 
 
 class Control:
@@ -83,6 +83,16 @@ class Control:
         if self.timed_out:
             return JobTimeout(f"the job ran past its timeout of {self.timeout:g}s")
         return None
+
+    def failure(self, exc: BaseException) -> BaseException:
+        """What a raising run is recorded as: the timeout or the cancel when one stopped it
+        (e.g. its statement cancelled at the deadline), unless the handler itself raised
+        one of those or a decision (Snooze, RetryIn, Discard)."""
+        stop = self.interruption()
+        if stop is None or isinstance(exc, (JobInterrupted, JobDecision)):
+            return exc
+        stop.__cause__ = exc
+        return stop
 
     def check(self) -> None:
         """Raise :class:`JobCancelled` or :class:`JobTimeout` if this run must stop."""

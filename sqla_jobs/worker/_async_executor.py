@@ -41,9 +41,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engin
 
 from sqla_jobs.config import WorkerConfig
 from sqla_jobs.control import Control
-from sqla_jobs.exceptions import JobDecision, JobInterrupted
 from sqla_jobs.sql import lease
-from sqla_jobs.tasks import JobContext, Registry
+from sqla_jobs.tasks import Registry
 from sqla_jobs.worker import _session
 from sqla_jobs.worker._completer import Completer, fields
 from sqla_jobs.worker._inflight import Attempt, Claimed, Inflight, State
@@ -320,15 +319,7 @@ class AsyncExecutor:
         """
         job = running.job
         handler = self.registry[job.kind]
-        ctx = JobContext(
-            job.id,
-            job.kind,
-            job.queue,
-            job.attempt,
-            job.max_attempts,
-            self.config.worker_id,
-            control=control,
-        )
+        ctx = job.context(self.config.worker_id, control)
         started = control.started
         try:
             try:
@@ -341,16 +332,8 @@ class AsyncExecutor:
                 _session.disarm(conn)
             if running.cancelled:  # it swallowed the cancellation: still not recorded
                 return None
-            _session.check_ran(value)
             sync_session: HandlerSession = session.sync_session  # type: ignore[assignment]
-            _session.check_transaction(sync_session, conn)
-            stop = control.interruption()
-            if stop is not None:  # it returned, but too late or after a cancel
-                raise stop
-            result = _session.stored_result(value)
-            wrote = sync_session.in_transaction() or bool(
-                sync_session.new or sync_session.dirty or sync_session.deleted
-            )
+            result, wrote = _session.returned(value, sync_session, conn, control)
             if wrote:
                 await session.flush()
             if control.timeout is not None and sync_session.in_transaction():
@@ -363,15 +346,14 @@ class AsyncExecutor:
             control.finish()
             if running.cancelled:
                 return None
-            stop = control.interruption()
-            if stop is not None and not isinstance(exc, (JobInterrupted, JobDecision)):
-                # the CancelledError of its deadline or a cancel, or a statement cancelled
-                # at the deadline: recorded as the timeout or the cancel
+            # The CancelledError of its deadline or a cancel, or a statement cancelled at
+            # the deadline: recorded as the timeout or the cancel.
+            recorded = control.failure(exc)
+            if recorded is not exc and isinstance(exc, asyncio.CancelledError):
                 task = asyncio.current_task()
-                if isinstance(exc, asyncio.CancelledError) and task is not None:
+                if task is not None:
                     _uncancel(task)  # the task goes on to record the outcome
-                stop.__cause__ = exc
-                exc = stop
+            exc = recorded
             return Attempt(job, time.monotonic() - started, exc, control=control)
 
 

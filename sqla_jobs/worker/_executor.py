@@ -20,12 +20,8 @@ import sqlalchemy as sa
 
 from sqla_jobs.config import WorkerConfig
 from sqla_jobs.control import Control
-from sqla_jobs.exceptions import (
-    JobDecision,
-    JobInterrupted,
-)
 from sqla_jobs.sql import lease
-from sqla_jobs.tasks import JobContext, Registry
+from sqla_jobs.tasks import Registry
 from sqla_jobs.worker import _isolated, _session
 from sqla_jobs.worker._completer import Completer
 from sqla_jobs.worker._inflight import Attempt, Claimed, Inflight, State
@@ -202,32 +198,14 @@ class ThreadExecutor:
         control: Control,
     ) -> Attempt:
         handler = self.registry[job.kind]
-        ctx = JobContext(
-            job.id,
-            job.kind,
-            job.queue,
-            job.attempt,
-            job.max_attempts,
-            self.config.worker_id,
-            control=control,
-        )
+        ctx = job.context(self.config.worker_id, control)
         started = control.started
         try:
             control.check()  # cancelled while it waited in the buffer: do not start it
             value = handler(session, job.payload, ctx)
             control.finish()
             _session.disarm(thread_conn)
-            _session.check_ran(value)
-            _session.check_transaction(session, thread_conn)
-            stop = control.interruption()
-            if stop is not None:  # it returned, but too late or after a cancel
-                raise stop
-            result = _session.stored_result(value)
-            # session.add() alone does not begin a transaction: pending objects
-            # count as writes too, or they would never be flushed.
-            wrote = session.in_transaction() or bool(
-                session.new or session.dirty or session.deleted
-            )
+            result, wrote = _session.returned(value, session, thread_conn, control)
             if wrote:
                 session.flush()
             if control.timeout is not None and session.in_transaction():
@@ -237,9 +215,5 @@ class ThreadExecutor:
         except BaseException as exc:  # SystemExit and KeyboardInterrupt too: a failed attempt
             control.finish()
             _session.disarm(thread_conn)
-            stop = control.interruption()
-            if stop is not None and not isinstance(exc, (JobInterrupted, JobDecision)):
-                # e.g. the statement cancelled at the deadline: recorded as the timeout
-                stop.__cause__ = exc
-                exc = stop
+            exc = control.failure(exc)  # e.g. the statement cancelled at the deadline
             return Attempt(job, time.monotonic() - started, exc, control=control)

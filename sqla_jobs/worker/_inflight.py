@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqla_jobs.control import Control
+from sqla_jobs.tasks import JobContext
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,12 @@ class Claimed:
     @property
     def lease(self) -> tuple[int, int]:
         return (self.id, self.attempt)
+
+    def context(self, worker: str, control: Control) -> JobContext:
+        """What its handler may know about this run (``job`` / ``current_job()``)."""
+        return JobContext(
+            self.id, self.kind, self.queue, self.attempt, self.max_attempts, worker, control=control
+        )
 
 
 @dataclass(frozen=True)

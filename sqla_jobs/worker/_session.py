@@ -464,6 +464,23 @@ def check_transaction(session: HandlerSession, thread_conn: ThreadConnection) ->
     )
 
 
+def returned(
+    value: object, session: HandlerSession, thread_conn: ThreadConnection, control: Control
+) -> tuple[str | None, bool]:
+    """After a handler returned (its guard disarmed): ``(result to store, wrote)``, or the
+    exception that makes the return a failed attempt. One set of checks for both executors."""
+    check_ran(value)
+    check_transaction(session, thread_conn)
+    stop = control.interruption()
+    if stop is not None:  # it returned, but too late or after a cancel
+        raise stop
+    result = stored_result(value)
+    # session.add() alone does not begin a transaction: pending objects count as writes
+    # too, or they would never be flushed.
+    wrote = session.in_transaction() or bool(session.new or session.dirty or session.deleted)
+    return result, wrote
+
+
 def stored_result(value: object) -> str | None:
     """The handler's return value as JSON text for the done-mark; ResultError if it
     cannot be stored (the attempt fails; nothing is truncated)."""
