@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from sqla_jobs.worker._inflight import Claimed, Inflight, State
 
 
@@ -24,3 +26,16 @@ def test_a_new_claim_of_a_job_whose_stale_run_is_still_going_keeps_both_slots_an
     assert ledger.room(capacity=2, min_claim=1) == 1  # and the stale slot is free again
     ledger.remove([new])
     assert len(ledger) == 0 and woken
+
+
+def test_a_buffered_job_is_started_only_while_its_lease_surely_holds() -> None:
+    ledger = Inflight(on_room=lambda: None, lease_seconds=30.0)
+    fresh, lapsed, renewed = _claim(1, 1), _claim(2, 1), _claim(3, 1)
+    now = time.monotonic()
+    ledger.add([fresh], since=now)
+    ledger.add([lapsed, renewed], since=now - 31)  # claimed 31 s ago (the process was frozen)
+    ledger.renewed([(3, 1), (2, 2)], since=now)  # the heartbeat kept (3, 1); (2, 2) is not held
+    assert ledger.start(fresh)
+    assert not ledger.start(lapsed)  # maybe taken over: not started, left to be given back
+    assert ledger.start(renewed)
+    assert ledger.running() == 2

@@ -346,8 +346,8 @@ def reset_statement_timeout() -> sa.TextClause:
 def heartbeat(
     *, worker: str, leases: Sequence[tuple[int, int]], lock_seconds: float, now: Now = None
 ) -> sa.Update:
-    """Extend the leases still ours; RETURNING their ids (a missing id is a lost claim) and
-    whether an operator asked to cancel each."""
+    """Extend the leases still ours; RETURNING their ids and attempts (a missing lease is a
+    lost claim) and whether an operator asked to cancel each."""
     conditions = _fence(worker, leases)
     return (
         sa.update(jobs)
@@ -358,7 +358,11 @@ def heartbeat(
         )
         # The cancel flag comes back with each renewal: the lease keeper tells a job's
         # handler to stop even if the cancel's NOTIFY was missed (revision 0005).
-        .returning(jobs.c.id, jobs.c.cancel_requested_at.is_not(None).label("cancelling"))
+        .returning(
+            jobs.c.id,
+            jobs.c.attempts,
+            jobs.c.cancel_requested_at.is_not(None).label("cancelling"),
+        )
     )
 
 

@@ -45,7 +45,7 @@ from sqla_jobs.sql import lease
 from sqla_jobs.tasks import Registry
 from sqla_jobs.worker import _session
 from sqla_jobs.worker._completer import Completer, fields
-from sqla_jobs.worker._inflight import Attempt, Claimed, Inflight, State
+from sqla_jobs.worker._inflight import Attempt, Claimed, Inflight
 from sqla_jobs.worker._session import HandlerSession, ThreadConnection
 
 log = logging.getLogger("sqla_jobs.worker")
@@ -248,7 +248,9 @@ class AsyncExecutor:
             # Claimed but not started before shutdown: hand it back unspent.
             await asyncio.to_thread(self.completer.release, [job])
             return
-        self.ledger.move(job, State.RUNNING)
+        if not self.ledger.start(job):
+            await asyncio.to_thread(self.completer.give_back_expired, job)
+            return
         assert self.engine is not None
         handler = self.registry[job.kind]
         control = Control(job.timeout if job.timeout is not None else handler.timeout)

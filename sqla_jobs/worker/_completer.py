@@ -272,6 +272,18 @@ class Completer:
         for job in jobs:
             self._emit(Outcome.RELEASED, Attempt(job, 0.0))
 
+    def give_back_expired(self, job: Claimed) -> None:
+        """A buffered job whose lease may have expired before a handler was free for it:
+        not started here (another worker may run it already); released, fenced, in case
+        nobody took it."""
+        log.warning(
+            "job %s: its lease may have expired while it waited for a free handler (was "
+            "this process paused?); not started here, given back",
+            job.id,
+            extra={"job_id": job.id, "kind": job.kind, "attempt": job.attempt, "outcome": "lost"},
+        )
+        self.release([job])
+
     # --- the completer's thread --------------------------------------------------------
 
     def run(self) -> None:

@@ -291,9 +291,10 @@ class Dispatcher:
         if limits is not None and limits.skip_unlimited():
             jobs = []
         else:
+            since = time.monotonic()
             with self.engine.begin() as conn:
                 jobs = self._run_claim(conn, pool.claim_sql, wanted)
-            self.ledger.add(jobs, pool.number)
+            self.ledger.add(jobs, pool.number, since)
             if limits is not None and len(jobs) < wanted:
                 limits.unlimited_drained()
         jobs = first + jobs

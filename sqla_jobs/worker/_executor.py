@@ -24,7 +24,7 @@ from sqla_jobs.sql import lease
 from sqla_jobs.tasks import Registry
 from sqla_jobs.worker import _isolated, _session
 from sqla_jobs.worker._completer import Completer
-from sqla_jobs.worker._inflight import Attempt, Claimed, Inflight, State
+from sqla_jobs.worker._inflight import Attempt, Claimed, Inflight
 from sqla_jobs.worker._session import HandlerSession, ThreadConnection
 
 log = logging.getLogger("sqla_jobs.worker")
@@ -121,7 +121,9 @@ class ThreadExecutor:
             # Claimed but not started before shutdown: hand it back unspent.
             self.completer.release([job])
             return False
-        self.ledger.move(job, State.RUNNING)
+        if not self.ledger.start(job):
+            self.completer.give_back_expired(job)
+            return False
         if thread_conn.generation != self.pool_generation:
             thread_conn.close()
             thread_conn.generation = self.pool_generation

@@ -19,12 +19,20 @@ pool's claims from its own free slots.
 Every held job's lease is renewed by the lease keeper. A lease that vanishes while the
 job is ``BUFFERED`` or ``RUNNING`` was lost (taken over, changed by an operator); while
 it is ``SETTLING`` or ``COMPLETING``, the vanishing is this worker's own write.
+
+The ledger also knows, by this process's clock, until when each lease surely holds:
+from the moment its claim or its last renewal was sent, plus the lease length. A
+buffered job whose lease may have expired (the process was frozen, or the database
+was unreachable for a lease) is not started (:meth:`start`): another worker may run it
+already, and a second run's side effects outside the database are what the fence
+cannot undo.
 """
 
 from __future__ import annotations
 
 import enum
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -103,9 +111,12 @@ class Inflight:
     empties.
     """
 
-    def __init__(self, on_room: Callable[[], None]) -> None:
+    def __init__(self, on_room: Callable[[], None], lease_seconds: float = float("inf")) -> None:
         self._lock = threading.Lock()
         self._jobs: dict[tuple[int, int], tuple[Claimed, State, int]] = {}
+        self._lease_seconds = lease_seconds
+        # Per claim: the monotonic time until which its lease surely holds.
+        self._held_until: dict[tuple[int, int], float] = {}
         self._slots_taken = [0, 0]  # per pool
         # Per pool: wake the dispatcher when that pool's slots taken <= this.
         self._room_at: list[int | None] = [None, None]
@@ -116,11 +127,36 @@ class Inflight:
         self._controls: dict[tuple[int, int], Control] = {}  # RUNNING claims' stop signals
         self._cancels: set[int] = set()  # cancel requests for jobs not started yet
 
-    def add(self, jobs: Iterable[Claimed], pool: int = SYNC_POOL) -> None:
+    def add(
+        self, jobs: Iterable[Claimed], pool: int = SYNC_POOL, since: float | None = None
+    ) -> None:
+        """Hold claimed ``jobs``; ``since`` is when their claim was sent (monotonic)."""
+        held_until = (time.monotonic() if since is None else since) + self._lease_seconds
         with self._lock:
             for job in jobs:
                 self._jobs[job.lease] = (job, State.BUFFERED, pool)
+                self._held_until[job.lease] = held_until
                 self._slots_taken[pool] += 1
+
+    def renewed(self, leases: Iterable[tuple[int, int]], since: float) -> None:
+        """The lease keeper renewed ``leases`` by a statement sent at ``since``."""
+        held_until = since + self._lease_seconds
+        with self._lock:
+            for key in leases:
+                if key in self._held_until:
+                    self._held_until[key] = max(self._held_until[key], held_until)
+
+    def start(self, job: Claimed) -> bool:
+        """BUFFERED -> RUNNING, unless the job's lease may have expired (False: not ours
+        to start; the caller gives the claim back, fenced)."""
+        with self._lock:
+            entry = self._jobs.get(job.lease)
+            if entry is None:
+                return False
+            if self._held_until.get(job.lease, 0.0) <= time.monotonic():
+                return False
+            self._jobs[job.lease] = (job, State.RUNNING, entry[2])
+            return True
 
     def move(self, job: Claimed, state: State) -> None:
         """BUFFERED -> RUNNING -> SETTLING or COMPLETING (the latter frees the slot)."""
@@ -144,6 +180,7 @@ class Inflight:
                 if entry is None:
                     continue  # a late thread's claim, already given up (see overdue)
                 self._controls.pop(job.lease, None)
+                self._held_until.pop(job.lease, None)
                 self._cancels.discard(job.id)
                 if entry[1] in _HOLDS_SLOT:
                     wake = self._free_slot(job, entry[2]) or wake

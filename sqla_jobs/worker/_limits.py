@@ -216,6 +216,7 @@ class Limits:
             return []  # nothing was ready: until a notification or the poll interval
         sql = self._compiled(group)
         prepare = self.config.prepared_statements
+        since = time.monotonic()
         with self.engine.begin() as conn:
             # The locks, then what is running: one round trip, two statements.
             rows = _db.rows_after(conn, sql.locks, sql.capacity, prepare=prepare)
@@ -249,7 +250,9 @@ class Limits:
                             scope=scope, name=name, older_than=window * 1.25 + RATE_MARGIN_SECONDS
                         )
                     )
-        self.ledger.add(found, self.pool)  # after the commit: a claim that failed holds nothing
+        self.ledger.add(
+            found, self.pool, since
+        )  # after the commit: a claim that failed holds nothing
         if room > 0 and len(found) < room:
             # Nothing more of the group is ready: skip its locks and round trips until
             # a notification wakes the worker (poke) or the poll interval passes.

@@ -19,6 +19,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 
@@ -137,9 +138,11 @@ class LeaseKeeper(Service):
         stmt = lease.heartbeat(
             worker=self.config.worker_id, leases=leases, lock_seconds=self.config.lock_seconds
         )
+        since = time.monotonic()
         with self.engine.begin() as conn:
             found = _db.fenced(self.engine, conn, stmt)
-        kept = {r.id for r in found}
+        kept = {(r.id, r.attempts) for r in found}
+        self.ledger.renewed(kept, since)
         for row in found:
             if row.cancelling and self.ledger.request_cancel(row.id):
                 log.info(
@@ -148,7 +151,7 @@ class LeaseKeeper(Service):
                     extra={"job_id": row.id, "outcome": "cancelling"},
                 )
         for job_id, attempt in leases:
-            if job_id not in kept and self.ledger.was_lost(job_id, attempt):
+            if (job_id, attempt) not in kept and self.ledger.was_lost(job_id, attempt):
                 log.warning(
                     "job %s: lease lost (expired and taken over, or the job was changed by "
                     "an operator)",

@@ -107,7 +107,7 @@ class Worker:
         self.events = Events()
         self._room = threading.Event()  # the ledger changed: the drain looks again
         self._buffer: queue.SimpleQueue[Claimed | None] = queue.SimpleQueue()
-        self.ledger = Inflight(on_room=self._on_room)
+        self.ledger = Inflight(on_room=self._on_room, lease_seconds=config.lock_seconds)
         sync_kinds, async_kinds = registry.kinds_where(False), registry.kinds_where(True)
         pools: list[Pool] = []
         if sync_kinds:

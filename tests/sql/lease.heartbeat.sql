@@ -16,4 +16,5 @@ WHERE jobs.id = ANY (%(fence_ids)s::BIGINT[])
                                                                                            FROM fence))])
   AND CAST(jobs.status AS TEXT) = 'running'
   AND jobs.worker = %(fence_worker)s::VARCHAR RETURNING jobs.id,
+                                                        jobs.attempts,
                                                         jobs.cancel_requested_at IS NOT NULL AS cancelling;
