@@ -264,6 +264,10 @@ def run_worker(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
 
         w.engine.dispose()
         return _procs.supervise(argv, args.processes, args.worker_id)
+    if registry.kinds_where(True):  # async def handlers: this process is ours to tune
+        from sqla_jobs.worker import _async_executor
+
+        sys.setswitchinterval(_async_executor.ASYNC_SWITCH_INTERVAL)
     w.run(install_signal_handlers=True)
     # Handler threads that outlived --shutdown-timeout must not keep the process alive;
     # their jobs return to the queue when their leases expire.

@@ -191,8 +191,9 @@ class Handler(Generic[R]):
             raise TypeError(f"handler {self.kind!r} is a plain def function: call it")
         if self.periodic and job.scheduled_for is None:
             job = dataclasses.replace(job, scheduled_for=_periodic.scheduled_for(payload))
-        # Set inside the coroutine, so in the context of the task that runs it: each
-        # task has its own copy, and concurrent jobs on one loop never see each other's.
+        # Set inside the coroutine, so in the context of the task (the executor's lane)
+        # that runs it: each lane has its own copy, and concurrent jobs on one loop never
+        # see each other's; reset when the handler returns.
         token = _current.set(job)
         try:
             fn = cast("Callable[..., Awaitable[Any]]", self.fn)

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -219,6 +220,11 @@ async def araise_base(session: AsyncSession, payload: dict[str, Any], job: JobCo
 async def asql_error(session: AsyncSession, payload: dict[str, Any], job: JobContext) -> None:
     await _effect(session, job)
     await session.execute(sa.text("SELECT 1/0"))
+
+
+@registry.handler("aswitch_interval")
+async def aswitch_interval(session: AsyncSession, payload: dict[str, Any]) -> float:
+    return sys.getswitchinterval()  # the worker process's GIL switch interval
 
 
 # Plain def handlers in the same registry: each kind runs on its own executor.

@@ -209,6 +209,28 @@ def test_an_async_handler_past_its_timeout_is_cancelled_and_its_writes_rolled_ba
     assert _effects(engine, job_id) == 0
 
 
+def test_a_lane_runs_its_next_jobs_normally_after_a_handler_swallowed_its_cancel(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    # One lane (async concurrency 1): the three jobs run on the same task in turn.
+    setup_app_tables(engine)
+    swallowed = _enqueue(engine, "a_timeout", {"swallow": True})
+    timed_out = _enqueue(engine, "a_timeout")
+    result = _enqueue(engine, "a_result", {"pages": 1})
+    with running(registry, db_url, async_concurrency=1, timeout_grace=60):
+        wait_for(
+            lambda: all(_finished(engine, j) for j in (swallowed, timed_out, result)),
+            timeout=30,
+            message="the three jobs finished",
+        )
+    for job_id in (swallowed, timed_out):
+        row = _job(engine, job_id)
+        assert (row.status, row.attempts) == ("dead", 1)
+        assert "JobTimeout: the job ran past its timeout of 1s" in row.last_error
+    row = _job(engine, result)
+    assert (row.status, row.result, row.last_error) == ("done", {"pages": ["page 0"]}, None)
+
+
 def test_cancelling_a_running_async_job_cancels_its_task_and_never_retries(
     engine: sa.Engine, db_url: URL
 ) -> None:

@@ -1,7 +1,8 @@
-"""The asyncio executor: runs ``async def`` handlers as tasks of one event loop.
+"""The asyncio executor: runs ``async def`` handlers on lanes of one event loop.
 
 One thread (``sqla_jobs-asyncio``) runs an event loop; up to ``async_concurrency`` jobs
-run on it at once, each as a task with its own ``AsyncSession``. The session's sync
+run on it at once, each on a *lane* (a long-lived task that runs one job after another,
+started when a job finds every lane busy) with an ``AsyncSession`` of its own. The session's sync
 half is the same :class:`HandlerSession` a thread's handler gets, so the same guard
 refuses every way to end the job's transaction (``await session.commit()`` goes through
 ``HandlerSession.commit``; ``AsyncConnection.commit()`` through
@@ -53,63 +54,53 @@ log = logging.getLogger("sqla_jobs.worker")
 #: Connections of the loop's pool: this many (at most ``async_concurrency``), and as
 #: many again as overflow. Handlers that wait for one await it; they do not block the loop.
 ASYNC_POOL_SIZE = 10
-#: The loop lets other threads take the GIL after starting this many jobs (see _feed).
-GIL_YIELD_EVERY = 16
+#: The GIL switch interval of a worker process that runs ``async def`` handlers (the
+#: CLI sets it; a worker embedded in an application leaves the application's). The event
+#: loop's thread holds the GIL through a run of short jobs, and the dispatcher and the
+#: completer, back from a round trip, waited for Python's default 5 ms before they could
+#: hand it more jobs or take their outcomes: 0.72-0.74x the no-op rate of plain
+#: handlers, about 0.9-1.0x with 0.5 ms (see benchmarks/README.md).
+ASYNC_SWITCH_INTERVAL = 0.0005
 #: How long the drain waits for cancelled tasks to roll back before it moves on.
 CANCEL_GRACE_SECONDS = 5.0
 
 
 class LoopBuffer:
-    """The event loop's buffer: any thread puts claimed jobs in; the loop is woken.
+    """The event loop's buffer: any thread puts claimed jobs in; the loop hands them out.
 
     A deque (its ``append`` and ``popleft`` are atomic), so the drain can take back the
-    jobs no task started (:meth:`get_nowait`) from its own thread.
+    jobs no lane started (:meth:`get_nowait`) from its own thread. A put wakes the loop
+    (``call_soon_threadsafe``) only if no hand-out is scheduled yet: one wake-up per
+    claimed batch, not one per job.
     """
 
     def __init__(self) -> None:
-        self._jobs: collections.deque[Claimed] = collections.deque()
+        self.jobs: collections.deque[Claimed] = collections.deque()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._wakeup: asyncio.Event | None = None
-        # The loop waits for jobs: one put wakes it (not one call_soon_threadsafe per job).
-        self._waiting = False
+        self._hand_out: Callable[[], None] | None = None
+        # Set by any thread when it schedules a hand-out; cleared by the hand-out first.
+        self.scheduled = False
 
-    def attach(self, loop: asyncio.AbstractEventLoop) -> asyncio.Event:
-        self._loop, self._wakeup = loop, asyncio.Event()
-        return self._wakeup
+    def attach(self, loop: asyncio.AbstractEventLoop, hand_out: Callable[[], None]) -> None:
+        self._loop, self._hand_out = loop, hand_out
 
     def put(self, item: Claimed | None) -> None:
         if item is not None:
-            self._jobs.append(item)
+            self.jobs.append(item)
         self.wake()
 
     def wake(self) -> None:
-        loop, wakeup = self._loop, self._wakeup
-        if self._waiting and loop is not None and wakeup is not None:
-            self._waiting = False
+        loop, hand_out = self._loop, self._hand_out
+        if not self.scheduled and loop is not None and hand_out is not None:
+            self.scheduled = True
             with contextlib.suppress(RuntimeError):  # a closed loop has nothing to wake
-                loop.call_soon_threadsafe(wakeup.set)
+                loop.call_soon_threadsafe(hand_out)
 
     def get_nowait(self) -> Claimed | None:
         try:
-            return self._jobs.popleft()
+            return self.jobs.popleft()
         except IndexError:
             raise queue.Empty from None
-
-    async def get(self, stopping: Callable[[], bool]) -> Claimed | None:
-        """The next job, waiting for one; None once ``stopping()`` and nothing is left."""
-        assert self._wakeup is not None
-        while True:
-            if self._jobs:
-                return self._jobs.popleft()
-            if stopping():
-                return None
-            # Set before looking again, so a put between the look and the wait wakes us.
-            self._waiting = True
-            if self._jobs or stopping():
-                self._waiting = False
-                continue
-            await self._wakeup.wait()
-            self._wakeup.clear()
 
 
 @dataclass
@@ -152,7 +143,10 @@ class AsyncExecutor:
         self._thread: threading.Thread | None = None
         self._started = threading.Event()
         self._stopping = False
-        self._tasks: dict[asyncio.Task[None], _Running] = {}
+        # Each lane's task, and the run it is in (None while it waits for a job).
+        self._lanes: dict[asyncio.Task[None], _Running | None] = {}
+        self._idle: collections.deque[asyncio.Future[Claimed | None]] = collections.deque()
+        self._all_out: asyncio.Event | None = None
 
     # --- called from the supervisor's threads -----------------------------------------
 
@@ -166,7 +160,7 @@ class AsyncExecutor:
     def stop(self) -> None:
         """Start no more jobs; running ones go on (see :meth:`cancel_running`)."""
         self._stopping = True
-        self.buffer._waiting = True  # wake the feed even if it was not waiting yet
+        self.buffer.scheduled = False  # a hand-out must run after this, to end idle lanes
         self.buffer.wake()
 
     def cancel_running(self) -> None:
@@ -194,7 +188,8 @@ class AsyncExecutor:
 
     async def _serve(self) -> None:
         self._loop = asyncio.get_running_loop()
-        wakeup = self.buffer.attach(self._loop)
+        self._all_out = asyncio.Event()
+        self.buffer.attach(self._loop, self._hand_out)
         size = min(self.slots, ASYNC_POOL_SIZE)
         self.engine = create_async_engine(
             self.config.url,
@@ -205,40 +200,91 @@ class AsyncExecutor:
         )
         self._started.set()
         try:
-            await self._feed()
-            while self._tasks:
-                await asyncio.wait(list(self._tasks))
+            self._hand_out()  # jobs put before the loop was attached
+            await self._all_out.wait()
         finally:
-            wakeup.set()
             await self.engine.dispose()
 
-    async def _feed(self) -> None:
-        free = asyncio.Semaphore(self.slots)
-        loop = asyncio.get_running_loop()
+    # Lanes: up to ``slots`` long-lived tasks, each running one job after another (a
+    # task per job, with a semaphore for the slots, cost a third of a no-op job). A lane
+    # is started when a job finds every lane busy, and waits, idle, for the next job.
 
-        def finished(task: asyncio.Task[None]) -> None:
-            self._tasks.pop(task, None)
-            free.release()
+    def _hand_out(self) -> None:
+        """On the loop: give buffered jobs to idle lanes, starting lanes while there is
+        room; at shutdown, tell idle lanes to end."""
+        buffer = self.buffer
+        buffer.scheduled = False  # first: a put from now on schedules another hand-out
+        while buffer.jobs:
+            if self._idle:
+                waiter = self._idle.popleft()
+                if waiter.done():
+                    continue
+                try:
+                    waiter.set_result(buffer.jobs.popleft())
+                except IndexError:  # the drain took it back meanwhile
+                    waiter.set_result(None)
+            elif len(self._lanes) < self.slots and not self._stopping:
+                try:
+                    job = buffer.jobs.popleft()
+                except IndexError:
+                    break
+                self._start_lane(job)
+            else:
+                break  # every lane is busy: each takes the next job when it is done
+        if self._stopping:
+            while self._idle:
+                waiter = self._idle.popleft()
+                if not waiter.done():
+                    waiter.set_result(None)
+            if not self._lanes and self._all_out is not None:
+                self._all_out.set()
 
-        started = 0
-        while True:
-            await free.acquire()  # a slot first: jobs not started stay in the buffer
-            job = await self.buffer.get(lambda: self._stopping)
-            if job is None:
-                free.release()
-                return
-            started += 1
-            if not started % GIL_YIELD_EVERY:
-                time.sleep(0)  # let the dispatcher and completer threads have the GIL
-            running = _Running(job)
-            task = loop.create_task(self._run(running))
-            running.task = task
-            self._tasks[task] = running
-            task.add_done_callback(finished)
+    def _start_lane(self, job: Claimed) -> None:
+        assert self._loop is not None
+        task = self._loop.create_task(self._lane(job), name=f"sqla_jobs-lane-{len(self._lanes)}")
+        self._lanes[task] = None
+
+    async def _lane(self, job: Claimed | None) -> None:
+        task = asyncio.current_task()
+        assert task is not None and self._loop is not None
+        try:
+            while job is not None:
+                running = _Running(job, task=task)
+                self._lanes[task] = running
+                await self._run(running)
+                self._lanes[task] = None
+                if self._stopping and running.cancelled:
+                    return
+                _uncancel_all(task)  # a handler that swallowed a cancel leaves none behind
+                # Let the loop run other lanes and callbacks between jobs: a handler that
+                # never suspends would otherwise keep the loop from one job to the next.
+                await asyncio.sleep(0)
+                job = await self._next_job()
+        finally:
+            self._lanes.pop(task, None)
+            if self._stopping and not self._lanes and self._all_out is not None:
+                self._all_out.set()
+
+    async def _next_job(self) -> Claimed | None:
+        """The next buffered job; None once stopping and nothing is left."""
+        buffer = self.buffer
+        if buffer.jobs:
+            try:
+                return buffer.jobs.popleft()
+            except IndexError:
+                pass  # the drain took it back
+        if self._stopping:
+            return None
+        assert self._loop is not None
+        waiter: asyncio.Future[Claimed | None] = self._loop.create_future()
+        self._idle.append(waiter)
+        if buffer.jobs:  # put after the look above, before the wait: hand it out now
+            self._hand_out()
+        return await waiter
 
     def _cancel_all(self) -> None:
-        for task, running in list(self._tasks.items()):
-            if running.in_handler:
+        for task, running in list(self._lanes.items()):
+            if running is not None and running.in_handler:
                 running.cancelled = True
                 task.cancel()
 
@@ -326,8 +372,11 @@ class AsyncExecutor:
         try:
             try:
                 control.check()  # cancelled while it waited in the buffer: do not start it
-                async with _deadline(control, running, self._interrupt):
+                if control.deadline is None:  # no context manager to enter: most jobs
                     value = await handler.run_async(session, job.payload, ctx)
+                else:
+                    async with _deadline(control, running, self._interrupt):
+                        value = await handler.run_async(session, job.payload, ctx)
             finally:
                 running.in_handler = False
                 control.finish()
@@ -382,6 +431,12 @@ async def _deadline(
 def _uncancel(task: asyncio.Task[Any]) -> None:
     if sys.version_info >= (3, 11):
         task.uncancel()
+
+
+def _uncancel_all(task: asyncio.Task[Any]) -> None:
+    if sys.version_info >= (3, 11):
+        while task.cancelling():
+            task.uncancel()
 
 
 def _call_soon(

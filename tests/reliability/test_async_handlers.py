@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,8 @@ from reliability.support import (
     status_counts,
     stop_all,
 )
-from sqla_jobs import NewJob, enqueue, enqueue_many
+from sqla_jobs import NewJob, enqueue, enqueue_many, ops
+from sqla_jobs.worker._async_executor import ASYNC_SWITCH_INTERVAL
 
 pytestmark = pytest.mark.reliability
 
@@ -284,3 +286,21 @@ def test_sigterm_drains_async_handlers_and_cancels_those_past_the_timeout_into_t
     assert attempts == 2
     assert oracle(engine)["effect_not_from_final_run"] == 0
     assert count(engine, "SELECT count(*) FROM effects") == 24
+
+
+def test_a_worker_process_with_async_handlers_shortens_the_gil_switch_interval(
+    engine: sa.Engine, db_url: URL, tmp_path: Path
+) -> None:
+    """The event loop's thread holds the GIL through runs of short jobs: the CLI's worker
+    process lets the dispatcher and completer have it sooner (ASYNC_SWITCH_INTERVAL)."""
+    setup_app(engine)
+    with Session(engine) as s:
+        job_id = enqueue(s, "aswitch_interval")
+        s.commit()
+    proc = spawn(db_url, tmp_path / "worker.log", app=APP)
+    try:
+        wait_for(lambda: all_done(engine, 1), message="job done")
+    finally:
+        stop_all([proc])
+    with Session(engine) as s:
+        assert ops.result(s, job_id) == ASYNC_SWITCH_INTERVAL != sys.getswitchinterval()
