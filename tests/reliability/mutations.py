@@ -271,10 +271,11 @@ MUTATIONS: list[Mutation] = [
         "heartbeat_ledger_per_claim",
         "a stale run's end leaves this worker's newer claim of the job in the heartbeat",
         INFLIGHT,
-        "                if entry is None or entry[0].attempt != job.attempt:\n"
-        "                    continue  # a late thread's job, already given up (see overdue)\n",
+        "                entry = self._jobs.pop(job.lease, None)\n",
         # The ledger by job id alone: the end of a claim removes the job's newer claim.
-        "                if entry is None:  # MUTATION\n                    continue\n",
+        "                entry = self._jobs.pop(job.lease, None)\n"
+        "                for key in [k for k in self._jobs if k[0] == job.id]:  # MUTATION\n"
+        "                    del self._jobs[key]\n",
         (FENCED_HEARTBEAT, NEW_RUN_HEARTBEAT),
     ),
     Mutation(
@@ -346,9 +347,10 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "handler_writes_committed",
         "what a handler wrote through its session is committed (with the done-mark)",
-        EXECUTOR,
-        "            wrote = session.in_transaction() or bool(\n",
-        "            wrote = False and bool(  # MUTATION\n",
+        SESSION,
+        "    wrote = session.in_transaction() or bool(session.new or session.dirty or "
+        "session.deleted)\n",
+        "    wrote = False and bool(session.new)  # MUTATION\n",
         (MISBEHAVING,),
     ),
     Mutation(

@@ -297,6 +297,7 @@ def test_a_worker_process_with_async_handlers_shortens_the_gil_switch_interval(
     with Session(engine) as s:
         job_id = enqueue(s, "aswitch_interval")
         s.commit()
+    assert job_id is not None
     proc = spawn(db_url, tmp_path / "worker.log", app=APP)
     try:
         wait_for(lambda: all_done(engine, 1), message="job done")
