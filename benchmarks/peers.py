@@ -324,6 +324,69 @@ def raw_insert_single(url: str, n_jobs: int, producers: int, trigger: bool) -> f
     return _rate(n_jobs, elapsed)
 
 
+PICKUP_TABLE = "CREATE TABLE bench_pickup (job_id bigint PRIMARY KEY, started float8 NOT NULL)"
+
+
+def _raw_listen_consumer(url: str, ready: Any, stop: Any) -> None:
+    """A child process: LISTEN; on each notification, claim (the seed's CLAIM, one
+    autocommit statement) until nothing is ready; the handler's first line stamps
+    ``time.time()``. One thread: no hand-off between the notification and the handler."""
+    with (
+        psycopg.connect(url, autocommit=True) as listen,
+        psycopg.connect(url, autocommit=True) as work,
+    ):
+        listen.execute("LISTEN jobs")
+        params = {"lock": LOCK_SECONDS, "worker": WORKER}
+        ready.set()
+        while not stop.is_set():
+            for _ in listen.notifies(timeout=0.2, stop_after=1):
+                pass
+            while (job := work.execute(CLAIM, params).fetchone()) is not None:
+                started = time.time()  # the handler's first line
+                work.execute("INSERT INTO bench_pickup VALUES (%s, %s)", (job[0], started))
+                work.execute(DONE, (job[0],))
+
+
+def raw_notify_pickup(url: str, n_jobs: int, interval: float) -> list[float]:
+    """Pickup latencies (ms) of the seed's design driven by raw psycopg: per-row NOTIFY
+    trigger, a consumer process that claims on each notification; one job every
+    ``interval`` s, each an autocommit INSERT. Timed: from just before the producer's
+    INSERT to the handler's first line (``time.time()`` on both sides)."""
+    import multiprocessing
+
+    _install_seed_schema(url, trigger=True)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(PICKUP_TABLE)
+    ctx = multiprocessing.get_context("spawn")
+    ready, stop = ctx.Event(), ctx.Event()
+    consumer = ctx.Process(target=_raw_listen_consumer, args=(url, ready, stop))
+    consumer.start()
+    sent: dict[int, float] = {}
+    try:
+        if not ready.wait(60):
+            raise RuntimeError("raw consumer did not start")
+        with psycopg.connect(url, autocommit=True) as conn:
+            insert = "INSERT INTO jobs (kind, payload) VALUES (%s, %s) RETURNING id"
+            tick = time.perf_counter()
+            for i in range(n_jobs):
+                before = time.time()
+                row = conn.execute(insert, (KIND, Jsonb({"i": i}))).fetchone()
+                assert row is not None
+                sent[int(row[0])] = before
+                tick += interval
+                time.sleep(max(0.0, tick - time.perf_counter()))
+            deadline = time.perf_counter() + 60
+            while _count_jobs(url, "done") < n_jobs and time.perf_counter() < deadline:
+                time.sleep(0.02)
+            started = dict(conn.execute("SELECT job_id, started FROM bench_pickup").fetchall())
+    finally:
+        stop.set()
+        consumer.join(10)
+        if consumer.is_alive():
+            consumer.kill()
+    return [(started[j] - t) * 1000 for j, t in sent.items()]
+
+
 # --------------------------------------------------------------------------
 # pgqueuer peers.
 # --------------------------------------------------------------------------
