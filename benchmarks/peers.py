@@ -378,7 +378,9 @@ def raw_notify_pickup(url: str, n_jobs: int, interval: float) -> list[float]:
             deadline = time.perf_counter() + 60
             while _count_jobs(url, "done") < n_jobs and time.perf_counter() < deadline:
                 time.sleep(0.02)
-            started = dict(conn.execute("SELECT job_id, started FROM bench_pickup").fetchall())
+            started: dict[int, float] = dict(
+                conn.execute("SELECT job_id, started FROM bench_pickup").fetchall()
+            )
     finally:
         stop.set()
         consumer.join(10)

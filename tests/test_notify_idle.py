@@ -39,3 +39,23 @@ def test_insert_notifies_while_a_worker_holds_the_idle_flag(engine: sa.Engine, d
         waiting.execute(locks.idle_flag(raise_=False))
         _enqueue_one(engine)
         assert list(listener.notifies(timeout=0.5, stop_after=1)) == []
+
+
+def test_the_notify_decision_is_taken_at_commit_not_at_insert(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    """Revision 0007: a job inserted while no worker waited, committed once one does,
+    notifies (0003 decided at the insert and stayed silent)."""
+    with _listener(db_url) as listener, engine.connect() as waiting:
+        with Session(engine) as producer:
+            enqueue(producer, "noop", {})
+            producer.flush()
+            waiting.execute(locks.idle_flag(raise_=True))  # a worker goes idle meanwhile
+            producer.commit()
+        assert len(list(listener.notifies(timeout=10, stop_after=1))) == 1
+        with Session(engine) as producer:
+            enqueue(producer, "noop", {})
+            producer.flush()
+            waiting.execute(locks.idle_flag(raise_=False))  # ... and busy again
+            producer.commit()
+        assert list(listener.notifies(timeout=0.5, stop_after=1)) == []

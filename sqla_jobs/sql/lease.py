@@ -343,6 +343,18 @@ def reset_statement_timeout() -> sa.TextClause:
     return sa.text("RESET statement_timeout")
 
 
+def commit_without_waiting_for_disk() -> sa.TextClause:
+    """The rest of the transaction (a claim) commits without waiting for its WAL flush.
+
+    A claim that a server crash loses puts its jobs back as queued, attempt unspent,
+    as the lease's expiry would after any crash; the next synchronous commit (a
+    done-mark, any other transaction's) flushes it. What it saves is on the path from a
+    notification to the handler: the fsync of the claim's commit (0.3 ms at the median
+    on the benchmark machine, several ms when others write).
+    """
+    return sa.text("SET LOCAL synchronous_commit = off")
+
+
 def heartbeat(
     *, worker: str, leases: Sequence[tuple[int, int]], lock_seconds: float, now: Now = None
 ) -> sa.Update:

@@ -15,6 +15,10 @@ CANCEL_CHANNEL = "sqla_jobs_cancel"
 #: notifies only when it is held (revision 0003, which freezes the same number).
 #: ``b"sqlajob\x02"`` as a bigint.
 IDLE_LOCK_KEY = int.from_bytes(b"sqlajob\x02", "big")
+#: Advisory lock key producers' commits hold (shared, to the end of the transaction)
+#: from the moment their insert trigger looks at the idle flag (revision 0007, which
+#: freezes the same number). ``b"sqlajob\x03"`` as a bigint.
+COMMIT_LOCK_KEY = int.from_bytes(b"sqlajob\x03", "big")
 #: Advisory lock key of the archiver: one worker (or ``sqla-jobs archive``) at a time.
 ARCHIVE_LOCK_KEY = int.from_bytes(b"sqlajob\x01", "big")
 
@@ -38,3 +42,17 @@ def idle_flag(*, raise_: bool) -> sa.Select[Any]:
     if raise_:
         return sa.select(sa.func.pg_advisory_lock_shared(key))
     return sa.select(sa.func.pg_advisory_unlock_shared(key))
+
+
+def no_commit_in_flight() -> sa.Select[Any]:
+    """True if no producer's commit that looked at the idle flag is still in flight.
+
+    Tries ``COMMIT_LOCK_KEY`` exclusively (run in autocommit, it is let go with the
+    statement's own transaction). Producers hold it shared from the moment their commit
+    trigger looks at the flag until the commit is visible (revision 0007), so once this
+    is true after the flag went up, a claim sees every job that did not notify, and
+    every later commit sees the flag. It never waits: producers' commits never queue
+    behind a worker.
+    """
+    key = sa.bindparam("key", COMMIT_LOCK_KEY, sa.BigInteger)
+    return sa.select(sa.func.pg_try_advisory_xact_lock(key))

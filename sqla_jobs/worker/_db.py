@@ -78,8 +78,10 @@ def rows_and_commit(
     *,
     prepare: bool,
     json_loads: Callable[[str | bytes], Any] | None = None,
+    first: Iterable[Compiled] = (),
 ) -> list[Any]:
-    """Like :func:`rows`, and commit in the same round trip (pipeline mode).
+    """Like :func:`rows`, after the ``first`` statements (never prepared: e.g. a ``SET
+    LOCAL``), and commit, all in one round trip (pipeline mode).
 
     The caller's ``engine.begin()`` block then commits a transaction that is already
     over, which psycopg treats as nothing to do.
@@ -89,6 +91,8 @@ def rows_and_commit(
         with driver.pipeline(), driver.cursor(row_factory=namedtuple_row) as cursor:
             if json_loads is not None:
                 set_json_loads(json_loads, cursor)
+            for before, before_params in first:
+                cursor.execute(before, before_params, prepare=False)
             cursor.execute(sql, params, prepare=prepare)
             driver.commit()
             return cursor.fetchall()

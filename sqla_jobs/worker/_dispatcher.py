@@ -44,9 +44,10 @@ MAX_ERROR_BACKOFF = 5.0
 #: pace), up to ``WorkerConfig.prefetch`` jobs: thousands of 20-microsecond jobs, but
 #: none of the 1-second jobs, which would sit in this worker while others are idle.
 PREFETCH_SECONDS = 0.05
-#: After raising the idle flag, look at the table again this soon: a producer whose
-#: trigger ran just before the flag went up, and who committed after our last claim,
-#: did not notify (revision 0003). Later waits are the poll interval.
+#: After raising the idle flag, while producers' commits that decided not to notify are
+#: still in flight (revision 0007), look again this soon, twice as late each time up to
+#: IDLE_RECHECK_SECONDS, for at most the poll interval.
+IN_FLIGHT_RETRY_SECONDS = 0.002
 IDLE_RECHECK_SECONDS = 0.05
 
 _PAYLOADS = json.JSONDecoder()
@@ -126,6 +127,7 @@ class Dispatcher:
                     limit=1,
                 ),
             )
+        self._no_flush = _db.compile_statement(engine, lease.commit_without_waiting_for_disk())
         self._wake = threading.Event()
         self._woken = False  # a wake-up that may bring jobs (not only a freed slot)
         self._timers: list[float] = []  # monotonic times to wake at (a heap)
@@ -185,7 +187,10 @@ class Dispatcher:
 
     def _loop(self, draining: threading.Event) -> None:
         errors = 0
-        recheck = False
+        # After the idle flag went up: the wait before looking for commits in flight
+        # again (None: none to look for), and when to leave them to the poll.
+        retry_in: float | None = None
+        give_up_at = 0.0
         look_again = False  # the next round claims for every pool, resting or not
         while not draining.is_set():
             # Cleared before looking at the table, so a wake-up that arrives while we
@@ -232,18 +237,26 @@ class Dispatcher:
                 # producers' commits are not serialized by NOTIFY under load.
                 if exhausted and not self._idle_flag_up:
                     if self._set_idle_flag(True):
-                        recheck = look_again = True
-                        continue  # a job committed before the flag was up notified no one
+                        retry_in, give_up_at = 0.0, now + self.config.poll_interval
                 elif not exhausted and self._idle_flag_up and any(r for r, _ in rounds):
                     self._set_idle_flag(False)
+                    retry_in = None
+                if retry_in is not None:
+                    # Jobs committed since our claim, or committing now, that decided
+                    # not to notify before the flag went up: once no such commit is in
+                    # flight, one more claim sees them all (revision 0007).
+                    if self._no_commit_in_flight() or time.monotonic() > give_up_at:
+                        retry_in, look_again = None, True
+                        continue
+                    look_again = True  # claim what did commit; look for the rest again
             if not any(room and not ran_out for room, ran_out in rounds):
                 # No room (the ledger wakes us when there is), or nothing more is ready
                 # (a notification, a retry's timer, the rescuer or the poll wakes us;
                 # finished handlers do not, so a drained queue is not polled per job).
                 timeout = self._timeout()
-                if recheck:
-                    timeout, recheck = min(timeout, IDLE_RECHECK_SECONDS), False
-                    look_again = True
+                if retry_in is not None:
+                    retry_in = min(IDLE_RECHECK_SECONDS, max(IN_FLIGHT_RETRY_SECONDS, 2 * retry_in))
+                    timeout = min(timeout, retry_in)
                 self._wake.wait(timeout)
 
     def _timeout(self) -> float:
@@ -293,7 +306,7 @@ class Dispatcher:
         else:
             since = time.monotonic()
             with self.engine.begin() as conn:
-                jobs = self._run_claim(conn, pool.claim_sql, wanted)
+                jobs = self._run_claim(conn, pool.claim_sql, wanted, commit=True)
             self.ledger.add(jobs, pool.number, since)
             if limits is not None and len(jobs) < wanted:
                 limits.unlimited_drained()
@@ -315,13 +328,16 @@ class Dispatcher:
         # Prepared: that skips 0.7 ms of planning per batch, and the claim's generic
         # plan is its custom one (an index range scan per priority, primary-key
         # probes; see benchmarks/README.md).
-        found = (_db.rows_and_commit if commit else _db.rows)(
-            conn,
-            sql,
-            {**params, "limit": limit},
-            prepare=self.config.prepared_statements,
-            json_loads=_load_payload,
-        )
+        values = {**params, "limit": limit}
+        prepare = self.config.prepared_statements
+        if commit:
+            # One round trip, and no wait for the commit's WAL flush: both lie between
+            # a notification and the handler (see lease.commit_without_waiting_for_disk).
+            found = _db.rows_and_commit(
+                conn, sql, values, prepare=prepare, json_loads=_load_payload, first=[self._no_flush]
+            )
+        else:
+            found = _db.rows(conn, sql, values, prepare=prepare, json_loads=_load_payload)
         # Columns: id, kind, queue, payload, attempts, max_attempts, timeout, snoozes
         # (sql.lease.claim).
         return [Claimed(*r) for r in found]
@@ -346,6 +362,22 @@ class Dispatcher:
             log.warning(
                 "could not %s the idle flag: %s", "raise" if up else "lower", _db.reason(exc)
             )
+            self._drop_idle_flag()
+            return False
+
+    def _no_commit_in_flight(self) -> bool:
+        """Whether no producer's commit that looked at the idle flag before it went up is
+        still in flight (``locks.no_commit_in_flight``); False if that cannot be known.
+
+        Without this, a job inserted while we were busy whose transaction commits after
+        our next claim would notify no one and wait for the poll.
+        """
+        if self._idle_conn is None:
+            return False
+        try:
+            return bool(self._idle_conn.execute(locks.no_commit_in_flight()).scalar())
+        except sa_exc.SQLAlchemyError as exc:  # the flag may have gone with its connection
+            log.warning("could not look for commits in flight: %s", _db.reason(exc))
             self._drop_idle_flag()
             return False
 

@@ -92,6 +92,10 @@ LISTENER_AWAY = (
     f"{REL}/test_db_faults.py::"
     "test_jobs_enqueued_while_the_listener_was_away_are_picked_up_when_it_is_back"
 )
+COMMIT_IN_FLIGHT = (
+    f"{REL}/test_notify_window.py::"
+    "test_a_commit_in_flight_while_the_worker_goes_idle_is_waited_out_and_claimed"
+)
 ENQUEUE_ROLLBACK = "tests/test_enqueue.py::test_rollback_leaves_no_job"
 ENQUEUE_NO_COMMIT = "tests/test_enqueue.py::test_enqueue_never_commits"
 
@@ -318,6 +322,14 @@ MUTATIONS: list[Mutation] = [
         "        self._idle_flag_suspect = True\n",
         "        pass  # MUTATION\n",
         (BUSY_BACKENDS_FAULT, IDLE_BACKENDS_FAULT, IDLE_RESTART),
+    ),
+    Mutation(
+        "commits_in_flight_waited_out",
+        "a worker going idle waits out the commits that decided not to notify, then claims",
+        DISPATCHER,
+        "            return bool(self._idle_conn.execute(locks.no_commit_in_flight()).scalar())\n",
+        "            return True  # MUTATION\n",
+        (COMMIT_IN_FLIGHT,),
     ),
     # --- the handler's transaction ------------------------------------------------------
     Mutation(

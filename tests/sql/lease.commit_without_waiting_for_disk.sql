@@ -1,0 +1,2 @@
+
+SET LOCAL synchronous_commit = off;
