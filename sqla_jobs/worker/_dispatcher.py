@@ -240,8 +240,9 @@ class Dispatcher:
                         retry_in, give_up_at = 0.0, now + self.config.poll_interval
                 elif not exhausted and self._idle_flag_up and any(r for r, _ in rounds):
                     self._set_idle_flag(False)
-                    retry_in = None
-                if retry_in is not None:
+                if not self._idle_flag_up:
+                    retry_in = None  # lowered or lost: raised (and looked after) again
+                elif retry_in is not None:
                     # Jobs committed since our claim, or committing now, that decided
                     # not to notify before the flag went up: once no such commit is in
                     # flight, one more claim sees them all (revision 0007).
