@@ -104,6 +104,29 @@ def test_a_kind_limit_holds_across_four_workers_and_every_job_runs_once(
     assert scalar(engine, "SELECT max(attempts) FROM jobs") == 1
 
 
+def test_short_limited_jobs_held_back_beyond_the_limit_never_overlap_past_it(
+    control_engine: sa.Engine, db_url: URL, tmp_path: Path, procs: list[subprocess.Popen[bytes]]
+) -> None:
+    # Jobs short enough (2 ms) that a worker claims beyond the limit and holds the rest
+    # back (a reserve), starting them through its gate as its own jobs end.
+    engine = control_engine
+    with Session(engine) as s:
+        nap = {"sleep": 0.002, "in_session": True}
+        enqueue_many(s, [NewJob("limited", nap) for _ in range(300)])
+        enqueue_many(s, [NewJob("capped_work", nap, queue="capped") for _ in range(100)])
+        s.commit()
+    workers(db_url, tmp_path / "w.log", procs, 4, "--concurrency", "8")
+    wait_for(lambda: done(engine, "limited", 300) and done(engine, "capped_work", 100), timeout=90)
+    overlaps = (max_overlap(engine, "limited"), max_overlap(engine, "capped_work"))
+    assert overlaps == (3, 2), rows(
+        engine, "SELECT kind, worker, started_at, ended_at FROM control_runs ORDER BY started_at"
+    )
+    assert runs_per_job(engine, "limited") == {1}
+    assert runs_per_job(engine, "capped_work") == {1}
+    assert scalar(engine, "SELECT max(attempts) FROM jobs") == 1
+    assert "ERROR" not in (tmp_path / "w.log").read_text()
+
+
 def ready_mail(engine: sa.Engine) -> int:
     return int(
         scalar(engine, "SELECT count(*) FROM jobs WHERE queue = 'mail' AND status = 'queued'")

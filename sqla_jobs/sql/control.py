@@ -110,6 +110,31 @@ def lock_scope(key: int) -> sa.Select[Any]:
     return sa.select(sa.func.pg_advisory_xact_lock(sa.bindparam("key", key, sa.BigInteger)))
 
 
+def _running_elsewhere(worker: str) -> sa.ScalarSelect[Any]:
+    """Jobs of the control row's scope running on workers other than ``worker``."""
+    c = queue_controls.c
+    in_scope = sa.or_(
+        sa.and_(c.scope == KIND, jobs.c.kind == c.name),
+        sa.and_(c.scope == QUEUE, jobs.c.queue == c.name),
+    )
+    return (
+        sa.select(sa.func.count())
+        .where(
+            jobs.c.status == _common.status(JobStatus.RUNNING),
+            jobs.c.worker.is_distinct_from(sa.bindparam("worker", worker, sa.Text)),
+            in_scope,
+        )
+        .scalar_subquery()
+    )
+
+
+def _in_scopes(scopes: Sequence[tuple[str, str]]) -> sa.ColumnElement[bool]:
+    c = queue_controls.c
+    return sa.tuple_(c.scope, c.name).in_(
+        [sa.tuple_(sa.literal(s, sa.Text), sa.literal(n, sa.Text)) for s, n in scopes]
+    )
+
+
 def capacity(
     *, worker: str, scopes: Sequence[tuple[str, str]], margin: float = 0.0
 ) -> sa.Select[Any]:
@@ -127,19 +152,7 @@ def capacity(
     count, seconds = _effective_rate()
     window = seconds + sa.func.least(seconds / 4, sa.bindparam("margin", margin, sa.Float))
     window_start = sa.func.clock_timestamp() - _common.seconds(window)
-    in_scope = sa.or_(
-        sa.and_(c.scope == KIND, jobs.c.kind == c.name),
-        sa.and_(c.scope == QUEUE, jobs.c.queue == c.name),
-    )
-    running = (
-        sa.select(sa.func.count())
-        .where(
-            jobs.c.status == _common.status(JobStatus.RUNNING),
-            jobs.c.worker.is_distinct_from(sa.bindparam("worker", worker, sa.Text)),
-            in_scope,
-        )
-        .scalar_subquery()
-    )
+    running = _running_elsewhere(worker)
     recent = sa.and_(
         rate_starts.c.scope == c.scope,
         rate_starts.c.name == c.name,
@@ -161,9 +174,70 @@ def capacity(
         seconds.label("rate_seconds"),
         started.label("started"),
         _common.epoch(oldest - window_start).label("next_start_in"),
-    ).where(
-        sa.tuple_(c.scope, c.name).in_(
-            [sa.tuple_(sa.literal(s, sa.Text), sa.literal(n, sa.Text)) for s, n in scopes]
+    ).where(_in_scopes(scopes))
+
+
+def room(*, worker: str, scopes: Sequence[tuple[str, str]]) -> sa.ScalarSelect[Any]:
+    """How many jobs a claim of ``scopes`` may take, computed inside the claim's statement.
+
+    The claim's LIMIT (:func:`sqla_jobs.sql.lease.claim`, ``room=``), so that the claim
+    of a group whose limits are concurrency only goes in the same round trip as its
+    advisory locks and commit: ``least(:limit, concurrency - running elsewhere - mine)``
+    over the scopes, where ``mine_kind`` / ``mine_queue`` are the claiming worker's own
+    jobs of its kind and queue scope (its ledger: buffered, running and settling, not
+    those whose handler has returned). Sent after :func:`lock_scope`, in a statement of
+    its own, so its snapshot sees every claim committed before the lock was granted, as
+    :func:`capacity` does. A paused scope leaves no room, and so does a rate-limited
+    one: its claim must record its starts, which the caller does in a second round
+    trip (the count is only known once the claim returns).
+
+    ``reserve``: while no other worker runs a job of the scope, the claim may take that
+    many more than the limit. The claiming worker holds them back and starts them only
+    as its own running ones end (its *gate*: the limit minus the jobs running elsewhere,
+    as seen here); every other worker sees them as running, so finds no room.
+    """
+    c = queue_controls.c
+    per_scope = (
+        sa.select(
+            c.scope,
+            c.paused,
+            _effective_rate()[0].label("rate_count"),
+            _effective_concurrency().label("concurrency"),
+            _running_elsewhere(worker).label("running"),
+        )
+        .where(_in_scopes(scopes))
+        .subquery("per_scope")
+    )
+    s = per_scope.c
+    mine = sa.case(
+        (s.scope == KIND, sa.bindparam("mine_kind", 0, sa.Integer)),
+        else_=sa.bindparam("mine_queue", 0, sa.Integer),
+    )
+    reserve = sa.case((s.running == 0, sa.bindparam("reserve", 0, sa.Integer)), else_=0)
+    left = sa.case(
+        (s.paused, 0),
+        (s.rate_count.is_not(None), 0),
+        else_=s.concurrency - s.running - mine + reserve,
+    )
+    # least() and min() skip NULLs: a scope without a concurrency limit (or no control
+    # row at all) leaves the room at :limit.
+    limit = sa.bindparam("limit", 1, sa.Integer)
+    return sa.select(sa.func.greatest(0, sa.func.least(limit, sa.func.min(left)))).scalar_subquery()
+
+
+def async_commit() -> sa.Select[Any]:
+    """``synchronous_commit = off`` for the rest of this transaction (a limited claim).
+
+    A limited claim commits for every refill, a dozen jobs or fewer, and its commit
+    would wait for the WAL flush while the group's lock is held. Losing such a commit
+    in a server crash only requeues its jobs: any outcome of them commits (synchronously)
+    after it, and that flush covers the claim's earlier WAL record too.
+    """
+    return sa.select(
+        sa.func.set_config(
+            sa.literal("synchronous_commit", sa.Text),
+            sa.literal("off", sa.Text),
+            sa.true(),
         )
     )
 

@@ -36,13 +36,15 @@ def claim(
     now: Now = None,
     locked_queues: Sequence[str] = (),
     locked_kinds: Sequence[str] = (),
+    room: sa.ColumnElement[Any] | None = None,
 ) -> sa.Select[Any]:
     """Claim up to ``limit`` ready jobs of the given queues and kinds, in one statement.
 
     Paused queues and kinds are left out by the statement itself, and so are limited
     ones (revision 0006) unless named in ``locked_queues`` / ``locked_kinds``: the
-    caller holds their advisory locks and sized ``limit`` to the room they have left
-    (see :mod:`sqla_jobs.sql.control`).
+    caller holds their advisory locks and sized ``limit`` to the room they have left,
+    or passes ``room`` (:func:`sqla_jobs.sql.control.room`), which the statement
+    computes itself and claims at most (see :mod:`sqla_jobs.sql.control`).
 
     Rows come back in claim order (priority, run_at, id): ``UPDATE ... RETURNING`` alone
     returns them in whatever order the join produced, and a worker that buffers a batch
@@ -85,7 +87,9 @@ def claim(
         sa.select(per_level.c.id)
         .select_from(levels)
         .join(per_level, sa.true())
-        .limit(_limit(limit))
+        # The room, when given, only here: the nested loop stops pulling (and locking)
+        # rows at this LIMIT, and it is computed once (an uncorrelated InitPlan).
+        .limit(_limit(limit) if room is None else room)
         .cte("picked")
         .prefix_with("MATERIALIZED")
     )

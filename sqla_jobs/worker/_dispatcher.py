@@ -19,7 +19,6 @@ empty claims along with them; a freed slot does not end the rest.
 from __future__ import annotations
 
 import heapq
-import json
 import logging
 import queue
 import threading
@@ -49,17 +48,6 @@ PREFETCH_SECONDS = 0.05
 #: IDLE_RECHECK_SECONDS, for at most the poll interval.
 IN_FLIGHT_RETRY_SECONDS = 0.002
 IDLE_RECHECK_SECONDS = 0.05
-
-_PAYLOADS = json.JSONDecoder()
-
-
-def _load_payload(data: str | bytes) -> Any:
-    # The claim decodes every payload, on the thread that feeds all handlers. psycopg's
-    # default, json.loads on bytes, first sniffs the encoding: half of the dispatcher's
-    # time on no-op jobs. jsonb text is UTF-8 (as json.loads assumes) and one value with
-    # nothing around it, so the decoder's raw_decode suffices.
-    text = data if isinstance(data, str) else bytes(data).decode()
-    return _PAYLOADS.raw_decode(text)[0]
 
 
 class Buffer(Protocol):
@@ -130,7 +118,8 @@ class Dispatcher:
         self._no_flush = _db.compile_statement(engine, lease.commit_without_waiting_for_disk())
         self._wake = threading.Event()
         self._woken = False  # a wake-up that may bring jobs (not only a freed slot)
-        self._timers: list[float] = []  # monotonic times to wake at (a heap)
+        # Monotonic times to wake at (a heap), each with whether it pokes the limits.
+        self._timers: list[tuple[float, bool]] = []
         self._timers_lock = threading.Lock()
         self._idle_conn: sa.Connection | None = None  # holds the idle flag (see _loop)
         self._idle_flag_up = False
@@ -152,10 +141,14 @@ class Dispatcher:
         the next wake-up (the listener's poll)."""
         self._idle_flag_suspect = True
 
-    def wake_at(self, when: float) -> None:
-        """Look at the table again at ``when`` (monotonic): a short retry comes due then."""
+    def wake_at(self, when: float, poke: bool = True) -> None:
+        """Look at the table again at ``when`` (monotonic): a short retry comes due then.
+
+        ``poke=False``: a limited group's own recheck, which brings no new jobs, so the
+        groups and kinds found empty stay skipped (see Limits.poke).
+        """
         with self._timers_lock:
-            heapq.heappush(self._timers, when)
+            heapq.heappush(self._timers, (when, poke))
         self.wake()  # the loop recomputes its timeout
 
     def job_took(self, seconds: float) -> None:
@@ -173,8 +166,12 @@ class Dispatcher:
                 self._idle_conn = None
 
     def give_back_buffered(self) -> list[Claimed]:
-        """Take every job still in the buffers (no handler started it), for release."""
+        """Take every job still in the buffers or held back by a limit (no handler
+        started it), for release."""
         unstarted: list[Claimed] = []
+        for pool in self.pools:  # first: a handler whose job ends may start one of them
+            if pool.limits is not None:
+                unstarted += pool.limits.take_reserves()
         for pool in self.pools:
             while True:
                 try:
@@ -266,16 +263,15 @@ class Dispatcher:
         now = time.monotonic()
         with self._timers_lock:
             if self._timers:
-                return min(self.config.poll_interval, self._timers[0] - now)
+                return min(self.config.poll_interval, self._timers[0][0] - now)
         return self.config.poll_interval
 
     def _pop_due_timers(self) -> None:
         now = time.monotonic()
         fired = False
         with self._timers_lock:
-            while self._timers and self._timers[0] <= now:
-                heapq.heappop(self._timers)
-                fired = True
+            while self._timers and self._timers[0][0] <= now:
+                fired = heapq.heappop(self._timers)[1] or fired
         if fired:
             for pool in self.pools:
                 if pool.limits is not None:
@@ -300,7 +296,7 @@ class Dispatcher:
             self._pop_due_timers()  # before deciding what to skip
             limits.refresh()
             if limits.due():
-                first = limits.claim(limit, self._run_claim)
+                first = limits.claim(limit, self._run_claim, ahead=pool.capacity - pool.slots)
         wanted = limit - len(first)
         if limits is not None and limits.skip_unlimited():
             jobs = []
@@ -313,7 +309,9 @@ class Dispatcher:
                 limits.unlimited_drained()
         jobs = first + jobs
         if limits is not None and limits.groups and not first and len(jobs) < limit:
-            jobs += limits.claim(limit - len(jobs), self._run_claim)
+            jobs += limits.claim(
+                limit - len(jobs), self._run_claim, ahead=pool.capacity - pool.slots
+            )
         return jobs
 
     def _run_claim(
@@ -335,10 +333,15 @@ class Dispatcher:
             # One round trip, and no wait for the commit's WAL flush: both lie between
             # a notification and the handler (see lease.commit_without_waiting_for_disk).
             found = _db.rows_and_commit(
-                conn, sql, values, prepare=prepare, json_loads=_load_payload, first=[self._no_flush]
+                conn,
+                sql,
+                values,
+                prepare=prepare,
+                json_loads=_db.load_payload,
+                first=[self._no_flush],
             )
         else:
-            found = _db.rows(conn, sql, values, prepare=prepare, json_loads=_load_payload)
+            found = _db.rows(conn, sql, values, prepare=prepare, json_loads=_db.load_payload)
         # Columns: id, kind, queue, payload, attempts, max_attempts, timeout, snoozes
         # (sql.lease.claim).
         return [Claimed(*r) for r in found]

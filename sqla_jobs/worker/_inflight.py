@@ -30,6 +30,7 @@ cannot undo.
 
 from __future__ import annotations
 
+import collections
 import enum
 import threading
 import time
@@ -108,16 +109,25 @@ class Inflight:
 
     ``on_room`` is called (outside the lock) when a handler slot frees up while the
     dispatcher waits for room in that pool (:meth:`room`), and whenever the ledger
-    empties.
+    empties. ``on_end`` (outside the lock, on the thread that freed it) with every job
+    whose handler slot frees up: a limited kind's held-back job may start in its place.
     """
 
-    def __init__(self, on_room: Callable[[], None], lease_seconds: float = float("inf")) -> None:
+    def __init__(
+        self,
+        on_room: Callable[[], None],
+        lease_seconds: float = float("inf"),
+        on_end: Callable[[Claimed, int], None] | None = None,
+    ) -> None:
         self._lock = threading.Lock()
         self._jobs: dict[tuple[int, int], tuple[Claimed, State, int]] = {}
         self._lease_seconds = lease_seconds
         # Per claim: the monotonic time until which its lease surely holds.
         self._held_until: dict[tuple[int, int], float] = {}
         self._slots_taken = [0, 0]  # per pool
+        # Jobs holding a slot, per (KIND, kind) and (QUEUE, queue): read per job ended.
+        self._held: collections.Counter[tuple[str, str]] = collections.Counter()
+        self._on_end = on_end
         # Per pool: wake the dispatcher when that pool's slots taken <= this.
         self._room_at: list[int | None] = [None, None]
         # Limited kinds and queues: (scope, name) -> how many of its jobs must free their
@@ -137,6 +147,8 @@ class Inflight:
                 self._jobs[job.lease] = (job, State.BUFFERED, pool)
                 self._held_until[job.lease] = held_until
                 self._slots_taken[pool] += 1
+                self._held[(KIND, job.kind)] += 1
+                self._held[(QUEUE, job.queue)] += 1
 
     def renewed(self, leases: Iterable[tuple[int, int]], since: float) -> None:
         """The lease keeper renewed ``leases`` by a statement sent at ``since``."""
@@ -168,12 +180,15 @@ class Inflight:
             self._jobs[job.lease] = (job, state, pool)
             freed = before in _HOLDS_SLOT and state not in _HOLDS_SLOT
             wake = self._free_slot(job, pool) if freed else False
+        if freed and self._on_end is not None:
+            self._on_end(job, pool)
         if wake:
             self._on_room()
 
     def remove(self, jobs: Iterable[Claimed]) -> None:
         """The jobs' outcomes are recorded (or left to their leases): no longer held."""
         wake = False
+        ended: list[tuple[Claimed, int]] = []
         with self._lock:
             for job in jobs:
                 entry = self._jobs.pop(job.lease, None)
@@ -184,12 +199,18 @@ class Inflight:
                 self._cancels.discard(job.id)
                 if entry[1] in _HOLDS_SLOT:
                     wake = self._free_slot(job, entry[2]) or wake
+                    ended.append((job, entry[2]))
             wake = wake or not self._jobs
+        if self._on_end is not None:
+            for job, pool in ended:
+                self._on_end(job, pool)
         if wake:
             self._on_room()
 
     def _free_slot(self, job: Claimed, pool: int) -> bool:
         self._slots_taken[pool] -= 1
+        self._held[(KIND, job.kind)] -= 1
+        self._held[(QUEUE, job.queue)] -= 1
         if self._watches and self._watched(job):
             return True
         room_at = self._room_at[pool]
@@ -231,11 +252,7 @@ class Inflight:
         writing (waiting for its batch done-mark) does not: it runs no more.
         """
         with self._lock:
-            return sum(
-                1
-                for job, state, _ in self._jobs.values()
-                if state in _HOLDS_SLOT and getattr(job, scope) == name
-            )
+            return self._held[(scope, name)]
 
     def taken(self, pool: int = SYNC_POOL) -> int:
         """Handler slots of ``pool`` taken (buffered, running or settling jobs)."""

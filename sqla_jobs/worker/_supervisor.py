@@ -32,7 +32,7 @@ from sqla_jobs.worker._dispatcher import Dispatcher, Pool
 from sqla_jobs.worker._events import Events, Subscriber
 from sqla_jobs.worker._executor import ThreadExecutor
 from sqla_jobs.worker._inflight import ASYNC_POOL, SYNC_POOL, Claimed, Inflight
-from sqla_jobs.worker._limits import Limits
+from sqla_jobs.worker._limits import Gates, Limits
 from sqla_jobs.worker._services import (
     Archiver,
     DeadlineWatch,
@@ -107,7 +107,9 @@ class Worker:
         self.events = Events()
         self._room = threading.Event()  # the ledger changed: the drain looks again
         self._buffer: queue.SimpleQueue[Claimed | None] = queue.SimpleQueue()
-        self.ledger = Inflight(on_room=self._on_room, lease_seconds=config.lock_seconds)
+        self.ledger = Inflight(
+            on_room=self._on_room, lease_seconds=config.lock_seconds, on_end=self._job_ended
+        )
         sync_kinds, async_kinds = registry.kinds_where(False), registry.kinds_where(True)
         pools: list[Pool] = []
         if sync_kinds:
@@ -116,13 +118,18 @@ class Worker:
         if async_kinds:
             async_pool = Pool(ASYNC_POOL, async_kinds, self.config.async_concurrency, LoopBuffer())
             pools.append(async_pool)
+        gates = Gates()  # the worker's, for both pools: a queue's jobs may be in both
         for pool in pools:  # each pool claims its own limited groups (revision 0006)
             pool.limits = Limits(
                 self.engine,
                 self.config,
                 registry,
                 self.ledger,
-                self._wake_at,
+                self._recheck_at,
+                give_back=self._give_back,
+                start=pool.buffer.put,
+                wake=self._room_for_limited,
+                gates=gates,
                 kinds=pool.kinds,
                 pool=pool.number,
                 slots=pool.slots,
@@ -287,6 +294,20 @@ class Worker:
 
     def _wake_at(self, when: float) -> None:
         self._dispatcher.wake_at(when)
+
+    def _job_ended(self, job: Claimed, pool: int) -> None:
+        for each in self._pools:
+            if each.limits is not None:
+                each.limits.job_ended(job, pool)
+
+    def _room_for_limited(self) -> None:
+        self._dispatcher.room_freed()
+
+    def _give_back(self, jobs: list[Claimed]) -> None:
+        self._completer.release(jobs)
+
+    def _recheck_at(self, when: float) -> None:
+        self._dispatcher.wake_at(when, poke=False)
 
     def _on_room(self) -> None:
         self._dispatcher.room_freed()
