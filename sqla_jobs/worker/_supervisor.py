@@ -292,9 +292,6 @@ class Worker:
                 pool.limits.poke()
         self._dispatcher.wake()
 
-    def _wake_at(self, when: float) -> None:
-        self._dispatcher.wake_at(when)
-
     def _job_ended(self, job: Claimed, pool: int) -> None:
         for each in self._pools:
             if each.limits is not None:
