@@ -89,7 +89,12 @@ def _running_rows(engine: sa.Engine, worker: str) -> int:
 
 
 @pytest.fixture
-def jobs(session: Session) -> None:
+def jobs(session: Session, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The pace a reserve is sized by is measured between two claims at least this far
+    # apart; these claims follow each other at once. And a reserve as large as the
+    # pool's prefetch (``ahead``) however slow the machine: the sizes below are exact.
+    monkeypatch.setattr(_limits, "PACE_SECONDS", 0.0)
+    monkeypatch.setattr(_limits, "RESERVE_AHEAD_SECONDS", 1e6)
     enqueue_many(session, [NewJob("a", {}) for _ in range(40)])
     session.commit()
 
@@ -118,9 +123,10 @@ def test_a_worker_holds_jobs_back_beyond_the_limit_and_starts_one_per_job_that_e
     assert len(one.started) == before + 2
     # Stopping gives the held-back jobs back (the worker releases them, unstarted).
     held = one.limits.take_reserves()
-    assert len(held) == 40 - 3 * LIMIT  # two claims of which two ran, two started
+    assert len(held) == 40 - 3 * LIMIT  # all 40 claimed: 2 ran, 2 + 2 started
     assert not {j.id for j in held} & {j.id for j in one.started}
-    assert _running_rows(engine, "one") == 40  # no completer here: no done-marks
+    # Every row it claimed (no completer here: no done-marks) ran, started or was held.
+    assert _running_rows(engine, "one") == len(held) + 3 * LIMIT
 
 
 def test_a_pause_gives_held_back_jobs_back_at_the_next_look_and_a_resume_claims_them_again(

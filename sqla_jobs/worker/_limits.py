@@ -46,7 +46,7 @@ from sqla_jobs.config import WorkerConfig
 from sqla_jobs.sql import control, lease
 from sqla_jobs.tasks import Registry
 from sqla_jobs.worker import _db
-from sqla_jobs.worker._inflight import SYNC_POOL, Claimed, Inflight
+from sqla_jobs.worker._inflight import KIND, QUEUE, SYNC_POOL, Claimed, Inflight
 
 log = logging.getLogger("sqla_jobs.worker")
 
@@ -69,6 +69,8 @@ RESERVE_SECONDS = 0.25
 #: A group holds back about this many seconds of its jobs (at the pace they have been
 #: ending), within the pool's prefetch buffer: as the dispatcher's PREFETCH_SECONDS.
 RESERVE_AHEAD_SECONDS = 0.05
+#: The pace a reserve is sized by is measured over at least this long.
+PACE_SECONDS = 0.01
 
 
 @dataclass(frozen=True)
@@ -191,10 +193,13 @@ class Limits:
         self._reserves: dict[Group, collections.deque[Claimed]] = {}
         self._read_group_at: dict[Group, float] = {}
         self._ahead = 0  # the pool's prefetch buffer, at the last claim
-        # When each job of a gated group was handed to the handlers, and how long its
-        # jobs have taken from then until their slot freed (a moving average).
-        self._started_at: dict[tuple[int, int], float] = {}
-        self._job_seconds: dict[Group, float] = {}
+        # The group of each reserve's scope (a job that ends finds its group by it).
+        self._reserve_of: dict[tuple[str, str], Group] = {}
+        # The pace its jobs end at: a count (job_ended), the count and time at the last
+        # look (a claim), and the jobs per second between looks (a moving average).
+        self._ended: collections.Counter[Group] = collections.Counter()
+        self._paced: dict[Group, tuple[int, float]] = {}
+        self._pace: dict[Group, float] = {}
         self._unlimited_empty_until = 0.0
 
     def refresh(self) -> None:
@@ -289,6 +294,7 @@ class Limits:
         with self._lock:
             held = [job for reserve in self._reserves.values() for job in reserve]
             self._reserves.clear()
+            self._reserve_of.clear()
         return held
 
     def _claim_group(
@@ -325,6 +331,7 @@ class Limits:
         # This worker's own jobs of the group's scopes, read once: the room the claim
         # computes and the room computed here must agree.
         mine = {scope: self.ledger.holding(scope, name) for scope, name in group.scopes}
+        self._measure_pace(group)
         if group not in self._rated:
             since = time.monotonic()  # the claims' leases run from here at the latest
             rows, room, found = self._claim_in_one_trip(group, free, mine)
@@ -438,6 +445,7 @@ class Limits:
             # Through the reserve: start what the gate lets through, hold the rest.
             with self._lock:
                 reserve = self._reserves.setdefault(group, collections.deque())
+                self._reserve_of[group.scopes[0]] = group
                 reserve.extend(found)
                 started = self._release(group)
                 held = len(reserve)
@@ -483,35 +491,42 @@ class Limits:
     def job_ended(self, job: Claimed, pool: int) -> None:
         """A job's handler slot freed up (the ledger's ``on_end``, on that job's thread):
         start a held-back job of its scope in its place, if the gate lets it."""
-        if pool != self.pool or not self._reserves:
+        if pool != self.pool or not self._reserve_of:
+            return
+        group = self._reserve_of.get((KIND, job.kind)) or self._reserve_of.get((QUEUE, job.queue))
+        if group is None:
             return
         started: list[Claimed] = []
-        wake = False
         with self._lock:
-            for group, reserve in self._reserves.items():
-                scope, name = group.scopes[0]
-                if getattr(job, scope) != name:
-                    continue
-                since = self._started_at.pop(job.lease, None)
-                if since is not None:
-                    took = time.monotonic() - since
-                    average = self._job_seconds.get(group)
-                    self._job_seconds[group] = (
-                        took if average is None else 0.9 * average + 0.1 * took
-                    )
-                if not reserve:
-                    break
-                if self._fresh(group):
-                    started = self._release(group)
-                # Claim more (or read the limits again) while these run.
-                wake = len(reserve) < self._gate(group) or not self._fresh(group)
-                wake = wake and self._empty.get(group, 0.0) <= time.monotonic()
-                break
+            self._ended[group] += 1
+            reserve = self._reserves.get(group)
+            if not reserve:
+                return
+            now = time.monotonic()
+            fresh = now - self._read_group_at.get(group, 0.0) <= RESERVE_SECONDS
+            if fresh:
+                started = self._release(group)
+            # Claim more (or read the limits again) while these run.
+            wake = not fresh or len(reserve) < self._gates.get(group.scopes[0], 0)
+            wake = wake and self._empty.get(group, 0.0) <= now
         if self.start is not None:
             for held in started:
                 self.start(held)
         if wake and self.wake is not None:
             self.wake()
+
+    def _measure_pace(self, group: Group) -> None:
+        """Jobs of the group ended per second since the last look (before each claim)."""
+        now = time.monotonic()
+        with self._lock:
+            ended = self._ended[group]
+        last = self._paced.get(group)
+        if last is None or now - last[1] >= PACE_SECONDS:
+            self._paced[group] = (ended, now)
+        if last is not None and now - last[1] >= PACE_SECONDS:
+            pace = (ended - last[0]) / (now - last[1])
+            average = self._pace.get(group)
+            self._pace[group] = pace if average is None else 0.5 * average + 0.5 * pace
 
     def _gated(self, group: Group) -> bool:
         """Whether the group's claims go through a reserve (single scope, concurrency
@@ -523,10 +538,9 @@ class Limits:
 
     def _reserve_size(self, group: Group) -> int:
         """How many a claim of ``group`` may take beyond its limit (0: none)."""
-        seconds = self._job_seconds.get(group)
-        if seconds is None or not self._gated(group):
+        pace = self._pace.get(group)
+        if pace is None or not self._gated(group):
             return 0  # not before its pace is known
-        pace = max(1, self._gate(group)) / max(seconds, 1e-6)  # jobs per second
         # Within the pool's prefetch buffer, so held-back jobs never take the handler
         # slots of other kinds (none for jobs slow enough to need no buffer at all).
         return min(self._ahead, int(pace * RESERVE_AHEAD_SECONDS))
@@ -545,11 +559,7 @@ class Limits:
         # in the other pool's reserve count as running here: fewer start, never more).
         running = self.ledger.holding(scope, name) - len(reserve)
         count = min(len(reserve), self._gates.get((scope, name), 0) - running)
-        started = [reserve.popleft() for _ in range(max(0, count))]
-        now = time.monotonic()
-        for job in started:
-            self._started_at[job.lease] = now
-        return started
+        return [reserve.popleft() for _ in range(max(0, count))]
 
     def _watch_reserve(self, group: Group) -> None:
         """Held-back jobs start as this worker's running ones end (job_ended); with none
@@ -563,6 +573,8 @@ class Limits:
     def _give_back(self, group: Group) -> None:
         with self._lock:
             held = list(self._reserves.pop(group, ()))
+            if self._reserve_of.get(group.scopes[0]) == group:
+                del self._reserve_of[group.scopes[0]]
         if held and self.give_back is not None:
             self.give_back(held)  # outside the lock: the ledger calls job_ended
             self._empty.pop(group, None)  # they are ready again
