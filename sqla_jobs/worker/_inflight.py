@@ -254,6 +254,12 @@ class Inflight:
         with self._lock:
             return self._held[(scope, name)]
 
+    def holding_unlocked(self, scope: str, name: str) -> int:
+        """:meth:`holding` without taking the lock, for a caller that runs once per job:
+        one read of a counter, which counts a job when it is added and stops when it
+        frees its slot (so a caller that adds jobs and then reads sees them)."""
+        return self._held[(scope, name)]
+
     def taken(self, pool: int = SYNC_POOL) -> int:
         """Handler slots of ``pool`` taken (buffered, running or settling jobs)."""
         with self._lock:

@@ -557,7 +557,9 @@ class Limits:
         scope, name = group.scopes[0]
         # Held back and running jobs alike are in the ledger (held back jobs of a queue
         # in the other pool's reserve count as running here: fewer start, never more).
-        running = self.ledger.holding(scope, name) - len(reserve)
+        # Read without the ledger's lock (once per job): the claims in the reserve were
+        # added to the ledger before the reserve (a stale count can only be higher).
+        running = self.ledger.holding_unlocked(scope, name) - len(reserve)
         count = min(len(reserve), self._gates.get((scope, name), 0) - running)
         return [reserve.popleft() for _ in range(max(0, count))]
 
