@@ -125,7 +125,6 @@ CASES: dict[str, Callable[[], Any]] = {
     "control.room": lambda: sa.select(
         control.room(worker="w", scopes=[("kind", "a"), ("queue", "q")])
     ),
-    "control.async_commit": lambda: control.async_commit(),
     "control.claimable": lambda: sa.select(control.claimable("queue", ["q"], [], "queues")),
     "control.controls": lambda: control.controls(),
     "control.lock_scope": lambda: control.lock_scope(control.lock_key("kind", "a")),

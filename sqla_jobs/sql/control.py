@@ -225,23 +225,6 @@ def room(*, worker: str, scopes: Sequence[tuple[str, str]]) -> sa.ScalarSelect[A
     return sa.select(sa.func.greatest(0, sa.func.least(limit, sa.func.min(left)))).scalar_subquery()
 
 
-def async_commit() -> sa.Select[Any]:
-    """``synchronous_commit = off`` for the rest of this transaction (a limited claim).
-
-    A limited claim commits for every refill, a dozen jobs or fewer, and its commit
-    would wait for the WAL flush while the group's lock is held. Losing such a commit
-    in a server crash only requeues its jobs: any outcome of them commits (synchronously)
-    after it, and that flush covers the claim's earlier WAL record too.
-    """
-    return sa.select(
-        sa.func.set_config(
-            sa.literal("synchronous_commit", sa.Text),
-            sa.literal("off", sa.Text),
-            sa.true(),
-        )
-    )
-
-
 def record_starts(*, scope: str, name: str, count: int) -> sa.Insert:
     """Count ``count`` starts against a rate-limited scope, now (clock_timestamp())."""
     return sa.insert(rate_starts).values(

@@ -61,29 +61,6 @@ def rows(
     )
 
 
-def rows_after(
-    conn: sa.Connection, first: Iterable[Compiled], then: Compiled, *, prepare: bool
-) -> list[Any]:
-    """Run the ``first`` statements and then ``then`` in one round trip (psycopg's pipeline
-    mode); return ``then``'s rows.
-
-    The server still runs them one after the other, each with a snapshot of its own:
-    a statement after ``pg_advisory_xact_lock`` sees every commit made before the lock
-    was granted, as if sent on its own.
-    """
-    driver = cast("psycopg.Connection[Any]", conn.connection.driver_connection)
-    try:
-        with driver.pipeline(), driver.cursor(row_factory=namedtuple_row) as cursor:
-            for sql, params in first:
-                cursor.execute(sql, params, prepare=prepare)
-            cursor.execute(then[0], then[1], prepare=prepare)
-            return cursor.fetchall()
-    except psycopg.Error as exc:
-        if driver.closed or driver.broken:
-            conn.invalidate()
-        raise sa_exc.DBAPIError.instance(then[0], then[1], exc, psycopg.Error) from exc
-
-
 def pipelined(
     conn: sa.Connection,
     first: Iterable[Compiled],
@@ -92,13 +69,22 @@ def pipelined(
     commit: bool,
     prepare: bool,
     json_loads: Callable[[str | bytes], Any] | None = None,
+    setup: Iterable[Compiled] = (),
 ) -> list[list[Any]]:
-    """Run ``first``, then each of ``reads`` (each with a snapshot of its own), then
-    commit if ``commit``, all in one round trip; return the rows of each read."""
+    """Run ``setup`` (never prepared: e.g. a ``SET LOCAL``), ``first``, then each of
+    ``reads``, then commit if ``commit``, all in one round trip (psycopg's pipeline
+    mode); return the rows of each read.
+
+    The server still runs them one after the other, each with a snapshot of its own:
+    a statement after ``pg_advisory_xact_lock`` sees every commit made before the lock
+    was granted, as if sent on its own.
+    """
     driver = cast("psycopg.Connection[Any]", conn.connection.driver_connection)
     sql, params = reads[-1]
     try:
         with driver.pipeline(), driver.cursor() as before:
+            for sql, params in setup:
+                before.execute(sql, params, prepare=False)
             for sql, params in first:
                 before.execute(sql, params, prepare=prepare)
             cursors = [driver.cursor(row_factory=namedtuple_row) for _ in reads]

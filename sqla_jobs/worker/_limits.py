@@ -5,7 +5,8 @@ every paused or limited queue and kind by itself. Limited ones are claimed here,
 *group* at a time: a limited kind in the unlimited queues, a limited queue's unlimited
 kinds, and each limited kind in each limited queue. A group's claim is a short
 transaction of its own, sent in one round trip (psycopg's pipeline) with
-``synchronous_commit`` off for it (:func:`sqla_jobs.sql.control.async_commit`):
+``synchronous_commit`` off for it (:func:`sqla_jobs.sql.lease.commit_without_waiting_for_disk`,
+as the dispatcher's claims):
 
 1. ``pg_advisory_xact_lock`` on each of the group's scopes (sorted keys: no deadlock);
 2. :func:`sqla_jobs.sql.control.capacity`, a statement of its own so that its snapshot
@@ -107,7 +108,7 @@ def declared_rows(registry: Registry) -> list[dict[str, Any]]:
 class GroupSQL:
     """A group's statements, compiled: its locks (in key order), capacity, claims."""
 
-    async_commit: _db.Compiled
+    no_flush: _db.Compiled  # the claim commits without waiting for its WAL flush
     locks: tuple[_db.Compiled, ...]
     capacity: _db.Compiled
     claim: _db.Compiled  # of ``limit`` jobs, sized by the caller
@@ -363,11 +364,12 @@ class Limits:
         with self.engine.begin() as conn:
             rows, found = _db.pipelined(
                 conn,
-                (sql.async_commit, *sql.locks),
+                sql.locks,
                 (sql.capacity, (sql.claim_in_room[0], params)),
                 commit=True,
                 prepare=self.config.prepared_statements,
                 json_loads=_db.load_payload,
+                setup=(sql.no_flush,),
             )
         room = self._room(rows, free, mine, reserve)
         return rows, room, [Claimed(*r) for r in found]
@@ -380,8 +382,13 @@ class Limits:
         sql = self._compiled(group)
         prepare = self.config.prepared_statements
         with self.engine.begin() as conn:
-            rows = _db.rows_after(
-                conn, (sql.async_commit, *sql.locks), sql.capacity, prepare=prepare
+            (rows,) = _db.pipelined(
+                conn,
+                sql.locks,
+                (sql.capacity,),
+                commit=False,
+                prepare=prepare,
+                setup=(sql.no_flush,),
             )
             room = self._room(rows, free, mine)
             # Without starts to record, the claim and the commit go in one round trip.
@@ -618,7 +625,9 @@ class Limits:
             )
             keys = sorted(control.lock_key(s, n) for s, n in group.scopes)  # no deadlock
             compiled = self._claims[group] = GroupSQL(
-                async_commit=_db.compile_statement(self.engine, control.async_commit()),
+                no_flush=_db.compile_statement(
+                    self.engine, lease.commit_without_waiting_for_disk()
+                ),
                 locks=tuple(
                     _db.compile_statement(self.engine, control.lock_scope(k)) for k in keys
                 ),
