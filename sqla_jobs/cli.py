@@ -24,6 +24,9 @@ from sqla_jobs import exceptions
 from sqla_jobs.exceptions import ConfigError, SqlaJobsError
 
 EXIT_USAGE = 2
+#: ``sqla-jobs list | head``: the reader left before the output ended (128 + SIGPIPE, as
+#: a shell reports a tool the signal stopped).
+EXIT_BROKEN_PIPE = 141
 _FIELDS = ("job_id", "kind", "attempt", "duration", "outcome")
 
 
@@ -79,7 +82,7 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
 
 
 def worker_parser(prog: str = "python -m sqla_jobs.worker") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description="Run sqla_jobs handlers.")
+    p = _Parser(prog=prog, description="Run sqla_jobs handlers.")
     p.add_argument("app", help="the registry to run, as 'package.module:registry'")
     _add_common(p)
     p.add_argument(
@@ -294,8 +297,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "worker":
         return run_worker(args, given[given.index("worker") + 1 :])
     if args.command in _OPS_COMMANDS:
-        return _run_ops(args)
+        try:
+            return _run_ops(args)
+        except BrokenPipeError:
+            return _reader_left()
     return _fail(f"unknown command {args.command!r}")  # pragma: no cover - argparse refuses
+
+
+def _reader_left() -> int:
+    """The pipe we print into was closed (``| head``): stop quietly, with no traceback.
+
+    stdout is pointed at /dev/null first, or the interpreter's final flush of what is
+    still buffered fails again at exit and prints the traceback anyway.
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return EXIT_BROKEN_PIPE
 
 
 def _engine(url: str) -> sa.Engine:

@@ -631,7 +631,10 @@ def delete_jobs(
             raise ConfigError("delete needs job ids or a --status filter")
         statuses = list(_DELETABLE)
     if JobStatus.RUNNING in statuses:
-        raise ConfigError("running jobs cannot be deleted (cancel is not possible either)")
+        raise ConfigError(
+            "running jobs cannot be deleted: cancel them (sqla-jobs cancel ID, ops.cancel) "
+            "and delete them once they are cancelled"
+        )
     stmt = admin.delete_jobs(
         statuses=statuses,
         ids=ids_,

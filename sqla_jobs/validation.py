@@ -281,7 +281,8 @@ def check_payload(payload: Any) -> dict[str, Any]:
 MAX_LIMIT = 1_000_000
 _RATE_RE = re.compile(
     r"^\s*(\d+)\s*/\s*(\d+(?:\.\d+)?)?\s*"
-    r"(s|sec|second|m|min|minute|h|hr|hour|d|day)s?\s*$",
+    # A plural "s" only after a unit of more than one letter: "1/ms" is not per minute.
+    r"(s|secs?|seconds?|m|mins?|minutes?|h|hrs?|hours?|d|days?)\s*$",
     re.IGNORECASE,
 )
 _RATE_UNITS = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60}
@@ -318,7 +319,8 @@ def check_rate(name: str, value: object, error: type[SqlaJobsError] = InvalidJob
             f"s, min, h or day), got {value!r}"
         )
     count = check_limit(f"{name}'s count", int(match.group(1)), error)
-    seconds = float(match.group(2) or 1) * _RATE_UNITS[match.group(3).lower()]
+    unit = match.group(3).lower()
+    seconds = float(match.group(2) or 1) * _RATE_UNITS[unit if unit in _RATE_UNITS else unit[:-1]]
     if seconds <= 0:
         raise error(f"{name}'s window must be longer than 0 seconds, got {value!r}")
     return Rate(count, seconds)

@@ -177,7 +177,10 @@ def test_archive_and_prune_commands_move_and_delete_rows(engine: sa.Engine, db_u
         (["retry"], "give job ids, or --all-dead"),
         (["cancel"], "cancel needs job ids or a --kind/--queue filter"),
         (["delete", "--kind", "noop"], "delete needs job ids or a --status filter"),
-        (["delete", "--status", "running"], "running jobs cannot be deleted"),
+        (
+            ["delete", "--status", "running"],
+            "running jobs cannot be deleted: cancel them (sqla-jobs cancel ID, ops.cancel)",
+        ),
         (["stats", "--app", "nosuchmodule:registry"], "cannot import 'nosuchmodule'"),
         (["stats", "--watch", "0"], "--watch must be > 0"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
@@ -379,3 +382,24 @@ def test_list_and_show_label_an_error_a_later_attempt_overcame(
     assert "earlier failure (before the latest attempt):\nTimeoutError: first try" in done
     assert "\nlast_error:" not in done
     assert "last_error:\nValueError: gave up" in ok(db_url, "show", str(dead_id))
+
+
+def test_output_cut_short_by_its_reader_ends_quietly(engine: sa.Engine, db_url: URL) -> None:
+    """``sqla-jobs list | head -1``: no BrokenPipeError traceback when head exits."""
+    seed_states(engine)
+    insert(
+        engine, "INSERT INTO jobs (kind, payload) SELECT 'noop', '{}' FROM generate_series(1, 3000)"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sqla_jobs", "list", "--limit", "10000"],
+        env=cli_env(db_url),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.readline()  # the reader takes one line and goes away
+    proc.stdout.close()
+    with proc.stderr:
+        err = proc.stderr.read().decode()
+    assert proc.wait(60) == 141, err
+    assert err == ""

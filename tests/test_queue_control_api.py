@@ -14,7 +14,7 @@ from helpers import TESTS, url_text
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
-from sqla_jobs import ConfigError, Registry, RegistryError, enqueue, ops
+from sqla_jobs import ConfigError, Registry, RegistryError, enqueue, ops, validation
 from sqla_jobs.sql import lease
 
 
@@ -140,6 +140,11 @@ def test_an_operator_limit_overrides_the_declared_one_and_clearing_it_restores_i
             "rate must look like '100/min' (a count, '/', an optional number and a unit s, "
             "min, h or day), got 'lots'",
         ),
+        (  # not read as 1 per minute: "m" plus a plural "s"
+            lambda s: ops.set_limit(s, kind="a", rate="1/ms"),
+            "rate must look like '100/min' (a count, '/', an optional number and a unit s, "
+            "min, h or day), got '1/ms'",
+        ),
     ],
 )
 def test_bad_control_input_is_refused_with_a_clear_error(
@@ -205,3 +210,12 @@ def test_enqueue_into_a_paused_queue_works(engine: sa.Engine) -> None:
         s.commit()
         assert enqueue(s, "a", {}, queue="mail") is not None
         s.commit()
+
+
+@pytest.mark.parametrize(
+    ("text", "count", "seconds"),
+    [("100/min", 100, 60), ("100/mins", 100, 60), ("5/10s", 5, 10), ("2/hours", 2, 3600)],
+)
+def test_rate_units_and_their_plurals_read_as_written(text: str, count: int, seconds: int) -> None:
+    rate = validation.check_rate("rate", text, ConfigError)
+    assert (rate.count, rate.seconds) == (count, seconds)

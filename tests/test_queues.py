@@ -59,6 +59,25 @@ def test_a_worker_with_queues_that_miss_a_handlers_queue_warns_once_at_start(
     assert "resize" not in out.split("started:", 1)[1].split("\n", 1)[1], out
 
 
+def test_handlers_that_name_no_queue_are_warned_about_when_default_is_not_served(
+    db_url: URL,
+) -> None:
+    proc = start_worker(db_url, "--queues", "mail", app="jobapp:registry")
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout or []), daemon=True)
+    reader.start()
+    try:
+        wait_for(lambda: any("does not serve" in line for line in lines), timeout=30)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        stop(proc)
+        reader.join(10)
+    (line,) = [line for line in lines if "does not serve" in line]  # one line for the queue
+    assert "handlers 'effect', 'fail', " in line and "'noop'" in line, line
+    assert "enqueue into queue 'default' by default, which this worker does not serve " in line
+    assert "(--queues mail)" in line
+
+
 def test_stats_with_the_app_names_queues_no_handler_declares(engine: sa.Engine) -> None:
     registry = Registry()
     registry.register("k", lambda session, payload: None, queue="mail")

@@ -256,6 +256,7 @@ def test_listen_wakes_an_idle_worker_without_waiting_for_the_poll(
         ),
         (["jobapp:registry", "--queues", "bad queue"], {}, "queue must match"),
         (["jobapp:registry", "--log-level", "LOUD"], {}, "argument --log-level: invalid choice"),
+        (["jobapp:registry", "--concurrency", "abc"], {}, "invalid int value: 'abc'"),
         (["jobapp:registry"], {"DATABASE_URL": "mysql://x@localhost/db"}, "must be PostgreSQL"),
         (["jobapp:registry"], {"DATABASE_URL": ""}, "database URL is empty"),
         (
@@ -273,6 +274,7 @@ def test_cli_errors_exit_2_with_a_clear_message(
     assert proc.returncode == 2, out
     assert message in out
     assert "Traceback" not in out
+    assert "usage:" not in out  # one line, as for the sqla-jobs commands
 
 
 def test_cli_names_the_migration_command_for_an_unmigrated_database(empty_db_url: URL) -> None:

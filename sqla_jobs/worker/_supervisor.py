@@ -22,6 +22,7 @@ from types import FrameType
 
 import sqlalchemy as sa
 
+from sqla_jobs import models
 from sqla_jobs.config import WorkerConfig
 from sqla_jobs.exceptions import SqlaJobsError
 from sqla_jobs.sql import schema
@@ -316,16 +317,26 @@ class Worker:
         self._threads.append(thread)
 
     def _warn_unserved_queues(self) -> None:
+        """One warning per queue this worker does not serve that some handler enqueues
+        into by default (its ``queue=``, or ``default`` when it names none)."""
+        unserved: dict[str, list[str]] = {}
         for handler in self.registry.handlers():
-            if handler.queue is not None and handler.queue not in self.queues:
-                log.warning(
-                    "handler %r enqueues into queue %r by default, which this worker does "
-                    "not serve (--queues %s); add it to --queues or its jobs wait for "
-                    "another worker",
-                    handler.kind,
-                    handler.queue,
-                    ",".join(self.queues),
-                )
+            queue_name = handler.queue if handler.queue is not None else models.DEFAULT_QUEUE
+            if queue_name not in self.queues:
+                unserved.setdefault(queue_name, []).append(handler.kind)
+        for queue_name, kinds in unserved.items():
+            who = (
+                f"handler {kinds[0]!r} enqueues"
+                if len(kinds) == 1
+                else (f"handlers {', '.join(map(repr, kinds))} enqueue")
+            )
+            log.warning(
+                "%s into queue %r by default, which this worker does not serve (--queues "
+                "%s); add it to --queues or those jobs wait for another worker",
+                who,
+                queue_name,
+                ",".join(self.queues),
+            )
 
     def _run_dispatcher(self) -> None:
         # The dispatcher and the drain run on a thread of their own, and the calling
