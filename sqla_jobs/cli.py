@@ -509,6 +509,8 @@ def _stats_text(s: Any) -> str:
     ]
     if s.paused_queues:
         lines.append(f"paused queues (no worker starts their jobs): {', '.join(s.paused_queues)}")
+    if s.paused_kinds:
+        lines.append(f"paused kinds (no worker starts their jobs): {', '.join(s.paused_kinds)}")
     limited = [c for c in s.controls if c.concurrency is not None or c.rate is not None]
     if limited:
         lines += ["", "limits:", *_controls_text(limited)]

@@ -212,11 +212,17 @@ class Stats:
         """Queues no worker starts jobs from (:func:`pause`)."""
         return tuple(c.name for c in self.controls if c.scope == "queue" and c.paused)
 
+    @property
+    def paused_kinds(self) -> tuple[str, ...]:
+        """Kinds no worker starts jobs of (:func:`pause` with ``kind=``)."""
+        return tuple(c.name for c in self.controls if c.scope == "kind" and c.paused)
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: datetimes as ISO 8601 text."""
         data = asdict(self)
         data["table"]["dead_tuple_ratio"] = self.table.dead_tuple_ratio
         data["paused_queues"] = list(self.paused_queues)
+        data["paused_kinds"] = list(self.paused_kinds)
         return _jsonable(data)  # type: ignore[no-any-return]
 
 

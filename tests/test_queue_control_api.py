@@ -3,6 +3,7 @@ and limits, whatever a worker believes; bad input is refused where it enters."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -61,6 +62,9 @@ def test_a_paused_kind_is_left_out_in_every_queue(session: Session) -> None:
     session.commit()
     assert claim(session) == [b]
     assert claim(session, locked_kinds=["a"]) == [b]  # a lock does not lift a pause
+    stats = ops.stats(session)
+    assert (stats.paused_kinds, stats.paused_queues) == (("a",), ())
+    assert stats.to_dict()["paused_kinds"] == ["a"]
     ops.resume(session, kind="a")
     session.commit()
     assert claim(session) == sorted([a, b])
@@ -202,6 +206,13 @@ def test_control_commands_refuse_bad_input_in_one_line(
 def test_limits_and_workers_commands_say_when_there_is_nothing(db_url: URL) -> None:
     assert cli(db_url, "limits").stdout == "no queue or kind is paused or limited\n"
     assert cli(db_url, "workers").stdout == "no live workers\n"
+
+
+def test_stats_names_a_paused_kind(db_url: URL) -> None:
+    assert cli(db_url, "pause", "--kind", "long_task").returncode == 0
+    stats = cli(db_url, "stats")
+    assert "paused kinds (no worker starts their jobs): long_task\n" in stats.stdout, stats.stdout
+    assert json.loads(cli(db_url, "stats", "--json").stdout)["paused_kinds"] == ["long_task"]
 
 
 def test_enqueue_into_a_paused_queue_works(engine: sa.Engine) -> None:
