@@ -94,6 +94,14 @@ MAX_SLEEP = 60.0
 #: Slept past the computed tick, so the database's clock has reached it on waking.
 WAKE_MARGIN = 0.005
 
+#: What each cron field allows, appended to cronsim's one-word complaints ("Bad hour").
+_FIELD_RANGES = {
+    "Bad minute": " (0-59)",
+    "Bad hour": " (0-23)",
+    "Bad day-of-month": " (1-31, and a day its months have: '0 0 30 2 *' never fires)",
+    "Bad month": " (1-12 or jan-dec)",
+    "Bad day-of-week": " (0-7 or sun-sat; 0 and 7 are Sunday)",
+}
 ALIASES = {
     "@yearly": "0 0 1 1 *",
     "@annually": "0 0 1 1 *",
@@ -221,7 +229,8 @@ class Schedule:
         try:
             next(cronsim.CronSim(text, datetime(2000, 1, 1, tzinfo=UTC)))
         except cronsim.CronSimError as exc:
-            raise fail(f"invalid cron expression {expr!r}: {exc}") from None
+            hint = _FIELD_RANGES.get(str(exc), "")
+            raise fail(f"invalid cron expression {expr!r}: {exc}{hint}") from None
         except StopIteration:
             raise fail(f"cron expression {expr!r} never fires") from None
         return text

@@ -170,7 +170,11 @@ def test_intervals_count_from_the_unix_epoch() -> None:
 @pytest.mark.parametrize(
     ("schedule", "message"),
     [
-        ({"cron": "61 * * * *"}, "schedule 's': invalid cron expression '61 * * * *': Bad minute"),
+        (
+            {"cron": "61 * * * *"},
+            "schedule 's': invalid cron expression '61 * * * *': Bad minute (0-59)",
+        ),
+        ({"cron": "0 25 * * *"}, "invalid cron expression '0 25 * * *': Bad hour (0-23)"),
         (
             {"cron": "0 2 * *"},
             "schedule 's': invalid cron expression '0 2 * *': a cron expression has 5",
@@ -179,7 +183,8 @@ def test_intervals_count_from_the_unix_epoch() -> None:
         ({"cron": "@reboot"}, "schedule 's': unknown cron alias '@reboot'"),
         (
             {"cron": "0 0 31 2 *"},
-            "schedule 's': invalid cron expression '0 0 31 2 *': Bad day-of-month",
+            "schedule 's': invalid cron expression '0 0 31 2 *': Bad day-of-month (1-31, and a "
+            "day its months have: '0 0 30 2 *' never fires)",
         ),
         (
             {"cron": "0 2 * * *", "timezone": "Europe/Berlinn"},
