@@ -316,7 +316,7 @@ def test_the_snooze_log_line_carries_the_reason(
 
 
 def test_a_cancelled_running_job_whose_worker_died_ends_cancelled_not_requeued(
-    engine: sa.Engine, db_url: URL
+    engine: sa.Engine, db_url: URL, caplog: pytest.LogCaptureFixture
 ) -> None:
     with engine.begin() as conn:
         job_id = conn.execute(
@@ -326,8 +326,13 @@ def test_a_cancelled_running_job_whose_worker_died_ends_cancelled_not_requeued(
                 "now() - interval '1 minute', now()) RETURNING id"
             )
         ).scalar_one()
-    with running(db_url, rescue_interval=0.1):
+    with (
+        caplog.at_level(logging.WARNING, logger="sqla_jobs.worker"),
+        running(db_url, rescue_interval=0.1),
+    ):
         wait_for(lambda: finished(engine, job_id), message="rescued")
     row = job_row(engine, job_id)
     assert (row.status, row.attempts) == ("cancelled", 1)
     assert "lease expired during attempt 1" in row.last_error
+    said = [r.getMessage() for r in caplog.records if "lease expired on attempt" in r.getMessage()]
+    assert said == [f"job {job_id} (quick) lease expired on attempt 1 (worker gone:1): cancelled"]

@@ -142,7 +142,7 @@ class Completer:
         self.ledger.remove([attempt.job])
         if done:
             return self._done(attempt)
-        return self._lost(attempt, "(the handler's process rolled back its writes)")
+        return self._lost(attempt, "the handler's process rolled back its writes")
 
     async def complete_in_async(self, session: AsyncSession, attempt: Attempt) -> Outcome:
         """:meth:`complete_in` for an ``async def`` handler's AsyncSession (the same fence,
@@ -358,7 +358,7 @@ class Completer:
         if attempt.control is not None and attempt.control.abandoned:
             log.warning(
                 "job %s: its handler came back after the worker had given up on it "
-                "(timeout or cancel); this late outcome has no effect, %s",
+                "(timeout or cancel), so this late outcome has no effect (%s)",
                 job.id,
                 what,
                 extra=fields(job, outcome="late"),
@@ -367,7 +367,7 @@ class Completer:
             return Outcome.LOST
         log.warning(
             "job %s: claim lost (lease expired and the job was taken over, or an operator "
-            "changed it) %s",
+            "changed it): %s",
             job.id,
             what,
             extra=fields(job, outcome="lost"),

@@ -289,6 +289,8 @@ class Rescuer(Service):
             rows = _db.fenced(self.engine, conn, lease.rescue_expired())
         for row in rows:
             dead = row.status == JobStatus.DEAD
+            # A job an operator cancelled while its worker was gone ends cancelled.
+            cancelled = row.status == JobStatus.CANCELLED
             log.log(
                 logging.ERROR if dead else logging.WARNING,
                 "job %s (%s) lease expired on attempt %s (worker %s): %s",
@@ -296,12 +298,12 @@ class Rescuer(Service):
                 row.kind,
                 row.attempts,
                 row.worker,
-                "dead" if dead else "requeued",
+                "dead" if dead else "cancelled" if cancelled else "requeued",
                 extra={
                     "job_id": row.id,
                     "kind": row.kind,
                     "attempt": row.attempts,
-                    "outcome": "dead" if dead else "rescued",
+                    "outcome": "dead" if dead else "cancelled" if cancelled else "rescued",
                 },
             )
         if rows:
