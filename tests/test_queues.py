@@ -35,22 +35,27 @@ def test_a_worker_without_queues_serves_default_and_every_declared_queue(
     assert "queues=default,images,mail " in out, out
 
 
-def test_a_worker_with_queues_that_miss_a_handlers_queue_warns_once_at_start(
-    db_url: URL,
-) -> None:
-    proc = start_worker(db_url, "--queues", "default,images", app="mailapp:registry")
+def _start_lines(db_url: URL, app: str, queues: str) -> list[str]:
+    """The log lines of a worker of ``app`` on ``--queues queues``, up to its first
+    unserved-queue warning (stopped then)."""
+    proc = start_worker(db_url, "--queues", queues, app=app)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout or []), daemon=True)
     reader.start()
     try:
-        wait_for(lambda: any("started:" in line for line in lines), message="worker started")
         # The warnings come right after the start line, from the same thread.
-        wait_for(lambda: any("does not serve" in line for line in lines), timeout=5)
+        wait_for(lambda: any("does not serve" in line for line in lines), timeout=30)
     finally:
         proc.send_signal(signal.SIGTERM)
         stop(proc)
         reader.join(10)
-    out = "".join(lines)
+    return lines
+
+
+def test_a_worker_with_queues_that_miss_a_handlers_queue_warns_once_at_start(
+    db_url: URL,
+) -> None:
+    out = "".join(_start_lines(db_url, "mailapp:registry", "default,images"))
     warning = (
         "handler 'send_welcome_email' enqueues into queue 'mail' by default, which this "
         "worker does not serve (--queues default,images)"
@@ -62,16 +67,7 @@ def test_a_worker_with_queues_that_miss_a_handlers_queue_warns_once_at_start(
 def test_handlers_that_name_no_queue_are_warned_about_when_default_is_not_served(
     db_url: URL,
 ) -> None:
-    proc = start_worker(db_url, "--queues", "mail", app="jobapp:registry")
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(proc.stdout or []), daemon=True)
-    reader.start()
-    try:
-        wait_for(lambda: any("does not serve" in line for line in lines), timeout=30)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        stop(proc)
-        reader.join(10)
+    lines = _start_lines(db_url, "jobapp:registry", "mail")
     (line,) = [line for line in lines if "does not serve" in line]  # one line for the queue
     assert "handlers 'effect', 'fail', " in line and "'noop'" in line, line
     assert "enqueue into queue 'default' by default, which this worker does not serve " in line
