@@ -820,6 +820,7 @@ def _cmd_pause(session: Any, args: argparse.Namespace) -> int:
     ops.pause(session, **_scope_args(args))
     session.commit()
     print(f"paused {_scope_text(args)}: no worker starts its jobs until resumed")
+    _note_if_unserved(session, args)
     return 0
 
 
@@ -844,6 +845,7 @@ def _cmd_limit(session: Any, args: argparse.Namespace) -> int:
         ops.clear_limits(session, **scope, declared=args.clear_declared)
     else:
         ops.set_limit(session, **scope, concurrency=args.concurrency, rate=args.rate)
+        _note_if_unserved(session, args)
     session.commit()
     found = [c for c in ops.controls(session) if (c.scope, c.name) == _scope_key(args)]
     if not found:
@@ -855,6 +857,24 @@ def _cmd_limit(session: Any, args: argparse.Namespace) -> int:
             f"rate {c.rate or 'unlimited'}" + (" (paused)" if c.paused else "")
         )
     return 0
+
+
+def _note_if_unserved(session: Any, args: argparse.Namespace) -> None:
+    """Any name is accepted (a queue may get its first job later), so a typo would pass
+    unnoticed: say so when live workers exist and none of them serves the name."""
+    from sqla_jobs import ops
+
+    live = ops.workers(session)
+    if args.queue is not None:
+        served = any(args.queue in w.queues for w in live)
+    else:
+        served = any(args.kind in w.kinds for w in live)
+    if live and not served:
+        print(
+            f"note: none of the {len(live)} live worker(s) serves {_scope_text(args)} "
+            "(a typo?); the setting is kept and applies to its jobs wherever they run",
+            file=sys.stderr,
+        )
 
 
 def _scope_key(args: argparse.Namespace) -> tuple[str, str]:

@@ -147,6 +147,15 @@ def test_pause_lets_running_jobs_finish_starts_nothing_survives_a_restart_and_re
     paused = cli(db_url, "pause", "mail")
     assert paused.returncode == 0, paused.stderr
     assert paused.stdout == "paused queue mail: no worker starts its jobs until resumed\n"
+    assert paused.stderr == ""  # a live worker serves it: no note
+    wait_for(lambda: scalar(engine, "SELECT count(*) FROM jobs_workers") == 1, message="registered")
+    typo = cli(db_url, "pause", "mial")
+    assert typo.returncode == 0, typo.stderr
+    assert typo.stderr == (
+        "note: none of the 1 live worker(s) serves queue mial (a typo?); the setting is kept "
+        "and applies to its jobs wherever they run\n"
+    )
+    assert cli(db_url, "resume", "mial").returncode == 0
     paused_at = scalar(engine, "SELECT clock_timestamp()")
     with Session(engine) as s:  # enqueueing into a paused queue works
         assert all(enqueue(s, "mail", {}, queue="mail") for _ in range(5))
