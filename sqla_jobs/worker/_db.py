@@ -115,25 +115,15 @@ def rows_and_commit(
     first: Iterable[Compiled] = (),
 ) -> list[Any]:
     """Like :func:`rows`, after the ``first`` statements (never prepared: e.g. a ``SET
-    LOCAL``), and commit, all in one round trip (pipeline mode).
+    LOCAL``), and commit, all in one round trip (:func:`pipelined`).
 
     The caller's ``engine.begin()`` block then commits a transaction that is already
     over, which psycopg treats as nothing to do.
     """
-    driver = cast("psycopg.Connection[Any]", conn.connection.driver_connection)
-    try:
-        with driver.pipeline(), driver.cursor(row_factory=namedtuple_row) as cursor:
-            if json_loads is not None:
-                set_json_loads(json_loads, cursor)
-            for before, before_params in first:
-                cursor.execute(before, before_params, prepare=False)
-            cursor.execute(sql, params, prepare=prepare)
-            driver.commit()
-            return cursor.fetchall()
-    except psycopg.Error as exc:
-        if driver.closed or driver.broken:
-            conn.invalidate()
-        raise sa_exc.DBAPIError.instance(sql, params, exc, psycopg.Error) from exc
+    (found,) = pipelined(
+        conn, (), ((sql, params),), commit=True, prepare=prepare, json_loads=json_loads, setup=first
+    )
+    return found
 
 
 def count(conn: sa.Connection, sql: str, params: dict[str, Any], *, prepare: bool) -> int:

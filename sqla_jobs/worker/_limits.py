@@ -509,13 +509,12 @@ class Limits:
             reserve = self._reserves.get(group)
             if not reserve:
                 return
-            now = time.monotonic()
-            fresh = now - self._read_group_at.get(group, 0.0) <= RESERVE_SECONDS
+            fresh = self._fresh(group)
             if fresh:
                 started = self._release(group)
             # Claim more (or read the limits again) while these run.
-            wake = not fresh or len(reserve) < self._gates.get(group.scopes[0], 0)
-            wake = wake and self._empty.get(group, 0.0) <= now
+            wake = not fresh or len(reserve) < self._gate(group)
+            wake = wake and self._empty.get(group, 0.0) <= time.monotonic()
         if self.start is not None:
             for held in started:
                 self.start(held)
@@ -567,7 +566,7 @@ class Limits:
         # Read without the ledger's lock (once per job): the claims in the reserve were
         # added to the ledger before the reserve (a stale count can only be higher).
         running = self.ledger.holding_unlocked(scope, name) - len(reserve)
-        count = min(len(reserve), self._gates.get((scope, name), 0) - running)
+        count = min(len(reserve), self._gate(group) - running)
         return [reserve.popleft() for _ in range(max(0, count))]
 
     def _watch_reserve(self, group: Group) -> None:

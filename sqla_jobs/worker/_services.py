@@ -288,9 +288,11 @@ class Rescuer(Service):
         with self.engine.begin() as conn:
             rows = _db.fenced(self.engine, conn, lease.rescue_expired())
         for row in rows:
-            dead = row.status == JobStatus.DEAD
-            # A job an operator cancelled while its worker was gone ends cancelled.
-            cancelled = row.status == JobStatus.CANCELLED
+            status = JobStatus(row.status)
+            dead = status is JobStatus.DEAD
+            # dead, cancelled (an operator cancelled it while its worker was gone), or
+            # queued again.
+            said = "requeued" if status is JobStatus.QUEUED else status.value
             log.log(
                 logging.ERROR if dead else logging.WARNING,
                 "job %s (%s) lease expired on attempt %s (worker %s): %s",
@@ -298,12 +300,12 @@ class Rescuer(Service):
                 row.kind,
                 row.attempts,
                 row.worker,
-                "dead" if dead else "cancelled" if cancelled else "requeued",
+                said,
                 extra={
                     "job_id": row.id,
                     "kind": row.kind,
                     "attempt": row.attempts,
-                    "outcome": "dead" if dead else "cancelled" if cancelled else "rescued",
+                    "outcome": "rescued" if said == "requeued" else said,
                 },
             )
         if rows:

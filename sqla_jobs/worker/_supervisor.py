@@ -129,7 +129,7 @@ class Worker:
                 self._recheck_at,
                 give_back=self._give_back,
                 start=pool.buffer.put,
-                wake=self._room_for_limited,
+                wake=self._on_room,
                 gates=gates,
                 kinds=pool.kinds,
                 pool=pool.number,
@@ -297,9 +297,6 @@ class Worker:
         for each in self._pools:
             if each.limits is not None:
                 each.limits.job_ended(job, pool)
-
-    def _room_for_limited(self) -> None:
-        self._dispatcher.room_freed()
 
     def _give_back(self, jobs: list[Claimed]) -> None:
         self._completer.release(jobs)
