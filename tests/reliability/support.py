@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-from helpers import TESTS, rows, scalar, url_text
+from helpers import TESTS, rows, scalar, url_text, wait_for
 from jobapp import SETUP_SQL
 from sqlalchemy.engine import URL
+from sqlalchemy.orm import Session
 
 HERE = Path(__file__).resolve().parent
 #: application_name of every backend a worker process opens.
@@ -231,3 +232,59 @@ def freeze(proc: subprocess.Popen[bytes], engine: sa.Engine, app: str) -> None:
         proc.send_signal(signal.SIGCONT)
         assert time.monotonic() < deadline, "the worker never left its transaction on jobs"
         time.sleep(0.01)
+
+
+#: A misbehaving-handler case: (kind, payload, how its ``last_error`` begins).
+Misbehaving = tuple[str, dict[str, Any], str]
+
+
+def check_misbehaving(
+    engine: sa.Engine,
+    db_url: URL,
+    tmp_path: Path,
+    cases: list[Misbehaving],
+    *,
+    good_kind: str,
+    args: tuple[str, ...],
+    app: str = "relapp:registry",
+) -> None:
+    """Each bad job, followed by a good one (``good_kind``, which writes one effect), run
+    one at a time by one worker process: every bad job is a recorded failure (dead, its
+    error and traceback in ``last_error``) with no partial write, and the worker lives."""
+    from sqla_jobs import NewJob, enqueue_many
+
+    setup_app(engine)
+    with Session(engine) as s:
+        for i, (kind, payload, _) in enumerate(cases):
+            enqueue_many(
+                s,
+                [
+                    NewJob(kind, {**payload, "i": i}, max_attempts=1),
+                    NewJob(good_kind, {"after": i}),
+                ],
+            )
+        s.commit()
+    proc = spawn(db_url, tmp_path / "worker.log", *args, app=app)
+    n = len(cases)
+    try:
+        wait_for(
+            lambda: status_counts(engine) == {"dead": n, "done": n},
+            timeout=60,
+            message="every job has its outcome",
+        )
+        assert proc.poll() is None, "a handler took the worker down"
+    finally:
+        stop_all([proc])
+    out = (tmp_path / "worker.log").read_text()
+    errors = dict(
+        rows(engine, "SELECT (payload->>'i')::int, last_error FROM jobs WHERE status = 'dead'")
+    )
+    for i, (kind, payload, head) in enumerate(cases):
+        assert errors[i].startswith(head), (kind, payload, errors[i][:300])
+        assert "Traceback" in errors[i]
+    # Zero partial writes: the only effects are the good jobs' (each bad job wrote one
+    # row before misbehaving, and all of those were rolled back).
+    assert count(engine, "SELECT count(*) FROM effects") == n
+    good = "SELECT count(*) FROM effects e JOIN jobs j ON j.id = e.job_id WHERE j.kind = :k"
+    assert count(engine, good, k=good_kind) == n
+    assert count(engine, "SELECT max(attempts) FROM jobs") == 1, out[-3000:]

@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 from reliability.support import (
     Supervisor,
     all_done,
+    check_misbehaving,
     count,
     exactly_once,
     oracle,
@@ -182,47 +183,15 @@ MISBEHAVING: list[tuple[str, dict[str, Any], str]] = [
 def test_misbehaving_async_handlers_are_recorded_failures_with_no_partial_writes(
     engine: sa.Engine, db_url: URL, tmp_path: Path
 ) -> None:
-    setup_app(engine)
-    with Session(engine) as s:
-        # Each bad job is followed by a good one, all run one at a time by one process.
-        for i, (kind, payload, _) in enumerate(MISBEHAVING):
-            enqueue_many(
-                s,
-                [
-                    NewJob(kind, {**payload, "i": i}, max_attempts=1),
-                    NewJob("aeffect", {"after": i}),
-                ],
-            )
-        s.commit()
-    proc = spawn(db_url, tmp_path / "worker.log", "--async-concurrency", "1", app=APP)
-    n = len(MISBEHAVING)
-    try:
-        wait_for(
-            lambda: status_counts(engine) == {"dead": n, "done": n},
-            timeout=60,
-            message="every job has its outcome",
-        )
-        assert proc.poll() is None, "a handler took the worker down"
-    finally:
-        stop_all([proc])
-    out = (tmp_path / "worker.log").read_text()
-    errors = dict(
-        rows(engine, "SELECT (payload->>'i')::int, last_error FROM jobs WHERE status = 'dead'")
+    check_misbehaving(
+        engine,
+        db_url,
+        tmp_path,
+        MISBEHAVING,
+        good_kind="aeffect",
+        args=("--async-concurrency", "1"),
+        app=APP,
     )
-    for i, (kind, payload, head) in enumerate(MISBEHAVING):
-        assert errors[i].startswith(head), (kind, payload, errors[i][:300])
-        assert "Traceback" in errors[i]
-    # Zero partial writes: the only effects are the good jobs'.
-    assert count(engine, "SELECT count(*) FROM effects") == n
-    assert (
-        count(
-            engine,
-            "SELECT count(*) FROM effects e JOIN jobs j ON j.id = e.job_id"
-            " WHERE j.kind = 'aeffect'",
-        )
-        == n
-    )
-    assert count(engine, "SELECT max(attempts) FROM jobs") == 1, out[-3000:]
 
 
 def test_an_async_handler_blocking_the_loop_past_its_lease_keeps_it_and_runs_once(

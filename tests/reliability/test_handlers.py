@@ -8,12 +8,15 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from helpers import rows, scalar, wait_for
+from helpers import rows, scalar
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
-from reliability.support import Supervisor, count, setup_app, spawn, status_counts, stop_all
-from sqla_jobs import NewJob, enqueue, enqueue_many
+from reliability.support import (
+    Supervisor,
+    check_misbehaving,
+)
+from sqla_jobs import enqueue
 
 pytestmark = pytest.mark.reliability
 
@@ -64,44 +67,6 @@ MISBEHAVING = [
 def test_misbehaving_handlers_are_recorded_failures_with_no_partial_writes(
     engine: sa.Engine, db_url: URL, tmp_path: Path
 ) -> None:
-    setup_app(engine)
-    with Session(engine) as s:
-        # Each bad job is followed by a good one, all run one at a time by one process.
-        for i, (kind, payload, _) in enumerate(MISBEHAVING):
-            enqueue_many(
-                s,
-                [
-                    NewJob(kind, {**payload, "i": i}, max_attempts=1),
-                    NewJob("work", {"after": i}),
-                ],
-            )
-        s.commit()
-    proc = spawn(db_url, tmp_path / "worker.log", "--concurrency", "1")
-    n = len(MISBEHAVING)
-    try:
-        wait_for(
-            lambda: status_counts(engine) == {"dead": n, "done": n},
-            timeout=60,
-            message="every job has its outcome",
-        )
-        assert proc.poll() is None, "a handler took the worker down"
-    finally:
-        stop_all([proc])
-    out = (tmp_path / "worker.log").read_text()
-    errors = dict(
-        rows(engine, "SELECT (payload->>'i')::int, last_error FROM jobs WHERE status = 'dead'")
+    check_misbehaving(
+        engine, db_url, tmp_path, MISBEHAVING, good_kind="work", args=("--concurrency", "1")
     )
-    for i, (kind, payload, head) in enumerate(MISBEHAVING):
-        assert errors[i].startswith(head), (kind, payload, errors[i][:300])
-        assert "Traceback" in errors[i]
-    # Zero partial writes: the only effects are the good jobs' (each bad job wrote one
-    # row before misbehaving, and all of those were rolled back).
-    assert count(engine, "SELECT count(*) FROM effects") == n
-    assert (
-        count(
-            engine,
-            "SELECT count(*) FROM effects e JOIN jobs j ON j.id = e.job_id WHERE j.kind = 'work'",
-        )
-        == n
-    )
-    assert count(engine, "SELECT max(attempts) FROM jobs") == 1, out[-3000:]
