@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import threading
@@ -164,6 +165,63 @@ def test_claim_order_is_priority_then_run_at(engine: sa.Engine, db_url: URL) -> 
         )
     ]
     assert order == ["p0-early", "p0-late", "p5", "p9"]
+
+
+def _ordering_registry(flavour: str, gate: threading.Event, started: list[str]) -> Registry:
+    """``block`` holds the one handler slot until ``gate``; ``record`` notes its label."""
+    registry = Registry()
+    if flavour == "def":
+
+        def block(session: Session, payload: dict[str, Any]) -> None:
+            gate.wait(30)
+
+        def record(session: Session, payload: dict[str, Any]) -> None:
+            started.append(payload["label"])
+
+        registry.register("block", block)
+        registry.register("record", record)
+    else:
+
+        async def block_async(session: Any, payload: dict[str, Any]) -> None:
+            await asyncio.to_thread(gate.wait, 30)
+
+        async def record_async(session: Any, payload: dict[str, Any]) -> None:
+            started.append(payload["label"])
+
+        registry.register("block", block_async)
+        registry.register("record", record_async)
+    return registry
+
+
+@pytest.mark.parametrize("flavour", ["def", "async def"])
+def test_a_more_urgent_job_claimed_later_starts_before_the_buffered_ones(
+    engine: sa.Engine, db_url: URL, flavour: str
+) -> None:
+    gate, started = threading.Event(), list[str]()
+    registry = _ordering_registry(flavour, gate, started)
+
+    def put(labels: list[str], priority: int) -> None:
+        with Session(engine) as s:
+            enqueue_many(s, [NewJob("record", {"label": x}, priority=priority) for x in labels])
+            s.commit()
+
+    def claimed() -> int:
+        return int(scalar(engine, "SELECT count(*) FROM jobs WHERE status = 'running'"))
+
+    with running(registry, db_url, concurrency=1, async_concurrency=1, prefetch=20):
+        put(["warm"] * 5, 0)  # the worker learns its handlers' pace, so it buffers
+        wait_for(lambda: len(started) == 5, message="the warm-up jobs")
+        with Session(engine) as s:
+            enqueue(s, "block", {})
+            s.commit()
+        wait_for(lambda: claimed() == 1, message="the one slot taken")
+        put([f"low{i}" for i in range(10)], 9)
+        wait_for(lambda: claimed() == 11, message="the low-priority jobs buffered")
+        put([f"high{i}" for i in range(3)], 0)  # a later claim, more urgent
+        wait_for(lambda: claimed() == 14, message="the urgent jobs buffered behind them")
+        gate.set()
+        wait_for(lambda: len(started) == 18, message="every job run")
+    assert started[5:] == [f"high{i}" for i in range(3)] + [f"low{i}" for i in range(10)]
 
 
 def test_claim_takes_only_registered_kinds_and_own_queues(engine: sa.Engine) -> None:

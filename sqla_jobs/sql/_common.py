@@ -28,6 +28,7 @@ CLAIMED_COLUMNS = (
     jobs.c.max_attempts,
     jobs.c.timeout,  # revision 0005
     jobs.c.snoozes,  # revision 0005
+    jobs.c.priority,  # the buffer's order (sqla_jobs.worker._buffer)
 )
 
 

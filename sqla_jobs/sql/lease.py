@@ -112,7 +112,7 @@ def claim(
             attempts=jobs.c.attempts + 1,
             worker=sa.bindparam("worker", worker, sa.Text),
         )
-        .returning(*_common.CLAIMED_COLUMNS, jobs.c.priority, jobs.c.run_at)
+        .returning(*_common.CLAIMED_COLUMNS, jobs.c.run_at)
         .cte("claimed")
     )
     return sa.select(*(claimed.c[c.name] for c in _common.CLAIMED_COLUMNS)).order_by(

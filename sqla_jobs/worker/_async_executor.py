@@ -45,6 +45,7 @@ from sqla_jobs.control import Control
 from sqla_jobs.sql import lease
 from sqla_jobs.tasks import Registry
 from sqla_jobs.worker import _session
+from sqla_jobs.worker._buffer import Waiting
 from sqla_jobs.worker._completer import Completer, fields
 from sqla_jobs.worker._inflight import Attempt, Claimed, Inflight
 from sqla_jobs.worker._session import HandlerSession, ThreadConnection
@@ -68,14 +69,15 @@ CANCEL_GRACE_SECONDS = 5.0
 class LoopBuffer:
     """The event loop's buffer: any thread puts claimed jobs in; the loop hands them out.
 
-    A deque (its ``append`` and ``popleft`` are atomic), so the drain can take back the
-    jobs no lane started (:meth:`get_nowait`) from its own thread. A put wakes the loop
+    Jobs wait most urgent first (:class:`~sqla_jobs.worker._buffer.Waiting`, safe from any
+    thread), so the drain can take back the jobs no lane started (:meth:`get_nowait`)
+    from its own thread. A put wakes the loop
     (``call_soon_threadsafe``) only if no hand-out is scheduled yet: one wake-up per
     claimed batch, not one per job.
     """
 
     def __init__(self) -> None:
-        self.jobs: collections.deque[Claimed] = collections.deque()
+        self.jobs = Waiting()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._hand_out: Callable[[], None] | None = None
         # Set by any thread when it schedules a hand-out; cleared by the hand-out first.
@@ -86,7 +88,7 @@ class LoopBuffer:
 
     def put(self, item: Claimed | None) -> None:
         if item is not None:
-            self.jobs.append(item)
+            self.jobs.push(item)
         self.wake()
 
     def wake(self) -> None:
@@ -98,7 +100,7 @@ class LoopBuffer:
 
     def get_nowait(self) -> Claimed | None:
         try:
-            return self.jobs.popleft()
+            return self.jobs.pop()
         except IndexError:
             raise queue.Empty from None
 
@@ -220,12 +222,12 @@ class AsyncExecutor:
                 if waiter.done():
                     continue
                 try:
-                    waiter.set_result(buffer.jobs.popleft())
+                    waiter.set_result(buffer.jobs.pop())
                 except IndexError:  # the drain took it back meanwhile
                     waiter.set_result(None)
             elif len(self._lanes) < self.slots and not self._stopping:
                 try:
-                    job = buffer.jobs.popleft()
+                    job = buffer.jobs.pop()
                 except IndexError:
                     break
                 self._start_lane(job)
@@ -270,7 +272,7 @@ class AsyncExecutor:
         buffer = self.buffer
         if buffer.jobs:
             try:
-                return buffer.jobs.popleft()
+                return buffer.jobs.pop()
             except IndexError:
                 pass  # the drain took it back
         if self._stopping:

@@ -51,7 +51,7 @@ IDLE_RECHECK_SECONDS = 0.05
 
 
 class Buffer(Protocol):
-    """Where claimed jobs wait for a handler slot (``queue.SimpleQueue`` is one)."""
+    """Where claimed jobs wait for a handler slot, most urgent first (see _buffer)."""
 
     def put(self, item: Claimed | None) -> None: ...
 
@@ -342,8 +342,8 @@ class Dispatcher:
             )
         else:
             found = _db.rows(conn, sql, values, prepare=prepare, json_loads=_db.load_payload)
-        # Columns: id, kind, queue, payload, attempts, max_attempts, timeout, snoozes
-        # (sql.lease.claim).
+        # Columns: id, kind, queue, payload, attempts, max_attempts, timeout, snoozes,
+        # priority (sql.lease.claim).
         return [Claimed(*r) for r in found]
 
     def _set_idle_flag(self, up: bool) -> bool:

@@ -11,7 +11,6 @@ transaction; a handler that wrote nothing is marked done in a batch.
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from sqla_jobs.control import Control
 from sqla_jobs.sql import lease
 from sqla_jobs.tasks import Registry
 from sqla_jobs.worker import _isolated, _session
+from sqla_jobs.worker._buffer import ThreadBuffer
 from sqla_jobs.worker._completer import Completer
 from sqla_jobs.worker._inflight import Attempt, Claimed, Inflight
 from sqla_jobs.worker._session import HandlerSession, ThreadConnection
@@ -39,7 +39,7 @@ class ThreadExecutor:
         config: WorkerConfig,
         registry: Registry,
         ledger: Inflight,
-        buffer: queue.SimpleQueue[Claimed | None],
+        buffer: ThreadBuffer,
         completer: Completer,
         draining: threading.Event,
         job_took: Callable[[float], None],

@@ -54,6 +54,8 @@ class Claimed:
     max_attempts: int
     timeout: float | None = None
     snoozes: int = 0
+    #: 0 (most urgent) to 9: the buffer hands out the most urgent job first.
+    priority: int = 0
 
     @property
     def lease(self) -> tuple[int, int]:

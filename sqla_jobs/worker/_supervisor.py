@@ -13,7 +13,6 @@ import contextlib
 import enum
 import logging
 import os
-import queue
 import signal
 import threading
 import time
@@ -28,6 +27,7 @@ from sqla_jobs.exceptions import SqlaJobsError
 from sqla_jobs.sql import schema
 from sqla_jobs.tasks import Registry
 from sqla_jobs.worker._async_executor import CANCEL_GRACE_SECONDS, AsyncExecutor, LoopBuffer
+from sqla_jobs.worker._buffer import ThreadBuffer
 from sqla_jobs.worker._completer import Completer
 from sqla_jobs.worker._dispatcher import Dispatcher, Pool
 from sqla_jobs.worker._events import Events, Subscriber
@@ -107,7 +107,7 @@ class Worker:
         self.lifecycle = Lifecycle()
         self.events = Events()
         self._room = threading.Event()  # the ledger changed: the drain looks again
-        self._buffer: queue.SimpleQueue[Claimed | None] = queue.SimpleQueue()
+        self._buffer = ThreadBuffer()
         self.ledger = Inflight(
             on_room=self._on_room, lease_seconds=config.lock_seconds, on_end=self._job_ended
         )

@@ -53,7 +53,8 @@ SELECT claimed.id,
        claimed.attempts,
        claimed.max_attempts,
        claimed.timeout,
-       claimed.snoozes
+       claimed.snoozes,
+       claimed.priority
 FROM claimed
 ORDER BY claimed.priority,
          claimed.run_at,
