@@ -4,7 +4,8 @@
 handler's session, so the row and the done-mark commit in one transaction; ``stamp``
 records when the handler started (``time.time()``, the producer's clock is the same
 machine's) for the pickup-latency scenario; ``sleep`` waits 0.2 s (an I/O-bound job on
-a thread). ``SETUP_SQL`` creates their tables.
+a thread); ``nap`` waits 2 ms (a call to a fast service; the busy-case pickup's
+I/O-bound bursts). ``SETUP_SQL`` creates their tables.
 
 ``async_registry`` (``benchapp:async_registry``) holds their ``async def`` twins:
 ``noop`` does nothing, ``sleep`` awaits ``asyncio.sleep(0.2)``.
@@ -49,6 +50,11 @@ def stamp(session: Session, payload: dict[str, Any], job: JobContext) -> None:
     session.execute(_STAMP, {"j": job.id, "t": started})
 
 
+@registry.handler("nap")
+def nap(session: Session, payload: dict[str, Any]) -> None:
+    time.sleep(0.002)
+
+
 #: The same no-op handler beside limited kinds (``benchapp:limited``), for the cost of
 #: queue control: ``noop`` stays unlimited, ``noop16`` may run 16 at once across the
 #: fleet, ``idle3`` (limit 3) never has jobs.
@@ -58,13 +64,9 @@ limited.register("noop16", noop.fn, limit=16)
 limited.register("idle3", noop.fn, limit=3)
 
 
-def _nap(session: Session, payload: dict[str, Any]) -> None:
-    time.sleep(0.002)
-
-
 #: A 2 ms job (a call to a fast service), unlimited and limited to 16.
-limited.register("nap", _nap)
-limited.register("nap16", _nap, limit=16)
+limited.register("nap", nap.fn)
+limited.register("nap16", nap.fn, limit=16)
 
 
 #: Seconds a ``sleep`` job waits (sync: time.sleep; async: asyncio.sleep).

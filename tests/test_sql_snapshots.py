@@ -50,7 +50,6 @@ CASES: dict[str, Callable[[], Any]] = {
     ),
     "lease.statement_timeout": lambda: lease.statement_timeout(1500),
     "lease.reset_statement_timeout": lambda: lease.reset_statement_timeout(),
-    "lease.commit_without_waiting_for_disk": lambda: lease.commit_without_waiting_for_disk(),
     "lease.terminate_backend": lambda: lease.terminate_backend(12345),
     "lease.heartbeat": lambda: lease.heartbeat(worker="w", leases=LEASES, lock_seconds=30),
     "lease.release": lambda: lease.release(worker="w", leases=LEASES),

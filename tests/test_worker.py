@@ -224,6 +224,27 @@ def test_a_more_urgent_job_claimed_later_starts_before_the_buffered_ones(
     assert started[5:] == [f"high{i}" for i in range(3)] + [f"low{i}" for i in range(10)]
 
 
+def test_a_claim_alone_commits_without_waiting_for_its_wal_flush(engine: sa.Engine) -> None:
+    with Session(engine) as s:
+        enqueue_many(s, [NewJob("effect", {}) for _ in range(20)])
+        s.commit()
+    claim = lease.claim(
+        worker="w:1", lock_seconds=30, queues=["default"], kinds=["effect"], limit=1
+    )
+    behind = sa.text("SELECT pg_current_wal_insert_lsn() > pg_current_wal_flush_lsn()")
+    unflushed = 0
+    with (
+        engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn,
+        engine.connect().execution_options(isolation_level="AUTOCOMMIT") as probe,
+    ):
+        for _ in range(20):
+            assert len(conn.execute(claim).all()) == 1
+            unflushed += bool(probe.execute(behind).scalar())
+    # A synchronous commit returns once its WAL is flushed (none would be behind); the
+    # WAL writer flushes asynchronous ones every wal_writer_delay (200 ms).
+    assert unflushed >= 15
+
+
 def test_claim_takes_only_registered_kinds_and_own_queues(engine: sa.Engine) -> None:
     with Session(engine) as s:
         enqueue(s, "known", {}, queue="a")

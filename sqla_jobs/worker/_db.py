@@ -112,16 +112,14 @@ def rows_and_commit(
     *,
     prepare: bool,
     json_loads: Callable[[str | bytes], Any] | None = None,
-    first: Iterable[Compiled] = (),
 ) -> list[Any]:
-    """Like :func:`rows`, after the ``first`` statements (never prepared: e.g. a ``SET
-    LOCAL``), and commit, all in one round trip (:func:`pipelined`).
+    """Like :func:`rows`, then commit, in one round trip (:func:`pipelined`).
 
     The caller's ``engine.begin()`` block then commits a transaction that is already
     over, which psycopg treats as nothing to do.
     """
     (found,) = pipelined(
-        conn, (), ((sql, params),), commit=True, prepare=prepare, json_loads=json_loads, setup=first
+        conn, (), ((sql, params),), commit=True, prepare=prepare, json_loads=json_loads
     )
     return found
 

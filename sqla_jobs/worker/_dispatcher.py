@@ -43,6 +43,12 @@ MAX_ERROR_BACKOFF = 5.0
 #: pace), up to ``WorkerConfig.prefetch`` jobs: thousands of 20-microsecond jobs, but
 #: none of the 1-second jobs, which would sit in this worker while others are idle.
 PREFETCH_SECONDS = 0.05
+#: While a pool's claims come back full (the idle flag is down: producers do not
+#: notify), it claims again at least this often, even before half its buffer is free:
+#: a more urgent job committed meanwhile waits this long to be claimed (the buffer then
+#: hands it out first), not for half a buffer of work (25 ms by design, more when the
+#: pace is misjudged). At most 50 small claims a second, and only while busy.
+BUSY_LOOK_SECONDS = 0.02
 #: After raising the idle flag, while producers' commits that decided not to notify are
 #: still in flight (revision 0007), look again this soon, twice as late each time up to
 #: IDLE_RECHECK_SECONDS, for at most the poll interval.
@@ -78,6 +84,9 @@ class Pool:
     rest_until: float = 0.0
     #: Claims of this pool's limited queues and kinds (revision 0006); None: no limits.
     limits: Limits | None = None
+    # The last claim came back full: claim again at this (monotonic) time whatever the
+    # room (BUSY_LOOK_SECONDS); 0.0: not busy.
+    look_at: float = 0.0
 
     def job_took(self, seconds: float) -> None:
         """A handler ran for ``seconds``: the pace the buffer is sized from."""
@@ -115,7 +124,6 @@ class Dispatcher:
                     limit=1,
                 ),
             )
-        self._no_flush = _db.compile_statement(engine, lease.commit_without_waiting_for_disk())
         self._wake = threading.Event()
         self._woken = False  # a wake-up that may bring jobs (not only a freed slot)
         # Monotonic times to wake at (a heap), each with whether it pokes the limits.
@@ -203,12 +211,15 @@ class Dispatcher:
                         rounds.append((False, True))  # resting: nothing was ready for it
                         continue
                     self._size_buffer(pool)
-                    free = self.ledger.room(pool.capacity, pool.min_claim, pool.number)
-                    has_room = free >= pool.min_claim
+                    min_claim = 1 if 0.0 < pool.look_at <= now else pool.min_claim
+                    free = self.ledger.room(pool.capacity, min_claim, pool.number)
+                    has_room = free >= min_claim
                     claimed = self._claim(pool, free) if has_room else []
                     for job in claimed:
                         pool.buffer.put(job)
                     ran_out = has_room and len(claimed) < free
+                    if has_room:
+                        pool.look_at = 0.0 if ran_out else now + BUSY_LOOK_SECONDS
                     # A pool with limited groups does not rest: a capped group comes
                     # back short while it has jobs, and its limits wake us to refill.
                     limited = pool.limits is not None and bool(pool.limits.groups)
@@ -258,13 +269,17 @@ class Dispatcher:
                 self._wake.wait(timeout)
 
     def _timeout(self) -> float:
-        """The poll interval, or less if a retry's timer comes due sooner."""
+        """The poll interval, or less if a retry's timer or a busy pool's next look
+        (BUSY_LOOK_SECONDS) comes due sooner."""
         self._pop_due_timers()
         now = time.monotonic()
+        # A look that is due already waits for room instead (the ledger wakes us).
+        looks = [pool.look_at - now for pool in self.pools if pool.look_at > now]
+        timeout = min([self.config.poll_interval, *looks])
         with self._timers_lock:
             if self._timers:
-                return min(self.config.poll_interval, self._timers[0][0] - now)
-        return self.config.poll_interval
+                return min(timeout, self._timers[0][0] - now)
+        return timeout
 
     def _pop_due_timers(self) -> None:
         now = time.monotonic()
@@ -302,8 +317,9 @@ class Dispatcher:
             jobs = []
         else:
             since = time.monotonic()
-            with self.engine.begin() as conn:
-                jobs = self._run_claim(conn, pool.claim_sql, wanted, commit=True)
+            # Alone in autocommit mode: one statement, one round trip (sql.lease.claim).
+            with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                jobs = self._run_claim(conn, pool.claim_sql, wanted)
             self.ledger.add(jobs, pool.number, since)
             if limits is not None and len(jobs) < wanted:
                 limits.unlimited_drained()
@@ -329,16 +345,9 @@ class Dispatcher:
         # probes; see benchmarks/README.md).
         values = {**params, "limit": limit}
         prepare = self.config.prepared_statements
-        if commit:
-            # One round trip, and no wait for the commit's WAL flush: both lie between
-            # a notification and the handler (see lease.commit_without_waiting_for_disk).
+        if commit:  # the claim and its COMMIT in one round trip
             found = _db.rows_and_commit(
-                conn,
-                sql,
-                values,
-                prepare=prepare,
-                json_loads=_db.load_payload,
-                first=[self._no_flush],
+                conn, sql, values, prepare=prepare, json_loads=_db.load_payload
             )
         else:
             found = _db.rows(conn, sql, values, prepare=prepare, json_loads=_db.load_payload)

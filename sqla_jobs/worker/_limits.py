@@ -4,9 +4,9 @@ Unlimited jobs go through the dispatcher's one compiled claim, whose SQL leaves 
 every paused or limited queue and kind by itself. Limited ones are claimed here, one
 *group* at a time: a limited kind in the unlimited queues, a limited queue's unlimited
 kinds, and each limited kind in each limited queue. A group's claim is a short
-transaction of its own, sent in one round trip (psycopg's pipeline) with
-``synchronous_commit`` off for it (:func:`sqla_jobs.sql.lease.commit_without_waiting_for_disk`,
-as the dispatcher's claims):
+transaction of its own, sent in one round trip (psycopg's pipeline); the claim sets
+``synchronous_commit`` off for it (see :func:`sqla_jobs.sql.lease.claim`, as the
+dispatcher's claims):
 
 1. ``pg_advisory_xact_lock`` on each of the group's scopes (sorted keys: no deadlock);
 2. :func:`sqla_jobs.sql.control.capacity`, a statement of its own so that its snapshot
@@ -108,7 +108,6 @@ def declared_rows(registry: Registry) -> list[dict[str, Any]]:
 class GroupSQL:
     """A group's statements, compiled: its locks (in key order), capacity, claims."""
 
-    no_flush: _db.Compiled  # the claim commits without waiting for its WAL flush
     locks: tuple[_db.Compiled, ...]
     capacity: _db.Compiled
     claim: _db.Compiled  # of ``limit`` jobs, sized by the caller
@@ -369,7 +368,6 @@ class Limits:
                 commit=True,
                 prepare=self.config.prepared_statements,
                 json_loads=_db.load_payload,
-                setup=(sql.no_flush,),
             )
         room = self._room(rows, free, mine, reserve)
         return rows, room, [Claimed(*r) for r in found]
@@ -388,7 +386,6 @@ class Limits:
                 (sql.capacity,),
                 commit=False,
                 prepare=prepare,
-                setup=(sql.no_flush,),
             )
             room = self._room(rows, free, mine)
             # Without starts to record, the claim and the commit go in one round trip.
@@ -624,9 +621,6 @@ class Limits:
             )
             keys = sorted(control.lock_key(s, n) for s, n in group.scopes)  # no deadlock
             compiled = self._claims[group] = GroupSQL(
-                no_flush=_db.compile_statement(
-                    self.engine, lease.commit_without_waiting_for_disk()
-                ),
                 locks=tuple(
                     _db.compile_statement(self.engine, control.lock_scope(k)) for k in keys
                 ),

@@ -86,6 +86,8 @@ SELECT claimed.id,
        claimed.snoozes,
        claimed.priority
 FROM claimed
+WHERE
+    (SELECT set_config('synchronous_commit', 'off', true) AS set_config_1) IS NOT NULL
 ORDER BY claimed.priority,
          claimed.run_at,
          claimed.id;

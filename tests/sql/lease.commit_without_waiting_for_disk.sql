@@ -1,2 +1,0 @@
-
-SET LOCAL synchronous_commit = off;
