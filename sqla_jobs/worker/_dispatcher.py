@@ -211,7 +211,10 @@ class Dispatcher:
                         rounds.append((False, True))  # resting: nothing was ready for it
                         continue
                     self._size_buffer(pool)
-                    min_claim = 1 if 0.0 < pool.look_at <= now else pool.min_claim
+                    # A wake-up that may bring jobs (a notification, a timer), or a busy
+                    # pool's look: claim whatever room there is, not only half a buffer.
+                    look = woken or 0.0 < pool.look_at <= now
+                    min_claim = 1 if look else pool.min_claim
                     free = self.ledger.room(pool.capacity, min_claim, pool.number)
                     has_room = free >= min_claim
                     claimed = self._claim(pool, free) if has_room else []

@@ -1,0 +1,97 @@
+"""The dispatcher alone (a real ledger and database, no handlers): when it claims with
+less room than half its buffer. Jobs it claims stay in its buffer until the test takes
+them, so the room for a claim is exactly what the test frees."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import sqlalchemy as sa
+from helpers import scalar, url_text, wait_for
+from sqlalchemy.engine import URL
+from sqlalchemy.orm import Session
+
+from sqla_jobs import NewJob, WorkerConfig, enqueue_many
+from sqla_jobs.worker._buffer import ThreadBuffer
+from sqla_jobs.worker._dispatcher import Dispatcher, Pool
+from sqla_jobs.worker._inflight import SYNC_POOL, Inflight
+
+#: With a handler pace of 1 ms per job, the buffer holds PREFETCH jobs (50 ms of work
+#: would be 50) beyond the one slot, and a claim waits for half of them to be free.
+PREFETCH = 20
+
+
+@contextmanager
+def dispatching(engine: sa.Engine, db_url: URL) -> Iterator[tuple[Dispatcher, Inflight]]:
+    config = WorkerConfig(
+        database_url=url_text(db_url), concurrency=1, prefetch=PREFETCH, poll_interval=0.2
+    )
+    buffer = ThreadBuffer()
+    holder: list[Dispatcher] = []
+    ledger = Inflight(on_room=lambda: holder[0].room_freed())
+    pool = Pool(SYNC_POOL, ("k",), 1, buffer, job_seconds=0.001)
+    dispatcher = Dispatcher(engine, config, ["k"], ledger, buffer, [pool])
+    holder.append(dispatcher)
+    stop = threading.Event()
+    thread = threading.Thread(target=dispatcher.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        yield dispatcher, ledger
+    finally:
+        stop.set()
+        dispatcher.wake()
+        thread.join(10)
+        assert not thread.is_alive()
+
+
+def _enqueue(engine: sa.Engine, count: int, priority: int) -> None:
+    with Session(engine) as s:
+        enqueue_many(s, [NewJob("k", {}, priority=priority) for _ in range(count)])
+        s.commit()
+
+
+def _running(engine: sa.Engine) -> int:
+    return int(scalar(engine, "SELECT count(*) FROM jobs WHERE status = 'running'"))
+
+
+def _urgent_claimed(engine: sa.Engine) -> bool:
+    return bool(scalar(engine, "SELECT status = 'running' FROM jobs WHERE priority = 0"))
+
+
+def _finish(dispatcher: Dispatcher, ledger: Inflight, count: int) -> None:
+    """Take ``count`` jobs out of the buffer as if their handlers had run them."""
+    buffer = dispatcher.pools[0].buffer
+    for _ in range(count):
+        job = buffer.get_nowait()
+        assert job is not None
+        ledger.remove([job])
+
+
+def test_a_busy_dispatcher_claims_an_urgent_job_before_half_its_buffer_is_free(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    _enqueue(engine, 40, priority=9)
+    with dispatching(engine, db_url) as (dispatcher, ledger):
+        # The claim fills the slot and the buffer and comes back full: busy (no
+        # notifications), and a claim waits for half the buffer to be free.
+        wait_for(lambda: _running(engine) == PREFETCH + 1, message="the first claim")
+        _finish(dispatcher, ledger, 3)  # room for 3 only
+        _enqueue(engine, 1, priority=0)
+        wait_for(lambda: _urgent_claimed(engine), timeout=5, message="a busy look")
+        first = dispatcher.pools[0].buffer.get_nowait()
+        assert first is not None and first.priority == 0
+
+
+def test_a_wake_up_claims_whatever_room_there_is(engine: sa.Engine, db_url: URL) -> None:
+    _enqueue(engine, 5, priority=9)
+    with dispatching(engine, db_url) as (dispatcher, _ledger):
+        wait_for(lambda: _running(engine) == 5, message="the first claim")
+        _enqueue(engine, 14, priority=9)
+        dispatcher.wake()  # as a notification would
+        # Both claims came back short (idle, no busy look), and left room for 2 only.
+        wait_for(lambda: _running(engine) == 19, message="the second claim")
+        _enqueue(engine, 1, priority=0)
+        dispatcher.wake()
+        wait_for(lambda: _urgent_claimed(engine), timeout=5, message="a claim on the wake-up")
