@@ -69,11 +69,9 @@ def pipelined(
     commit: bool,
     prepare: bool,
     json_loads: Callable[[str | bytes], Any] | None = None,
-    setup: Iterable[Compiled] = (),
 ) -> list[list[Any]]:
-    """Run ``setup`` (never prepared: e.g. a ``SET LOCAL``), ``first``, then each of
-    ``reads``, then commit if ``commit``, all in one round trip (psycopg's pipeline
-    mode); return the rows of each read.
+    """Run ``first``, then each of ``reads``, then commit if ``commit``, all in one round
+    trip (psycopg's pipeline mode); return the rows of each read.
 
     The server still runs them one after the other, each with a snapshot of its own:
     a statement after ``pg_advisory_xact_lock`` sees every commit made before the lock
@@ -83,8 +81,6 @@ def pipelined(
     sql, params = reads[-1]
     try:
         with driver.pipeline(), driver.cursor() as before:
-            for sql, params in setup:
-                before.execute(sql, params, prepare=False)
             for sql, params in first:
                 before.execute(sql, params, prepare=prepare)
             cursors = [driver.cursor(row_factory=namedtuple_row) for _ in reads]
