@@ -71,9 +71,8 @@ class LoopBuffer:
 
     Jobs wait most urgent first (:class:`~sqla_jobs.worker._buffer.Waiting`, safe from any
     thread), so the drain can take back the jobs no lane started (:meth:`get_nowait`)
-    from its own thread. A put wakes the loop
-    (``call_soon_threadsafe``) only if no hand-out is scheduled yet: one wake-up per
-    claimed batch, not one per job.
+    from its own thread. A put wakes the loop (``call_soon_threadsafe``) only if no
+    hand-out is scheduled yet: one wake-up per claimed batch, not one per job.
     """
 
     def __init__(self) -> None:
