@@ -16,6 +16,9 @@ Scenarios:
   benchapp:registry --concurrency N``), timed from its "started" log line until no job is
   queued or running; and jobs whose handler writes one row (handler transaction) vs the
   seed's loop on 4 threads;
+* procs: ``--processes N`` draining write-one-row jobs vs ``pgbench -N -c 4``, and vs
+  the same jobs' transactions with no queue around them (``transaction_floor``: a new
+  SQLAlchemy Session per job, as our handlers get, and plain psycopg);
 * pickup: an idle worker, one job every 20 ms; latency from the producer's commit
   returning to the handler's first line (``benchapp.stamp``);
 * async: ``async def`` handlers (``benchapp:async_registry``) in one worker process: a
@@ -44,7 +47,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -414,6 +417,17 @@ def _last_done(url: str) -> float:
     return float(row[0])
 
 
+def _done_since(url: str, t0: float) -> int:
+    """Jobs whose done-mark came at or after ``t0`` (``time.time()``): a drain's rate
+    counts only these, so jobs an earlier-started process finished before the clock
+    started (``t0`` is the *last* process's start) do not inflate it."""
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM jobs WHERE finished_at >= to_timestamp(%s)", (t0,)
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
 # CPU accounting for the transactional drain: where a job's CPU time goes decides how
 # fast two shared cores can go. Label -> [(process CPU s, machine CPU s, jobs)] per run.
 CPU: dict[str, list[tuple[float, float, int]]] = {}
@@ -468,7 +482,8 @@ def ours_drain(
     processes: int = 1,
     app: str = "benchapp:registry",
 ) -> float:
-    """Drain rate of ``processes`` worker processes (timed from the last one's start)."""
+    """Drain rate of ``processes`` worker processes (timed from the last one's start, and
+    counting only the jobs done from then on)."""
     with _ours("bench_drain") as url:
         _fill(url, kind, n_jobs)
         workers = [
@@ -480,6 +495,7 @@ def ours_drain(
             _wait_all_done(url)
             cpu1 = (sum(_process_cpu(w.proc.pid) for w in workers), _machine_cpu())
             t1 = _last_done(url)
+            drained = _done_since(url, t0)
         finally:
             for w in workers:
                 w.stop()
@@ -493,12 +509,13 @@ def ours_drain(
                 row = conn.execute("SELECT count(*) FROM bench_effects").fetchone()
             if not row or row[0] != n_jobs:
                 raise RuntimeError(f"expected {n_jobs} effects, got {row}")
-    return n_jobs / (t1 - t0)
+    return drained / (t1 - t0)
 
 
 def supervised_drain(n_jobs: int, processes: int, concurrency: int) -> float:
     """Write-one-row drain by ONE command, ``--processes N`` (timed from the last child's
-    "started" line to the last done-mark, as ``ours_drain``)."""
+    "started" line to the last done-mark, counting the jobs done meanwhile, as
+    ``ours_drain``)."""
     with _ours("bench_procs") as url:
         _fill(url, "write", n_jobs)
         worker = WorkerProcess(
@@ -513,6 +530,7 @@ def supervised_drain(n_jobs: int, processes: int, concurrency: int) -> float:
             t0 = worker.wait_ready(60.0)
             _wait_all_done(url)
             t1 = _last_done(url)
+            drained = _done_since(url, t0)
         finally:
             worker.stop()
         peers._check_count(url, n_jobs, "done")
@@ -520,6 +538,94 @@ def supervised_drain(n_jobs: int, processes: int, concurrency: int) -> float:
             row = conn.execute("SELECT count(*) FROM bench_effects").fetchone()
         if not row or row[0] != n_jobs:
             raise RuntimeError(f"expected {n_jobs} effects, got {row}")
+    return drained / (t1 - t0)
+
+
+#: The write-one-row job's transaction with no queue around it (``transaction_floor``):
+#: the handler's INSERT and a done-mark by primary key, fenced like ours.
+_FLOOR_INSERT = "INSERT INTO bench_effects (job_id, n) VALUES (%(j)s, %(n)s)"
+_FLOOR_DONE = (
+    "UPDATE jobs SET status = 'done', finished_at = now(), locked_until = NULL"
+    " WHERE id = %(j)s AND attempts = 1 AND worker = 'floor' AND status::text = 'running'"
+)
+
+
+def _floor_thread(
+    url: str, ids: list[int], driver: str, engine: sa.Engine, conn: psycopg.Connection[Any]
+) -> None:
+    """One thread of ``transaction_floor``: each id in its own transaction."""
+    if driver == "psycopg":
+        for j in ids:
+            conn.execute(_FLOOR_INSERT, {"j": j, "n": j})
+            conn.execute(_FLOOR_DONE, {"j": j})
+            conn.commit()
+        return
+    insert = sa.text("INSERT INTO bench_effects (job_id, n) VALUES (:j, :n)")
+    for j in ids:
+        with Session(engine) as s:  # what a handler gets: a new Session per job
+            s.execute(insert, {"j": j, "n": j})
+            s.connection().exec_driver_sql(_FLOOR_DONE, {"j": j})
+            s.commit()
+
+
+def _floor_process(
+    url: str, slices: list[list[int]], driver: str, ready: Any, go: Any, done: Any
+) -> None:
+    """Connect every thread first (not timed), then run them on the go signal."""
+    with _engine(url, pool_size=len(slices)) as engine, ExitStack() as stack:
+        warm = [stack.enter_context(engine.connect()) for _ in slices]  # fill the pool
+        for c in warm:
+            c.close()
+        conns = [stack.enter_context(psycopg.connect(url)) for _ in slices]
+        threads = [
+            threading.Thread(target=_floor_thread, args=(url, ids, driver, engine, conn))
+            for ids, conn in zip(slices, conns, strict=True)
+        ]
+        ready.put(True)
+        go.wait()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        done.put(time.time())
+
+
+def transaction_floor(n_jobs: int, processes: int, driver: str, threads: int = 4) -> float:
+    """What the write-one-row drain would reach if claiming, scheduling and bookkeeping
+    cost nothing: ``processes`` processes x ``threads`` threads run each job's transaction
+    (BEGIN, the handler's INSERT, a fenced done-mark by primary key, COMMIT: the four
+    round trips of ours) on jobs already marked running, through a new SQLAlchemy
+    ``Session`` per job (``driver="session"``, what our handlers get) or on plain
+    psycopg connections (``driver="psycopg"``). Connected before the clock starts; timed
+    from the go signal to the last thread's end."""
+    ctx = multiprocessing.get_context("spawn")
+    with _ours("bench_floor") as url:
+        _fill(url, "write", n_jobs)
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("UPDATE jobs SET status = 'running', attempts = 1, worker = 'floor'")
+            ids = [r[0] for r in conn.execute("SELECT id FROM jobs ORDER BY id").fetchall()]
+        parts = processes * threads
+        slices = [ids[i::parts] for i in range(parts)]
+        ready, go, done = ctx.Queue(), ctx.Event(), ctx.Queue()
+        procs = [
+            ctx.Process(
+                target=_floor_process,
+                args=(url, slices[i * threads : (i + 1) * threads], driver, ready, go, done),
+            )
+            for i in range(processes)
+        ]
+        for p in procs:
+            p.start()
+        for _ in procs:
+            ready.get(timeout=60)
+        t0 = time.time()
+        go.set()
+        t1 = max(float(done.get(timeout=300)) for _ in procs)
+        for p in procs:
+            p.join()
+        if any(p.exitcode for p in procs):
+            raise RuntimeError(f"a floor process failed: {[p.exitcode for p in procs]}")
+        peers._check_count(url, n_jobs, "done")
     return n_jobs / (t1 - t0)
 
 
@@ -1338,15 +1444,20 @@ def main(argv: list[str] | None = None) -> int:
 
     if "procs" in only:
         # One command, --processes N, each of concurrency 4; the best N against the
-        # server's own rate for small write transactions (pgbench -N, 4 clients).
+        # server's own rate for small write transactions (pgbench -N, 4 clients), and
+        # against the same jobs' transactions with no queue around them (what a worker
+        # whose handlers get a SQLAlchemy Session, or none at all, could reach at most).
         n = sizes.processes_drain
         counts = (1, 2, 3)
-        step("--processes N, write-one-row drain, and pgbench -N")
-        bench, *by_n = interleaved(
+        step("--processes N, write-one-row drain, its transaction alone, and pgbench -N")
+        bench, *measured = interleaved(
             lambda: pgbench_tps(5 if args.quick else 15),
             *(lambda p=p: supervised_drain(n, p, 4) for p in counts),
+            *(lambda p=p: transaction_floor(n, p, "session") for p in counts),
+            *(lambda p=p: transaction_floor(n, p, "psycopg") for p in counts),
         )
-        for p, rate in zip(counts, by_n, strict=True):
+        by_n, session_floor, psycopg_floor = measured[:3], measured[3:6], measured[6:]
+        for p, rate, alone in zip(counts, by_n, session_floor, strict=True):
             assert rate is not None
             rows.append(
                 Row(
@@ -1354,23 +1465,28 @@ def main(argv: list[str] | None = None) -> int:
                     f"{n:,} write-one-row, --processes {p}, concurrency 4 each",
                     rate,
                     "/s",
-                    "pgbench -N -c 4 (TPS)",
-                    bench,
+                    f"its transactions alone, Session per job, {p} x 4 threads",
+                    alone,
                 )
             )
-        best_n, best = max(zip(counts, by_n, strict=True), key=lambda pr: pr[1] or 0.0)
-        assert best is not None
-        rows.append(
-            Row.versus(
-                "procs",
-                f"best: --processes {best_n}",
-                best,
-                "/s",
-                "pgbench -N -c 4 (TPS)",
-                bench,
-                0.7,
-            )
-        )
+
+        def best(rates: list[float | None]) -> tuple[int, float]:
+            n_procs, top = max(zip(counts, rates, strict=True), key=lambda pr: pr[1] or 0.0)
+            assert top is not None
+            return n_procs, top
+
+        versus_pgbench: list[tuple[str, list[float | None], float | None]] = [
+            ("--processes", by_n, 0.7),
+            ("its transactions alone, a Session per job, processes", session_floor, None),
+            ("its transactions alone, plain psycopg, processes", psycopg_floor, None),
+        ]
+        for what, rates, at_least in versus_pgbench:
+            n_procs, top = best(rates)
+            name, peer = f"best: {what} {n_procs}", "pgbench -N -c 4 (TPS)"
+            if at_least is None:
+                rows.append(Row("procs", name, top, "/s", peer, bench))
+            else:
+                rows.append(Row.versus("procs", name, top, "/s", peer, bench, at_least))
 
     if "limits" in only:
         # Queue control (#16): an unlimited kind beside limited ones, and a kind limited
