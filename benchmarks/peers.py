@@ -20,10 +20,11 @@ import os
 import random
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -127,6 +128,8 @@ DONE_BATCH = "UPDATE jobs SET status = 'done', finished_at = now() WHERE id = AN
 COPY_JOBS = "COPY jobs (kind, payload) FROM STDIN"
 
 LOCK_SECONDS = 30
+#: How long the busy-case peer's idle threads wait before claiming anyway (our default).
+POLL_SECONDS = 1.0
 BASE, CAP = 2.0, 300.0
 WORKER = f"{socket.gethostname()}:{os.getpid()}"
 KIND = "noop"
@@ -347,11 +350,15 @@ def _raw_listen_consumer(url: str, ready: Any, stop: Any) -> None:
                 work.execute(DONE, (job[0],))
 
 
-def raw_notify_pickup(url: str, n_jobs: int, interval: float) -> list[float]:
+def raw_notify_pickup(
+    url: str, n_jobs: int, interval: float, in_transaction: bool = False
+) -> list[float]:
     """Pickup latencies (ms) of the seed's design driven by raw psycopg: per-row NOTIFY
     trigger, a consumer process that claims on each notification; one job every
-    ``interval`` s, each an autocommit INSERT. Timed: from just before the producer's
-    INSERT to the handler's first line (``time.time()`` on both sides)."""
+    ``interval`` s, each an autocommit INSERT, or with ``in_transaction`` an INSERT
+    between BEGIN and COMMIT (three round trips, as any enqueue that joins a caller's
+    transaction). Timed: from just before the producer's INSERT (its BEGIN) to the
+    handler's first line (``time.time()`` on both sides)."""
     import multiprocessing
 
     _install_seed_schema(url, trigger=True)
@@ -370,7 +377,8 @@ def raw_notify_pickup(url: str, n_jobs: int, interval: float) -> list[float]:
             tick = time.perf_counter()
             for i in range(n_jobs):
                 before = time.time()
-                row = conn.execute(insert, (KIND, Jsonb({"i": i}))).fetchone()
+                with conn.transaction() if in_transaction else nullcontext():
+                    row = conn.execute(insert, (KIND, Jsonb({"i": i}))).fetchone()
                 assert row is not None
                 sent[int(row[0])] = before
                 tick += interval
@@ -387,6 +395,115 @@ def raw_notify_pickup(url: str, n_jobs: int, interval: float) -> list[float]:
         if consumer.is_alive():
             consumer.kill()
     return [(started[j] - t) * 1000 for j, t in sent.items()]
+
+
+# The busy-case pickup's peer: the seed's design plus what the scenario needs to be fair
+# to it, a priority (its stamps are 0 and its bursts 9, as for ours) in the claim's order.
+BUSY_SCHEMA = """
+ALTER TABLE jobs ADD COLUMN priority smallint NOT NULL DEFAULT 0;
+CREATE INDEX jobs_priority_claim_idx ON jobs (priority, run_at)
+  WHERE status IN ('queued', 'running');
+"""
+
+CLAIM_BY_PRIORITY = CLAIM.replace("ORDER BY run_at", "ORDER BY priority, run_at")
+BUSY_INSERT = "INSERT INTO jobs (kind, payload) VALUES ('stamp', '{}') RETURNING id"
+BUSY_BURST = "COPY jobs (kind, payload, priority) FROM STDIN"
+
+
+def install_busy_schema(url: str) -> None:
+    """The seed's schema with its per-row NOTIFY trigger, a priority, ``bench_pickup``."""
+    _install_seed_schema(url, trigger=True)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(BUSY_SCHEMA)
+        conn.execute(PICKUP_TABLE)
+
+
+def raw_busy_burst(conn: psycopg.Connection[Any], kind: str, count: int) -> None:
+    """One transaction of ``count`` priority-9 ``kind`` jobs (COPY)."""
+    with conn.transaction(), conn.cursor() as cur, cur.copy(BUSY_BURST) as copy:
+        for _ in range(count):
+            copy.write_row((kind, Jsonb({}), 9))
+
+
+class _Wakeups:
+    """Notifications counted, so a thread that found nothing waits only for a newer one
+    (none is lost between its empty claim and its wait)."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+        self.cond = threading.Condition()
+
+    def arrived(self) -> None:
+        with self.cond:
+            self.seen += 1
+            self.cond.notify_all()
+
+    def wait_past(self, seen: int, timeout: float) -> None:
+        with self.cond:
+            self.cond.wait_for(lambda: self.seen != seen, timeout)
+
+
+def _busy_handler_thread(url: str, wakeups: _Wakeups, stop: Any) -> None:
+    """Claim one job at a time (autocommit), run it, mark it done; when nothing is ready,
+    wait for a notification (or poll after POLL_SECONDS)."""
+    params = {"lock": LOCK_SECONDS, "worker": WORKER}
+    with psycopg.connect(url, autocommit=True) as conn:
+        while not stop.is_set():
+            seen = wakeups.seen
+            job = conn.execute(CLAIM_BY_PRIORITY, params).fetchone()
+            if job is None:
+                wakeups.wait_past(seen, POLL_SECONDS)
+                continue
+            job_id, kind = job[0], job[1]
+            if kind == "stamp":
+                started = time.time()  # the handler's first line
+                with conn.transaction():
+                    conn.execute("INSERT INTO bench_pickup VALUES (%s, %s)", (job_id, started))
+                    conn.execute(DONE, (job_id,))
+                continue
+            if kind == "nap":
+                time.sleep(0.002)
+            conn.execute(DONE, (job_id,))
+
+
+def _raw_busy_consumer(url: str, handlers: int, ready: Any, stop: Any) -> None:
+    """A child process: one LISTEN thread that counts notifications, ``handlers``
+    threads that each claim and run one job at a time."""
+    wakeups = _Wakeups()
+    threads = [
+        threading.Thread(target=_busy_handler_thread, args=(url, wakeups, stop))
+        for _ in range(handlers)
+    ]
+    with psycopg.connect(url, autocommit=True) as listen:
+        listen.execute("LISTEN jobs")
+        for t in threads:
+            t.start()
+        ready.set()
+        while not stop.is_set():
+            for _ in listen.notifies(timeout=0.2, stop_after=1):
+                wakeups.arrived()
+    for t in threads:
+        t.join(10)
+
+
+@contextmanager
+def raw_busy_consumer(url: str, handlers: int = 4) -> Iterator[None]:
+    """Run the busy-case peer's consumer (a child process) while the block runs."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    ready, stop = ctx.Event(), ctx.Event()
+    consumer = ctx.Process(target=_raw_busy_consumer, args=(url, handlers, ready, stop))
+    consumer.start()
+    try:
+        if not ready.wait(60):
+            raise RuntimeError("raw busy consumer did not start")
+        yield
+    finally:
+        stop.set()
+        consumer.join(15)
+        if consumer.is_alive():
+            consumer.kill()
 
 
 # --------------------------------------------------------------------------

@@ -829,11 +829,14 @@ POLL_WAIT_MS = 250.0
 PROBE_EVERY = 0.005
 
 
-def _busy_producer(url: str, count: int, phase: float, ready: Any, go: Any, out: Any) -> None:
-    """One producer process: ``count`` jobs, one per transaction, evenly spaced."""
+def _busy_producer(
+    url: str, count: int, phase: float, raw: bool, ready: Any, go: Any, out: Any
+) -> None:
+    """One producer process: ``count`` jobs, one per transaction, evenly spaced; with
+    ``enqueue`` in a Session (ours) or an INSERT on a psycopg connection (``raw``)."""
     period = BUSY_PRODUCERS / BUSY_RATE
     sent: list[tuple[int, float, float]] = []  # job id, before enqueue, after commit
-    with _engine(url, pool_size=1) as engine:
+    with _engine(url, pool_size=1) as engine, psycopg.connect(url) as conn:
         with engine.connect():
             pass
         ready.put(True)
@@ -843,9 +846,14 @@ def _busy_producer(url: str, count: int, phase: float, ready: Any, go: Any, out:
             time.sleep(max(0.0, tick - time.perf_counter()))
             tick += period
             before = time.time()
-            with Session(engine) as s:
-                job_id = enqueue(s, "stamp", {})
-                s.commit()
+            if raw:
+                row = conn.execute(peers.BUSY_INSERT).fetchone()
+                conn.commit()
+                job_id = row[0] if row else 0
+            else:
+                with Session(engine) as s:
+                    job_id = enqueue(s, "stamp", {})
+                    s.commit()
             sent.append((int(job_id or 0), before, time.time()))
     out.put(sent)
 
@@ -871,27 +879,58 @@ def _round_trips(url: str, until: threading.Event, out: list[float]) -> None:
             until.wait(PROBE_EVERY)
 
 
-def busy_pickup_latency(seconds: float, kind: str, burst_jobs: int) -> BusyPickup:
+@contextmanager
+def _busy_side(raw: bool) -> Iterator[tuple[str, Callable[[sa.Engine, str, int], None]]]:
+    """A scratch database with a consumer running: our worker (concurrency 4, default
+    poll interval) or the raw peer's (4 threads, ``peers.raw_busy_consumer``); yields
+    its URL and how to enqueue a burst there."""
+    if raw:
+        with scratch_database("bench_busy_raw") as url:
+            peers.install_busy_schema(url)
+
+            def raw_burst(engine: sa.Engine, kind: str, count: int) -> None:
+                with psycopg.connect(url) as conn:
+                    peers.raw_busy_burst(conn, kind, count)
+
+            with peers.raw_busy_consumer(url):
+                yield url, raw_burst
+        return
+
+    def burst(engine: sa.Engine, kind: str, count: int) -> None:
+        with Session(engine) as s:
+            enqueue_many(s, [NewJob(kind, {}, priority=9) for _ in range(count)])
+            s.commit()
+
+    with _ours("bench_busy") as url:
+        worker = WorkerProcess(url, "--concurrency", "4")
+        try:
+            worker.wait_ready()
+            yield url, burst
+        finally:
+            worker.stop()
+
+
+def busy_pickup_latency(
+    seconds: float, kind: str, burst_jobs: int, raw: bool = False
+) -> BusyPickup:
     """Latencies (ms) of jobs from 8 producers at a steady BUSY_RATE/s while bursts of
-    ``burst_jobs`` ``kind`` jobs make the worker (concurrency 4, default poll interval)
-    alternate busy and idle."""
+    ``burst_jobs`` ``kind`` jobs make the consumer (ours, or the raw peer's) alternate
+    busy and idle."""
     ctx = multiprocessing.get_context("spawn")
     per_producer = int(seconds * BUSY_RATE / BUSY_PRODUCERS)
     round_trips: list[float] = []
-    with _ours("bench_busy") as url:
-        worker = WorkerProcess(url, "--concurrency", "4")
+    with _busy_side(raw) as (url, burst):
         sent: dict[int, float] = {}
         commits: list[float] = []
         probing = threading.Event()
         probe = threading.Thread(target=_round_trips, args=(url, probing, round_trips))
         try:
-            worker.wait_ready()
             ready, go, out = ctx.Queue(), ctx.Event(), ctx.Queue()
             period = BUSY_PRODUCERS / BUSY_RATE
             procs = [
                 ctx.Process(
                     target=_busy_producer,
-                    args=(url, per_producer, i * period / BUSY_PRODUCERS, ready, go, out),
+                    args=(url, per_producer, i * period / BUSY_PRODUCERS, raw, ready, go, out),
                 )
                 for i in range(BUSY_PRODUCERS)
             ]
@@ -899,17 +938,14 @@ def busy_pickup_latency(seconds: float, kind: str, burst_jobs: int) -> BusyPicku
                 p.start()
             for _ in procs:
                 ready.get(timeout=60)
-            time.sleep(0.5)  # the worker is idle, its flag up
+            time.sleep(0.5)  # the consumer is idle (ours: its flag up)
             with _engine(url) as engine:
-                burst = [NewJob(kind, {}, priority=9) for _ in range(burst_jobs)]
                 go.set()
                 probe.start()
                 tick = time.perf_counter()
                 end = tick + per_producer * period
                 while tick < end:
-                    with Session(engine) as s:
-                        enqueue_many(s, burst)
-                        s.commit()
+                    burst(engine, kind, burst_jobs)
                     tick += BURST_EVERY
                     time.sleep(max(0.0, tick - time.perf_counter()))
             for _ in procs:
@@ -924,21 +960,47 @@ def busy_pickup_latency(seconds: float, kind: str, burst_jobs: int) -> BusyPicku
             probing.set()
             if probe.is_alive():
                 probe.join(10)
-            worker.stop()
         return BusyPickup(_latencies(url, sent), commits, round_trips)
 
 
-def _busy_rows(label: str, run: BusyPickup) -> list[Row]:
-    """The p50/p99/max pickup of one busy-case run (max <= 50 ms is the target), the jobs
-    that waited for the poll, and what no worker can make shorter: the slowest of the
-    producers' own enqueue + commit (part of every pickup), and the slowest server round
-    trip meanwhile."""
+#: The busy-case peer, as named in the table.
+BUSY_PEER = "raw psycopg: seed claim, NOTIFY, 4 threads"
+
+
+def _busy_rows(label: str, run: BusyPickup, raw: BusyPickup) -> list[Row]:
+    """The p50/p99/max pickup of one busy-case run (max <= 50 ms is the target) beside
+    the raw peer's under the same load, the jobs that waited for the poll, and what no
+    worker can make shorter: the slowest of the producers' own enqueue + commit (part
+    of every pickup), and the slowest server round trip meanwhile."""
     busy = run.latencies
     scenario = f"{BUSY_PRODUCERS} producers at {BUSY_RATE}/s, {label} ({len(busy):,} jobs)"
     rows = [
-        Row("pickup", f"p50, {scenario}", _percentile(busy, 0.5), "ms"),
-        Row("pickup", f"p99, {scenario}", _percentile(busy, 0.99), "ms"),
-        Row("pickup", f"max, {scenario}", max(busy), "ms", target="<= 50 ms", met=max(busy) <= 50),
+        Row(
+            "pickup",
+            f"p50, {scenario}",
+            _percentile(busy, 0.5),
+            "ms",
+            BUSY_PEER,
+            _percentile(raw.latencies, 0.5),
+        ),
+        Row(
+            "pickup",
+            f"p99, {scenario}",
+            _percentile(busy, 0.99),
+            "ms",
+            BUSY_PEER,
+            _percentile(raw.latencies, 0.99),
+        ),
+        Row(
+            "pickup",
+            f"max, {scenario}",
+            max(busy),
+            "ms",
+            BUSY_PEER,
+            max(raw.latencies),
+            target="<= 50 ms",
+            met=max(busy) <= 50,
+        ),
     ]
     waited = sum(1 for v in busy if v > POLL_WAIT_MS)
     rows.append(
@@ -952,7 +1014,14 @@ def _busy_rows(label: str, run: BusyPickup) -> list[Row]:
         )
     )
     rows.append(
-        Row("pickup", f"producer's enqueue + commit alone, max, {label}", max(run.commits), "ms")
+        Row(
+            "pickup",
+            f"producer's enqueue + commit alone, max, {label}",
+            max(run.commits),
+            "ms",
+            "the raw peer's producers",
+            max(raw.commits),
+        )
     )
     if run.round_trips:
         rows.append(
@@ -961,6 +1030,8 @@ def _busy_rows(label: str, run: BusyPickup) -> list[Row]:
                 f"slowest server round trip (SELECT 1 every 5 ms), {label}",
                 max(run.round_trips),
                 "ms",
+                "during the raw peer's run",
+                max(raw.round_trips) if raw.round_trips else None,
             )
         )
     return rows
@@ -1587,16 +1658,20 @@ def main(argv: list[str] | None = None) -> int:
         step("pickup latency, idle: ours and raw psycopg + notify trigger, in turn")
         ours_lat: list[float] = []
         raw_lat: list[float] = []
+        raw_tx_lat: list[float] = []
         for _ in range(sizes.repeats):
             ours_lat += pickup_latency(sizes.pickup)
             with scratch_database("bench_peer") as peer_url:
                 raw_lat += peers.raw_notify_pickup(peer_url, sizes.pickup, 0.020)
+            with scratch_database("bench_peer") as peer_url:
+                raw_tx_lat += peers.raw_notify_pickup(peer_url, sizes.pickup, 0.020, True)
         for name, q, target in (("p50", 0.5, 2.0), ("p99", 0.99, 5.0)):
             value = _percentile(ours_lat, q)
+            scenario = f"{name}, idle worker, 1 job/20 ms, enqueue -> handler"
             rows.append(
                 Row(
                     "pickup",
-                    f"{name}, idle worker, 1 job/20 ms, enqueue -> handler",
+                    scenario,
                     value,
                     "ms",
                     "raw psycopg + notify trigger",
@@ -1605,12 +1680,24 @@ def main(argv: list[str] | None = None) -> int:
                     value <= target,
                 )
             )
+            rows.append(
+                Row(
+                    "pickup",
+                    f"{scenario}, vs an INSERT in a transaction",
+                    value,
+                    "ms",
+                    "the same, BEGIN + INSERT + COMMIT",
+                    _percentile(raw_tx_lat, q),
+                )
+            )
         for label, kind, jobs in (
             (f"bursts of {BURST_NAPS} 2-ms jobs", "nap", BURST_NAPS),
             (f"bursts of {BURST_NOOPS} no-op jobs", "noop", BURST_NOOPS),
         ):
-            step(f"pickup latency, busy: 8 producers at {BUSY_RATE}/s, {label}")
-            rows += _busy_rows(label, busy_pickup_latency(sizes.busy_seconds, kind, jobs))
+            step(f"pickup latency, busy: 8 producers at {BUSY_RATE}/s, {label}; then the peer")
+            ours_busy = busy_pickup_latency(sizes.busy_seconds, kind, jobs)
+            raw_busy = busy_pickup_latency(sizes.busy_seconds, kind, jobs, raw=True)
+            rows += _busy_rows(label, ours_busy, raw_busy)
 
     if "claim" in only:
         step("claim latency (loading the table)")
