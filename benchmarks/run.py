@@ -226,17 +226,27 @@ def ours_enqueue_single(n_jobs: int, producers: int, mode: str) -> float:
             ctx.Process(target=_producer, args=(url, share, ready, go, done))
             for share in peers._split(n_jobs, producers)
         ]
-        for p in procs:
-            p.start()
-        for _ in procs:
-            ready.get(timeout=60)
-        t0 = time.perf_counter()
-        go.set()
-        t1 = max(float(done.get(timeout=300)) for _ in procs)
-        for p in procs:
-            p.join(30)
+        elapsed = _run_together(procs, ready, go, done)
         peers._check_count(url, n_jobs)
-    return n_jobs / (t1 - t0)
+    return n_jobs / elapsed
+
+
+def _run_together(procs: list[Any], ready: Any, go: Any, done: Any) -> float:
+    """Start ``procs``, wait until each is ready, let them go at once; the seconds until
+    the last one puts its end (``time.perf_counter()``, one clock for all processes on
+    Linux) in ``done``. Raises if one of them failed."""
+    for p in procs:
+        p.start()
+    for _ in procs:
+        ready.get(timeout=60)
+    t0 = time.perf_counter()
+    go.set()
+    t1 = max(float(done.get(timeout=300)) for _ in procs)
+    for p in procs:
+        p.join(30)
+    if any(p.exitcode for p in procs):
+        raise RuntimeError(f"a benchmark process failed: {[p.exitcode for p in procs]}")
+    return t1 - t0
 
 
 def raw_single_on_our_schema(n_jobs: int, producers: int, mode: str) -> float:
@@ -587,7 +597,7 @@ def _floor_process(
             t.start()
         for t in threads:
             t.join()
-        done.put(time.time())
+        done.put(time.perf_counter())
 
 
 def transaction_floor(n_jobs: int, processes: int, driver: str, threads: int = 4) -> float:
@@ -614,19 +624,9 @@ def transaction_floor(n_jobs: int, processes: int, driver: str, threads: int = 4
             )
             for i in range(processes)
         ]
-        for p in procs:
-            p.start()
-        for _ in procs:
-            ready.get(timeout=60)
-        t0 = time.time()
-        go.set()
-        t1 = max(float(done.get(timeout=300)) for _ in procs)
-        for p in procs:
-            p.join()
-        if any(p.exitcode for p in procs):
-            raise RuntimeError(f"a floor process failed: {[p.exitcode for p in procs]}")
+        elapsed = _run_together(procs, ready, go, done)
         peers._check_count(url, n_jobs, "done")
-    return n_jobs / (t1 - t0)
+    return n_jobs / elapsed
 
 
 def pgbench_tps(seconds: int, clients: int = 4) -> float | None:
