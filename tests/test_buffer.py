@@ -42,3 +42,13 @@ def test_a_stop_sentinel_comes_after_the_jobs_put_before_it() -> None:
     assert buffer.get() is None
     with pytest.raises(queue.Empty):
         buffer.get_nowait()
+
+
+def test_the_buffer_knows_the_least_urgent_priority_still_waiting() -> None:
+    buffer = ThreadBuffer()
+    assert buffer.jobs.least_urgent() is None
+    for job in [_job(1, 3), _job(2, 7), _job(3, 0)]:
+        buffer.put(job)
+    assert buffer.jobs.least_urgent() == 7
+    assert _ids(buffer) == [3, 1, 2]
+    assert buffer.jobs.least_urgent() is None

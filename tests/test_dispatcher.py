@@ -5,6 +5,7 @@ them, so the room for a claim is exactly what the test frees."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -95,3 +96,20 @@ def test_a_wake_up_claims_whatever_room_there_is(engine: sa.Engine, db_url: URL)
         _enqueue(engine, 1, priority=0)
         dispatcher.wake()
         wait_for(lambda: _urgent_claimed(engine), timeout=5, message="a claim on the wake-up")
+
+
+def test_a_busy_dispatcher_claims_past_a_full_buffer_only_jobs_more_urgent_than_it_holds(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    _enqueue(engine, 40, priority=9)
+    with dispatching(engine, db_url) as (dispatcher, _ledger):
+        wait_for(lambda: _running(engine) == PREFETCH + 1, message="the first claim")
+        # No slot is freed: the buffer stays full. 19 jobs of its own priority wait in
+        # the table, and one more urgent job arrives.
+        _enqueue(engine, 1, priority=5)
+        wait_for(lambda: _running(engine) == PREFETCH + 2, timeout=5, message="a busy look")
+        assert scalar(engine, "SELECT status::text FROM jobs WHERE priority = 5") == "running"
+        time.sleep(0.2)  # ten more looks: none claims a job as urgent as the buffered ones
+        assert _running(engine) == PREFETCH + 2
+        first = dispatcher.pools[0].buffer.get_nowait()
+        assert first is not None and first.priority == 5

@@ -57,6 +57,10 @@ def claim(
     reaching the next one). The outer LIMIT stops the nested loop as soon as enough rows
     are locked, so empty or unneeded levels cost one index probe or nothing.
 
+    Bound ``max_priority`` (default 9, every level) to claim only jobs at least that
+    urgent: a worker whose buffer is full claims past it only jobs more urgent than any
+    it holds.
+
     The candidate set is a MATERIALIZED CTE: as an ``IN (subquery)`` the planner may
     re-run the SKIP LOCKED subquery and lock more rows than it updates.
 
@@ -75,7 +79,9 @@ def claim(
     levels = (
         sa.func.generate_series(
             sa.literal_column(str(validation.MIN_PRIORITY)),
-            sa.literal_column(str(validation.MAX_PRIORITY)),
+            # Claims only jobs at least this urgent: a worker whose buffer is full looks
+            # for jobs more urgent than any it holds (see the dispatcher's busy look).
+            sa.bindparam("max_priority", validation.MAX_PRIORITY, sa.Integer),
         )
         .table_valued("level")
         .render_derived(name="levels")

@@ -9,6 +9,7 @@ priority first (the smallest ``priority``), and in claim order within one priori
 
 from __future__ import annotations
 
+import collections
 import heapq
 import itertools
 import queue
@@ -24,15 +25,24 @@ class Waiting:
         self._heap: list[tuple[int, int, Claimed]] = []
         self._lock = threading.Lock()
         self._order = itertools.count()
+        self._by_priority: collections.Counter[int] = collections.Counter()
 
     def push(self, job: Claimed) -> None:
         with self._lock:
             heapq.heappush(self._heap, (job.priority, next(self._order), job))
+            self._by_priority[job.priority] += 1
 
     def pop(self) -> Claimed:
         """The most urgent job; ``IndexError`` if none waits."""
         with self._lock:
-            return heapq.heappop(self._heap)[2]
+            job = heapq.heappop(self._heap)[2]
+            self._by_priority[job.priority] -= 1
+            return job
+
+    def least_urgent(self) -> int | None:
+        """The largest ``priority`` a waiting job has; None if none waits."""
+        with self._lock:
+            return max((p for p, n in self._by_priority.items() if n > 0), default=None)
 
     def __len__(self) -> int:
         return len(self._heap)

@@ -1,6 +1,6 @@
 WITH picked AS MATERIALIZED
   (SELECT ready.id AS id
-   FROM generate_series(0, 9) AS levels(level)
+   FROM generate_series(0, %(max_priority)s::INTEGER) AS levels(level)
    JOIN LATERAL
      (SELECT jobs.id AS id
       FROM jobs
