@@ -47,6 +47,17 @@ def dispatching(engine: sa.Engine, db_url: URL) -> Iterator[tuple[Dispatcher, In
         assert not thread.is_alive()
 
 
+@contextmanager
+def busy(engine: sa.Engine, db_url: URL) -> Iterator[tuple[Dispatcher, Inflight]]:
+    """A dispatcher whose first claim filled its slot and buffer and came back full:
+    busy (no notifications), and a claim waits for half the buffer to be free. 19 jobs
+    of the buffered priority (9) wait in the table."""
+    _enqueue(engine, 40, priority=9)
+    with dispatching(engine, db_url) as (dispatcher, ledger):
+        wait_for(lambda: _running(engine) == PREFETCH + 1, message="the first claim")
+        yield dispatcher, ledger
+
+
 def _enqueue(engine: sa.Engine, count: int, priority: int) -> None:
     with Session(engine) as s:
         enqueue_many(s, [NewJob("k", {}, priority=priority) for _ in range(count)])
@@ -73,11 +84,7 @@ def _finish(dispatcher: Dispatcher, ledger: Inflight, count: int) -> None:
 def test_a_busy_dispatcher_fills_freed_room_before_half_its_buffer_is_free(
     engine: sa.Engine, db_url: URL
 ) -> None:
-    _enqueue(engine, 40, priority=9)
-    with dispatching(engine, db_url) as (dispatcher, ledger):
-        # The claim fills the slot and the buffer and comes back full: busy (no
-        # notifications), and a claim waits for half the buffer to be free.
-        wait_for(lambda: _running(engine) == PREFETCH + 1, message="the first claim")
+    with busy(engine, db_url) as (dispatcher, ledger):
         _finish(dispatcher, ledger, 3)  # room for 3 only, of the same priority
         wait_for(lambda: _running(engine) == PREFETCH + 4, timeout=5, message="a busy look")
 
@@ -98,11 +105,8 @@ def test_a_wake_up_claims_whatever_room_there_is(engine: sa.Engine, db_url: URL)
 def test_a_busy_dispatcher_claims_past_a_full_buffer_only_jobs_more_urgent_than_it_holds(
     engine: sa.Engine, db_url: URL
 ) -> None:
-    _enqueue(engine, 40, priority=9)
-    with dispatching(engine, db_url) as (dispatcher, _ledger):
-        wait_for(lambda: _running(engine) == PREFETCH + 1, message="the first claim")
-        # No slot is freed: the buffer stays full. 19 jobs of its own priority wait in
-        # the table, and one more urgent job arrives.
+    with busy(engine, db_url) as (dispatcher, _ledger):
+        # No slot is freed: the buffer stays full. One more urgent job arrives.
         _enqueue(engine, 1, priority=5)
         wait_for(lambda: _running(engine) == PREFETCH + 2, timeout=5, message="a busy look")
         assert scalar(engine, "SELECT status::text FROM jobs WHERE priority = 5") == "running"
