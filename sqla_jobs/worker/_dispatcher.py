@@ -330,11 +330,7 @@ class Dispatcher:
         if limits is not None and limits.skip_unlimited():
             jobs = []
         else:
-            since = time.monotonic()
-            # Alone in autocommit mode: one statement, one round trip (sql.lease.claim).
-            with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-                jobs = self._run_claim(conn, pool.claim_sql, wanted)
-            self.ledger.add(jobs, pool.number, since)
+            jobs = self._claim_unlimited(pool, wanted)
             if limits is not None and len(jobs) < wanted:
                 limits.unlimited_drained()
         jobs = first + jobs
@@ -359,10 +355,18 @@ class Dispatcher:
             return []
         if pool.limits is not None and pool.limits.skip_unlimited():
             return []
+        return self._claim_unlimited(pool, pool.slots, max_priority=least - 1)
+
+    def _claim_unlimited(
+        self, pool: Pool, limit: int, max_priority: int = validation.MAX_PRIORITY
+    ) -> list[Claimed]:
+        """Claim up to ``limit`` of ``pool``'s unlimited kinds, at least ``max_priority``
+        urgent, into the ledger."""
         sql, params = pool.claim_sql
         since = time.monotonic()
+        # Alone in autocommit mode: one statement, one round trip (sql.lease.claim).
         with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            jobs = self._run_claim(conn, (sql, {**params, "max_priority": least - 1}), pool.slots)
+            jobs = self._run_claim(conn, (sql, {**params, "max_priority": max_priority}), limit)
         self.ledger.add(jobs, pool.number, since)
         return jobs
 
