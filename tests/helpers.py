@@ -68,6 +68,11 @@ def scalar(engine: sa.Engine, query: str, **params: Any) -> Any:
         return conn.execute(sa.text(query), params).scalar()
 
 
+def running_jobs(engine: sa.Engine) -> int:
+    """How many jobs are claimed (running or in a worker's prefetch buffer)."""
+    return int(scalar(engine, "SELECT count(*) FROM jobs WHERE status = 'running'"))
+
+
 def rows(engine: sa.Engine, query: str, **params: Any) -> list[Any]:
     with engine.connect() as conn:
         return list(conn.execute(sa.text(query), params).all())

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import sqlalchemy as sa
-from helpers import scalar, url_text, wait_for
+from helpers import running_jobs, scalar, url_text, wait_for
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
@@ -54,7 +54,7 @@ def busy(engine: sa.Engine, db_url: URL) -> Iterator[tuple[Dispatcher, Inflight]
     of the buffered priority (9) wait in the table."""
     _enqueue(engine, 40, priority=9)
     with dispatching(engine, db_url) as (dispatcher, ledger):
-        wait_for(lambda: _running(engine) == PREFETCH + 1, message="the first claim")
+        wait_for(lambda: running_jobs(engine) == PREFETCH + 1, message="the first claim")
         yield dispatcher, ledger
 
 
@@ -62,10 +62,6 @@ def _enqueue(engine: sa.Engine, count: int, priority: int) -> None:
     with Session(engine) as s:
         enqueue_many(s, [NewJob("k", {}, priority=priority) for _ in range(count)])
         s.commit()
-
-
-def _running(engine: sa.Engine) -> int:
-    return int(scalar(engine, "SELECT count(*) FROM jobs WHERE status = 'running'"))
 
 
 def _urgent_claimed(engine: sa.Engine) -> bool:
@@ -86,17 +82,17 @@ def test_a_busy_dispatcher_fills_freed_room_before_half_its_buffer_is_free(
 ) -> None:
     with busy(engine, db_url) as (dispatcher, ledger):
         _finish(dispatcher, ledger, 3)  # room for 3 only, of the same priority
-        wait_for(lambda: _running(engine) == PREFETCH + 4, timeout=5, message="a busy look")
+        wait_for(lambda: running_jobs(engine) == PREFETCH + 4, timeout=5, message="a busy look")
 
 
 def test_a_wake_up_claims_whatever_room_there_is(engine: sa.Engine, db_url: URL) -> None:
     _enqueue(engine, 5, priority=9)
     with dispatching(engine, db_url) as (dispatcher, _ledger):
-        wait_for(lambda: _running(engine) == 5, message="the first claim")
+        wait_for(lambda: running_jobs(engine) == 5, message="the first claim")
         _enqueue(engine, 14, priority=9)
         dispatcher.wake()  # as a notification would
         # Both claims came back short (idle, no busy look), and left room for 2 only.
-        wait_for(lambda: _running(engine) == 19, message="the second claim")
+        wait_for(lambda: running_jobs(engine) == 19, message="the second claim")
         _enqueue(engine, 1, priority=0)
         dispatcher.wake()
         wait_for(lambda: _urgent_claimed(engine), timeout=5, message="a claim on the wake-up")
@@ -108,9 +104,9 @@ def test_a_busy_dispatcher_claims_past_a_full_buffer_only_jobs_more_urgent_than_
     with busy(engine, db_url) as (dispatcher, _ledger):
         # No slot is freed: the buffer stays full. One more urgent job arrives.
         _enqueue(engine, 1, priority=5)
-        wait_for(lambda: _running(engine) == PREFETCH + 2, timeout=5, message="a busy look")
+        wait_for(lambda: running_jobs(engine) == PREFETCH + 2, timeout=5, message="a busy look")
         assert scalar(engine, "SELECT status::text FROM jobs WHERE priority = 5") == "running"
         time.sleep(0.2)  # ten more looks: none claims a job as urgent as the buffered ones
-        assert _running(engine) == PREFETCH + 2
+        assert running_jobs(engine) == PREFETCH + 2
         first = dispatcher.pools[0].buffer.get_nowait()
         assert first is not None and first.priority == 5

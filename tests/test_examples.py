@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from helpers import rows, scalar, url_text, wait_for
+from helpers import rows, running_jobs, scalar, url_text, wait_for
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
@@ -150,7 +150,7 @@ def test_two_receipt_jobs_for_one_order_at_once_send_one_receipt(
             "SELECT count(*) FROM pg_stat_activity "
             "WHERE datname = current_database() AND wait_event_type = 'Lock'",
         )
-        running = scalar(engine, "SELECT count(*) FROM jobs WHERE status = 'running'")
+        running = running_jobs(engine)
         return bool(len(sending) == 1 and waiting == 1 and running == 2)
 
     try:

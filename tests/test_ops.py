@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from helpers import rows, scalar, setup_app_tables, start_worker, stop, wait_for
+from helpers import rows, running_jobs, scalar, setup_app_tables, start_worker, stop, wait_for
 from jobapp import registry as app_registry
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
@@ -251,7 +251,7 @@ def test_delete_never_touches_running_jobs(session: Session, engine: sa.Engine) 
         ops.delete_jobs(session, kind="noop")
     session.commit()
     assert scalar(engine, "SELECT count(*) FROM jobs WHERE status = 'dead'") == 0
-    assert scalar(engine, "SELECT count(*) FROM jobs WHERE status = 'running'") == 2
+    assert running_jobs(engine) == 2
 
 
 def test_bulk_action_skips_a_row_another_transaction_holds(
@@ -282,7 +282,7 @@ def test_cancel_while_a_worker_drains_ends_queued_jobs_and_stops_running_ones(
             asked = ops.cancel(s, kind="effect")
             s.commit()
         wait_for(
-            lambda: scalar(engine, "SELECT count(*) FROM jobs WHERE status = 'running'") == 0,
+            lambda: running_jobs(engine) == 0,
             message="running jobs to finish",
         )
     finally:

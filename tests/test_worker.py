@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from helpers import rows, scalar, setup_app_tables, url_text, wait_for
+from helpers import rows, running_jobs, scalar, setup_app_tables, url_text, wait_for
 from jobapp import registry as app_registry
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
@@ -205,20 +205,17 @@ def test_a_more_urgent_job_claimed_later_starts_before_the_buffered_ones(
             enqueue_many(s, [NewJob("record", {"label": x}, priority=priority) for x in labels])
             s.commit()
 
-    def claimed() -> int:
-        return int(scalar(engine, "SELECT count(*) FROM jobs WHERE status = 'running'"))
-
     with running(registry, db_url, concurrency=1, async_concurrency=1, prefetch=20):
         put(["warm"] * 5, 0)  # the worker learns its handlers' pace, so it buffers
         wait_for(lambda: len(started) == 5, message="the warm-up jobs")
         with Session(engine) as s:
             enqueue(s, "block", {})
             s.commit()
-        wait_for(lambda: claimed() == 1, message="the one slot taken")
+        wait_for(lambda: running_jobs(engine) == 1, message="the one slot taken")
         put([f"low{i}" for i in range(10)], 9)
-        wait_for(lambda: claimed() == 11, message="the low-priority jobs buffered")
+        wait_for(lambda: running_jobs(engine) == 11, message="the low-priority jobs buffered")
         put([f"high{i}" for i in range(3)], 0)  # a later claim, more urgent
-        wait_for(lambda: claimed() == 14, message="the urgent jobs buffered behind them")
+        wait_for(lambda: running_jobs(engine) == 14, message="the urgent jobs buffered behind them")
         gate.set()
         wait_for(lambda: len(started) == 18, message="every job run")
     assert started[5:] == [f"high{i}" for i in range(3)] + [f"low{i}" for i in range(10)]
