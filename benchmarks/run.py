@@ -836,9 +836,25 @@ def _busy_producer(
     ``enqueue`` in a Session (ours) or an INSERT on a psycopg connection (``raw``)."""
     period = BUSY_PRODUCERS / BUSY_RATE
     sent: list[tuple[int, float, float]] = []  # job id, before enqueue, after commit
-    with _engine(url, pool_size=1) as engine, psycopg.connect(url) as conn:
-        with engine.connect():
-            pass
+    with ExitStack() as stack:
+        if raw:
+            conn = stack.enter_context(psycopg.connect(url))
+
+            def one_job() -> int:
+                row = conn.execute(peers.BUSY_INSERT).fetchone()
+                conn.commit()
+                return int(row[0]) if row else 0
+        else:
+            engine = stack.enter_context(_engine(url, pool_size=1))
+            with engine.connect():
+                pass
+
+            def one_job() -> int:
+                with Session(engine) as s:
+                    job_id = enqueue(s, "stamp", {})
+                    s.commit()
+                return int(job_id or 0)
+
         ready.put(True)
         go.wait()
         tick = time.perf_counter() + phase
@@ -846,15 +862,8 @@ def _busy_producer(
             time.sleep(max(0.0, tick - time.perf_counter()))
             tick += period
             before = time.time()
-            if raw:
-                row = conn.execute(peers.BUSY_INSERT).fetchone()
-                conn.commit()
-                job_id = row[0] if row else 0
-            else:
-                with Session(engine) as s:
-                    job_id = enqueue(s, "stamp", {})
-                    s.commit()
-            sent.append((int(job_id or 0), before, time.time()))
+            job_id = one_job()
+            sent.append((job_id, before, time.time()))
     out.put(sent)
 
 
