@@ -16,6 +16,7 @@ Run ``python benchmarks/peers.py`` to print every figure once (5000 jobs).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import socket
@@ -359,41 +360,27 @@ def raw_notify_pickup(
     between BEGIN and COMMIT (three round trips, as any enqueue that joins a caller's
     transaction). Timed: from just before the producer's INSERT (its BEGIN) to the
     handler's first line (``time.time()`` on both sides)."""
-    import multiprocessing
-
     _install_seed_schema(url, trigger=True)
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(PICKUP_TABLE)
-    ctx = multiprocessing.get_context("spawn")
-    ready, stop = ctx.Event(), ctx.Event()
-    consumer = ctx.Process(target=_raw_listen_consumer, args=(url, ready, stop))
-    consumer.start()
     sent: dict[int, float] = {}
-    try:
-        if not ready.wait(60):
-            raise RuntimeError("raw consumer did not start")
-        with psycopg.connect(url, autocommit=True) as conn:
-            insert = "INSERT INTO jobs (kind, payload) VALUES (%s, %s) RETURNING id"
-            tick = time.perf_counter()
-            for i in range(n_jobs):
-                before = time.time()
-                with conn.transaction() if in_transaction else nullcontext():
-                    row = conn.execute(insert, (KIND, Jsonb({"i": i}))).fetchone()
-                assert row is not None
-                sent[int(row[0])] = before
-                tick += interval
-                time.sleep(max(0.0, tick - time.perf_counter()))
-            deadline = time.perf_counter() + 60
-            while _count_jobs(url, "done") < n_jobs and time.perf_counter() < deadline:
-                time.sleep(0.02)
-            started: dict[int, float] = dict(
-                conn.execute("SELECT job_id, started FROM bench_pickup").fetchall()
-            )
-    finally:
-        stop.set()
-        consumer.join(10)
-        if consumer.is_alive():
-            consumer.kill()
+    with _consumer(_raw_listen_consumer, url), psycopg.connect(url, autocommit=True) as conn:
+        insert = "INSERT INTO jobs (kind, payload) VALUES (%s, %s) RETURNING id"
+        tick = time.perf_counter()
+        for i in range(n_jobs):
+            before = time.time()
+            with conn.transaction() if in_transaction else nullcontext():
+                row = conn.execute(insert, (KIND, Jsonb({"i": i}))).fetchone()
+            assert row is not None
+            sent[int(row[0])] = before
+            tick += interval
+            time.sleep(max(0.0, tick - time.perf_counter()))
+        deadline = time.perf_counter() + 60
+        while _count_jobs(url, "done") < n_jobs and time.perf_counter() < deadline:
+            time.sleep(0.02)
+        started: dict[int, float] = dict(
+            conn.execute("SELECT job_id, started FROM bench_pickup").fetchall()
+        )
     return [(started[j] - t) * 1000 for j, t in sent.items()]
 
 
@@ -487,23 +474,29 @@ def _raw_busy_consumer(url: str, handlers: int, ready: Any, stop: Any) -> None:
 
 
 @contextmanager
-def raw_busy_consumer(url: str, handlers: int = 4) -> Iterator[None]:
-    """Run the busy-case peer's consumer (a child process) while the block runs."""
+def _consumer(target: Callable[..., None], *args: Any) -> Iterator[None]:
+    """Run ``target(*args, ready, stop)`` in a child process while the block runs: wait
+    for it to set ``ready``, and at the end set ``stop`` (killed if it does not exit)."""
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")
     ready, stop = ctx.Event(), ctx.Event()
-    consumer = ctx.Process(target=_raw_busy_consumer, args=(url, handlers, ready, stop))
+    consumer = ctx.Process(target=target, args=(*args, ready, stop))
     consumer.start()
     try:
         if not ready.wait(60):
-            raise RuntimeError("raw busy consumer did not start")
+            raise RuntimeError(f"the consumer {target.__name__} did not start")
         yield
     finally:
         stop.set()
         consumer.join(15)
         if consumer.is_alive():
             consumer.kill()
+
+
+def raw_busy_consumer(url: str, handlers: int = 4) -> contextlib.AbstractContextManager[None]:
+    """Run the busy-case peer's consumer (a child process) while the block runs."""
+    return _consumer(_raw_busy_consumer, url, handlers)
 
 
 # --------------------------------------------------------------------------
