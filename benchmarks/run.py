@@ -49,6 +49,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -560,19 +561,19 @@ _FLOOR_DONE = (
 )
 
 
-def _floor_thread(
-    url: str, ids: list[int], driver: str, engine: sa.Engine, conn: psycopg.Connection[Any]
-) -> None:
-    """One thread of ``transaction_floor``: each id in its own transaction."""
-    if driver == "psycopg":
-        for j in ids:
-            conn.execute(_FLOOR_INSERT, {"j": j, "n": j})
-            conn.execute(_FLOOR_DONE, {"j": j})
-            conn.commit()
-        return
+def _floor_on_psycopg(conn: psycopg.Connection[Any], ids: list[int]) -> None:
+    """One thread of ``transaction_floor`` on plain psycopg: each id in its own transaction."""
+    for j in ids:
+        conn.execute(_FLOOR_INSERT, {"j": j, "n": j})
+        conn.execute(_FLOOR_DONE, {"j": j})
+        conn.commit()
+
+
+def _floor_in_sessions(engine: sa.Engine, ids: list[int]) -> None:
+    """One thread of ``transaction_floor``: a new Session per id, as a handler gets."""
     insert = sa.text("INSERT INTO bench_effects (job_id, n) VALUES (:j, :n)")
     for j in ids:
-        with Session(engine) as s:  # what a handler gets: a new Session per job
+        with Session(engine) as s:
             s.execute(insert, {"j": j, "n": j})
             s.connection().exec_driver_sql(_FLOOR_DONE, {"j": j})
             s.commit()
@@ -582,15 +583,19 @@ def _floor_process(
     url: str, slices: list[list[int]], driver: str, ready: Any, go: Any, done: Any
 ) -> None:
     """Connect every thread first (not timed), then run them on the go signal."""
-    with _engine(url, pool_size=len(slices)) as engine, ExitStack() as stack:
-        warm = [stack.enter_context(engine.connect()) for _ in slices]  # fill the pool
-        for c in warm:
-            c.close()
-        conns = [stack.enter_context(psycopg.connect(url)) for _ in slices]
-        threads = [
-            threading.Thread(target=_floor_thread, args=(url, ids, driver, engine, conn))
-            for ids, conn in zip(slices, conns, strict=True)
-        ]
+    with ExitStack() as stack:
+        if driver == "psycopg":
+            conns = [stack.enter_context(psycopg.connect(url)) for _ in slices]
+            work = [
+                partial(_floor_on_psycopg, c, ids) for c, ids in zip(conns, slices, strict=True)
+            ]
+        else:
+            engine = stack.enter_context(_engine(url, pool_size=len(slices)))
+            warm = [engine.connect() for _ in slices]  # fill the pool
+            for c in warm:
+                c.close()
+            work = [partial(_floor_in_sessions, engine, ids) for ids in slices]
+        threads = [threading.Thread(target=fn) for fn in work]
         ready.put(True)
         go.wait()
         for t in threads:
