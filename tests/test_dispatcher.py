@@ -9,15 +9,17 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import pytest
 import sqlalchemy as sa
 from helpers import running_jobs, scalar, url_text, wait_for
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
 from sqla_jobs import NewJob, WorkerConfig, enqueue_many
+from sqla_jobs.worker._async_executor import LoopBuffer
 from sqla_jobs.worker._buffer import ThreadBuffer
 from sqla_jobs.worker._dispatcher import Dispatcher, Pool
-from sqla_jobs.worker._inflight import SYNC_POOL, Inflight
+from sqla_jobs.worker._inflight import ASYNC_POOL, SYNC_POOL, Inflight
 
 #: With a handler pace of 1 ms per job, the buffer holds PREFETCH jobs (50 ms of work
 #: would be 50) beyond the one slot, and a claim waits for half of them to be free.
@@ -25,14 +27,19 @@ PREFETCH = 20
 
 
 @contextmanager
-def dispatching(engine: sa.Engine, db_url: URL) -> Iterator[tuple[Dispatcher, Inflight]]:
+def dispatching(
+    engine: sa.Engine, db_url: URL, pool_number: int = SYNC_POOL
+) -> Iterator[tuple[Dispatcher, Inflight]]:
+    """The dispatcher of one pool: the handler threads' (``SYNC_POOL``) or the event
+    loop's (``ASYNC_POOL``, with its own buffer, but no loop to hand jobs out)."""
     config = WorkerConfig(
         database_url=url_text(db_url), concurrency=1, prefetch=PREFETCH, poll_interval=0.2
     )
     buffer = ThreadBuffer()
     holder: list[Dispatcher] = []
     ledger = Inflight(on_room=lambda: holder[0].room_freed())
-    pool = Pool(SYNC_POOL, ("k",), 1, buffer, job_seconds=0.001)
+    pool_buffer = buffer if pool_number == SYNC_POOL else LoopBuffer()
+    pool = Pool(pool_number, ("k",), 1, pool_buffer, job_seconds=0.001)
     dispatcher = Dispatcher(engine, config, ["k"], ledger, buffer, [pool])
     holder.append(dispatcher)
     stop = threading.Event()
@@ -48,12 +55,14 @@ def dispatching(engine: sa.Engine, db_url: URL) -> Iterator[tuple[Dispatcher, In
 
 
 @contextmanager
-def busy(engine: sa.Engine, db_url: URL) -> Iterator[tuple[Dispatcher, Inflight]]:
+def busy(
+    engine: sa.Engine, db_url: URL, pool_number: int = SYNC_POOL
+) -> Iterator[tuple[Dispatcher, Inflight]]:
     """A dispatcher whose first claim filled its slot and buffer and came back full:
     busy (no notifications), and a claim waits for half the buffer to be free. 19 jobs
     of the buffered priority (9) wait in the table."""
     _enqueue(engine, 40, priority=9)
-    with dispatching(engine, db_url) as (dispatcher, ledger):
+    with dispatching(engine, db_url, pool_number) as (dispatcher, ledger):
         wait_for(lambda: running_jobs(engine) == PREFETCH + 1, message="the first claim")
         yield dispatcher, ledger
 
@@ -98,10 +107,11 @@ def test_a_wake_up_claims_whatever_room_there_is(engine: sa.Engine, db_url: URL)
         wait_for(lambda: _urgent_claimed(engine), timeout=5, message="a claim on the wake-up")
 
 
+@pytest.mark.parametrize("pool_number", [SYNC_POOL, ASYNC_POOL], ids=["threads", "event loop"])
 def test_a_busy_dispatcher_claims_past_a_full_buffer_only_jobs_more_urgent_than_it_holds(
-    engine: sa.Engine, db_url: URL
+    engine: sa.Engine, db_url: URL, pool_number: int
 ) -> None:
-    with busy(engine, db_url) as (dispatcher, _ledger):
+    with busy(engine, db_url, pool_number) as (dispatcher, _ledger):
         # No slot is freed: the buffer stays full. One more urgent job arrives.
         _enqueue(engine, 1, priority=5)
         wait_for(lambda: running_jobs(engine) == PREFETCH + 2, timeout=5, message="a busy look")
