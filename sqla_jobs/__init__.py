@@ -27,7 +27,7 @@ from sqla_jobs.exceptions import (
     SqlaJobsError,
 )
 from sqla_jobs.models import Base, Job, JobArchive, JobStatus
-from sqla_jobs.ops import Stats, result, stats
+from sqla_jobs.ops import Stats, result, result_async, stats, stats_async
 from sqla_jobs.producer import NewJob, enqueue, enqueue_async, enqueue_many, enqueue_many_async
 from sqla_jobs.retry import Backoff
 from sqla_jobs.tasks import Handler, JobContext, Registry, current_job
@@ -70,7 +70,9 @@ __all__ = [
     "enqueue_many",
     "enqueue_many_async",
     "result",
+    "result_async",
     "stats",
+    "stats_async",
 ]
 
 

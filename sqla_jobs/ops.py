@@ -51,7 +51,7 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session
 
-from sqla_jobs import exceptions, validation
+from sqla_jobs import _sessions, exceptions, validation
 from sqla_jobs.exceptions import (
     ConfigError,
     InvalidJobError,
@@ -112,6 +112,7 @@ def _ids(ids: Sequence[int] | None) -> list[int] | None:
 # --- schema -------------------------------------------------------------------------
 
 
+@_sessions.sync_form
 def check_schema(session: Session) -> None:
     """Raise SchemaNotReadyError unless revision 0002 (cancelled, jobs_archive) is applied."""
     schema.check_schema(session.connection(), archive=True)
@@ -242,6 +243,7 @@ _COUNTS = (
 )
 
 
+@_sessions.sync_form
 def stats(session: Session, registry: Registry | None = None) -> Stats:
     """Read the queue's state in one read-only snapshot (five index-backed queries).
 
@@ -315,6 +317,7 @@ def stats(session: Session, registry: Registry | None = None) -> Stats:
     )
 
 
+@_sessions.sync_form
 def periodic_statuses(session: Session, registry: Registry) -> tuple[ScheduleStatus, ...]:
     """Every schedule of ``registry`` and every one the database knows, sorted by name.
 
@@ -441,6 +444,7 @@ def _record(row: Any) -> JobRecord:
     return JobRecord(**values)
 
 
+@_sessions.sync_form
 def list_jobs(
     session: Session,
     status: JobStatus | str | Sequence[JobStatus | str] | None = None,
@@ -481,6 +485,7 @@ def _statuses(
     return [_status(s) for s in status]
 
 
+@_sessions.sync_form
 def get_job(session: Session, id: int, *, archived: bool = True) -> JobRecord:
     """The job with this id, from ``jobs`` or else (unless ``archived=False``) from
     ``jobs_archive`` (then ``archived_at`` is set); JobNotFoundError if there is none."""
@@ -505,6 +510,7 @@ def _check_filters(ids: list[int] | None, kind: str | None, queue: str | None) -
             raise ConfigError(f"{name} must be a non-empty string, got {value!r}")
 
 
+@_sessions.sync_form
 def retry_jobs(
     session: Session,
     ids: Sequence[int] | None = None,
@@ -547,6 +553,7 @@ class CancelResult:
     stopping: tuple[int, ...]
 
 
+@_sessions.sync_form
 def cancel(
     session: Session,
     ids: Sequence[int] | None = None,
@@ -580,6 +587,7 @@ def cancel(
     return CancelResult(cancelled, stopping)
 
 
+@_sessions.sync_form
 def cancel_jobs(
     session: Session,
     ids: Sequence[int] | None = None,
@@ -598,6 +606,7 @@ def cancel_jobs(
     return len(done.cancelled) + len(done.stopping)
 
 
+@_sessions.sync_form
 def result(session: Session, job_id: int) -> Any:
     """The value the handler of a ``done`` job returned (None if it returned None).
 
@@ -615,6 +624,7 @@ def result(session: Session, job_id: int) -> Any:
     return row.result
 
 
+@_sessions.sync_form
 def delete_jobs(
     session: Session,
     ids: Sequence[int] | None = None,
@@ -654,6 +664,7 @@ def delete_jobs(
 # --- archive and prune --------------------------------------------------------------
 
 
+@_sessions.sync_form
 def archive_batches(
     session: Session,
     older_than: timedelta,
@@ -681,6 +692,7 @@ def archive_batches(
             return
 
 
+@_sessions.sync_form
 def archive(
     session: Session,
     older_than: timedelta,
@@ -698,6 +710,7 @@ def archive(
     return sum(archive_batches(session, older_than, batch, include_dead_after))
 
 
+@_sessions.sync_form
 def prune(session: Session, older_than: timedelta, batch: int = DEFAULT_BATCH) -> int:
     """Delete archived jobs finished more than ``older_than`` ago, ``batch`` rows per
     committed transaction; return how many were deleted."""
@@ -783,6 +796,7 @@ def _scope(queue: str | None, kind: str | None) -> tuple[str, str]:
         raise ConfigError(str(exc)) from None
 
 
+@_sessions.sync_form
 def pause(session: Session, queue: str | None = None, *, kind: str | None = None) -> None:
     """Stop every worker of the fleet from starting jobs of ``queue`` (or of ``kind``).
 
@@ -795,6 +809,7 @@ def pause(session: Session, queue: str | None = None, *, kind: str | None = None
     session.execute(control_sql.set_control(scope, name, paused=True))
 
 
+@_sessions.sync_form
 def resume(session: Session, queue: str | None = None, *, kind: str | None = None) -> None:
     """Undo :func:`pause`; at commit, a notification wakes the idle workers. Never commits."""
     scope, name = _scope(queue, kind)
@@ -802,6 +817,7 @@ def resume(session: Session, queue: str | None = None, *, kind: str | None = Non
     session.execute(control_sql.notify_control())
 
 
+@_sessions.sync_form
 def set_limit(
     session: Session,
     queue: str | None = None,
@@ -830,6 +846,7 @@ def set_limit(
     session.execute(control_sql.notify_control())
 
 
+@_sessions.sync_form
 def clear_limits(
     session: Session, queue: str | None = None, *, kind: str | None = None, declared: bool = False
 ) -> None:
@@ -861,6 +878,7 @@ def _control(row: Any) -> ControlState:
     )
 
 
+@_sessions.sync_form
 def controls(session: Session) -> list[ControlState]:
     """Every paused or limited queue and kind, queues first, by name."""
     return [_control(row) for row in session.execute(control_sql.controls())]
@@ -872,6 +890,32 @@ def _worker(row: Any) -> WorkerInfo:
     return WorkerInfo(**values)
 
 
+@_sessions.sync_form
 def workers(session: Session) -> list[WorkerInfo]:
     """The live workers of the fleet (heartbeat within their lease time), by id."""
     return [_worker(row) for row in session.execute(workers_sql.live())]
+
+
+# --- the async twins (see sqla_jobs._sessions) --------------------------------------------
+# Each runs the function above on the AsyncSession's own Session, in its transaction: the
+# same statements, for an async app's endpoint or test (``await ops.pause_async(session,
+# "emails")``). archive_async and prune_async commit each batch, like their sync forms.
+
+check_schema_async = _sessions.async_form(check_schema)
+stats_async = _sessions.async_form(stats)
+periodic_statuses_async = _sessions.async_form(periodic_statuses)
+list_jobs_async = _sessions.async_form(list_jobs)
+get_job_async = _sessions.async_form(get_job)
+retry_jobs_async = _sessions.async_form(retry_jobs)
+cancel_async = _sessions.async_form(cancel)
+cancel_jobs_async = _sessions.async_form(cancel_jobs)
+result_async = _sessions.async_form(result)
+delete_jobs_async = _sessions.async_form(delete_jobs)
+archive_async = _sessions.async_form(archive)
+prune_async = _sessions.async_form(prune)
+pause_async = _sessions.async_form(pause)
+resume_async = _sessions.async_form(resume)
+set_limit_async = _sessions.async_form(set_limit)
+clear_limits_async = _sessions.async_form(clear_limits)
+controls_async = _sessions.async_form(controls)
+workers_async = _sessions.async_form(workers)

@@ -151,6 +151,25 @@ def _schema_errors() -> Iterator[None]:
         raise
 
 
+def _wrong_session(session: object, *, async_: bool) -> TypeError:
+    """The error for a session of the other kind (checked only once the type is not ours,
+    so the enqueue path pays nothing for it)."""
+    given = type(session).__name__
+    if async_:
+        return TypeError(
+            "enqueue_async() (like enqueue_many_async(), registry.enqueue_async() and "
+            f"handler.enqueue_async()) takes an AsyncSession or AsyncConnection, got {given}: "
+            "with a Session use enqueue(...), enqueue_many(...), registry.enqueue(...) or "
+            "handler.enqueue(...)"
+        )
+    return TypeError(
+        "enqueue() (like enqueue_many(), registry.enqueue() and handler.enqueue()) takes a "
+        f"Session or Connection, got {given}: with an AsyncSession use "
+        "`await enqueue_async(...)`, `await enqueue_many_async(...)`, "
+        "`await registry.enqueue_async(...)` or `await handler.enqueue_async(...)`"
+    )
+
+
 def _execute(
     session: Executor, shape: tuple[Any, ...], params: dict[str, Any]
 ) -> CursorResult[Any]:
@@ -159,8 +178,10 @@ def _execute(
         # The bind session.execute(stmt) would pick (binds= by class or table, or a
         # get_bind() that routes on the statement), in the session's transaction.
         conn = session.connection(bind_arguments={"mapper": Job, "clause": stmt})
-    else:
+    elif isinstance(session, Connection):
         conn = session
+    else:
+        raise _wrong_session(session, async_=False)
     with _schema_errors():
         return conn.exec_driver_sql(*_driver_call(conn.dialect, shape, stmt, params))
 
@@ -216,8 +237,10 @@ async def _execute_async(
     stmt = _statement(shape)
     if isinstance(session, AsyncSession):
         conn = await session.connection(bind_arguments={"mapper": Job, "clause": stmt})
-    else:
+    elif isinstance(session, AsyncConnection):
         conn = session
+    else:
+        raise _wrong_session(session, async_=True)
     with _schema_errors():
         return await conn.exec_driver_sql(*_driver_call(conn.dialect, shape, stmt, params))
 
@@ -330,6 +353,8 @@ def enqueue_many(session: Executor, jobs: Iterable[NewJob]) -> list[int]:
     already existed (in the table or earlier in the same batch) are skipped and have no
     id. Never commits.
     """
+    if not isinstance(session, (Session, Connection)):
+        raise _wrong_session(session, async_=False)  # even for an empty batch
     ids: list[int] = []
     for rows, with_keys, options in _chunks(_checked(jobs)):
         ids.extend(_execute(session, ("many", with_keys, options), {"rows": rows}).scalars())
@@ -338,6 +363,8 @@ def enqueue_many(session: Executor, jobs: Iterable[NewJob]) -> list[int]:
 
 async def enqueue_many_async(session: AsyncExecutor, jobs: Iterable[NewJob]) -> list[int]:
     """:func:`enqueue_many` on an ``AsyncSession`` or ``AsyncConnection``. Never commits."""
+    if not isinstance(session, (AsyncSession, AsyncConnection)):
+        raise _wrong_session(session, async_=True)  # even for an empty batch
     ids: list[int] = []
     for rows, with_keys, options in _chunks(_checked(jobs)):
         result = await _execute_async(session, ("many", with_keys, options), {"rows": rows})

@@ -34,9 +34,11 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
+from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
+from sqlalchemy.util import await_only
 
-from sqla_jobs import config, migrations, ops, validation
+from sqla_jobs import _sessions, config, migrations, ops, validation
 from sqla_jobs.exceptions import RegistryError
 from sqla_jobs.models import JobStatus
 from sqla_jobs.sql import admin
@@ -406,6 +408,7 @@ def _connection(session: Session | sa.Connection) -> sa.Connection:
     return session
 
 
+@_sessions.sync_form
 def enqueued_jobs(
     session: Session | sa.Connection,
     kind: str | None = None,
@@ -437,6 +440,7 @@ def _describe_filters(kind: str, filters: Mapping[str, Any]) -> str:
     return f"kind={kind!r}" + (f", {given}" if given else "")
 
 
+@_sessions.sync_form
 def assert_enqueued(
     session: Session | sa.Connection,
     kind: str,
@@ -464,6 +468,7 @@ def assert_enqueued(
     )
 
 
+@_sessions.sync_form
 def refute_enqueued(
     session: Session | sa.Connection,
     kind: str,
@@ -481,6 +486,11 @@ def refute_enqueued(
             f"expected no queued job with {_describe_filters(kind, filters)}, "
             f"found {len(found)}: {seen}"
         )
+
+
+enqueued_jobs_async = _sessions.async_form_or_connection(enqueued_jobs)
+assert_enqueued_async = _sessions.async_form_or_connection(assert_enqueued)
+refute_enqueued_async = _sessions.async_form_or_connection(refute_enqueued)
 
 
 # --- inline mode ----------------------------------------------------------------------
@@ -510,7 +520,76 @@ def run_inline(
     a handler raises ``HandlerTransactionError``. Jobs the handlers enqueue run too, up
     to ``limit`` runs in all. Only jobs ready as of the transaction's ``now()`` run,
     unless ``scheduled``. Nothing is committed.
+
+    ``async def`` handlers need an ``AsyncSession``: with one, ``await
+    run_inline_async(registry, async_session)`` runs both kinds. Here a ready job of an
+    async kind raises :class:`~sqla_jobs.RegistryError` before any job runs (and a job of
+    an async kind that a handler enqueues stops the run with the same error).
     """
+    _sessions.refuse_async(session, "testing.run_inline", "testing.run_inline_async")
+    kinds = list(registry.kinds)
+    waiting = session.execute(
+        admin.inline_next(registry.kinds_where(is_async=True), scheduled=scheduled)
+    ).first()
+    if waiting is not None:
+        raise _async_job_in_sync_run(waiting.kind)
+    return _run_inline(session, registry, kinds, scheduled, raise_errors, limit, None)
+
+
+async def run_inline_async(
+    registry: Registry,
+    session: AsyncSession,
+    *,
+    scheduled: bool = False,
+    raise_errors: bool = True,
+    limit: int = 1000,
+) -> DrainSummary:
+    """:func:`run_inline` on an ``AsyncSession``: plain and ``async def`` handlers alike.
+
+    ``async def`` handlers are awaited with ``session``; plain ones are called with its
+    own ``Session`` (``session.sync_session``, the same transaction), on the event loop's
+    thread as SQLAlchemy's ``run_sync`` does. Everything else is as in
+    :func:`run_inline`: one savepoint per job, nothing committed.
+    """
+    _sessions.refuse_sync(session, "testing.run_inline_async", "testing.run_inline")
+    return await session.run_sync(
+        _run_inline, registry, list(registry.kinds), scheduled, raise_errors, limit, session
+    )
+
+
+def _async_job_in_sync_run(kind: str) -> RegistryError:
+    return RegistryError(
+        f"run_inline runs plain def handlers in your Session; {kind!r} is an async def "
+        "handler: with an AsyncSession, `await run_inline_async(registry, async_session)` "
+        "runs both kinds (or run it with drain() / await drain_async())"
+    )
+
+
+def _call_handler(
+    handler: Any,
+    session: Session,
+    async_session: AsyncSession | None,
+    payload: Any,
+    ctx: JobContext,
+) -> Any:
+    if not handler.is_async:
+        return handler(session, payload, ctx)
+    if async_session is None:
+        raise _async_job_in_sync_run(handler.kind)
+    # Inside run_sync's greenlet: await the handler on the caller's event loop, with the
+    # AsyncSession whose Session this loop runs on (the same transaction).
+    return await_only(handler.run_async(async_session, payload, ctx))
+
+
+def _run_inline(
+    session: Session,
+    registry: Registry,
+    kinds: list[str],
+    scheduled: bool,
+    raise_errors: bool,
+    limit: int,
+    async_session: AsyncSession | None,
+) -> DrainSummary:
     from sqla_jobs.exceptions import (
         Discard,
         HandlerTransactionError,
@@ -521,7 +600,6 @@ def run_inline(
     from sqla_jobs.worker import _session
     from sqla_jobs.worker._completer import describe
 
-    kinds = list(registry.kinds)
     tally = _Tally()
     runs = 0
 
@@ -544,18 +622,15 @@ def run_inline(
             raise RuntimeError(f"run_inline ran {limit} jobs and more are queued (a loop?)")
         runs += 1
         handler = registry[row.kind]
-        if handler.is_async:
-            raise RegistryError(
-                f"run_inline runs plain def handlers in your Session; {row.kind!r} is an "
-                "async def handler: run it with drain() or await drain_async() instead"
-            )
+        if handler.is_async and async_session is None:
+            raise _async_job_in_sync_run(row.kind)
         savepoint = session.begin_nested()
         attempt = session.execute(admin.inline_start(row.id, INLINE_WORKER)).scalar_one()
         ctx = JobContext(row.id, row.kind, row.queue, attempt, row.max_attempts, INLINE_WORKER)
         violated.clear()
         sa.event.listen(session, "before_commit", refuse_commit)
         try:
-            value = handler(session, row.payload, ctx)
+            value = _call_handler(handler, session, async_session, row.payload, ctx)
             if violated:
                 raise HandlerTransactionError(
                     "handler called session.commit() and swallowed the error"
