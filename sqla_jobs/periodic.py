@@ -66,6 +66,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from sqla_jobs import exceptions, producer, validation
 from sqla_jobs.exceptions import InvalidJobError, RegistryError, SchemaNotReadyError
@@ -417,11 +418,33 @@ def enqueue_due(engine: sa.Engine, registry: Registry, *, now: datetime | None =
     :data:`MAX_SLEEP`), measured on the database's clock. ``now`` pins the database's
     clock (tests).
     """
+    if isinstance(engine, AsyncEngine):
+        raise TypeError(
+            "periodic.enqueue_due() takes an Engine, got AsyncEngine: with an AsyncEngine "
+            "use `await periodic.enqueue_due_async(...)`"
+        )
     schedules = registry.schedules
     if not schedules:
         return Enqueued({}, MAX_SLEEP)
     with engine.begin() as conn:
         return _enqueue_due(conn, schedules, registry, now)
+
+
+async def enqueue_due_async(
+    engine: AsyncEngine, registry: Registry, *, now: datetime | None = None
+) -> Enqueued:
+    """:func:`enqueue_due` for an async app's ``AsyncEngine`` (its tests, mostly): the same
+    statements in one short transaction, committed."""
+    if not isinstance(engine, AsyncEngine):
+        raise TypeError(
+            f"periodic.enqueue_due_async() takes an AsyncEngine, got {type(engine).__name__}: "
+            "with an Engine use periodic.enqueue_due(...)"
+        )
+    schedules = registry.schedules
+    if not schedules:
+        return Enqueued({}, MAX_SLEEP)
+    async with engine.begin() as conn:
+        return await conn.run_sync(_enqueue_due, schedules, registry, now)
 
 
 def _enqueue_due(

@@ -184,3 +184,37 @@ def test_scratch_database_runs_the_apps_own_heads_and_keeps_logging(
     # The app's env.py ran logging.config.fileConfig; its effects were undone.
     assert worker_log.disabled is False
     assert logging.getLogger().handlers == handlers
+
+
+def test_readme_async_applications_section_runs_as_the_apps_own_test_suite(
+    tmp_path: Path, admin_url: URL
+) -> None:
+    """The FastAPI app, its conftest and its pytest-asyncio tests, as the README gives them
+    (sqla_jobs' tables only: the app creates its own with ``create_all``)."""
+    files = _testing_files(readme_section("Async applications"))
+    assert set(files) == {
+        "signup/app.py",
+        "pyproject.toml",
+        "tests/conftest.py",
+        "tests/test_signup.py",
+    }
+    for name, text in files.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    (tmp_path / "signup" / "__init__.py").write_text("")
+    with (tmp_path / "pyproject.toml").open("a") as f:
+        f.write('pythonpath = ["."]\n')
+    wanted = len(re.findall(r"^async def test_", files["tests/test_signup.py"], re.M))
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "tests"],
+        cwd=tmp_path,
+        env={**os.environ, "DATABASE_URL": url_text(admin_url)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert f"{wanted} passed" in output, output
+    assert wanted == 3

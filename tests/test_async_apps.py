@@ -332,3 +332,14 @@ def test_stats_async_and_enqueued_jobs_async_on_an_async_connection(
             assert len(await testing.enqueued_jobs_async(session, "plain")) == 2
 
     asyncio.run(scenario())
+
+
+def test_enqueue_due_given_the_other_kind_of_engine_names_the_right_call(
+    engine: sa.Engine, async_engine: AsyncEngine
+) -> None:
+    from sqla_jobs import periodic
+
+    with pytest.raises(TypeError, match=r"await periodic\.enqueue_due_async"):
+        periodic.enqueue_due(async_engine, signupapp.registry)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"use periodic\.enqueue_due\(\.\.\.\)"):
+        asyncio.run(periodic.enqueue_due_async(engine, signupapp.registry))  # type: ignore[arg-type]
