@@ -36,6 +36,11 @@ after every batch: call them outside your own unit of work. Workers can archive 
 (``--archive-every``); a PostgreSQL advisory lock (``sql.locks.ARCHIVE_LOCK_KEY``)
 makes sure one worker of the fleet does it at a time.
 
+**Async apps** call the ``_async`` twin of each function (``await ops.pause_async(session,
+"mail")``, ``ops.stats_async``, ...): it runs the function below on the ``AsyncSession``'s
+own ``Session``, in its transaction (:mod:`sqla_jobs._sessions`). Either form given the
+other kind of session raises ``TypeError`` at once, naming the right call.
+
 Times are the database's (``now()``); durations are :class:`~datetime.timedelta`.
 """
 
