@@ -212,7 +212,7 @@ class Job(Base):
     def __init__(self, *, delay: float | timedelta | None = None, **values: Any) -> None:
         if values.get("key") is not None and values.get("idempotency_key") is not None:
             raise InvalidJobError("give key or idempotency_key, not both")
-        seconds = validation.check_delay(delay)
+        seconds = None if delay is None else validation.check_delay(delay)
         if seconds is not None:
             if values.get("run_at") is not None:
                 raise InvalidJobError("give run_at or delay, not both")
