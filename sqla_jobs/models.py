@@ -112,12 +112,14 @@ class Job(Base):
     the key is taken, nothing is written, the object leaves the session with ``id``
     None (where ``enqueue`` returns None) and the transaction stays usable; while
     another open transaction holds the key, the flush waits for its outcome. Otherwise
-    the object is persistent with its new ``id``, its other columns loaded on first
-    access. Such a job sets only the values above (a ``status`` or ``attempts`` is
-    refused at flush). Jobs with neither keep the ORM's own batched insert.
-    ``session.merge`` keeps all of this; ``bulk_save_objects`` and
-    ``session.execute(insert(Job), ...)`` bypass the flush: there a taken key raises
-    ``IntegrityError`` (the transaction is aborted) and ``delay`` is unknown.
+    the object is persistent, filled from the inserted row (``id``, ``run_at``, ...) as
+    the ORM's own insert leaves it, and leaves the session again if the transaction (or
+    savepoint) that inserted it rolls back. Such a job sets only the values above (a
+    ``status`` or ``attempts`` is refused at flush). Jobs with neither keep the ORM's
+    own batched insert. ``session.merge`` keeps all of this; ``bulk_save_objects`` and
+    ``session.execute(insert(Job), rows)`` bypass the flush: there a taken key raises
+    ``IntegrityError`` (the transaction is aborted), a delay fails, and ``insert(Job)``
+    ignores a ``"key"`` in its rows (write ``"idempotency_key"``).
     """
 
     __tablename__ = "jobs"

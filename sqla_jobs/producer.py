@@ -35,7 +35,7 @@ from sqlalchemy.orm import (
 
 from sqla_jobs import exceptions, validation
 from sqla_jobs.exceptions import InvalidJobError, SchemaNotReadyError
-from sqla_jobs.models import DelayedRunAt, Job
+from sqla_jobs.models import DelayedRunAt, Job, JobStatus
 from sqla_jobs.sql import enqueue as enqueue_sql
 
 Executor = Session | Connection
@@ -91,7 +91,9 @@ _OPTIONAL_COLUMNS = (
 )
 
 
-def _single_insert(job: NewJob) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def _single_insert(
+    job: NewJob, *, whole_row: bool = False
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """``(shape, params)`` of the one-row insert for ``job`` (see _build)."""
     params: dict[str, Any] = {"kind": job.kind, "payload": job.payload_json}
     columns = []
@@ -104,16 +106,19 @@ def _single_insert(job: NewJob) -> tuple[tuple[Any, ...], dict[str, Any]]:
         params["run_at"] = job.run_at
     if job.delay is not None:
         params["delay"] = job.delay
-    return ("one", job.run_at is not None, job.delay is not None, tuple(columns)), params
+    shape = ("one", job.run_at is not None, job.delay is not None, tuple(columns), whole_row)
+    return shape, params
 
 
 def _build(shape: tuple[Any, ...]) -> Any:
-    """The insert a shape stands for: ``("one", has_run_at, has_delay, columns)`` or
-    ``("many", with_keys, options)``."""
+    """The insert a shape stands for: ``("one", has_run_at, has_delay, columns,
+    whole_row)`` or ``("many", with_keys, options)``."""
     if shape[0] == "many":
         return enqueue_sql.insert_jobs_json(with_keys=shape[1], options=shape[2])
-    _, has_run_at, has_delay, columns = shape
-    return enqueue_sql.insert_job(has_run_at=has_run_at, has_delay=has_delay, columns=columns)
+    _, has_run_at, has_delay, columns, whole_row = shape
+    return enqueue_sql.insert_job(
+        has_run_at=has_run_at, has_delay=has_delay, columns=columns, whole_row=whole_row
+    )
 
 
 # The inserts are built once per shape, compiled once per shape and dialect, and sent as
@@ -405,12 +410,12 @@ def _insert_jobs_as_enqueue_does(
 ) -> None:
     """``before_flush``: insert pending Jobs with a key or a delay as :func:`enqueue` does.
 
-    Each is taken out of the unit of work and inserted by :func:`insert_one` (``ON
-    CONFLICT DO NOTHING RETURNING id``), in the order they were added. A new row makes
-    the object persistent with that id, its other values expired (the row is the truth:
-    the database computed ``run_at``); no row (the key is taken) leaves it transient
-    with ``id`` None. Every job is checked before the first insert. The rest of the
-    flush (other jobs included) is the ORM's own.
+    Each is taken out of the unit of work and inserted by :func:`enqueue`'s statement
+    (``ON CONFLICT DO NOTHING``), in the order they were added. A new row makes the
+    object persistent, filled from the row (RETURNING: no query to read it later, as
+    after the ORM's own insert); no row (the key is taken) leaves it transient with
+    ``id`` None. Every job is checked before the first insert. The rest of the flush
+    (other jobs included) is the ORM's own.
     """
     pending = [
         obj
@@ -421,15 +426,17 @@ def _insert_jobs_as_enqueue_does(
         return
     inserts = [(job, _new_job(job)) for job in pending]
     for job, new in inserts:
-        job_id = insert_one(session, new)
+        row = _execute(session, *_single_insert(new, whole_row=True)).one_or_none()
         session.expunge(job)
-        if job_id is None:
+        if row is None:
             continue
-        job.id = job_id
-        if new.delay is not None:
-            attributes.del_attribute(job, "run_at")  # computed by the database
-        make_transient_to_detached(job)  # what it was given counts as loaded; the rest expired
+        job.id = row.id
+        make_transient_to_detached(job)
         session.add(job)
+        for name, value in row._mapping.items():
+            # The driver's values as they are (exec_driver_sql): only the enum needs typing.
+            value = JobStatus(value) if name == "status" else value
+            attributes.set_committed_value(job, name, value)
         _inserted(session)[job] = session.get_nested_transaction() or session.get_transaction()
 
 

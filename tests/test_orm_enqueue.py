@@ -377,3 +377,32 @@ def test_a_flushed_job_leaves_the_session_with_the_transaction_that_inserted_it(
         s.flush()
         s.rollback()
         assert sa.inspect(again).transient and again.kind == "k"
+
+
+def test_a_flushed_job_is_read_without_a_query_as_the_orms_own_insert_leaves_it(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    # An AsyncSession cannot load an attribute on access (MissingGreenlet): every
+    # column of a flushed job must already be there, as the ORM's insert leaves them.
+    columns = [c.name for c in jobs.c]
+
+    async def scenario() -> list[dict[str, Any]]:
+        async_engine = create_async_engine(db_url)
+        try:
+            async with AsyncSession(async_engine) as s:
+                added = [
+                    Job(kind="plain", payload={"n": 1}),
+                    Job(kind="keyed", payload={"n": 2}, key="K", queue="mail"),
+                    Job(kind="delayed", payload={"n": 3}, delay=60, priority=4),
+                ]
+                s.add_all(added)
+                await s.flush()
+                seen = [{c: getattr(job, c) for c in columns} for job in added]
+                await s.commit()
+                return seen
+        finally:
+            await async_engine.dispose()
+
+    seen = sorted(asyncio.run(scenario()), key=lambda job: int(job["id"]))
+    assert seen == _stored(engine)
+    assert [type(job["status"]) for job in seen] == [JobStatus] * 3
