@@ -372,8 +372,8 @@ _OTHER_COLUMNS = tuple(
 
 
 def _inserted_as_enqueue(obj: object) -> bool:
-    """A pending Job the ORM's plain INSERT would not treat as enqueue does: with a key
-    (a taken key must not abort the caller's transaction) or a delay (in database time)."""
+    """Whether the flush inserts ``obj`` as enqueue does: a Job with a key (a taken key
+    must not abort the caller's transaction) or a delay (counted in database time)."""
     if not isinstance(obj, Job):
         return False
     values = obj.__dict__  # read without the attribute machinery: every pending object
@@ -468,11 +468,12 @@ def _forget_rolled_back_jobs(session: Session) -> None:
             make_transient(job)
 
 
-def _forget_committed_jobs(session: Session, transaction: SessionTransaction) -> None:
+def _forget_ended_transaction(session: Session, transaction: SessionTransaction) -> None:
+    """``after_transaction_end`` of the root (a commit or a close): nothing left to undo."""
     if transaction.parent is None:
         session.info.pop(_INSERTED, None)
 
 
 event.listen(Session, "before_flush", _insert_jobs_as_enqueue_does)
 event.listen(Session, "after_rollback", _forget_rolled_back_jobs)
-event.listen(Session, "after_transaction_end", _forget_committed_jobs)
+event.listen(Session, "after_transaction_end", _forget_ended_transaction)
