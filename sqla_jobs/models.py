@@ -27,14 +27,16 @@ expired leases are requeued by a separate statement (see ``lease.rescue_expired`
 from __future__ import annotations
 
 import enum
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, validates
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, synonym, validates
 
 from sqla_jobs import validation
+from sqla_jobs.exceptions import InvalidJobError
 
 NAMING_CONVENTION = {
     "ix": "%(table_name)s_%(column_0_N_name)s_idx",
@@ -85,11 +87,39 @@ job_status = sa.Enum(
 )
 
 
+@dataclass(frozen=True, slots=True)
+class DelayedRunAt:
+    """The ``run_at`` of a ``Job(delay=...)`` until it is flushed: ``seconds`` after its insert.
+
+    Never written as it is: the flush inserts such a job with ``enqueue``'s statement
+    (see :mod:`sqla_jobs.producer`), which adds the delay to the database's clock.
+    """
+
+    seconds: float
+
+
 class Job(Base):
     """One background job. ``session.add(Job(kind=..., payload=...))`` enqueues it.
 
-    Values are checked when set (see :mod:`sqla_jobs.validation`), so a bad job raises
+    It takes what :func:`~sqla_jobs.enqueue` takes: ``kind``, ``payload``, ``key`` (the
+    ``idempotency_key`` column, either name), ``run_at`` or ``delay`` (seconds or a
+    timedelta, not both), ``queue``, ``priority``, ``max_attempts``, ``timeout``. Values
+    are checked when set (see :mod:`sqla_jobs.validation`), so a bad job raises
     :class:`~sqla_jobs.exceptions.InvalidJobError` before the session is flushed.
+
+    At flush, a job with a key or a delay is inserted by ``enqueue``'s own statement
+    (``ON CONFLICT (idempotency_key) DO NOTHING``) and ends as ``enqueue`` would: if
+    the key is taken, nothing is written, the object leaves the session with ``id``
+    None (where ``enqueue`` returns None) and the transaction stays usable; while
+    another open transaction holds the key, the flush waits for its outcome. Otherwise
+    the object is persistent, filled from the inserted row (``id``, ``run_at``, ...) as
+    the ORM's own insert leaves it, and leaves the session again if the transaction (or
+    savepoint) that inserted it rolls back. Such a job sets only the values above (a
+    ``status`` or ``attempts`` is refused at flush). Jobs with neither keep the ORM's
+    own batched insert. ``session.merge`` keeps all of this; ``bulk_save_objects`` and
+    ``session.execute(insert(Job), rows)`` bypass the flush: there a taken key raises
+    ``IntegrityError`` (the transaction is aborted), a delay fails, and ``insert(Job)``
+    ignores a ``"key"`` in its rows (write ``"idempotency_key"``).
     """
 
     __tablename__ = "jobs"
@@ -161,7 +191,9 @@ class Job(Base):
         return validation.check_max_attempts(value)
 
     @validates("run_at")
-    def _check_run_at(self, _key: str, value: object) -> datetime | None:
+    def _check_run_at(self, _key: str, value: object) -> datetime | DelayedRunAt | None:
+        if type(value) is DelayedRunAt:  # made by __init__ from a checked delay
+            return value
         return validation.check_run_at(value)
 
     @validates("idempotency_key")
@@ -175,6 +207,19 @@ class Job(Base):
     @validates("payload")
     def _check_payload(self, _key: str, value: object) -> dict[str, Any]:
         return validation.check_payload(value)
+
+    #: ``key=``, as ``enqueue`` spells it; the column is ``idempotency_key``.
+    key: Mapped[str | None] = synonym("idempotency_key")
+
+    def __init__(self, *, delay: float | timedelta | None = None, **values: Any) -> None:
+        if values.get("key") is not None and values.get("idempotency_key") is not None:
+            raise InvalidJobError("give key or idempotency_key, not both")
+        seconds = None if delay is None else validation.check_delay(delay)
+        if seconds is not None:
+            if values.get("run_at") is not None:
+                raise InvalidJobError("give run_at or delay, not both")
+            values["run_at"] = DelayedRunAt(seconds)
+        super().__init__(**values)
 
     def __repr__(self) -> str:
         return f"<Job id={self.id} kind={self.kind!r} status={self.status}>"

@@ -3,7 +3,11 @@
 ``enqueue`` and ``enqueue_many`` execute on the ``Session`` or ``Connection`` they are
 given and never begin, commit or roll back a transaction themselves: the job commits
 with the caller's own writes, or not at all. That is the property the whole design rests
-on (the table is the outbox). The same holds for ``session.add(Job(...))``.
+on (the table is the outbox). The same holds for ``session.add(Job(...))``: a flush
+listener on every ``Session`` (so on every ``AsyncSession``, which wraps one) inserts a
+pending ``Job`` with a key or a delay with the same statement as ``enqueue``, so the
+ORM style dedupes, waits and schedules exactly as ``enqueue`` does (see
+:func:`_insert_jobs_as_enqueue_does`).
 
 Every value is checked before any SQL runs, so a bad job raises
 :class:`~sqla_jobs.exceptions.InvalidJobError` and leaves the caller's transaction usable.
@@ -11,21 +15,27 @@ Every value is checked before any SQL runs, so a bad job raises
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
-from sqlalchemy import Connection, CursorResult
+from sqlalchemy import Connection, CursorResult, event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import (
+    Session,
+    SessionTransaction,
+    attributes,
+    make_transient,
+    make_transient_to_detached,
+)
 
 from sqla_jobs import exceptions, validation
 from sqla_jobs.exceptions import InvalidJobError, SchemaNotReadyError
-from sqla_jobs.models import Job
+from sqla_jobs.models import DelayedRunAt, Job, JobStatus
 from sqla_jobs.sql import enqueue as enqueue_sql
 
 Executor = Session | Connection
@@ -81,7 +91,9 @@ _OPTIONAL_COLUMNS = (
 )
 
 
-def _single_insert(job: NewJob) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def _single_insert(
+    job: NewJob, *, whole_row: bool = False
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """``(shape, params)`` of the one-row insert for ``job`` (see _build)."""
     params: dict[str, Any] = {"kind": job.kind, "payload": job.payload_json}
     columns = []
@@ -94,16 +106,19 @@ def _single_insert(job: NewJob) -> tuple[tuple[Any, ...], dict[str, Any]]:
         params["run_at"] = job.run_at
     if job.delay is not None:
         params["delay"] = job.delay
-    return ("one", job.run_at is not None, job.delay is not None, tuple(columns)), params
+    shape = ("one", job.run_at is not None, job.delay is not None, tuple(columns), whole_row)
+    return shape, params
 
 
 def _build(shape: tuple[Any, ...]) -> Any:
-    """The insert a shape stands for: ``("one", has_run_at, has_delay, columns)`` or
-    ``("many", with_keys, options)``."""
+    """The insert a shape stands for: ``("one", has_run_at, has_delay, columns,
+    whole_row)`` or ``("many", with_keys, options)``."""
     if shape[0] == "many":
         return enqueue_sql.insert_jobs_json(with_keys=shape[1], options=shape[2])
-    _, has_run_at, has_delay, columns = shape
-    return enqueue_sql.insert_job(has_run_at=has_run_at, has_delay=has_delay, columns=columns)
+    _, has_run_at, has_delay, columns, whole_row = shape
+    return enqueue_sql.insert_job(
+        has_run_at=has_run_at, has_delay=has_delay, columns=columns, whole_row=whole_row
+    )
 
 
 # The inserts are built once per shape, compiled once per shape and dialect, and sent as
@@ -370,3 +385,122 @@ async def enqueue_many_async(session: AsyncExecutor, jobs: Iterable[NewJob]) -> 
         result = await _execute_async(session, ("many", with_keys, options), {"rows": rows})
         ids.extend(result.scalars())
     return ids
+
+
+# --- session.add(Job(...)) ------------------------------------------------------------
+
+#: The columns a Job inserted as enqueue inserts it may set (NewJob's fields).
+_ENQUEUE_COLUMNS = frozenset(
+    ("kind", "payload", "idempotency_key", "run_at", "queue", "priority", "max_attempts", "timeout")
+)
+_OTHER_COLUMNS = tuple(
+    sorted(set(Job.__mapper__.columns.keys()) - _ENQUEUE_COLUMNS)  # status, attempts, ...
+)
+
+
+def _inserted_as_enqueue(obj: object) -> bool:
+    """Whether the flush inserts ``obj`` as enqueue does: a Job with a key (a taken key
+    must not abort the caller's transaction) or a delay (counted in database time)."""
+    if not isinstance(obj, Job):
+        return False
+    values = obj.__dict__  # read without the attribute machinery: every pending object
+    return values.get("idempotency_key") is not None or type(values.get("run_at")) is DelayedRunAt
+
+
+def _new_job(job: Job) -> NewJob:
+    """The NewJob ``enqueue`` would insert for ``job``; InvalidJobError before any SQL."""
+    values = job.__dict__
+    extra = [name for name in _OTHER_COLUMNS if values.get(name) is not None]
+    if extra:
+        raise InvalidJobError(
+            f"a Job with a key or a delay is inserted as enqueue() inserts it and sets only "
+            f"kind, payload, key, run_at or delay, queue, priority, max_attempts and timeout; "
+            f"this one also sets {', '.join(extra)}"
+        )
+    run_at = values.get("run_at")
+    delay = run_at.seconds if isinstance(run_at, DelayedRunAt) else None
+    return NewJob(
+        values.get("kind"),  # type: ignore[arg-type]  # checked by NewJob
+        values.get("payload") or {},
+        key=values.get("idempotency_key"),
+        run_at=None if delay is not None else run_at,
+        delay=delay,
+        queue=values.get("queue"),
+        priority=values.get("priority"),
+        max_attempts=values.get("max_attempts"),
+        timeout=values.get("timeout"),
+    )
+
+
+def _insert_jobs_as_enqueue_does(
+    session: Session, _flush_context: Any, instances: Sequence[Any] | None
+) -> None:
+    """``before_flush``: insert pending Jobs with a key or a delay as :func:`enqueue` does.
+
+    Each is taken out of the unit of work and inserted by :func:`enqueue`'s statement
+    (``ON CONFLICT DO NOTHING``), in the order they were added. A new row makes the
+    object persistent, filled from the row (RETURNING: no query to read it later, as
+    after the ORM's own insert); no row (the key is taken) leaves it transient with
+    ``id`` None. Every job is checked before the first insert. The rest of the flush
+    (other jobs included) is the ORM's own.
+    """
+    pending = [
+        obj
+        for obj in session.new  # in the order added: the first of two equal keys wins
+        if _inserted_as_enqueue(obj) and (instances is None or obj in instances)
+    ]
+    if not pending:
+        return
+    inserts = [(job, _new_job(job)) for job in pending]
+    for job, new in inserts:
+        row = _execute(session, *_single_insert(new, whole_row=True)).one_or_none()
+        session.expunge(job)
+        if row is None:
+            continue
+        job.id = row.id
+        make_transient_to_detached(job)
+        session.add(job)
+        for name, value in row._mapping.items():
+            # The driver's values as they are (exec_driver_sql): only the enum needs typing.
+            value = JobStatus(value) if name == "status" else value
+            attributes.set_committed_value(job, name, value)
+        _inserted(session)[job] = session.get_nested_transaction() or session.get_transaction()
+
+
+# A job the flush inserted itself must, like one the ORM inserted, leave the session
+# when the transaction that inserted it rolls back (the ORM would keep it as a
+# persistent object whose row is gone). These remember which transaction that was.
+_INSERTED = "sqla_jobs.inserted_as_enqueue"
+
+
+def _inserted(session: Session) -> dict[Job, SessionTransaction | None]:
+    found: dict[Job, SessionTransaction | None] = session.info.setdefault(_INSERTED, {})
+    return found
+
+
+def _forget_rolled_back_jobs(session: Session) -> None:
+    """``after_rollback`` (of the root transaction or a savepoint, before the session
+    expires its objects): the jobs inserted inside it become transient again."""
+    inserted = session.info.get(_INSERTED)
+    if not inserted:
+        return
+    ended = session.get_nested_transaction() or session.get_transaction()
+    for job, transaction in list(inserted.items()):
+        while transaction is not None and transaction is not ended:
+            transaction = transaction.parent
+        if transaction is not None:
+            del inserted[job]
+            if job in session:
+                session.expunge(job)
+            make_transient(job)
+
+
+def _forget_ended_transaction(session: Session, transaction: SessionTransaction) -> None:
+    """``after_transaction_end`` of the root (a commit or a close): nothing left to undo."""
+    if transaction.parent is None:
+        session.info.pop(_INSERTED, None)
+
+
+event.listen(Session, "before_flush", _insert_jobs_as_enqueue_does)
+event.listen(Session, "after_rollback", _forget_rolled_back_jobs)
+event.listen(Session, "after_transaction_end", _forget_ended_transaction)

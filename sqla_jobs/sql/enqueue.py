@@ -20,6 +20,7 @@ def insert_job(
     has_run_at: bool,
     has_delay: bool,
     columns: Sequence[str],
+    whole_row: bool = False,
     now: Now = None,
 ) -> sa.Insert:
     """``INSERT ... ON CONFLICT (idempotency_key) DO NOTHING RETURNING id``.
@@ -27,6 +28,10 @@ def insert_job(
     Bind parameters: ``kind``, ``payload`` (JSON text), ``run_at`` or ``delay`` when
     flagged, and one per name in ``columns`` (queue, priority, max_attempts,
     idempotency_key, timeout). Columns not named take the table's defaults.
+    ``whole_row``: RETURNING every column but the payload, for the flush of a ``Job``
+    object, which fills the object from it (the ORM's own insert fetches its defaults
+    the same way, so reading them later needs no query, which an ``AsyncSession``
+    could not run).
     """
     values: dict[str, Any] = {
         "kind": sa.bindparam("kind", type_=sa.Text),
@@ -46,7 +51,7 @@ def insert_job(
         pg_insert(jobs)
         .values(values)
         .on_conflict_do_nothing(index_elements=[jobs.c.idempotency_key])
-        .returning(jobs.c.id)
+        .returning(*(c for c in jobs.c if c.name != "payload") if whole_row else (jobs.c.id,))
     )
 
 

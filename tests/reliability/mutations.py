@@ -98,6 +98,10 @@ COMMIT_IN_FLIGHT = (
 )
 ENQUEUE_ROLLBACK = "tests/test_enqueue.py::test_rollback_leaves_no_job"
 ENQUEUE_NO_COMMIT = "tests/test_enqueue.py::test_enqueue_never_commits"
+TAKEN_KEY_ANY_STYLE = (
+    "tests/test_orm_enqueue.py::"
+    "test_a_taken_key_inserts_nothing_and_the_callers_transaction_commits_its_other_writes"
+)
 
 SUPERVISOR = "sqla_jobs/worker/_supervisor.py"
 DISPATCHER = "sqla_jobs/worker/_dispatcher.py"
@@ -106,6 +110,7 @@ INFLIGHT = "sqla_jobs/worker/_inflight.py"
 SERVICES = "sqla_jobs/worker/_services.py"
 SESSION = "sqla_jobs/worker/_session.py"
 PRODUCER = "sqla_jobs/producer.py"
+ENQUEUE_SQL = "sqla_jobs/sql/enqueue.py"
 LEASE = "sqla_jobs/sql/lease.py"
 
 
@@ -383,6 +388,23 @@ MUTATIONS: list[Mutation] = [
         "    conn.commit()  # MUTATION\n"
         "    return result\n",
         (ENQUEUE_ROLLBACK, ENQUEUE_NO_COMMIT),
+    ),
+    # --- a taken idempotency key never aborts the caller's transaction (#21) -------------
+    Mutation(
+        "taken_key_no_conflict_error",
+        "enqueue's insert skips a taken key (ON CONFLICT DO NOTHING) instead of raising",
+        ENQUEUE_SQL,
+        "        .on_conflict_do_nothing(index_elements=[jobs.c.idempotency_key])\n",
+        "",
+        (TAKEN_KEY_ANY_STYLE,),
+    ),
+    Mutation(
+        "taken_key_orm_style",
+        "... and so does session.add(Job(key=...)): the flush inserts it as enqueue does",
+        PRODUCER,
+        'event.listen(Session, "before_flush", _insert_jobs_as_enqueue_does)\n',
+        "# MUTATION: Job objects with a key are left to the ORM's plain INSERT\n",
+        (TAKEN_KEY_ANY_STYLE,),
     ),
 ]
 
