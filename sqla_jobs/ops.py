@@ -276,8 +276,7 @@ def stats(session: Session, registry: Registry | None = None) -> Stats:
             conn.rollback()
     except sa_exc.ProgrammingError as exc:
         raise SchemaNotReadyError(
-            "cannot read the jobs table; run `alembic upgrade head`: "
-            f"{exceptions.db_error_text(exc)}"
+            f"cannot read the jobs tables; {schema.UPGRADE}: {exceptions.db_error_text(exc)}"
         ) from None
 
     by_kind = tuple(
@@ -330,7 +329,7 @@ def periodic_statuses(session: Session, registry: Registry) -> tuple[ScheduleSta
             conn.rollback()
     except sa_exc.ProgrammingError as exc:
         raise SchemaNotReadyError(
-            "cannot read jobs_periodic; run `alembic upgrade head` (revision 0004): "
+            f"cannot read jobs_periodic (revision 0004); {schema.UPGRADE}: "
             f"{exceptions.db_error_text(exc)}"
         ) from None
     declared = {s.name: s for s in registry.schedules}

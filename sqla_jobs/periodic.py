@@ -65,10 +65,9 @@ from typing import TYPE_CHECKING, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import sqlalchemy as sa
-from sqlalchemy import exc as sa_exc
 
-from sqla_jobs import exceptions, producer, validation
-from sqla_jobs.exceptions import InvalidJobError, RegistryError, SchemaNotReadyError
+from sqla_jobs import producer, validation
+from sqla_jobs.exceptions import InvalidJobError, RegistryError
 from sqla_jobs.sql import periodic as sql
 
 if TYPE_CHECKING:
@@ -383,18 +382,6 @@ def _duration(value: timedelta) -> str:
         if seconds >= size and seconds % size == 0:
             return f"{int(seconds // size)}{unit}"
     return f"{seconds:g}s"
-
-
-def check_schema(connection: sa.Connection) -> None:
-    """Raise SchemaNotReadyError unless ``jobs_periodic`` (revision 0004) exists. No DDL."""
-    try:
-        with connection.begin_nested() if connection.in_transaction() else connection.begin():
-            connection.execute(sql.state_probe())
-    except sa_exc.ProgrammingError as exc:
-        raise SchemaNotReadyError(
-            "the registry declares periodic schedules but jobs_periodic is missing; run "
-            f"`alembic upgrade head` (revision 0004): {exceptions.db_error_text(exc)}"
-        ) from None
 
 
 # --- enqueueing ---------------------------------------------------------------------------

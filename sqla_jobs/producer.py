@@ -17,16 +17,16 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-import psycopg
 from sqlalchemy import Connection, CursorResult
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
-from sqla_jobs import exceptions, validation
-from sqla_jobs.exceptions import InvalidJobError, SchemaNotReadyError
+from sqla_jobs import validation
+from sqla_jobs.exceptions import InvalidJobError
 from sqla_jobs.models import Job
 from sqla_jobs.sql import enqueue as enqueue_sql
+from sqla_jobs.sql import schema
 
 Executor = Session | Connection
 AsyncExecutor = AsyncSession | AsyncConnection
@@ -142,12 +142,8 @@ def _schema_errors() -> Iterator[None]:
     try:
         yield
     except sa_exc.ProgrammingError as exc:
-        if isinstance(exc.orig, psycopg.errors.UndefinedTable):
-            raise SchemaNotReadyError(
-                "cannot enqueue: the jobs table does not exist in this database; run "
-                "`alembic upgrade head` (or `alembic upgrade heads` in your app) first "
-                f"({exceptions.db_error_text(exc)})"
-            ) from exc
+        if schema.missing_jobs_table(exc):
+            raise schema.no_schema_error(exc, doing="cannot enqueue: ") from exc
         raise
 
 

@@ -510,7 +510,10 @@ def test_a_worker_with_schedules_refuses_a_database_without_revision_0004(
     url = url_text(empty_db_url)
     worker = Worker(periodicapp.registry, WorkerConfig(database_url=url))
     try:
-        with pytest.raises(SchemaNotReadyError, match=r"run `alembic upgrade head`"):
+        with pytest.raises(
+            SchemaNotReadyError,
+            match=r"jobs_periodic \(revision 0004\) is missing.*run `alembic upgrade head`",
+        ):
             worker.check_schema()
     finally:
         worker.engine.dispose()
@@ -522,6 +525,28 @@ def test_a_worker_with_schedules_refuses_a_database_without_revision_0004(
             quiet.check_schema()
     finally:
         quiet.engine.dispose()
+
+
+def test_a_worker_with_schedules_on_an_empty_database_says_the_whole_schema_is_missing(
+    empty_db_url: URL,
+) -> None:
+    import periodicapp
+
+    from sqla_jobs import SchemaNotReadyError, WorkerConfig
+    from sqla_jobs.worker import Worker
+
+    worker = Worker(periodicapp.registry, WorkerConfig(database_url=url_text(empty_db_url)))
+    try:
+        with pytest.raises(SchemaNotReadyError) as caught:
+            worker.check_schema()
+    finally:
+        worker.engine.dispose()
+    message = str(caught.value)
+    assert "this database has no sqla_jobs schema (the jobs table does not exist)" in message
+    assert "jobs_periodic" not in message.split("(", 1)[0]
+    # An app with its own Alembic history has two heads: `head` alone would not do.
+    assert "run `alembic upgrade head` (in an app with its own Alembic history: " in message
+    assert "`alembic upgrade heads`)" in message
 
 
 def test_the_workers_enqueue_loop_survives_database_errors_and_stops_when_told(

@@ -181,11 +181,8 @@ class Worker:
     def check_schema(self) -> None:
         """Raise SchemaNotReadyError unless the jobs table has every column and status."""
         with self.engine.connect() as conn:
-            if self.config.periodic and self.registry.schedules:
-                from sqla_jobs import periodic
-
-                periodic.check_schema(conn)  # first: its message names what is missing
-            schema.check_schema(conn)
+            periodic = self.config.periodic and bool(self.registry.schedules)
+            schema.check_schema(conn, periodic=periodic)
 
     def run(self, *, install_signal_handlers: bool = False) -> None:
         """Work until ``stop()`` (or a signal); returns after a graceful drain."""
