@@ -33,14 +33,18 @@ def integer(
     minimum: int,
     maximum: int | None = None,
     error: type[SqlaJobsError] = InvalidJobError,
+    hint: str = "",
 ) -> int:
-    """``value`` if it is an int (not a bool) within ``[minimum, maximum]``."""
+    """``value`` if it is an int (not a bool) within ``[minimum, maximum]``; ``hint``
+    (what the numbers mean) goes in parentheses after the range in the error."""
     if maximum is not None:
         expected = f"between {minimum} and {maximum}"
     else:
         expected = {0: "a non-negative integer", 1: "a positive integer"}.get(
             minimum, f"an integer >= {minimum}"
         )
+    if hint:
+        expected += f" ({hint})"
     if isinstance(value, bool) or not isinstance(value, int):
         raise error(f"{name} must be {expected}, got {value!r}")
     if value < minimum or (maximum is not None and value > maximum):
@@ -144,7 +148,14 @@ def check_queue(queue: object) -> str:
 
 
 def check_priority(priority: object) -> int:
-    return integer("priority", priority, minimum=MIN_PRIORITY, maximum=MAX_PRIORITY)
+    # Which end is urgent is not obvious (some queues run the highest number first).
+    return integer(
+        "priority",
+        priority,
+        minimum=MIN_PRIORITY,
+        maximum=MAX_PRIORITY,
+        hint=f"{MIN_PRIORITY} runs first, {MAX_PRIORITY} last",
+    )
 
 
 def check_max_attempts(max_attempts: object) -> int:
@@ -213,15 +224,31 @@ def json_string(value: str) -> str:
 
 
 def dump_payload(payload: object) -> str:
-    """Return the payload's JSON text, or raise InvalidJobError if jsonb would refuse it."""
+    """Return the payload's JSON text, or raise InvalidJobError if jsonb would refuse it
+    (or if JSON would change it: a key that is not a string).
+
+    ``None`` is refused here: where a payload is optional (``enqueue``), the caller turns
+    an omitted one into ``{}`` before this; a ``None`` that reaches here was given for a
+    payload that must be there (``NewJob``, ``Job``), most likely by mistake.
+    """
+    if payload is None:
+        raise InvalidJobError(
+            "payload must be a JSON object (a dict), got None; pass {} for a job that "
+            "needs no payload"
+        )
     if type(payload) is not dict and not isinstance(payload, Mapping):
         raise InvalidJobError(
             f"payload must be a JSON object (a dict), got {type(payload).__name__}"
         )
     try:
+        _check_keys(payload, "payload")
         text = _ENCODER.encode(payload) if _C_ENCODE is None else "".join(_C_ENCODE(payload, 0))
-    except (TypeError, ValueError) as exc:
-        raise InvalidJobError(f"payload is not JSON-serializable: {exc}") from None
+    except InvalidJobError:  # a ValueError too: not the encoder's
+        raise
+    except (TypeError, ValueError):
+        raise InvalidJobError(
+            f"payload is not JSON-serializable: {_not_json(payload, 'payload')}"
+        ) from None
     except RecursionError:
         raise InvalidJobError(
             "payload is not JSON-serializable: it refers to itself or is nested too deeply"
@@ -233,6 +260,69 @@ def dump_payload(payload: object) -> str:
     if len(text) > MAX_PAYLOAD_BYTES:
         raise InvalidJobError(f"payload is larger than {MAX_PAYLOAD_BYTES} bytes as JSON")
     return text
+
+
+def _check_keys(value: object, path: str) -> None:
+    """Refuse a key that is not a string, naming where it is.
+
+    JSON turns ``1``, ``1.5``, ``True`` and ``None`` keys into strings, so the handler
+    would read ``{"1": ...}`` where ``{1: ...}`` was enqueued, and ``{1: "a", "1": "b"}``
+    would lose one of its values without a word. The encoder has no hook for keys,
+    hence this walk over every mapping and list in the payload.
+    """
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if type(key) is not str and not isinstance(key, str):
+                raise InvalidJobError(
+                    f"{path}: the key {key!r} is {_a(key)}, not a string; JSON keys are "
+                    f"strings, so it would come back as {json_string(str(key))} (or be "
+                    "lost beside a string key of that text): convert the keys to str"
+                )
+            if isinstance(item, (Mapping, list, tuple)):
+                _check_keys(item, f"{path}[{key!r}]")
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            if isinstance(item, (Mapping, list, tuple)):
+                _check_keys(item, f"{path}[{index}]")
+
+
+def _not_json(value: object, path: str) -> str:
+    """Where in ``value`` (a failed encode) the first value JSON cannot hold is, and what.
+
+    Visits in the encoder's order, so it finds the value the encoder stopped at.
+    """
+    found = _find_not_json(value, path)
+    if found is None:  # pragma: no cover - the encoder refused something the walk accepts
+        return f"{path} holds a value JSON cannot represent"
+    where, item = found
+    if isinstance(item, float):
+        return f"{where}: {item!r} is not JSON (jsonb refuses NaN and infinity)"
+    return (
+        f"{where}: {type(item).__name__} is not JSON (convert it to a string, number, list or dict)"
+    )
+
+
+def _find_not_json(value: object, path: str) -> tuple[str, object] | None:
+    if value is None or isinstance(value, (str, int)):  # bool is an int
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (path, value)
+    if isinstance(value, dict):
+        items: Any = ((f"{path}[{k!r}]", v) for k, v in value.items())
+    elif isinstance(value, (list, tuple)):
+        items = ((f"{path}[{i}]", v) for i, v in enumerate(value))
+    else:
+        return path, value
+    for where, item in items:
+        found = _find_not_json(item, where)
+        if found is not None:
+            return found
+    return None
+
+
+def _a(value: object) -> str:
+    name = type(value).__name__
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
 
 
 #: Largest result a handler may return, as UTF-8 bytes of its JSON text.
@@ -247,8 +337,10 @@ def dump_result(value: object) -> str:
     """
     try:
         text = _ENCODER.encode(value)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"the handler's return value is not JSON-serializable: {exc}") from None
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"the handler's return value is not JSON-serializable: {_not_json(value, 'result')}"
+        ) from None
     if "\\u0000" in text and _has_nul(value):
         raise ValueError("the handler's return value contains NUL characters (jsonb refuses them)")
     if len(text) > MAX_RESULT_BYTES:
