@@ -283,7 +283,11 @@ def run_worker(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
 def worker_main(argv: Sequence[str] | None = None) -> int:
     """``python -m sqla_jobs.worker APP [options]``."""
     given = list(sys.argv[1:] if argv is None else argv)
-    return run_worker(worker_parser().parse_args(given), given)
+    parser = worker_parser()
+    args, unknown = parser.parse_known_args(given)
+    if unknown:
+        _unrecognized(parser, unknown)
+    return run_worker(args, given)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -293,7 +297,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("worker", parents=[worker_parser("sqla-jobs worker")], add_help=False)
     _add_ops_commands(sub)
     given = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(given)
+    args, unknown = parser.parse_known_args(given)
+    if unknown:  # the command's parser says so: its --help lists the options meant
+        _unrecognized(sub.choices[args.command], unknown)
     if args.command == "worker":
         return run_worker(args, given[given.index("worker") + 1 :])
     if args.command in _OPS_COMMANDS:
@@ -302,6 +308,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         except BrokenPipeError:
             return _reader_left()
     return _fail(f"unknown command {args.command!r}")  # pragma: no cover - argparse refuses
+
+
+def _unrecognized(parser: argparse.ArgumentParser, unknown: list[str]) -> NoReturn:
+    """Refuse options a command does not take, pointing to ``sqla-jobs COMMAND --help``
+    (the top-level parser would point to ``sqla-jobs --help``, which lists no options of
+    the command) and to the option probably meant."""
+    import difflib
+
+    options = [o for action in parser._actions for o in action.option_strings]
+    meant = [
+        close[0]
+        for arg in unknown
+        if arg.startswith("--")
+        and (close := difflib.get_close_matches(arg.split("=", 1)[0], options, n=1))
+    ]
+    hint = f"; did you mean {' and '.join(meant)}?" if meant else ""
+    parser.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
 
 
 def _reader_left() -> int:

@@ -184,6 +184,13 @@ def test_archive_and_prune_commands_move_and_delete_rows(engine: sa.Engine, db_u
         (["stats", "--app", "nosuchmodule:registry"], "cannot import 'nosuchmodule'"),
         (["stats", "--watch", "0"], "--watch must be > 0"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
+        # A typo'd option points to the command's own --help, which lists its options.
+        (
+            ["worker", "jobapp:registry", "--concurency", "3"],
+            "unrecognized arguments: --concurency 3; did you mean --concurrency? "
+            "(see sqla-jobs worker --help)",
+        ),
+        (["list", "--bogus"], "unrecognized arguments: --bogus (see sqla-jobs list --help)"),
     ],
 )
 def test_user_errors_print_one_line_and_exit_2(db_url: URL, args: list[str], message: str) -> None:
