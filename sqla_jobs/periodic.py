@@ -201,7 +201,7 @@ class Schedule:
         if not isinstance(self.grace, timedelta) or self.grace <= timedelta(0):
             raise fail(f"grace must be a positive timedelta, got {self.grace!r}")
         if not isinstance(self.payload, Mapping):
-            raise fail(f"payload must be a JSON object, got {type(self.payload).__name__}")
+            raise fail(f"payload must be a JSON object, got {validation.what(self.payload)}")
         object.__setattr__(self, "payload", dict(self.payload))  # later edits change nothing
         if SCHEDULED_FOR in self.payload:
             raise fail(f"payload key {SCHEDULED_FOR!r} is reserved for the tick's time")

@@ -314,7 +314,7 @@ def _checked(jobs: Iterable[NewJob]) -> list[NewJob]:
     batch = list(jobs)
     for job in batch:
         if not isinstance(job, NewJob):
-            raise InvalidJobError(f"enqueue_many takes NewJob objects, got {type(job).__name__}")
+            raise InvalidJobError(f"enqueue_many takes NewJob objects, got {validation.what(job)}")
     return batch
 
 

@@ -13,12 +13,25 @@ from __future__ import annotations
 import json
 import math
 import re
+import types
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from sqla_jobs.exceptions import InvalidJobError, SqlaJobsError
+
+
+def what(value: object) -> str:
+    """How an error names the value it got: ``the class Base`` for a class (whose type
+    is its metaclass, which says nothing: ``DeclarativeAttributeIntercept``), ``the
+    module shop.models`` for a module, ``None``, else the name of its type."""
+    if isinstance(value, type):
+        return f"the class {value.__qualname__}"
+    if isinstance(value, types.ModuleType):
+        return f"the module {value.__name__}"
+    return "None" if value is None else type(value).__name__
+
 
 # --- numbers, durations and ids, for every entry point ----------------------------------
 #
@@ -82,9 +95,9 @@ def seconds(
     if isinstance(value, timedelta):
         return number(name, value.total_seconds(), allow_minimum=allow_zero, error=error)
     if not numbers:
-        raise error(f"{name} must be a timedelta, got {type(value).__name__}")
+        raise error(f"{name} must be a timedelta, got {what(value)}")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise error(f"{name} must be seconds or a timedelta, got {type(value).__name__}")
+        raise error(f"{name} must be seconds or a timedelta, got {what(value)}")
     if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
         raise error(f"{name} must be a finite number of seconds {bound}, got {value!r}")
@@ -120,7 +133,7 @@ _QUEUE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:\-]{0,62}$")
 
 def _text(field: str, value: object, max_length: int) -> str:
     if not isinstance(value, str):
-        raise InvalidJobError(f"{field} must be a string, got {type(value).__name__}")
+        raise InvalidJobError(f"{field} must be a string, got {what(value)}")
     if not value.strip():
         raise InvalidJobError(f"{field} must not be empty")
     if "\x00" in value:
@@ -166,7 +179,7 @@ def check_run_at(run_at: object) -> datetime | None:
     if run_at is None:
         return None
     if not isinstance(run_at, datetime):
-        raise InvalidJobError(f"run_at must be a datetime, got {type(run_at).__name__}")
+        raise InvalidJobError(f"run_at must be a datetime, got {what(run_at)}")
     if run_at.tzinfo is None or run_at.utcoffset() is None:
         raise InvalidJobError(
             "run_at must be timezone-aware (a naive datetime is ambiguous); "
@@ -237,9 +250,7 @@ def dump_payload(payload: object) -> str:
             "needs no payload"
         )
     if type(payload) is not dict and not isinstance(payload, Mapping):
-        raise InvalidJobError(
-            f"payload must be a JSON object (a dict), got {type(payload).__name__}"
-        )
+        raise InvalidJobError(f"payload must be a JSON object (a dict), got {what(payload)}")
     try:
         _check_keys(payload, "payload")
         text = _ENCODER.encode(payload) if _C_ENCODE is None else "".join(_C_ENCODE(payload, 0))
@@ -297,9 +308,7 @@ def _not_json(value: object, path: str) -> str:
     where, item = found
     if isinstance(item, float):
         return f"{where}: {item!r} is not JSON (jsonb refuses NaN and infinity)"
-    return (
-        f"{where}: {type(item).__name__} is not JSON (convert it to a string, number, list or dict)"
-    )
+    return f"{where}: {what(item)} is not JSON (convert it to a string, number, list or dict)"
 
 
 def _find_not_json(value: object, path: str) -> tuple[str, object] | None:

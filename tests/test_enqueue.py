@@ -393,6 +393,15 @@ def test_a_job_model_refuses_a_payload_key_json_would_turn_into_a_string(
     assert count(engine) == 0
 
 
+def test_a_class_given_for_a_value_is_named_as_the_class(engine: sa.Engine) -> None:
+    with Session(engine) as s:
+        with pytest.raises(InvalidJobError, match=r"takes NewJob objects, got the class Job$"):
+            enqueue_many(s, [Job])  # type: ignore[list-item]
+        with pytest.raises(InvalidJobError, match=r"a JSON object \(a dict\), got the class Job$"):
+            enqueue(s, "k", Job)  # type: ignore[arg-type]
+    assert count(engine) == 0
+
+
 def test_bad_job_model_values_raise_when_set(engine: sa.Engine) -> None:
     with pytest.raises(InvalidJobError, match="must not contain NUL"):
         Job(kind="k", payload={"x": "\x00"})
