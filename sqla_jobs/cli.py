@@ -646,7 +646,7 @@ def _cmd_list(session: Any, args: argparse.Namespace) -> int:
             j.kind,
             f"{j.attempts}/{j.max_attempts}",
             j.run_at.isoformat(timespec="seconds"),
-            (j.current_error or "").split("\n", 1)[0][:60],
+            _clip((j.current_error or "").split("\n", 1)[0], ERROR_WIDTH),
         )
         for j in jobs
     ]
@@ -657,6 +657,26 @@ def _cmd_list(session: Any, args: argparse.Namespace) -> int:
     if next_id is not None:
         print(f"\nnext page: --after-id {next_id}")
     return 0
+
+
+#: Widest ERROR cell of ``list`` (the first line of the error; ``show`` prints it all).
+ERROR_WIDTH = 60
+ELLIPSIS = "..."
+
+
+def _clip(text: str, width: int) -> str:
+    """``text`` in at most ``width`` characters: cut at a word boundary, ending in an
+    ellipsis (ASCII ``...``: any terminal's encoding can print it)."""
+    if len(text) <= width:
+        return text
+    room = width - len(ELLIPSIS)
+    head = text[:room]
+    if not text[room].isspace():  # the cut falls inside a word: drop that word
+        cut = head.rfind(" ")
+        # A single word longer than half the cell is cut inside it rather than dropped.
+        if cut > width // 2:
+            head = head[:cut]
+    return head.rstrip(" ,;:-") + ELLIPSIS
 
 
 def _cmd_show(session: Any, args: argparse.Namespace) -> int:

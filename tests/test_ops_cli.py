@@ -118,6 +118,21 @@ def test_list_filters_pages_and_json(engine: sa.Engine, db_url: URL) -> None:
     assert "next page: --after-id" in ok(db_url, "list", "--limit", "1")
 
 
+def test_list_cuts_a_long_error_at_a_word_boundary_with_an_ellipsis(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    error = "RuntimeError: the payment provider refused the charge because the card expired"
+    insert(
+        engine,
+        "INSERT INTO jobs (kind, payload, status, attempts, last_error) "
+        "VALUES ('pay', '{}', 'dead', 8, :e)",
+        e=error + "\nTraceback (most recent call last): ...",
+    )
+    (line,) = ok(db_url, "list", "--status", "dead").splitlines()[1:]
+    assert line.endswith("  RuntimeError: the payment provider refused the charge..."), line
+    assert "becaus" not in line
+
+
 def test_show_prints_payload_attempts_error_and_timestamps(engine: sa.Engine, db_url: URL) -> None:
     with Session(engine) as s:
         job_id = enqueue(s, "noop", {"user": 42}, key="welcome-42")
