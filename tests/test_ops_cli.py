@@ -160,6 +160,26 @@ def test_retry_cancel_delete_change_rows_and_report_counts(engine: sa.Engine, db
     assert status_of(engine, "fail") == []
 
 
+def test_an_operators_cancel_of_a_queued_job_is_written_in_last_error_and_shown(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    insert(
+        engine,
+        "INSERT INTO jobs (kind, payload, attempts, last_error) "
+        "VALUES ('fresh', '{}', 0, NULL), ('retrying', '{}', 1, 'ValueError: boom')",
+    )
+    assert ok(db_url, "cancel", "--queue", "default") == "cancelled 2 job(s)\n"
+    fresh, retrying = (r[0] for r in rows(engine, "SELECT id FROM jobs ORDER BY id"))
+    text = ok(db_url, "show", str(fresh))
+    assert "last_error:\ncancelled by an operator while it was queued\n" in text, text
+    assert re.search(r"^finished_at: +20", text, re.M)  # when
+    text = ok(db_url, "show", str(retrying))
+    assert (
+        "last_error:\ncancelled by an operator while it was queued\n\n"
+        "before that:\nValueError: boom\n"
+    ) in text, text
+
+
 def test_archive_and_prune_commands_move_and_delete_rows(engine: sa.Engine, db_url: URL) -> None:
     seed_states(engine)
     insert(
