@@ -405,6 +405,9 @@ def _add_ops_commands(sub: Any) -> None:
     p = command("delete", "delete jobs that are not running")
     p.add_argument("ids", type=int, nargs="*", metavar="ID")
     _add_filters(p)
+    p.add_argument(
+        "--dry-run", action="store_true", help="print what would be deleted; delete nothing"
+    )
 
     p = command("archive", "move finished jobs to jobs_archive, in batches")
     p.add_argument("--older-than", required=True, metavar="DURATION", help="e.g. 7d")
@@ -809,19 +812,32 @@ def _report_stops(session: Any, ids: Sequence[int], wait: float) -> None:
         )
 
 
+#: Jobs a dry run lists (it counts them all).
+DRY_RUN_ROWS = 50
+
+
 def _cmd_delete(session: Any, args: argparse.Namespace) -> int:
     from sqla_jobs import ops
 
     if args.ids:
         _one_id_check(session, args.ids, ("queued", "done", "dead", "cancelled"), "deleted")
-    n = ops.delete_jobs(
-        session,
-        args.ids or None,
-        status=args.status,
-        kind=args.kind,
-        queue=args.queue,
-        older_than=_duration(args.older_than),
-    )
+    filters: dict[str, Any] = {
+        "status": args.status,
+        "kind": args.kind,
+        "queue": args.queue,
+        "older_than": _duration(args.older_than),
+    }
+    if args.dry_run:
+        found = ops.jobs_to_delete(session, args.ids or None, **filters)
+        session.rollback()
+        print(f"would delete {len(found)} job(s) (dry run: nothing deleted)")
+        if found:
+            shown = found[:DRY_RUN_ROWS]
+            print("\n".join(_table(("ID", "STATUS", "QUEUE", "KIND"), shown, {0})))
+            if len(found) > len(shown):
+                print(f"... and {len(found) - len(shown)} more")
+        return 0
+    n = ops.delete_jobs(session, args.ids or None, **filters)
     session.commit()
     print(f"deleted {n} job(s)")
     return 0

@@ -622,31 +622,22 @@ def delete_jobs(
     kind: str | None = None,
     queue: str | None = None,
     older_than: timedelta | None = None,
+    dry_run: bool = False,
 ) -> int:
     """Delete jobs that are not running; return how many were deleted.
 
     Give ``ids`` or ``status`` (any but ``running``), optionally narrowed by kind, queue
-    and age. Never commits. Prefer :func:`archive` for finished jobs: it keeps history.
+    and age. ``dry_run``: delete nothing, return how many would be deleted now
+    (:func:`jobs_to_delete` says which). Never commits. Prefer :func:`archive` for
+    finished jobs: it keeps history.
     """
-    ids_ = _ids(ids)
-    _check_filters(ids_, kind, queue)
-    statuses = _statuses(status)
-    if statuses is None:
-        if ids_ is None:
-            raise ConfigError("delete needs job ids or a --status filter")
-        statuses = list(_DELETABLE)
-    if JobStatus.RUNNING in statuses:
-        raise ConfigError(
-            "running jobs cannot be deleted: cancel them (sqla-jobs cancel ID, ops.cancel) "
-            "and delete them once they are cancelled"
+    if dry_run:
+        return len(
+            jobs_to_delete(
+                session, ids, status=status, kind=kind, queue=queue, older_than=older_than
+            )
         )
-    stmt = admin.delete_jobs(
-        statuses=statuses,
-        ids=ids_,
-        kind=kind,
-        queue=queue,
-        older_than=_seconds("older_than", older_than),
-    )
+    stmt = admin.delete_jobs(**_delete_filters(ids, status, kind, queue, older_than))
     return len(session.execute(stmt).all())
 
 
@@ -874,3 +865,47 @@ def _worker(row: Any) -> WorkerInfo:
 def workers(session: Session) -> list[WorkerInfo]:
     """The live workers of the fleet (heartbeat within their lease time), by id."""
     return [_worker(row) for row in session.execute(workers_sql.live())]
+
+
+def jobs_to_delete(
+    session: Session,
+    ids: Sequence[int] | None = None,
+    *,
+    status: JobStatus | str | Sequence[JobStatus | str] | None = None,
+    kind: str | None = None,
+    queue: str | None = None,
+    older_than: timedelta | None = None,
+) -> list[tuple[int, str, str, str]]:
+    """``(id, status, queue, kind)`` of each job :func:`delete_jobs` with the same
+    arguments would delete now, by id. Deletes nothing (``sqla-jobs delete --dry-run``)."""
+    stmt = admin.matching_jobs(**_delete_filters(ids, status, kind, queue, older_than))
+    return [(r.id, JobStatus(r.status).value, r.queue, r.kind) for r in session.execute(stmt)]
+
+
+def _delete_filters(
+    ids: Sequence[int] | None,
+    status: JobStatus | str | Sequence[JobStatus | str] | None,
+    kind: str | None,
+    queue: str | None,
+    older_than: timedelta | None,
+) -> dict[str, Any]:
+    """The checked filters of :func:`delete_jobs` and :func:`jobs_to_delete`."""
+    ids_ = _ids(ids)
+    _check_filters(ids_, kind, queue)
+    statuses = _statuses(status)
+    if statuses is None:
+        if ids_ is None:
+            raise ConfigError("delete needs job ids or a --status filter")
+        statuses = list(_DELETABLE)
+    if JobStatus.RUNNING in statuses:
+        raise ConfigError(
+            "running jobs cannot be deleted: cancel them (sqla-jobs cancel ID, ops.cancel) "
+            "and delete them once they are cancelled"
+        )
+    return {
+        "statuses": statuses,
+        "ids": ids_,
+        "kind": kind,
+        "queue": queue,
+        "older_than": _seconds("older_than", older_than),
+    }

@@ -180,6 +180,25 @@ def test_an_operators_cancel_of_a_queued_job_is_written_in_last_error_and_shown(
     ) in text, text
 
 
+def test_delete_dry_run_prints_how_many_and_which_jobs_and_deletes_nothing(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    seed_states(engine)
+    dead = [r[0] for r in rows(engine, "SELECT id FROM jobs WHERE status = 'dead' ORDER BY id")]
+    before = scalar(engine, "SELECT count(*) FROM jobs")
+    lines = ok(db_url, "delete", "--status", "dead", "--dry-run").splitlines()
+    assert lines[0] == f"would delete {len(dead)} job(s) (dry run: nothing deleted)"
+    assert lines[1].split() == ["ID", "STATUS", "QUEUE", "KIND"]
+    assert [int(line.split()[0]) for line in lines[2:]] == dead
+    assert all(line.split()[1] == "dead" for line in lines[2:])
+    with Session(engine) as s:
+        assert ops.delete_jobs(s, status="dead", dry_run=True) == len(dead)
+        assert [j[0] for j in ops.jobs_to_delete(s, status="dead")] == dead
+        s.commit()
+    assert scalar(engine, "SELECT count(*) FROM jobs") == before
+    assert ok(db_url, "delete", "--status", "dead") == f"deleted {len(dead)} job(s)\n"
+
+
 def test_archive_and_prune_commands_move_and_delete_rows(engine: sa.Engine, db_url: URL) -> None:
     seed_states(engine)
     insert(

@@ -68,6 +68,7 @@ CASES: dict[str, Callable[[], Any]] = {
     "admin.request_cancel": lambda: admin.request_cancel(ids=[1, 2]),
     "admin.job_result": lambda: admin.job_result(1),
     "admin.delete_jobs": lambda: admin.delete_jobs(statuses=[JobStatus.DONE], queue="q"),
+    "admin.matching_jobs": lambda: admin.matching_jobs(statuses=[JobStatus.DONE], queue="q"),
     "admin.archive_batch": lambda: admin.archive_batch(
         done_older_than=60, dead_older_than=3600, batch=1000
     ),

@@ -213,6 +213,27 @@ def delete_jobs(
     return sa.delete(jobs).where(jobs.c.id == picked.c.id).returning(jobs.c.id)
 
 
+def matching_jobs(
+    *,
+    statuses: Sequence[JobStatus],
+    ids: Sequence[int] | None = None,
+    kind: str | None = None,
+    queue: str | None = None,
+    older_than: float | None = None,
+    now: Now = None,
+) -> sa.Select[Any]:
+    """``(id, status, queue, kind)`` of the jobs :func:`delete_jobs` with the same
+    arguments would delete now, by id (a dry run: no lock, nothing changed)."""
+    conditions = _job_filters(
+        ids=ids, statuses=statuses, kind=kind, queue=queue, older_than=older_than, now=now
+    )
+    return (
+        sa.select(jobs.c.id, jobs.c.status, jobs.c.queue, jobs.c.kind)
+        .where(*conditions)
+        .order_by(jobs.c.id)
+    )
+
+
 def archive_batch(
     *,
     done_older_than: float,
