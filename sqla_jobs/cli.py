@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
-from datetime import timedelta
+from datetime import timedelta, timezone
 from typing import Any, NoReturn
 
 import sqlalchemy as sa
@@ -581,6 +581,14 @@ def _when(moment: Any) -> str:
     return "-" if moment is None else moment.isoformat(timespec="seconds")
 
 
+def _utc(moment: Any) -> str:
+    """A time of a table whose header says (UTC): one zone per table, whatever zone the
+    value came in (a schedule's own zone, the database session's)."""
+    if moment is None:
+        return "-"
+    return str(moment.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S"))
+
+
 def _periodic_text(schedules: Sequence[Any]) -> str:
     if not schedules:
         return "no periodic schedules"
@@ -590,8 +598,8 @@ def _periodic_text(schedules: Sequence[Any]) -> str:
         "SCHEDULE",
         "TIME ZONE",
         "MISSED",
-        "NEXT TICK",
-        "LAST TICK",
+        "NEXT TICK (UTC)",
+        "LAST TICK (UTC)",
         "LAST JOB",
     )
     rows = [
@@ -601,8 +609,8 @@ def _periodic_text(schedules: Sequence[Any]) -> str:
             s.expression,
             s.timezone or "-",
             s.missed or "-",
-            _when(s.next_tick) if s.in_app else "removed from the app",
-            _when(s.last_tick),
+            _utc(s.next_tick) if s.in_app else "removed from the app",
+            _utc(s.last_tick),
             "-" if s.last_job_id is None else f"{s.last_job_id} {s.last_job_status or 'pruned'}",
         ]
         for s in schedules
