@@ -521,7 +521,7 @@ def test_sqla_jobs_periodic_shows_every_time_in_utc_whatever_zone_it_came_in(
     )
     sys.path.insert(0, str(tmp_path))
     try:
-        import berlinapp
+        import berlinapp  # type: ignore[import-not-found]
 
         periodic.enqueue_due(engine, berlinapp.registry, now=T0)
     finally:
