@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
-from datetime import timedelta
+from datetime import timedelta, timezone
 from typing import Any, NoReturn
 
 import sqlalchemy as sa
@@ -283,7 +283,11 @@ def run_worker(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
 def worker_main(argv: Sequence[str] | None = None) -> int:
     """``python -m sqla_jobs.worker APP [options]``."""
     given = list(sys.argv[1:] if argv is None else argv)
-    return run_worker(worker_parser().parse_args(given), given)
+    parser = worker_parser()
+    args, unknown = parser.parse_known_args(given)
+    if unknown:
+        _unrecognized(parser, unknown)
+    return run_worker(args, given)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -293,7 +297,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("worker", parents=[worker_parser("sqla-jobs worker")], add_help=False)
     _add_ops_commands(sub)
     given = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(given)
+    args, unknown = parser.parse_known_args(given)
+    if unknown:  # the command's parser says so: its --help lists the options meant
+        _unrecognized(sub.choices[args.command], unknown)
     if args.command == "worker":
         return run_worker(args, given[given.index("worker") + 1 :])
     if args.command in _OPS_COMMANDS:
@@ -302,6 +308,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         except BrokenPipeError:
             return _reader_left()
     return _fail(f"unknown command {args.command!r}")  # pragma: no cover - argparse refuses
+
+
+def _unrecognized(parser: argparse.ArgumentParser, unknown: list[str]) -> NoReturn:
+    """Refuse options a command does not take, pointing to ``sqla-jobs COMMAND --help``
+    (the top-level parser would point to ``sqla-jobs --help``, which lists no options of
+    the command) and to the option probably meant."""
+    import difflib
+
+    options = [o for action in parser._actions for o in action.option_strings]
+    meant = [
+        close[0]
+        for arg in unknown
+        if arg.startswith("--")
+        and (close := difflib.get_close_matches(arg.split("=", 1)[0], options, n=1))
+    ]
+    hint = f"; did you mean {' and '.join(meant)}?" if meant else ""
+    parser.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
 
 
 def _reader_left() -> int:
@@ -382,6 +405,9 @@ def _add_ops_commands(sub: Any) -> None:
     p = command("delete", "delete jobs that are not running")
     p.add_argument("ids", type=int, nargs="*", metavar="ID")
     _add_filters(p)
+    p.add_argument(
+        "--dry-run", action="store_true", help="print what would be deleted; delete nothing"
+    )
 
     p = command("archive", "move finished jobs to jobs_archive, in batches")
     p.add_argument("--older-than", required=True, metavar="DURATION", help="e.g. 7d")
@@ -555,6 +581,14 @@ def _when(moment: Any) -> str:
     return "-" if moment is None else moment.isoformat(timespec="seconds")
 
 
+def _utc(moment: Any) -> str:
+    """A time of a table whose header says (UTC): one zone per table, whatever zone the
+    value came in (a schedule's own zone, the database session's)."""
+    if moment is None:
+        return "-"
+    return str(moment.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S"))
+
+
 def _periodic_text(schedules: Sequence[Any]) -> str:
     if not schedules:
         return "no periodic schedules"
@@ -564,8 +598,8 @@ def _periodic_text(schedules: Sequence[Any]) -> str:
         "SCHEDULE",
         "TIME ZONE",
         "MISSED",
-        "NEXT TICK",
-        "LAST TICK",
+        "NEXT TICK (UTC)",
+        "LAST TICK (UTC)",
         "LAST JOB",
     )
     rows = [
@@ -575,8 +609,8 @@ def _periodic_text(schedules: Sequence[Any]) -> str:
             s.expression,
             s.timezone or "-",
             s.missed or "-",
-            _when(s.next_tick) if s.in_app else "removed from the app",
-            _when(s.last_tick),
+            _utc(s.next_tick) if s.in_app else "removed from the app",
+            _utc(s.last_tick),
             "-" if s.last_job_id is None else f"{s.last_job_id} {s.last_job_status or 'pruned'}",
         ]
         for s in schedules
@@ -623,7 +657,7 @@ def _cmd_list(session: Any, args: argparse.Namespace) -> int:
             j.kind,
             f"{j.attempts}/{j.max_attempts}",
             j.run_at.isoformat(timespec="seconds"),
-            (j.current_error or "").split("\n", 1)[0][:60],
+            _clip((j.current_error or "").split("\n", 1)[0], ERROR_WIDTH),
         )
         for j in jobs
     ]
@@ -634,6 +668,26 @@ def _cmd_list(session: Any, args: argparse.Namespace) -> int:
     if next_id is not None:
         print(f"\nnext page: --after-id {next_id}")
     return 0
+
+
+#: Widest ERROR cell of ``list`` (the first line of the error; ``show`` prints it all).
+ERROR_WIDTH = 60
+ELLIPSIS = "..."
+
+
+def _clip(text: str, width: int) -> str:
+    """``text`` in at most ``width`` characters: cut at a word boundary, ending in an
+    ellipsis (ASCII ``...``: any terminal's encoding can print it)."""
+    if len(text) <= width:
+        return text
+    room = width - len(ELLIPSIS)
+    head = text[:room]
+    if not text[room].isspace():  # the cut falls inside a word: drop that word
+        cut = head.rfind(" ")
+        # A single word longer than half the cell is cut inside it rather than dropped.
+        if cut > width // 2:
+            head = head[:cut]
+    return head.rstrip(" ,;:-") + ELLIPSIS
 
 
 def _cmd_show(session: Any, args: argparse.Namespace) -> int:
@@ -766,19 +820,32 @@ def _report_stops(session: Any, ids: Sequence[int], wait: float) -> None:
         )
 
 
+#: Jobs a dry run lists (it counts them all).
+DRY_RUN_ROWS = 50
+
+
 def _cmd_delete(session: Any, args: argparse.Namespace) -> int:
     from sqla_jobs import ops
 
     if args.ids:
         _one_id_check(session, args.ids, ("queued", "done", "dead", "cancelled"), "deleted")
-    n = ops.delete_jobs(
-        session,
-        args.ids or None,
-        status=args.status,
-        kind=args.kind,
-        queue=args.queue,
-        older_than=_duration(args.older_than),
-    )
+    filters: dict[str, Any] = {
+        "status": args.status,
+        "kind": args.kind,
+        "queue": args.queue,
+        "older_than": _duration(args.older_than),
+    }
+    if args.dry_run:
+        found = ops.jobs_to_delete(session, args.ids or None, **filters)
+        session.rollback()
+        print(f"would delete {len(found)} job(s) (dry run: nothing deleted)")
+        if found:
+            shown = found[:DRY_RUN_ROWS]
+            print("\n".join(_table(("ID", "STATUS", "QUEUE", "KIND"), shown, {0})))
+            if len(found) > len(shown):
+                print(f"... and {len(found) - len(shown)} more")
+        return 0
+    n = ops.delete_jobs(session, args.ids or None, **filters)
     session.commit()
     print(f"deleted {n} job(s)")
     return 0

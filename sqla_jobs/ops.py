@@ -283,8 +283,7 @@ def stats(session: Session, registry: Registry | None = None) -> Stats:
             conn.rollback()
     except sa_exc.ProgrammingError as exc:
         raise SchemaNotReadyError(
-            "cannot read the jobs table; run `alembic upgrade head`: "
-            f"{exceptions.db_error_text(exc)}"
+            f"cannot read the jobs tables; {schema.UPGRADE}: {exceptions.db_error_text(exc)}"
         ) from None
 
     by_kind = tuple(
@@ -338,7 +337,7 @@ def periodic_statuses(session: Session, registry: Registry) -> tuple[ScheduleSta
             conn.rollback()
     except sa_exc.ProgrammingError as exc:
         raise SchemaNotReadyError(
-            "cannot read jobs_periodic; run `alembic upgrade head` (revision 0004): "
+            f"cannot read jobs_periodic (revision 0004); {schema.UPGRADE}: "
             f"{exceptions.db_error_text(exc)}"
         ) from None
     declared = {s.name: s for s in registry.schedules}
@@ -638,31 +637,22 @@ def delete_jobs(
     kind: str | None = None,
     queue: str | None = None,
     older_than: timedelta | None = None,
+    dry_run: bool = False,
 ) -> int:
     """Delete jobs that are not running; return how many were deleted.
 
     Give ``ids`` or ``status`` (any but ``running``), optionally narrowed by kind, queue
-    and age. Never commits. Prefer :func:`archive` for finished jobs: it keeps history.
+    and age. ``dry_run``: delete nothing, return how many would be deleted now
+    (:func:`jobs_to_delete` says which). Never commits. Prefer :func:`archive` for
+    finished jobs: it keeps history.
     """
-    ids_ = _ids(ids)
-    _check_filters(ids_, kind, queue)
-    statuses = _statuses(status)
-    if statuses is None:
-        if ids_ is None:
-            raise ConfigError("delete needs job ids or a --status filter")
-        statuses = list(_DELETABLE)
-    if JobStatus.RUNNING in statuses:
-        raise ConfigError(
-            "running jobs cannot be deleted: cancel them (sqla-jobs cancel ID, ops.cancel) "
-            "and delete them once they are cancelled"
+    if dry_run:
+        return len(
+            jobs_to_delete(
+                session, ids, status=status, kind=kind, queue=queue, older_than=older_than
+            )
         )
-    stmt = admin.delete_jobs(
-        statuses=statuses,
-        ids=ids_,
-        kind=kind,
-        queue=queue,
-        older_than=_seconds("older_than", older_than),
-    )
+    stmt = admin.delete_jobs(**_delete_filters(ids, status, kind, queue, older_than))
     return len(session.execute(stmt).all())
 
 
@@ -901,6 +891,51 @@ def workers(session: Session) -> list[WorkerInfo]:
     return [_worker(row) for row in session.execute(workers_sql.live())]
 
 
+@_sessions.sync_form
+def jobs_to_delete(
+    session: Session,
+    ids: Sequence[int] | None = None,
+    *,
+    status: JobStatus | str | Sequence[JobStatus | str] | None = None,
+    kind: str | None = None,
+    queue: str | None = None,
+    older_than: timedelta | None = None,
+) -> list[tuple[int, str, str, str]]:
+    """``(id, status, queue, kind)`` of each job :func:`delete_jobs` with the same
+    arguments would delete now, by id. Deletes nothing (``sqla-jobs delete --dry-run``)."""
+    stmt = admin.matching_jobs(**_delete_filters(ids, status, kind, queue, older_than))
+    return [(r.id, JobStatus(r.status).value, r.queue, r.kind) for r in session.execute(stmt)]
+
+
+def _delete_filters(
+    ids: Sequence[int] | None,
+    status: JobStatus | str | Sequence[JobStatus | str] | None,
+    kind: str | None,
+    queue: str | None,
+    older_than: timedelta | None,
+) -> dict[str, Any]:
+    """The checked filters of :func:`delete_jobs` and :func:`jobs_to_delete`."""
+    ids_ = _ids(ids)
+    _check_filters(ids_, kind, queue)
+    statuses = _statuses(status)
+    if statuses is None:
+        if ids_ is None:
+            raise ConfigError("delete needs job ids or a --status filter")
+        statuses = list(_DELETABLE)
+    if JobStatus.RUNNING in statuses:
+        raise ConfigError(
+            "running jobs cannot be deleted: cancel them (sqla-jobs cancel ID, ops.cancel) "
+            "and delete them once they are cancelled"
+        )
+    return {
+        "statuses": statuses,
+        "ids": ids_,
+        "kind": kind,
+        "queue": queue,
+        "older_than": _seconds("older_than", older_than),
+    }
+
+
 # --- the async twins (see sqla_jobs._sessions) --------------------------------------------
 # Each runs the function above on the AsyncSession's own Session, in its transaction: the
 # same statements, for an async app's endpoint or test (``await ops.pause_async(session,
@@ -916,6 +951,7 @@ cancel_async = _sessions.async_form(cancel)
 cancel_jobs_async = _sessions.async_form(cancel_jobs)
 result_async = _sessions.async_form(result)
 delete_jobs_async = _sessions.async_form(delete_jobs)
+jobs_to_delete_async = _sessions.async_form(jobs_to_delete)
 archive_async = _sessions.async_form(archive)
 prune_async = _sessions.async_form(prune)
 pause_async = _sessions.async_form(pause)

@@ -65,11 +65,10 @@ from typing import TYPE_CHECKING, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import sqlalchemy as sa
-from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from sqla_jobs import exceptions, producer, validation
-from sqla_jobs.exceptions import InvalidJobError, RegistryError, SchemaNotReadyError
+from sqla_jobs import producer, validation
+from sqla_jobs.exceptions import InvalidJobError, RegistryError
 from sqla_jobs.sql import periodic as sql
 
 if TYPE_CHECKING:
@@ -203,7 +202,7 @@ class Schedule:
         if not isinstance(self.grace, timedelta) or self.grace <= timedelta(0):
             raise fail(f"grace must be a positive timedelta, got {self.grace!r}")
         if not isinstance(self.payload, Mapping):
-            raise fail(f"payload must be a JSON object, got {type(self.payload).__name__}")
+            raise fail(f"payload must be a JSON object, got {validation.what(self.payload)}")
         object.__setattr__(self, "payload", dict(self.payload))  # later edits change nothing
         if SCHEDULED_FOR in self.payload:
             raise fail(f"payload key {SCHEDULED_FOR!r} is reserved for the tick's time")
@@ -384,18 +383,6 @@ def _duration(value: timedelta) -> str:
         if seconds >= size and seconds % size == 0:
             return f"{int(seconds // size)}{unit}"
     return f"{seconds:g}s"
-
-
-def check_schema(connection: sa.Connection) -> None:
-    """Raise SchemaNotReadyError unless ``jobs_periodic`` (revision 0004) exists. No DDL."""
-    try:
-        with connection.begin_nested() if connection.in_transaction() else connection.begin():
-            connection.execute(sql.state_probe())
-    except sa_exc.ProgrammingError as exc:
-        raise SchemaNotReadyError(
-            "the registry declares periodic schedules but jobs_periodic is missing; run "
-            f"`alembic upgrade head` (revision 0004): {exceptions.db_error_text(exc)}"
-        ) from None
 
 
 # --- enqueueing ---------------------------------------------------------------------------

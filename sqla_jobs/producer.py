@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-import psycopg
 from sqlalchemy import Connection, CursorResult, event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
@@ -33,10 +32,11 @@ from sqlalchemy.orm import (
     make_transient_to_detached,
 )
 
-from sqla_jobs import exceptions, validation
-from sqla_jobs.exceptions import InvalidJobError, SchemaNotReadyError
+from sqla_jobs import validation
+from sqla_jobs.exceptions import InvalidJobError
 from sqla_jobs.models import DelayedRunAt, Job, JobStatus
 from sqla_jobs.sql import enqueue as enqueue_sql
+from sqla_jobs.sql import schema
 
 Executor = Session | Connection
 AsyncExecutor = AsyncSession | AsyncConnection
@@ -157,12 +157,8 @@ def _schema_errors() -> Iterator[None]:
     try:
         yield
     except sa_exc.ProgrammingError as exc:
-        if isinstance(exc.orig, psycopg.errors.UndefinedTable):
-            raise SchemaNotReadyError(
-                "cannot enqueue: the jobs table does not exist in this database; run "
-                "`alembic upgrade head` (or `alembic upgrade heads` in your app) first "
-                f"({exceptions.db_error_text(exc)})"
-            ) from exc
+        if schema.missing_jobs_table(exc):
+            raise schema.no_schema_error(exc, doing="cannot enqueue: ") from exc
         raise
 
 
@@ -356,7 +352,7 @@ def _checked(jobs: Iterable[NewJob]) -> list[NewJob]:
     batch = list(jobs)
     for job in batch:
         if not isinstance(job, NewJob):
-            raise InvalidJobError(f"enqueue_many takes NewJob objects, got {type(job).__name__}")
+            raise InvalidJobError(f"enqueue_many takes NewJob objects, got {validation.what(job)}")
     return batch
 
 

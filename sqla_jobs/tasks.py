@@ -575,7 +575,9 @@ def load_registry(path: str) -> Registry:
         raise RegistryError(f"module {module_name!r} has no attribute {attr!r} (in {path!r})")
     registry = getattr(module, attr)
     if not isinstance(registry, Registry):
-        raise RegistryError(f"{path!r} is not a sqla_jobs.Registry (got {type(registry).__name__})")
+        raise RegistryError(
+            f"{path!r} is not a sqla_jobs.Registry (got {validation.what(registry)})"
+        )
     if not len(registry):
         raise RegistryError(f"{path!r} has no handlers registered")
     return registry

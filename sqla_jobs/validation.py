@@ -13,12 +13,25 @@ from __future__ import annotations
 import json
 import math
 import re
+import types
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from sqla_jobs.exceptions import InvalidJobError, SqlaJobsError
+
+
+def what(value: object) -> str:
+    """How an error names the value it got: ``the class Base`` for a class (whose type
+    is its metaclass, which says nothing: ``DeclarativeAttributeIntercept``), ``the
+    module shop.models`` for a module, ``None``, else the name of its type."""
+    if isinstance(value, type):
+        return f"the class {value.__qualname__}"
+    if isinstance(value, types.ModuleType):
+        return f"the module {value.__name__}"
+    return "None" if value is None else type(value).__name__
+
 
 # --- numbers, durations and ids, for every entry point ----------------------------------
 #
@@ -33,14 +46,18 @@ def integer(
     minimum: int,
     maximum: int | None = None,
     error: type[SqlaJobsError] = InvalidJobError,
+    hint: str = "",
 ) -> int:
-    """``value`` if it is an int (not a bool) within ``[minimum, maximum]``."""
+    """``value`` if it is an int (not a bool) within ``[minimum, maximum]``; ``hint``
+    (what the numbers mean) goes in parentheses after the range in the error."""
     if maximum is not None:
         expected = f"between {minimum} and {maximum}"
     else:
         expected = {0: "a non-negative integer", 1: "a positive integer"}.get(
             minimum, f"an integer >= {minimum}"
         )
+    if hint:
+        expected += f" ({hint})"
     if isinstance(value, bool) or not isinstance(value, int):
         raise error(f"{name} must be {expected}, got {value!r}")
     if value < minimum or (maximum is not None and value > maximum):
@@ -78,9 +95,9 @@ def seconds(
     if isinstance(value, timedelta):
         return number(name, value.total_seconds(), allow_minimum=allow_zero, error=error)
     if not numbers:
-        raise error(f"{name} must be a timedelta, got {type(value).__name__}")
+        raise error(f"{name} must be a timedelta, got {what(value)}")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise error(f"{name} must be seconds or a timedelta, got {type(value).__name__}")
+        raise error(f"{name} must be seconds or a timedelta, got {what(value)}")
     if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
         raise error(f"{name} must be a finite number of seconds {bound}, got {value!r}")
@@ -116,7 +133,7 @@ _QUEUE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:\-]{0,62}$")
 
 def _text(field: str, value: object, max_length: int) -> str:
     if not isinstance(value, str):
-        raise InvalidJobError(f"{field} must be a string, got {type(value).__name__}")
+        raise InvalidJobError(f"{field} must be a string, got {what(value)}")
     if not value.strip():
         raise InvalidJobError(f"{field} must not be empty")
     if "\x00" in value:
@@ -144,7 +161,14 @@ def check_queue(queue: object) -> str:
 
 
 def check_priority(priority: object) -> int:
-    return integer("priority", priority, minimum=MIN_PRIORITY, maximum=MAX_PRIORITY)
+    # Which end is urgent is not obvious (some queues run the highest number first).
+    return integer(
+        "priority",
+        priority,
+        minimum=MIN_PRIORITY,
+        maximum=MAX_PRIORITY,
+        hint=f"{MIN_PRIORITY} runs first, {MAX_PRIORITY} last",
+    )
 
 
 def check_max_attempts(max_attempts: object) -> int:
@@ -155,7 +179,7 @@ def check_run_at(run_at: object) -> datetime | None:
     if run_at is None:
         return None
     if not isinstance(run_at, datetime):
-        raise InvalidJobError(f"run_at must be a datetime, got {type(run_at).__name__}")
+        raise InvalidJobError(f"run_at must be a datetime, got {what(run_at)}")
     if run_at.tzinfo is None or run_at.utcoffset() is None:
         raise InvalidJobError(
             "run_at must be timezone-aware (a naive datetime is ambiguous); "
@@ -213,15 +237,29 @@ def json_string(value: str) -> str:
 
 
 def dump_payload(payload: object) -> str:
-    """Return the payload's JSON text, or raise InvalidJobError if jsonb would refuse it."""
-    if type(payload) is not dict and not isinstance(payload, Mapping):
+    """Return the payload's JSON text, or raise InvalidJobError if jsonb would refuse it
+    (or if JSON would change it: a key that is not a string).
+
+    ``None`` is refused here: where a payload is optional (``enqueue``), the caller turns
+    an omitted one into ``{}`` before this; a ``None`` that reaches here was given for a
+    payload that must be there (``NewJob``, ``Job``), most likely by mistake.
+    """
+    if payload is None:
         raise InvalidJobError(
-            f"payload must be a JSON object (a dict), got {type(payload).__name__}"
+            "payload must be a JSON object (a dict), got None; pass {} for a job that "
+            "needs no payload"
         )
+    if type(payload) is not dict and not isinstance(payload, Mapping):
+        raise InvalidJobError(f"payload must be a JSON object (a dict), got {what(payload)}")
     try:
+        _check_keys(payload, "payload")
         text = _ENCODER.encode(payload) if _C_ENCODE is None else "".join(_C_ENCODE(payload, 0))
-    except (TypeError, ValueError) as exc:
-        raise InvalidJobError(f"payload is not JSON-serializable: {exc}") from None
+    except InvalidJobError:  # a ValueError too: not the encoder's
+        raise
+    except (TypeError, ValueError):
+        raise InvalidJobError(
+            f"payload is not JSON-serializable: {_not_json(payload, 'payload')}"
+        ) from None
     except RecursionError:
         raise InvalidJobError(
             "payload is not JSON-serializable: it refers to itself or is nested too deeply"
@@ -233,6 +271,67 @@ def dump_payload(payload: object) -> str:
     if len(text) > MAX_PAYLOAD_BYTES:
         raise InvalidJobError(f"payload is larger than {MAX_PAYLOAD_BYTES} bytes as JSON")
     return text
+
+
+def _check_keys(value: object, path: str) -> None:
+    """Refuse a key that is not a string, naming where it is.
+
+    JSON turns ``1``, ``1.5``, ``True`` and ``None`` keys into strings, so the handler
+    would read ``{"1": ...}`` where ``{1: ...}`` was enqueued, and ``{1: "a", "1": "b"}``
+    would lose one of its values without a word. The encoder has no hook for keys,
+    hence this walk over every mapping and list in the payload.
+    """
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if type(key) is not str and not isinstance(key, str):
+                raise InvalidJobError(
+                    f"{path}: the key {key!r} is {_a(key)}, not a string; JSON keys are "
+                    f"strings, so it would come back as {json_string(str(key))} (or be "
+                    "lost beside a string key of that text): convert the keys to str"
+                )
+            if isinstance(item, (Mapping, list, tuple)):
+                _check_keys(item, f"{path}[{key!r}]")
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            if isinstance(item, (Mapping, list, tuple)):
+                _check_keys(item, f"{path}[{index}]")
+
+
+def _not_json(value: object, path: str) -> str:
+    """Where in ``value`` (a failed encode) the first value JSON cannot hold is, and what.
+
+    Visits in the encoder's order, so it finds the value the encoder stopped at.
+    """
+    found = _find_not_json(value, path)
+    if found is None:  # pragma: no cover - the encoder refused something the walk accepts
+        return f"{path} holds a value JSON cannot represent"
+    where, item = found
+    if isinstance(item, float):
+        return f"{where}: {item!r} is not JSON (jsonb refuses NaN and infinity)"
+    return f"{where}: {what(item)} is not JSON (convert it to a string, number, list or dict)"
+
+
+def _find_not_json(value: object, path: str) -> tuple[str, object] | None:
+    if value is None or isinstance(value, (str, int)):  # bool is an int
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (path, value)
+    if isinstance(value, dict):
+        items: Any = ((f"{path}[{k!r}]", v) for k, v in value.items())
+    elif isinstance(value, (list, tuple)):
+        items = ((f"{path}[{i}]", v) for i, v in enumerate(value))
+    else:
+        return path, value
+    for where, item in items:
+        found = _find_not_json(item, where)
+        if found is not None:
+            return found
+    return None
+
+
+def _a(value: object) -> str:
+    name = type(value).__name__
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
 
 
 #: Largest result a handler may return, as UTF-8 bytes of its JSON text.
@@ -247,8 +346,10 @@ def dump_result(value: object) -> str:
     """
     try:
         text = _ENCODER.encode(value)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"the handler's return value is not JSON-serializable: {exc}") from None
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"the handler's return value is not JSON-serializable: {_not_json(value, 'result')}"
+        ) from None
     if "\\u0000" in text and _has_nul(value):
         raise ValueError("the handler's return value contains NUL characters (jsonb refuses them)")
     if len(text) > MAX_RESULT_BYTES:

@@ -299,8 +299,37 @@ BAD_INPUTS: list[tuple[str, dict[str, Any], str]] = [
     ("empty kind", {"kind": ""}, "kind must not be empty"),
     ("non-string kind", {"kind": 5}, "kind must be a string"),
     ("NUL in kind", {"kind": "a\x00b"}, "kind must not contain NUL"),
-    ("not JSON", {"payload": {"x": Unserializable()}}, "not JSON-serializable"),
-    ("NaN", {"payload": {"x": float("nan")}}, "not JSON-serializable"),
+    (
+        "not JSON",
+        {"payload": {"x": Unserializable()}},
+        r"not JSON-serializable: payload\['x'\]: Unserializable is not JSON",
+    ),
+    (
+        "not JSON, nested",
+        {"payload": {"user": {"when": datetime(2030, 1, 1)}}},
+        r"payload\['user'\]\['when'\]: datetime is not JSON",
+    ),
+    (
+        "not JSON, in a list",
+        {"payload": {"items": [1, {"tags": {"a"}}]}},
+        r"payload\['items'\]\[1\]\['tags'\]: set is not JSON",
+    ),
+    (
+        "NaN",
+        {"payload": {"x": [float("nan")]}},
+        r"payload\['x'\]\[0\]: nan is not JSON \(jsonb refuses NaN and infinity\)",
+    ),
+    (
+        "colliding keys",
+        {"payload": {1: "a", "1": "b"}},
+        r"payload: the key 1 is an int, not a string; JSON keys are strings, so it would "
+        r"come back as \"1\"",
+    ),
+    (
+        "non-string key, nested",
+        {"payload": {"m": [{None: 1}]}},
+        r"payload\['m'\]\[0\]: the key None is a NoneType, not a string",
+    ),
     ("circular", {"payload": CIRCULAR}, "not JSON-serializable: it refers to itself"),
     ("not an object", {"payload": [1, 2]}, "payload must be a JSON object"),
     ("NUL in value", {"payload": {"x": ["ok", "a\x00"]}}, "must not contain NUL"),
@@ -310,7 +339,11 @@ BAD_INPUTS: list[tuple[str, dict[str, Any], str]] = [
     ("negative delay", {"delay": -1}, "delay must be a finite number"),
     ("run_at and delay", {"delay": 1, "run_at": datetime.now(timezone.utc)}, "not both"),
     ("zero max_attempts", {"max_attempts": 0}, "max_attempts must be between 1"),
-    ("priority out of range", {"priority": 10}, "priority must be between 0 and 9"),
+    (
+        "priority out of range",
+        {"priority": 10},
+        r"priority must be between 0 and 9 \(0 runs first, 9 last\), got 10",
+    ),
     ("bad queue", {"queue": "no spaces"}, "queue must match"),
     ("empty key", {"key": ""}, "idempotency key must not be empty"),
 ]
@@ -334,6 +367,39 @@ def test_bad_input_is_refused_before_writing_and_the_transaction_stays_usable(
         enqueue(s, "still_fine", {})
         s.commit()
     assert count(engine) == 1
+
+
+def test_none_means_no_payload_for_enqueue_and_is_refused_where_a_payload_is_required(
+    engine: sa.Engine,
+) -> None:
+    with Session(engine) as s:
+        omitted, none = enqueue(s, "k"), enqueue(s, "k", None)  # optional: None is "no payload"
+        refused = r"payload must be a JSON object \(a dict\), got None; pass \{\} for a job"
+        with pytest.raises(InvalidJobError, match=refused):
+            NewJob("k", None)  # type: ignore[arg-type]
+        with pytest.raises(InvalidJobError, match=refused):
+            Job(kind="k", payload=None)
+        s.commit()
+    with engine.connect() as conn:
+        stored = conn.execute(sa.select(jobs.c.id, jobs.c.payload).order_by(jobs.c.id)).all()
+    assert [tuple(r) for r in stored] == [(omitted, {}), (none, {})]
+
+
+def test_a_job_model_refuses_a_payload_key_json_would_turn_into_a_string(
+    engine: sa.Engine,
+) -> None:
+    with pytest.raises(InvalidJobError, match=r"payload\['by_id'\]: the key 7 is an int"):
+        Job(kind="k", payload={"by_id": {7: "seven", "7": "also seven"}})
+    assert count(engine) == 0
+
+
+def test_a_class_given_for_a_value_is_named_as_the_class(engine: sa.Engine) -> None:
+    with Session(engine) as s:
+        with pytest.raises(InvalidJobError, match=r"takes NewJob objects, got the class Job$"):
+            enqueue_many(s, [Job])  # type: ignore[list-item]
+        with pytest.raises(InvalidJobError, match=r"a JSON object \(a dict\), got the class Job$"):
+            enqueue(s, "k", Job)  # type: ignore[arg-type]
+    assert count(engine) == 0
 
 
 def test_bad_job_model_values_raise_when_set(engine: sa.Engine) -> None:

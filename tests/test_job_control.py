@@ -221,7 +221,7 @@ def test_result_of_a_missing_or_unfinished_job_says_so(engine: sa.Engine) -> Non
 @pytest.mark.parametrize(
     ("what", "message"),
     [
-        ("object", "the handler's return value is not JSON-serializable"),
+        ("object", "the handler's return value is not JSON-serializable: result['when']: "),
         ("huge", "bytes as JSON, more than the 1,048,576 allowed (MAX_RESULT_BYTES)"),
     ],
 )

@@ -118,6 +118,21 @@ def test_list_filters_pages_and_json(engine: sa.Engine, db_url: URL) -> None:
     assert "next page: --after-id" in ok(db_url, "list", "--limit", "1")
 
 
+def test_list_cuts_a_long_error_at_a_word_boundary_with_an_ellipsis(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    error = "RuntimeError: the payment provider refused the charge because the card expired"
+    insert(
+        engine,
+        "INSERT INTO jobs (kind, payload, status, attempts, last_error) "
+        "VALUES ('pay', '{}', 'dead', 8, :e)",
+        e=error + "\nTraceback (most recent call last): ...",
+    )
+    (line,) = ok(db_url, "list", "--status", "dead").splitlines()[1:]
+    assert line.endswith("  RuntimeError: the payment provider refused the charge..."), line
+    assert "becaus" not in line
+
+
 def test_show_prints_payload_attempts_error_and_timestamps(engine: sa.Engine, db_url: URL) -> None:
     with Session(engine) as s:
         job_id = enqueue(s, "noop", {"user": 42}, key="welcome-42")
@@ -143,6 +158,45 @@ def test_retry_cancel_delete_change_rows_and_report_counts(engine: sa.Engine, db
     assert status_of(engine, "fail") == ["queued"]
     assert ok(db_url, "delete", str(first)) == "deleted 1 job(s)\n"
     assert status_of(engine, "fail") == []
+
+
+def test_an_operators_cancel_of_a_queued_job_is_written_in_last_error_and_shown(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    insert(
+        engine,
+        "INSERT INTO jobs (kind, payload, attempts, last_error) "
+        "VALUES ('fresh', '{}', 0, NULL), ('retrying', '{}', 1, 'ValueError: boom')",
+    )
+    assert ok(db_url, "cancel", "--queue", "default") == "cancelled 2 job(s)\n"
+    fresh, retrying = (r[0] for r in rows(engine, "SELECT id FROM jobs ORDER BY id"))
+    text = ok(db_url, "show", str(fresh))
+    assert "last_error:\ncancelled by an operator while it was queued\n" in text, text
+    assert re.search(r"^finished_at: +20", text, re.M)  # when
+    text = ok(db_url, "show", str(retrying))
+    assert (
+        "last_error:\ncancelled by an operator while it was queued\n\n"
+        "before that:\nValueError: boom\n"
+    ) in text, text
+
+
+def test_delete_dry_run_prints_how_many_and_which_jobs_and_deletes_nothing(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    seed_states(engine)
+    dead = [r[0] for r in rows(engine, "SELECT id FROM jobs WHERE status = 'dead' ORDER BY id")]
+    before = scalar(engine, "SELECT count(*) FROM jobs")
+    lines = ok(db_url, "delete", "--status", "dead", "--dry-run").splitlines()
+    assert lines[0] == f"would delete {len(dead)} job(s) (dry run: nothing deleted)"
+    assert lines[1].split() == ["ID", "STATUS", "QUEUE", "KIND"]
+    assert [int(line.split()[0]) for line in lines[2:]] == dead
+    assert all(line.split()[1] == "dead" for line in lines[2:])
+    with Session(engine) as s:
+        assert ops.delete_jobs(s, status="dead", dry_run=True) == len(dead)
+        assert [j[0] for j in ops.jobs_to_delete(s, status="dead")] == dead
+        s.commit()
+    assert scalar(engine, "SELECT count(*) FROM jobs") == before
+    assert ok(db_url, "delete", "--status", "dead") == f"deleted {len(dead)} job(s)\n"
 
 
 def test_archive_and_prune_commands_move_and_delete_rows(engine: sa.Engine, db_url: URL) -> None:
@@ -184,6 +238,13 @@ def test_archive_and_prune_commands_move_and_delete_rows(engine: sa.Engine, db_u
         (["stats", "--app", "nosuchmodule:registry"], "cannot import 'nosuchmodule'"),
         (["stats", "--watch", "0"], "--watch must be > 0"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
+        # A typo'd option points to the command's own --help, which lists its options.
+        (
+            ["worker", "jobapp:registry", "--concurency", "3"],
+            "unrecognized arguments: --concurency 3; did you mean --concurrency? "
+            "(see sqla-jobs worker --help)",
+        ),
+        (["list", "--bogus"], "unrecognized arguments: --bogus (see sqla-jobs list --help)"),
     ],
 )
 def test_user_errors_print_one_line_and_exit_2(db_url: URL, args: list[str], message: str) -> None:
@@ -213,12 +274,15 @@ def test_unmigrated_and_unreachable_databases_are_user_errors(
 ) -> None:
     for args in (["stats"], ["list"], ["archive", "--older-than", "7d"]):
         result = cli(empty_db_url, *args)
-        assert result.returncode == 2 and "alembic upgrade head" in result.stderr, result.stderr
+        assert result.returncode == 2, result.stderr
+        assert "this database has no sqla_jobs schema" in result.stderr
+        assert "`alembic upgrade heads`" in result.stderr  # for an app with its own history
         assert "Traceback" not in result.stderr
     # A database at revision 0001 only (no cancelled status, no archive table).
     insert(engine, "DROP TABLE jobs_archive")
     result = cli(db_url, "archive", "--older-than", "7d")
     assert result.returncode == 2 and "alembic upgrade head" in result.stderr
+    assert "the sqla_jobs tables are behind this code" in result.stderr
     result = cli("postgresql://postgres@127.0.0.1:1/nowhere", "stats")
     assert result.returncode == 2
     assert result.stderr.startswith("sqla_jobs: error: cannot connect to the database")

@@ -8,9 +8,12 @@ are in tests/test_periodic_process.py.
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -445,10 +448,15 @@ def test_the_handler_gets_its_tick_as_job_scheduled_for(engine: sa.Engine, db_ur
 # --- operations -------------------------------------------------------------------------------
 
 
+def python_path(*first: Path) -> str:
+    """The tests' modules first, then the PYTHONPATH of this run (the code under test)."""
+    return os.pathsep.join(p for p in (*map(str, first), os.environ.get("PYTHONPATH", "")) if p)
+
+
 def cli(db_url: URL, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "sqla_jobs", *args],
-        env={"DATABASE_URL": url_text(db_url), "PYTHONPATH": str(TESTS), "PATH": ""},
+        env={"DATABASE_URL": url_text(db_url), "PYTHONPATH": python_path(TESTS), "PATH": ""},
         capture_output=True,
         text=True,
         timeout=60,
@@ -468,7 +476,7 @@ def test_sqla_jobs_periodic_lists_schedules_with_next_and_last_tick_and_job_stat
     lines = text.stdout.splitlines()
     assert lines[0].split() == [
         *("NAME", "KIND", "SCHEDULE", "TIME", "ZONE", "MISSED"),
-        *("NEXT", "TICK", "LAST", "TICK", "LAST", "JOB"),
+        *("NEXT", "TICK", "(UTC)", "LAST", "TICK", "(UTC)", "LAST", "JOB"),
     ]
     assert [line.split()[0] for line in lines[1:]] == [
         "all-2",
@@ -498,6 +506,48 @@ def test_sqla_jobs_periodic_lists_schedules_with_next_and_last_tick_and_job_stat
     assert missing.returncode == 2 and "--app" in missing.stderr
 
 
+def test_sqla_jobs_periodic_shows_every_time_in_utc_whatever_zone_it_came_in(
+    engine: sa.Engine, db_url: URL, tmp_path: Path
+) -> None:
+    """A schedule's next tick came in its own zone and the last tick in the database
+    session's: one table showed both, in two zones, under one header."""
+    (tmp_path / "berlinapp.py").write_text(
+        "from sqla_jobs import Registry\n"
+        "registry = Registry()\n\n"
+        '@registry.periodic("0 3 * * *", timezone="Europe/Berlin")\n'
+        '@registry.handler("nightly")\n'
+        "def nightly(session, payload):\n"
+        "    pass\n"
+    )
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import berlinapp  # type: ignore[import-not-found]
+
+        periodic.enqueue_due(engine, berlinapp.registry, now=T0)
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("berlinapp", None)
+    result = subprocess.run(
+        [sys.executable, "-m", "sqla_jobs", "periodic", "--app", "berlinapp:registry"],
+        env={
+            "DATABASE_URL": url_text(db_url),
+            "PYTHONPATH": python_path(tmp_path),
+            "PATH": "",
+            "PGTZ": "America/New_York",  # the session's zone: neither UTC nor Berlin
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    header, row = result.stdout.splitlines()
+    assert "NEXT TICK (UTC)" in header and "LAST TICK (UTC)" in header
+    next_tick, last_tick = re.findall(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", row)
+    assert last_tick == "2026-06-01 12:00:00"  # T0, not 08:00 (New York)
+    assert next_tick[11:] in ("01:00:00", "02:00:00")  # 03:00 in Berlin, not 03:00
+
+
 def test_a_worker_with_schedules_refuses_a_database_without_revision_0004(
     empty_db_url: URL,
 ) -> None:
@@ -510,7 +560,10 @@ def test_a_worker_with_schedules_refuses_a_database_without_revision_0004(
     url = url_text(empty_db_url)
     worker = Worker(periodicapp.registry, WorkerConfig(database_url=url))
     try:
-        with pytest.raises(SchemaNotReadyError, match=r"run `alembic upgrade head`"):
+        with pytest.raises(
+            SchemaNotReadyError,
+            match=r"jobs_periodic \(revision 0004\) is missing.*run `alembic upgrade head`",
+        ):
             worker.check_schema()
     finally:
         worker.engine.dispose()
@@ -522,6 +575,28 @@ def test_a_worker_with_schedules_refuses_a_database_without_revision_0004(
             quiet.check_schema()
     finally:
         quiet.engine.dispose()
+
+
+def test_a_worker_with_schedules_on_an_empty_database_says_the_whole_schema_is_missing(
+    empty_db_url: URL,
+) -> None:
+    import periodicapp
+
+    from sqla_jobs import SchemaNotReadyError, WorkerConfig
+    from sqla_jobs.worker import Worker
+
+    worker = Worker(periodicapp.registry, WorkerConfig(database_url=url_text(empty_db_url)))
+    try:
+        with pytest.raises(SchemaNotReadyError) as caught:
+            worker.check_schema()
+    finally:
+        worker.engine.dispose()
+    message = str(caught.value)
+    assert "this database has no sqla_jobs schema (the jobs table does not exist)" in message
+    assert "jobs_periodic" not in message.split("(", 1)[0]
+    # An app with its own Alembic history has two heads: `head` alone would not do.
+    assert "run `alembic upgrade head` (in an app with its own Alembic history: " in message
+    assert "`alembic upgrade heads`)" in message
 
 
 def test_the_workers_enqueue_loop_survives_database_errors_and_stops_when_told(

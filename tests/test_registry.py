@@ -142,6 +142,22 @@ def test_a_misspelled_registry_attribute_is_named(tmp_path: Path) -> None:
         sys.modules.pop("typoapp", None)
 
 
+def test_an_app_path_naming_a_class_says_the_class_not_its_metaclass(tmp_path: Path) -> None:
+    (tmp_path / "modelsapp.py").write_text(
+        "from sqlalchemy.orm import DeclarativeBase\n\n\nclass Base(DeclarativeBase):\n    pass\n"
+    )
+    sys.path.insert(0, str(tmp_path))
+    try:
+        with pytest.raises(RegistryError) as caught:
+            load_registry("modelsapp:Base")
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("modelsapp", None)
+    assert str(caught.value) == "'modelsapp:Base' is not a sqla_jobs.Registry (got the class Base)"
+    with pytest.raises(RegistryError, match=r"\(got the module sqla_jobs\.models\)"):
+        load_registry("sqla_jobs:models")
+
+
 def test_the_worker_command_names_a_misspelled_registry(tmp_path: Path, db_url: URL) -> None:
     (tmp_path / "typoapp2.py").write_text(
         textwrap.dedent(

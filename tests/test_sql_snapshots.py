@@ -25,7 +25,12 @@ from sqla_jobs.sql import admin, control, enqueue, lease, locks, periodic, schem
 SNAPSHOTS = Path(__file__).with_name("sql")
 MODULES = (enqueue, lease, admin, stats, locks, schema, periodic, control, workers)
 #: Functions in the statement modules that run statements instead of building one.
-NOT_BUILDERS = {"schema.check_schema", "control.lock_key"}
+NOT_BUILDERS = {
+    "schema.check_schema",
+    "schema.missing_jobs_table",
+    "schema.no_schema_error",
+    "control.lock_key",
+}
 
 LEASES = [(1, 1), (2, 3)]
 DIALECT = make_url("postgresql+psycopg://").get_dialect()()
@@ -66,6 +71,7 @@ CASES: dict[str, Callable[[], Any]] = {
     "admin.request_cancel": lambda: admin.request_cancel(ids=[1, 2]),
     "admin.job_result": lambda: admin.job_result(1),
     "admin.delete_jobs": lambda: admin.delete_jobs(statuses=[JobStatus.DONE], queue="q"),
+    "admin.matching_jobs": lambda: admin.matching_jobs(statuses=[JobStatus.DONE], queue="q"),
     "admin.archive_batch": lambda: admin.archive_batch(
         done_older_than=60, dead_older_than=3600, batch=1000
     ),
@@ -99,6 +105,7 @@ CASES: dict[str, Callable[[], Any]] = {
     "locks.no_commit_in_flight": lambda: locks.no_commit_in_flight(),
     "schema.archive_probe": lambda: schema.archive_probe(),
     "schema.schema_probe": lambda: schema.schema_probe(),
+    "schema.table_probe": lambda: schema.table_probe(),
     "schema.status_values": lambda: schema.status_values(),
     "periodic.register": lambda: periodic.register(["a"], ["k"], ["@daily"]),
     "periodic.lock_due": lambda: periodic.lock_due(["a", "b"]),

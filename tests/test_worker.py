@@ -548,3 +548,82 @@ def test_a_broken_handler_connection_does_not_poison_the_next_job_on_its_thread(
         wait_for(lambda: status_counts(engine) == {"dead": 1, "done": 4}, message="outcomes")
     effects = {r[0] for r in rows(engine, "SELECT job_id FROM effects")}
     assert len(effects) == 4 and set(after) <= effects
+
+
+def test_the_shutdown_warning_names_only_the_jobs_still_running_when_it_is_logged(
+    engine: sa.Engine, db_url: URL, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The count used to be taken when the timeout passed: a job that finished during
+    the rest of the drain (done-mark written, logged done) was still listed as running."""
+    caplog.set_level(logging.INFO, logger="sqla_jobs.worker")
+    setup_app_tables(engine)
+    registry = Registry()
+    release_late, release_stuck, release_async = (
+        threading.Event(),
+        threading.Event(),
+        threading.Event(),
+    )
+    async_cancelled = threading.Event()
+
+    @registry.handler("late")
+    def late(session: Session, payload: dict[str, Any], job: JobContext) -> None:
+        release_late.wait(60)
+        session.execute(
+            sa.text("INSERT INTO effects (job_id, worker, attempt) VALUES (:j, :w, :a)"),
+            {"j": job.id, "w": job.worker, "a": job.attempt},
+        )
+
+    @registry.handler("stuck")
+    def stuck(session: Session, payload: dict[str, Any]) -> None:
+        release_stuck.wait(60)
+
+    @registry.handler("clings")
+    async def clings(session: Any, payload: dict[str, Any]) -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            # Cancelled at the timeout, after the drain counted what it holds: the drain
+            # now waits for this task, and meanwhile `late` finishes.
+            async_cancelled.set()
+            await asyncio.to_thread(release_async.wait, 60)
+            raise
+
+    with Session(engine) as s:
+        late_id, stuck_id, _ = enqueue_many(
+            s, [NewJob("late", {}), NewJob("stuck", {}), NewJob("clings", {})]
+        )
+        s.commit()
+    worker = Worker(
+        registry,
+        WorkerConfig(
+            database_url=url_text(db_url), concurrency=2, shutdown_timeout=0.2, poll_interval=0.2
+        ),
+    )
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: worker.ledger.running() == 3, message="three handlers running")
+        worker.stop()
+        wait_for(async_cancelled.is_set, message="the async handler cancelled at the timeout")
+        release_late.set()
+        wait_for(
+            lambda: (
+                scalar(engine, "SELECT status::text FROM jobs WHERE id = :j", j=late_id) == "done"
+            ),
+            message="the late job done",
+        )
+        release_async.set()
+        thread.join(30)
+        assert not thread.is_alive()
+    finally:
+        release_late.set()
+        release_async.set()
+        release_stuck.set()
+        # The stuck handler's thread outlived the drain; it ends (and closes its
+        # connection) once released.
+        for handler_thread in threading.enumerate():
+            if handler_thread.name.startswith("sqla_jobs-job-"):
+                handler_thread.join(30)
+        worker.engine.dispose()
+    (warning,) = [r.getMessage() for r in caplog.records if "shutdown timeout:" in r.getMessage()]
+    assert warning.startswith(f"shutdown timeout: 1 job(s) still running ({stuck_id} stuck); ")

@@ -116,6 +116,12 @@ def retry_jobs(
     )
 
 
+#: ``last_error`` of a queued job an operator cancelled (a running one gets JobCancelled).
+CANCELLED_QUEUED = "cancelled by an operator while it was queued"
+#: Before what ``last_error`` held (the failure a retry was queued after, a snooze's note).
+CANCELLED_EARLIER = "\n\nbefore that:\n"
+
+
 def cancel_jobs(
     *,
     ids: Sequence[int] | None = None,
@@ -125,11 +131,16 @@ def cancel_jobs(
     now: Now = None,
 ) -> sa.Update:
     """Queued jobs (ready or scheduled) to cancelled. A job claimed meanwhile is running,
-    fails the status test once its lock is released, and is not changed."""
+    fails the status test once its lock is released, and is not changed.
+
+    ``last_error`` says an operator cancelled it (``show`` prints it; ``finished_at`` is
+    when); what it held (the failure a retry was queued after) stays below that line.
+    """
     conditions = _job_filters(
         ids=ids, statuses=[JobStatus.QUEUED], kind=kind, queue=queue, older_than=older_than, now=now
     )
     picked = _locked_ids(conditions, "picked")
+    earlier = sa.bindparam("earlier", CANCELLED_EARLIER, sa.Text) + jobs.c.last_error
     return (
         sa.update(jobs)
         .where(jobs.c.id == picked.c.id, jobs.c.status == _common.status(JobStatus.QUEUED))
@@ -137,6 +148,8 @@ def cancel_jobs(
             status=_common.status(JobStatus.CANCELLED),
             finished_at=_common.clock(now),
             locked_until=None,
+            last_error=sa.bindparam("note", CANCELLED_QUEUED, sa.Text)
+            + sa.func.coalesce(earlier, ""),
         )
         .returning(jobs.c.id)
     )
@@ -198,6 +211,27 @@ def delete_jobs(
     )
     picked = _locked_ids(conditions, "picked")
     return sa.delete(jobs).where(jobs.c.id == picked.c.id).returning(jobs.c.id)
+
+
+def matching_jobs(
+    *,
+    statuses: Sequence[JobStatus],
+    ids: Sequence[int] | None = None,
+    kind: str | None = None,
+    queue: str | None = None,
+    older_than: float | None = None,
+    now: Now = None,
+) -> sa.Select[Any]:
+    """``(id, status, queue, kind)`` of the jobs :func:`delete_jobs` with the same
+    arguments would delete now, by id (a dry run: no lock, nothing changed)."""
+    conditions = _job_filters(
+        ids=ids, statuses=statuses, kind=kind, queue=queue, older_than=older_than, now=now
+    )
+    return (
+        sa.select(jobs.c.id, jobs.c.status, jobs.c.queue, jobs.c.kind)
+        .where(*conditions)
+        .order_by(jobs.c.id)
+    )
 
 
 def archive_batch(

@@ -93,6 +93,7 @@ KIND = "kind"
 QUEUE = "queue"
 _HOLDS_SLOT = (State.BUFFERED, State.RUNNING, State.SETTLING)
 _OURS_TO_LOSE = (State.BUFFERED, State.RUNNING)
+_RUNS = (State.RUNNING, State.SETTLING)
 
 
 #: The pools of handler slots: the handler threads, and the event loop's tasks.
@@ -271,6 +272,17 @@ class Inflight:
         """Jobs a handler is running now."""
         with self._lock:
             return sum(1 for _, state, _ in self._jobs.values() if state is State.RUNNING)
+
+    def unfinished(self) -> tuple[list[Claimed], list[Claimed]]:
+        """The jobs held now, by id: those whose handler still runs (or whose outcome is
+        being written on its thread), and the others (a handler that returned, waiting
+        for its batch done-mark)."""
+        with self._lock:
+            held = sorted(self._jobs.values(), key=lambda entry: entry[0].lease)
+        return (
+            [job for job, state, _ in held if state in _RUNS],
+            [job for job, state, _ in held if state not in _RUNS],
+        )
 
     def leases(self) -> list[tuple[int, int]]:
         """The leases to renew: every held job's but those given up (:meth:`overdue`)."""

@@ -181,11 +181,8 @@ class Worker:
     def check_schema(self) -> None:
         """Raise SchemaNotReadyError unless the jobs table has every column and status."""
         with self.engine.connect() as conn:
-            if self.config.periodic and self.registry.schedules:
-                from sqla_jobs import periodic
-
-                periodic.check_schema(conn)  # first: its message names what is missing
-            schema.check_schema(conn)
+            periodic = self.config.periodic and bool(self.registry.schedules)
+            schema.check_schema(conn, periodic=periodic)
 
     def run(self, *, install_signal_handlers: bool = False) -> None:
         """Work until ``stop()`` (or a signal); returns after a graceful drain."""
@@ -380,6 +377,29 @@ class Worker:
 
     # --- the drain -------------------------------------------------------------------
 
+    def _report_unfinished(self) -> None:
+        """Name the jobs still running now, at the end of the drain.
+
+        Read now, not when the timeout passed: a job that finished since (its handler
+        returned during the waits above, its done-mark written and logged) is not
+        running, and async handlers cancelled at the timeout have logged their own line.
+        """
+        running, unmarked = self.ledger.unfinished()
+        if running:
+            log.warning(
+                "shutdown timeout: %d job(s) still running (%s); their leases will expire "
+                "and another worker will take them",
+                len(running),
+                _job_list(running),
+            )
+        if unmarked:
+            log.warning(
+                "%d job(s) finished but their done-mark was not written before the stop "
+                "(%s); they run again when their leases expire",
+                len(unmarked),
+                _job_list(unmarked),
+            )
+
     def _drain(self) -> None:
         deadline = time.monotonic() + self.config.shutdown_timeout
         unstarted = self._dispatcher.give_back_buffered()
@@ -392,7 +412,7 @@ class Worker:
         while len(self.ledger) and time.monotonic() < deadline:
             self._room.wait(0.05)
             self._room.clear()
-        unfinished = len(self.ledger)
+        unfinished = len(self.ledger)  # decides how long to wait below, not what is reported
         if self._async_executor is not None:
             # Past the timeout: cancel the async handlers still running (their writes are
             # rolled back, their jobs left to their leases); a loop a handler blocks
@@ -407,11 +427,12 @@ class Worker:
         for thread in self._threads:
             if not thread.name.startswith("sqla_jobs-job-"):  # handlers may outlive the timeout
                 thread.join(2.0)  # the listener and heartbeat notice STOPPED within a second
-        if unfinished:
-            log.warning(
-                "shutdown timeout: %d job(s) still running; their leases will expire and "
-                "another worker will take them",
-                unfinished,
-            )
+        self._report_unfinished()
         self._lease_keeper.retire()
         log.info("worker %s stopped", self.config.worker_id)
+
+
+def _job_list(jobs: list[Claimed]) -> str:
+    """``id kind`` of each job, for a log line (the first 20, then how many more)."""
+    shown = ", ".join(f"{job.id} {job.kind}" for job in jobs[:20])
+    return shown if len(jobs) <= 20 else f"{shown} and {len(jobs) - 20} more"

@@ -8,6 +8,7 @@ WITH picked AS MATERIALIZED
 UPDATE jobs
 SET status='cancelled'::job_status,
     locked_until=%(locked_until)s::TIMESTAMP WITH TIME ZONE,
+                                                       last_error=(%(note)s::VARCHAR || coalesce(%(earlier)s::VARCHAR || jobs.last_error, %(coalesce_1)s::VARCHAR)),
                                                        finished_at=now()
 FROM picked
 WHERE jobs.id = picked.id
