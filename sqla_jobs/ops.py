@@ -36,7 +36,8 @@ after every batch: call them outside your own unit of work. Workers can archive 
 (``--archive-every``); a PostgreSQL advisory lock (``sql.locks.ARCHIVE_LOCK_KEY``)
 makes sure one worker of the fleet does it at a time.
 
-Times are the database's (``now()``); durations are :class:`~datetime.timedelta`.
+Times are the database's (the time of the statement that writes or reads them, not of
+its transaction's start); durations are :class:`~datetime.timedelta`.
 """
 
 from __future__ import annotations
@@ -246,7 +247,7 @@ def stats(session: Session, registry: Registry | None = None) -> Stats:
     """Read the queue's state in one read-only snapshot (five index-backed queries).
 
     Reads on a connection of its own from the session's engine, in one REPEATABLE READ
-    transaction (so ``now()`` and every figure refer to the same instant); the session's
+    transaction, every figure as of the same instant (``taken_at``); the session's
     own transaction, if any, is not touched.
     """
     rows: dict[tuple[str, str], dict[str, Any]] = {}
@@ -263,11 +264,15 @@ def stats(session: Session, registry: Registry | None = None) -> Stats:
         with engine.connect() as conn:
             conn.exec_driver_sql("SET TRANSACTION READ ONLY, ISOLATION LEVEL REPEATABLE READ")
             taken_at = conn.execute(stats_sql.stats_now()).scalar_one()
-            merge(conn.execute(stats_sql.stats_queued()), ("ready", "scheduled", "oldest_ready"))
-            merge(conn.execute(stats_sql.stats_running()), ("running", "expired"))
-            merge(conn.execute(stats_sql.stats_dead()), ("dead", "cancelled"))
+            # Every figure as of taken_at (each statement's own time would differ).
             merge(
-                conn.execute(stats_sql.stats_done_recent()),
+                conn.execute(stats_sql.stats_queued(taken_at)),
+                ("ready", "scheduled", "oldest_ready"),
+            )
+            merge(conn.execute(stats_sql.stats_running(taken_at)), ("running", "expired"))
+            merge(conn.execute(stats_sql.stats_dead(taken_at)), ("dead", "cancelled"))
+            merge(
+                conn.execute(stats_sql.stats_done_recent(taken_at)),
                 ("done_last_minute", "done_last_hour"),
             )
             table = _table_stats(conn)

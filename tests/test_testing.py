@@ -345,7 +345,7 @@ def test_run_inline_records_results_and_the_handlers_decisions(session: Session)
         for r in session.execute(
             sa.text(
                 "SELECT kind, status::text AS status, attempts, snoozes, last_error, "
-                "extract(epoch FROM run_at - now()) AS wait FROM jobs"
+                "extract(epoch FROM run_at - statement_timestamp()) AS wait FROM jobs"
             )
         )
     }

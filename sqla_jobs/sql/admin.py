@@ -281,7 +281,7 @@ def queues_of_kinds(kinds: Sequence[str]) -> sa.Select[Any]:
 def pending_count(kinds: Sequence[str], queues: Sequence[str]) -> sa.Select[Any]:
     """Jobs of ``kinds`` in ``queues`` that are ready now or running."""
     ready = sa.and_(
-        jobs.c.status == _common.status(JobStatus.QUEUED), jobs.c.run_at <= sa.func.now()
+        jobs.c.status == _common.status(JobStatus.QUEUED), jobs.c.run_at <= _common.clock(None)
     )
     return sa.select(sa.func.count()).where(
         jobs.c.kind == sa.any_(_common.text_array(kinds)),
@@ -334,9 +334,9 @@ def due_within(kinds: Sequence[str], queues: Sequence[str], seconds: float) -> s
         jobs.c.kind == sa.any_(_common.text_array(kinds)),
         jobs.c.queue == sa.any_(_common.text_array(queues)),
         jobs.c.status == _common.status(JobStatus.QUEUED),
-        jobs.c.run_at > sa.func.now(),
+        jobs.c.run_at > _common.clock(None),
         jobs.c.run_at
-        <= sa.func.now() + _common.seconds(sa.bindparam("horizon", seconds, sa.Float)),
+        <= _common.clock(None) + _common.seconds(sa.bindparam("horizon", seconds, sa.Float)),
     )
 
 
@@ -349,11 +349,11 @@ def pull_forward(kinds: Sequence[str], queues: Sequence[str], seconds: float) ->
             jobs.c.kind == sa.any_(_common.text_array(kinds)),
             jobs.c.queue == sa.any_(_common.text_array(queues)),
             jobs.c.status == _common.status(JobStatus.QUEUED),
-            jobs.c.run_at > sa.func.now(),
+            jobs.c.run_at > _common.clock(None),
             jobs.c.run_at
-            <= sa.func.now() + _common.seconds(sa.bindparam("horizon", seconds, sa.Float)),
+            <= _common.clock(None) + _common.seconds(sa.bindparam("horizon", seconds, sa.Float)),
         )
-        .values(run_at=sa.func.now())
+        .values(run_at=_common.clock(None))
         .returning(jobs.c.id)
     )
 
@@ -367,7 +367,7 @@ def inline_next(kinds: Sequence[str], *, scheduled: bool) -> sa.Select[Any]:
         jobs.c.status == _common.status(JobStatus.QUEUED),
     ]
     if not scheduled:
-        conditions.append(jobs.c.run_at <= sa.func.now())
+        conditions.append(jobs.c.run_at <= _common.clock(None))
     return (
         sa.select(*jobs.c)
         .where(*conditions)
@@ -398,9 +398,9 @@ def inline_done(job_id: int, result: str | None = None) -> sa.Update:
         .where(jobs.c.id == sa.bindparam("id", job_id, sa.BigInteger))
         .values(
             status=_common.status(JobStatus.DONE),
-            finished_at=sa.func.now(),
+            finished_at=_common.clock(None),
             locked_until=None,
-            run_at=sa.func.least(jobs.c.run_at, sa.func.now()),
+            run_at=sa.func.least(jobs.c.run_at, _common.clock(None)),
             result=sa.cast(sa.bindparam("result", result, sa.Text), JSONB),
         )
     )
@@ -415,7 +415,8 @@ def inline_snoozed(job_id: int, *, delay_seconds: float, note: str) -> sa.Update
         .values(
             status=_common.status(JobStatus.QUEUED),
             snoozes=jobs.c.snoozes + 1,
-            run_at=sa.func.now() + _common.seconds(sa.bindparam("delay", delay_seconds, sa.Float)),
+            run_at=_common.clock(None)
+            + _common.seconds(sa.bindparam("delay", delay_seconds, sa.Float)),
             last_error=sa.bindparam("error", note, sa.Text),
         )
     )
@@ -431,7 +432,7 @@ def inline_discarded(job_id: int, *, worker: str, reason: str) -> sa.Update:
             attempts=jobs.c.attempts + 1,
             worker=sa.bindparam("worker", worker, sa.Text),
             last_error=sa.bindparam("error", reason, sa.Text),
-            finished_at=sa.func.now(),
+            finished_at=_common.clock(None),
         )
     )
 
@@ -451,12 +452,12 @@ def inline_failed(job_id: int, *, worker: str, delay_seconds: float, error: str)
             worker=sa.bindparam("worker", worker, sa.Text),
             run_at=sa.case(
                 # Run ahead of its schedule (``scheduled=True``): never ready after it ended.
-                (exhausted, sa.func.least(jobs.c.run_at, sa.func.now())),
-                else_=sa.func.now()
+                (exhausted, sa.func.least(jobs.c.run_at, _common.clock(None))),
+                else_=_common.clock(None)
                 + _common.seconds(sa.bindparam("delay", delay_seconds, sa.Float)),
             ),
             last_error=sa.bindparam("error", error, sa.Text),
-            finished_at=sa.case((exhausted, sa.func.now()), else_=None),
+            finished_at=sa.case((exhausted, _common.clock(None)), else_=None),
         )
         .returning(jobs.c.status)
     )

@@ -137,7 +137,13 @@ class Worker:
             )
         self._pools = pools
         self._dispatcher = Dispatcher(
-            self.engine, self.config, list(registry.kinds), self.ledger, self._buffer, pools
+            self.engine,
+            self.config,
+            list(registry.kinds),
+            self.ledger,
+            self._buffer,
+            pools,
+            max_attempts=registry.max_attempts_by_kind(),
         )
         self._completer = Completer(
             self.engine, self.config, registry, self.ledger, self.events, self._dispatcher.wake_at

@@ -8,7 +8,7 @@ WITH picked AS MATERIALIZED
 UPDATE jobs
 SET status='cancelled'::job_status,
     locked_until=%(locked_until)s::TIMESTAMP WITH TIME ZONE,
-                                                       finished_at=now()
+                                                       finished_at=statement_timestamp()
 FROM picked
 WHERE jobs.id = picked.id
   AND jobs.status = 'queued'::job_status RETURNING jobs.id;

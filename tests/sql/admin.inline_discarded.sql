@@ -3,5 +3,5 @@ SET status='cancelled'::job_status,
     attempts=(jobs.attempts + %(attempts_1)s::INTEGER),
     worker=%(worker)s::VARCHAR,
     last_error=%(error)s::VARCHAR,
-    finished_at=now()
+    finished_at=statement_timestamp()
 WHERE jobs.id = %(id)s::BIGINT;

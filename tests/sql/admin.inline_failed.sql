@@ -4,13 +4,13 @@ SET status=CASE
                ELSE 'queued'::job_status
            END,
            run_at=CASE
-                      WHEN (jobs.attempts + %(attempts_1)s::INTEGER >= jobs.max_attempts) THEN least(jobs.run_at, now())
-                      ELSE now() + interval '1 second' * %(delay)s
+                      WHEN (jobs.attempts + %(attempts_1)s::INTEGER >= jobs.max_attempts) THEN least(jobs.run_at, statement_timestamp())
+                      ELSE statement_timestamp() + interval '1 second' * %(delay)s
                   END,
                   attempts=(jobs.attempts + %(attempts_2)s::INTEGER),
                   worker=%(worker)s::VARCHAR,
                   last_error=%(error)s::VARCHAR,
                   finished_at=CASE
-                                  WHEN (jobs.attempts + %(attempts_1)s::INTEGER >= jobs.max_attempts) THEN now()
+                                  WHEN (jobs.attempts + %(attempts_1)s::INTEGER >= jobs.max_attempts) THEN statement_timestamp()
                               END
 WHERE jobs.id = %(id)s::BIGINT RETURNING jobs.status;
