@@ -56,9 +56,9 @@ def insert_jobs_json(*, with_keys: bool, options: bool = True, now: Now = None) 
     One bound parameter, ``rows``: a JSON array of objects with ``k`` (kind), ``p``
     (payload), and optional ``q`` (queue), ``pr`` (priority), ``m`` (max_attempts),
     ``key``, ``at`` (run_at, ISO 8601 with offset), ``d`` (delay, seconds) and ``t``
-    (timeout, seconds; revision 0005); a missing
-    field takes the table default (``m``: NULL, the handler's when a worker claims it). One text parameter is the cheapest thing to send:
-    psycopg quotes every element of a text array with a regular expression, which cost
+    (timeout, seconds; revision 0005); a missing field takes the table default (``m``:
+    NULL, the handler's when a worker claims it). One text parameter is the cheapest
+    thing to send: psycopg quotes every element of a text array with a regular expression, which cost
     more than the insert itself. It is read as ``jsonb``: then each payload is taken out
     of the parsed array as it is, where ``json_to_recordset`` parsed it a second time
     (1 us per job of the server's 6).
