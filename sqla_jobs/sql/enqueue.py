@@ -58,8 +58,8 @@ def insert_jobs_json(*, with_keys: bool, options: bool = True, now: Now = None) 
     ``key``, ``at`` (run_at, ISO 8601 with offset), ``d`` (delay, seconds) and ``t``
     (timeout, seconds; revision 0005); a missing field takes the table default (``m``:
     NULL, the handler's when a worker claims it). One text parameter is the cheapest
-    thing to send: psycopg quotes every element of a text array with a regular expression, which cost
-    more than the insert itself. It is read as ``jsonb``: then each payload is taken out
+    thing to send: psycopg quotes every element of a text array with a regular
+    expression, which cost more than the insert itself. It is read as ``jsonb``: then each payload is taken out
     of the parsed array as it is, where ``json_to_recordset`` parsed it a second time
     (1 us per job of the server's 6).
 
