@@ -59,9 +59,9 @@ def insert_jobs_json(*, with_keys: bool, options: bool = True, now: Now = None) 
     (timeout, seconds; revision 0005); a missing field takes the table default (``m``:
     NULL, the handler's when a worker claims it). One text parameter is the cheapest
     thing to send: psycopg quotes every element of a text array with a regular
-    expression, which cost more than the insert itself. It is read as ``jsonb``: then each payload is taken out
-    of the parsed array as it is, where ``json_to_recordset`` parsed it a second time
-    (1 us per job of the server's 6).
+    expression, which cost more than the insert itself. It is read as ``jsonb``: then
+    each payload is taken out of the parsed array as it is, where ``json_to_recordset``
+    parsed it a second time (1 us per job of the server's 6).
 
     ``with_keys``: a batch with idempotency keys skips those already taken (``ON
     CONFLICT DO NOTHING``); a batch without any leaves out that clause and its
