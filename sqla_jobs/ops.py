@@ -187,15 +187,29 @@ class ScheduleStatus:
 
 
 @dataclass(frozen=True)
+class UnservedJobs:
+    """Ready jobs of ``kind`` waiting in ``queue``, which no live worker running ``kind``
+    serves (see :attr:`Stats.unserved_jobs`)."""
+
+    kind: str
+    queue: str
+    ready: int
+
+
+@dataclass(frozen=True)
 class Stats:
     """A snapshot of the queue, all figures as of ``taken_at`` (the database's clock).
 
     ``by_kind`` has one entry per (queue, kind) that has anything queued, running, dead,
-    cancelled, or done in the last hour, sorted. ``unknown_kinds`` lists kinds among
-    those that the registry given to :func:`stats` has no handler for (queued jobs of
-    such a kind are never claimed); ``unserved_queues``, queues holding ready jobs that
-    no handler of that registry declares (a worker started without ``--queues`` does not
-    claim from them).
+    cancelled, or done in the last hour, sorted. ``unknown_kinds`` lists the kinds with
+    jobs queued, running or dead that the registry given to :func:`stats` has no handler
+    for (its workers never claim them, and a retry of a dead one would not run; kinds
+    with only done or cancelled jobs are history, not listed); ``unserved_queues``,
+    queues holding ready jobs that no handler of that registry declares (a worker
+    started without ``--queues`` does not claim from them). ``unserved_jobs`` (with or
+    without a registry) lists the ready jobs, per kind and queue, of kinds some live
+    worker runs, waiting in a queue none of those workers serves: usually jobs a plain
+    ``enqueue`` put in ``default`` while the workers serve their handler's queue.
     """
 
     taken_at: datetime
@@ -205,6 +219,7 @@ class Stats:
     unknown_kinds: tuple[str, ...] = ()
     unserved_queues: tuple[str, ...] = ()
     periodic: tuple[ScheduleStatus, ...] = ()
+    unserved_jobs: tuple[UnservedJobs, ...] = ()
     controls: tuple[ControlState, ...] = ()
     workers: tuple[WorkerInfo, ...] = ()
 
@@ -304,7 +319,8 @@ def stats(session: Session, registry: Registry | None = None) -> Stats:
     unknown: tuple[str, ...] = ()
     unserved: tuple[str, ...] = ()
     if registry is not None:
-        unknown = tuple(sorted({k.kind for k in by_kind} - set(registry.kinds)))
+        pending = {k.kind for k in by_kind if k.ready or k.scheduled or k.running or k.dead}
+        unknown = tuple(sorted(pending - set(registry.kinds)))
         ready_in = {k.queue for k in by_kind if k.ready}
         unserved = tuple(sorted(ready_in - set(registry.queues())))
     return Stats(
@@ -317,6 +333,22 @@ def stats(session: Session, registry: Registry | None = None) -> Stats:
         periodic=periodic_statuses(session, registry) if registry and registry.schedules else (),
         controls=controls_,
         workers=workers_,
+        unserved_jobs=_unserved_jobs(by_kind, workers_),
+    )
+
+
+def _unserved_jobs(
+    by_kind: Sequence[KindStats], live: Sequence[WorkerInfo]
+) -> tuple[UnservedJobs, ...]:
+    """Ready jobs of kinds some live worker runs, in queues none of those workers serves."""
+    served: dict[str, set[str]] = {}
+    for worker in live:
+        for kind in worker.kinds:
+            served.setdefault(kind, set()).update(worker.queues)
+    return tuple(
+        UnservedJobs(k.kind, k.queue, k.ready)
+        for k in sorted(by_kind, key=lambda k: (k.kind, k.queue))
+        if k.ready and k.kind in served and k.queue not in served[k.kind]
     )
 
 
@@ -405,7 +437,8 @@ class JobRecord:
     run_at: datetime
     locked_until: datetime | None
     attempts: int
-    max_attempts: int
+    #: None: not claimed yet, enqueued without one (the handler's, else 8, once claimed).
+    max_attempts: int | None
     idempotency_key: str | None
     worker: str | None
     last_error: str | None

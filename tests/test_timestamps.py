@@ -200,8 +200,8 @@ def test_operator_actions_in_a_long_transaction_are_dated_when_they_run(
     engine: sa.Engine,
 ) -> None:
     with Session(engine) as s:
-        queued = enqueue(s, "k")
-        dead = enqueue(s, "k")
+        queued, dead = enqueue(s, "k"), enqueue(s, "k")
+        assert queued is not None and dead is not None
         s.execute(
             sa.text("UPDATE jobs SET status = 'dead', finished_at = now() WHERE id = :j"),
             {"j": dead},

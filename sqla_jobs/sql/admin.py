@@ -377,8 +377,20 @@ def inline_next(kinds: Sequence[str], *, scheduled: bool) -> sa.Select[Any]:
     )
 
 
-def inline_start(job_id: int, worker: str) -> sa.Update:
-    """Mark a job running for an inline run (attempts + 1), as a claim would."""
+def _handler_max_attempts(value: int) -> sa.ColumnElement[Any]:
+    """The job's own max_attempts, else ``value`` (its handler's, else 8), as a claim
+    resolves it (:func:`sqla_jobs.sql.lease.claim`, revision 0008)."""
+    return sa.func.coalesce(
+        jobs.c.max_attempts, sa.bindparam("handler_max_attempts", value, sa.Integer)
+    )
+
+
+def inline_start(
+    job_id: int, worker: str, handler_max_attempts: int = models.DEFAULT_MAX_ATTEMPTS
+) -> sa.Update:
+    """Mark a job running for an inline run (attempts + 1), as a claim would, its
+    max_attempts resolved (``handler_max_attempts``: its handler's, else 8). RETURNING
+    ``attempts, max_attempts``."""
     return (
         sa.update(jobs)
         .where(jobs.c.id == sa.bindparam("id", job_id, sa.BigInteger))
@@ -386,8 +398,9 @@ def inline_start(job_id: int, worker: str) -> sa.Update:
             status=_common.status(JobStatus.RUNNING),
             attempts=jobs.c.attempts + 1,
             worker=sa.bindparam("worker", worker, sa.Text),
+            max_attempts=_handler_max_attempts(handler_max_attempts),
         )
-        .returning(jobs.c.attempts)
+        .returning(jobs.c.attempts, jobs.c.max_attempts)
     )
 
 
@@ -422,13 +435,20 @@ def inline_snoozed(job_id: int, *, delay_seconds: float, note: str) -> sa.Update
     )
 
 
-def inline_discarded(job_id: int, *, worker: str, reason: str) -> sa.Update:
+def inline_discarded(
+    job_id: int,
+    *,
+    worker: str,
+    reason: str,
+    handler_max_attempts: int = models.DEFAULT_MAX_ATTEMPTS,
+) -> sa.Update:
     """An inline run raised Discard: ``cancelled``, the attempt spent, not retried."""
     return (
         sa.update(jobs)
         .where(jobs.c.id == sa.bindparam("id", job_id, sa.BigInteger))
         .values(
             status=_common.status(JobStatus.CANCELLED),
+            max_attempts=_handler_max_attempts(handler_max_attempts),
             attempts=jobs.c.attempts + 1,
             worker=sa.bindparam("worker", worker, sa.Text),
             last_error=sa.bindparam("error", reason, sa.Text),
@@ -437,14 +457,24 @@ def inline_discarded(job_id: int, *, worker: str, reason: str) -> sa.Update:
     )
 
 
-def inline_failed(job_id: int, *, worker: str, delay_seconds: float, error: str) -> sa.Update:
+def inline_failed(
+    job_id: int,
+    *,
+    worker: str,
+    delay_seconds: float,
+    error: str,
+    handler_max_attempts: int = models.DEFAULT_MAX_ATTEMPTS,
+) -> sa.Update:
     """Record a failed inline attempt (its own writes were rolled back with it): queued
-    again after ``delay_seconds``, or dead at max_attempts, as :func:`retry` does."""
-    exhausted = jobs.c.attempts + 1 >= jobs.c.max_attempts
+    again after ``delay_seconds``, or dead at max_attempts (the job's, else
+    ``handler_max_attempts``), as :func:`retry` does."""
+    max_attempts = _handler_max_attempts(handler_max_attempts)
+    exhausted = jobs.c.attempts + 1 >= max_attempts
     return (
         sa.update(jobs)
         .where(jobs.c.id == sa.bindparam("id", job_id, sa.BigInteger))
         .values(
+            max_attempts=max_attempts,
             status=sa.case(
                 (exhausted, _common.status(JobStatus.DEAD)), else_=_common.status(JobStatus.QUEUED)
             ),

@@ -42,6 +42,7 @@ from sqla_jobs.worker._services import (
     PeriodicEnqueuer,
     Rescuer,
     Service,
+    UnservedWatch,
 )
 
 log = logging.getLogger("sqla_jobs.worker")
@@ -290,6 +291,7 @@ class Worker:
             services.append(Archiver(draining, self.engine, self.config))
         if self.config.periodic and self.registry.schedules:
             services.append(PeriodicEnqueuer(draining, self.engine, self.registry))
+        services.append(UnservedWatch(draining, self.engine, self.config, self.registry.kinds))
         for service in services:
             self._start_thread(service.run, service.name.replace(" ", "-"))
 
