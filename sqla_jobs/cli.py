@@ -548,6 +548,17 @@ def _stats_text(s: Any) -> str:
             "ready jobs in queues no handler of the app declares (a worker serves them only "
             f"with --queues): {', '.join(s.unserved_queues)}"
         )
+    if s.unserved_jobs:
+        lines += [
+            "",
+            "ready jobs in a queue no live worker running their kind serves (enqueue with "
+            "registry.enqueue / handler.enqueue for the handler's queue, or pass queue=):",
+            *_table(
+                ("KIND", "QUEUE", "READY"),
+                [(u.kind, u.queue, f"{u.ready:,}") for u in s.unserved_jobs],
+                {2},
+            ),
+        ]
     return "\n".join(lines)
 
 
@@ -655,7 +666,7 @@ def _cmd_list(session: Any, args: argparse.Namespace) -> int:
             j.status.value,
             j.queue,
             j.kind,
-            f"{j.attempts}/{j.max_attempts}",
+            f"{j.attempts}/{_max_attempts(j.max_attempts, short=True)}",
             j.run_at.isoformat(timespec="seconds"),
             _clip((j.current_error or "").split("\n", 1)[0], ERROR_WIDTH),
         )
@@ -690,6 +701,13 @@ def _clip(text: str, width: int) -> str:
     return head.rstrip(" ,;:-") + ELLIPSIS
 
 
+def _max_attempts(value: int | None, *, short: bool) -> str:
+    """A job's max_attempts; None (enqueued without one, not claimed yet) in words."""
+    if value is not None:
+        return str(value)
+    return "handler's" if short else "the handler's (else 8), set when a worker claims it"
+
+
 def _cmd_show(session: Any, args: argparse.Namespace) -> int:
     from sqla_jobs import ops
 
@@ -700,8 +718,9 @@ def _cmd_show(session: Any, args: argparse.Namespace) -> int:
         return 0
     if job.archived:
         data["status"] = f"{data['status']} (archived {data['archived_at']}, in jobs_archive)"
-    for name in ("id", "kind", "queue", "priority", "status", "attempts", "max_attempts"):
+    for name in ("id", "kind", "queue", "priority", "status", "attempts"):
         print(f"{name + ':':<17}{data[name]}")
+    print(f"{'max_attempts:':<17}{_max_attempts(job.max_attempts, short=False)}")
     for name in ("idempotency_key", "worker", "created_at", "run_at", "locked_until"):
         print(f"{name + ':':<17}{data[name] if data[name] is not None else '-'}")
     print(f"{'finished_at:':<17}{data['finished_at'] or '-'}")

@@ -49,7 +49,17 @@ NAMING_CONVENTION = {
 #: Defaults applied by the database when a job does not say otherwise.
 DEFAULT_QUEUE = "default"
 DEFAULT_PRIORITY = 0
+#: A job's ``max_attempts`` when neither it nor its handler sets one. A job enqueued
+#: without one stores NULL (revision 0008); the worker that claims it writes its
+#: handler's value, else this one.
 DEFAULT_MAX_ATTEMPTS = 8
+
+
+def _statement_time() -> sa.ColumnElement[datetime]:
+    # The inserting statement's time, not its transaction's start (now()): a job
+    # enqueued late in a long transaction (a handler's, an app's request) is created
+    # and ready when that statement runs (revision 0008).
+    return sa.func.statement_timestamp()
 
 
 class Base(DeclarativeBase):
@@ -131,16 +141,17 @@ class Job(Base):
     payload: Mapped[dict[str, Any]] = mapped_column(JSONB)
     status: Mapped[JobStatus] = mapped_column(job_status, server_default=JobStatus.QUEUED.value)
     run_at: Mapped[datetime] = mapped_column(
-        sa.DateTime(timezone=True), server_default=sa.func.now()
+        sa.DateTime(timezone=True), server_default=_statement_time()
     )
     locked_until: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
     attempts: Mapped[int] = mapped_column(sa.Integer, server_default="0")
-    max_attempts: Mapped[int] = mapped_column(sa.Integer, server_default=str(DEFAULT_MAX_ATTEMPTS))
+    #: NULL: the handler's ``max_attempts``, else 8, written by the worker's claim.
+    max_attempts: Mapped[int | None] = mapped_column(sa.Integer)
     idempotency_key: Mapped[str | None] = mapped_column(sa.Text, unique=True)
     worker: Mapped[str | None] = mapped_column(sa.Text)
     last_error: Mapped[str | None] = mapped_column(sa.Text)
     created_at: Mapped[datetime] = mapped_column(
-        sa.DateTime(timezone=True), server_default=sa.func.now()
+        sa.DateTime(timezone=True), server_default=_statement_time()
     )
     finished_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
     # Revision 0005 (job control).
@@ -187,8 +198,8 @@ class Job(Base):
         return validation.check_priority(value)
 
     @validates("max_attempts")
-    def _check_max_attempts(self, _key: str, value: object) -> int:
-        return validation.check_max_attempts(value)
+    def _check_max_attempts(self, _key: str, value: object) -> int | None:
+        return None if value is None else validation.check_max_attempts(value)
 
     @validates("run_at")
     def _check_run_at(self, _key: str, value: object) -> datetime | DelayedRunAt | None:
@@ -246,7 +257,8 @@ class JobArchive(Base):
     run_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True))
     locked_until: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
     attempts: Mapped[int] = mapped_column(sa.Integer)
-    max_attempts: Mapped[int] = mapped_column(sa.Integer)
+    # NULL for a job cancelled (or deleted) before any worker claimed it.
+    max_attempts: Mapped[int | None] = mapped_column(sa.Integer)
     idempotency_key: Mapped[str | None] = mapped_column(sa.Text)
     worker: Mapped[str | None] = mapped_column(sa.Text)
     last_error: Mapped[str | None] = mapped_column(sa.Text)
@@ -257,7 +269,7 @@ class JobArchive(Base):
     snoozes: Mapped[int] = mapped_column(sa.Integer, server_default="0")
     cancel_requested_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
     archived_at: Mapped[datetime] = mapped_column(
-        sa.DateTime(timezone=True), server_default=sa.func.now()
+        sa.DateTime(timezone=True), server_default=_statement_time()
     )
 
     __table_args__ = (sa.Index("jobs_archive_finished_at_idx", "finished_at"),)
@@ -289,10 +301,10 @@ class PeriodicState(Base):
     last_tick: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True))
     last_job_id: Mapped[int | None] = mapped_column(sa.BigInteger)
     created_at: Mapped[datetime] = mapped_column(
-        sa.DateTime(timezone=True), server_default=sa.func.now()
+        sa.DateTime(timezone=True), server_default=_statement_time()
     )
     updated_at: Mapped[datetime] = mapped_column(
-        sa.DateTime(timezone=True), server_default=sa.func.now()
+        sa.DateTime(timezone=True), server_default=_statement_time()
     )
 
     def __repr__(self) -> str:
@@ -324,7 +336,7 @@ class QueueControl(Base):
     declared_rate_count: Mapped[int | None] = mapped_column(sa.Integer)
     declared_rate_seconds: Mapped[float | None] = mapped_column(sa.Float)
     updated_at: Mapped[datetime] = mapped_column(
-        sa.DateTime(timezone=True), server_default=sa.func.now()
+        sa.DateTime(timezone=True), server_default=_statement_time()
     )
 
     __table_args__ = (

@@ -41,7 +41,8 @@ makes sure one worker of the fleet does it at a time.
 own ``Session``, in its transaction (:mod:`sqla_jobs._sessions`). Either form given the
 other kind of session raises ``TypeError`` at once, naming the right call.
 
-Times are the database's (``now()``); durations are :class:`~datetime.timedelta`.
+Times are the database's (the time of the statement that writes or reads them, not of
+its transaction's start); durations are :class:`~datetime.timedelta`.
 """
 
 from __future__ import annotations
@@ -192,15 +193,29 @@ class ScheduleStatus:
 
 
 @dataclass(frozen=True)
+class UnservedJobs:
+    """Ready jobs of ``kind`` waiting in ``queue``, which no live worker running ``kind``
+    serves (see :attr:`Stats.unserved_jobs`)."""
+
+    kind: str
+    queue: str
+    ready: int
+
+
+@dataclass(frozen=True)
 class Stats:
     """A snapshot of the queue, all figures as of ``taken_at`` (the database's clock).
 
     ``by_kind`` has one entry per (queue, kind) that has anything queued, running, dead,
-    cancelled, or done in the last hour, sorted. ``unknown_kinds`` lists kinds among
-    those that the registry given to :func:`stats` has no handler for (queued jobs of
-    such a kind are never claimed); ``unserved_queues``, queues holding ready jobs that
-    no handler of that registry declares (a worker started without ``--queues`` does not
-    claim from them).
+    cancelled, or done in the last hour, sorted. ``unknown_kinds`` lists the kinds with
+    jobs queued, running or dead that the registry given to :func:`stats` has no handler
+    for (its workers never claim them, and a retry of a dead one would not run; kinds
+    with only done or cancelled jobs are history, not listed); ``unserved_queues``,
+    queues holding ready jobs that no handler of that registry declares (a worker
+    started without ``--queues`` does not claim from them). ``unserved_jobs`` (with or
+    without a registry) lists the ready jobs, per kind and queue, of kinds some live
+    worker runs, waiting in a queue none of those workers serves: usually jobs a plain
+    ``enqueue`` put in ``default`` while the workers serve their handler's queue.
     """
 
     taken_at: datetime
@@ -210,6 +225,7 @@ class Stats:
     unknown_kinds: tuple[str, ...] = ()
     unserved_queues: tuple[str, ...] = ()
     periodic: tuple[ScheduleStatus, ...] = ()
+    unserved_jobs: tuple[UnservedJobs, ...] = ()
     controls: tuple[ControlState, ...] = ()
     workers: tuple[WorkerInfo, ...] = ()
 
@@ -253,7 +269,7 @@ def stats(session: Session, registry: Registry | None = None) -> Stats:
     """Read the queue's state in one read-only snapshot (five index-backed queries).
 
     Reads on a connection of its own from the session's engine, in one REPEATABLE READ
-    transaction (so ``now()`` and every figure refer to the same instant); the session's
+    transaction, every figure as of the same instant (``taken_at``); the session's
     own transaction, if any, is not touched.
     """
     rows: dict[tuple[str, str], dict[str, Any]] = {}
@@ -270,11 +286,15 @@ def stats(session: Session, registry: Registry | None = None) -> Stats:
         with engine.connect() as conn:
             conn.exec_driver_sql("SET TRANSACTION READ ONLY, ISOLATION LEVEL REPEATABLE READ")
             taken_at = conn.execute(stats_sql.stats_now()).scalar_one()
-            merge(conn.execute(stats_sql.stats_queued()), ("ready", "scheduled", "oldest_ready"))
-            merge(conn.execute(stats_sql.stats_running()), ("running", "expired"))
-            merge(conn.execute(stats_sql.stats_dead()), ("dead", "cancelled"))
+            # Every figure as of taken_at (each statement's own time would differ).
             merge(
-                conn.execute(stats_sql.stats_done_recent()),
+                conn.execute(stats_sql.stats_queued(taken_at)),
+                ("ready", "scheduled", "oldest_ready"),
+            )
+            merge(conn.execute(stats_sql.stats_running(taken_at)), ("running", "expired"))
+            merge(conn.execute(stats_sql.stats_dead(taken_at)), ("dead", "cancelled"))
+            merge(
+                conn.execute(stats_sql.stats_done_recent(taken_at)),
                 ("done_last_minute", "done_last_hour"),
             )
             table = _table_stats(conn)
@@ -305,7 +325,8 @@ def stats(session: Session, registry: Registry | None = None) -> Stats:
     unknown: tuple[str, ...] = ()
     unserved: tuple[str, ...] = ()
     if registry is not None:
-        unknown = tuple(sorted({k.kind for k in by_kind} - set(registry.kinds)))
+        pending = {k.kind for k in by_kind if k.ready or k.scheduled or k.running or k.dead}
+        unknown = tuple(sorted(pending - set(registry.kinds)))
         ready_in = {k.queue for k in by_kind if k.ready}
         unserved = tuple(sorted(ready_in - set(registry.queues())))
     return Stats(
@@ -318,6 +339,22 @@ def stats(session: Session, registry: Registry | None = None) -> Stats:
         periodic=periodic_statuses(session, registry) if registry and registry.schedules else (),
         controls=controls_,
         workers=workers_,
+        unserved_jobs=_unserved_jobs(by_kind, workers_),
+    )
+
+
+def _unserved_jobs(
+    by_kind: Sequence[KindStats], live: Sequence[WorkerInfo]
+) -> tuple[UnservedJobs, ...]:
+    """Ready jobs of kinds some live worker runs, in queues none of those workers serves."""
+    served: dict[str, set[str]] = {}
+    for worker in live:
+        for kind in worker.kinds:
+            served.setdefault(kind, set()).update(worker.queues)
+    return tuple(
+        UnservedJobs(k.kind, k.queue, k.ready)
+        for k in sorted(by_kind, key=lambda k: (k.kind, k.queue))
+        if k.ready and k.kind in served and k.queue not in served[k.kind]
     )
 
 
@@ -407,7 +444,8 @@ class JobRecord:
     run_at: datetime
     locked_until: datetime | None
     attempts: int
-    max_attempts: int
+    #: None: not claimed yet, enqueued without one (the handler's, else 8, once claimed).
+    max_attempts: int | None
     idempotency_key: str | None
     worker: str | None
     last_error: str | None

@@ -51,7 +51,10 @@ class NewJob:
 
     ``run_at`` (timezone-aware) and ``delay`` (seconds or timedelta) are exclusive; with
     neither the job is ready at once. Defaults: queue ``"default"``, priority 0 (0-9,
-    lower first), max_attempts 8.
+    lower first); without ``max_attempts`` the job gets its handler's when a worker
+    claims it, else 8. ``queue`` and ``priority`` cannot wait for the worker (they decide
+    who claims the job, and when): ``Registry.new`` / ``Handler.new`` fill in the
+    handler's.
     """
 
     kind: str
@@ -213,7 +216,10 @@ def enqueue(
     """Insert one job in the caller's transaction and return its id.
 
     ``timeout`` (seconds or timedelta) limits each run of this job, over its handler's
-    own ``timeout``; see the README's "Timeouts".
+    own ``timeout``; see the README's "Timeouts". Without ``max_attempts`` the job gets
+    its handler's when a worker claims it (else 8); without ``queue`` or ``priority`` it
+    gets ``"default"`` and 0, not its handler's: ``registry.enqueue`` and
+    ``handler.enqueue`` use the handler's.
 
     Returns ``None`` when ``key`` is given and a job with that idempotency key already
     exists (``ON CONFLICT DO NOTHING``): the existing job is left as it is. If another

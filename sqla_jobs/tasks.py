@@ -519,8 +519,10 @@ class Registry:
     ) -> int | None:
         """Enqueue ``kind`` by name with its handler's defaults, as ``handler.enqueue`` does.
 
-        Plain :func:`sqla_jobs.enqueue` (and ``Job(...)``) never look at a registry: they
-        use the values given, else the table's defaults. A kind with no handler here is a
+        Plain :func:`sqla_jobs.enqueue` (and ``Job(...)``) never look at a registry: a
+        job without ``max_attempts`` gets its handler's when a worker claims it, but
+        ``queue`` and ``priority`` default to ``"default"`` and 0 (the worker warns about
+        ready jobs left in a queue it does not serve). A kind with no handler here is a
         RegistryError, raised before anything is written. Never commits.
         """
         return self._handler_for(kind).enqueue(session, payload, **options)
@@ -556,6 +558,11 @@ class Registry:
     def handlers(self) -> list[Handler[Any]]:
         """The registered handlers, by kind."""
         return [self._handlers[kind] for kind in sorted(self._handlers)]
+
+    def max_attempts_by_kind(self) -> dict[str, int]:
+        """The ``max_attempts`` each handler declares (kinds declaring none left out): what
+        a worker's claim gives a job of that kind enqueued without one (else 8)."""
+        return {h.kind: h.max_attempts for h in self.handlers() if h.max_attempts is not None}
 
     def kinds_where(self, is_async: bool) -> tuple[str, ...]:
         """The kinds whose handlers are ``async def`` (True) or plain ``def`` (False)."""

@@ -40,7 +40,7 @@ from sqlalchemy.util import await_only
 
 from sqla_jobs import _sessions, config, migrations, ops, validation
 from sqla_jobs.exceptions import RegistryError
-from sqla_jobs.models import JobStatus
+from sqla_jobs.models import DEFAULT_MAX_ATTEMPTS, JobStatus
 from sqla_jobs.sql import admin
 from sqla_jobs.tasks import JobContext, Registry
 
@@ -518,7 +518,7 @@ def run_inline(
     (queued again after its backoff, or dead at max_attempts), then the exception is
     re-raised unless ``raise_errors=False``. As in the worker, ``session.commit()`` inside
     a handler raises ``HandlerTransactionError``. Jobs the handlers enqueue run too, up
-    to ``limit`` runs in all. Only jobs ready as of the transaction's ``now()`` run,
+    to ``limit`` runs in all. Only jobs ready as of the statement's time run,
     unless ``scheduled``. Nothing is committed.
 
     ``async def`` handlers need an ``AsyncSession``: with one, ``await
@@ -624,9 +624,16 @@ def _run_inline(
         handler = registry[row.kind]
         if handler.is_async and async_session is None:
             raise _async_job_in_sync_run(row.kind)
+        # A job enqueued without max_attempts gets its handler's, as a worker's claim
+        # gives it; resolved again when a failure is recorded, after the savepoint
+        # rolled back the start.
+        handler_max = (
+            handler.max_attempts if handler.max_attempts is not None else DEFAULT_MAX_ATTEMPTS
+        )
         savepoint = session.begin_nested()
-        attempt = session.execute(admin.inline_start(row.id, INLINE_WORKER)).scalar_one()
-        ctx = JobContext(row.id, row.kind, row.queue, attempt, row.max_attempts, INLINE_WORKER)
+        start = admin.inline_start(row.id, INLINE_WORKER, handler_max_attempts=handler_max)
+        attempt, max_attempts = session.execute(start).one()
+        ctx = JobContext(row.id, row.kind, row.queue, attempt, max_attempts, INLINE_WORKER)
         violated.clear()
         sa.event.listen(session, "before_commit", refuse_commit)
         try:
@@ -647,7 +654,9 @@ def _run_inline(
                 tally.add("snoozed", row.kind)
                 continue
             if isinstance(exc, Discard):
-                discarded = admin.inline_discarded(row.id, worker=INLINE_WORKER, reason=str(exc))
+                discarded = admin.inline_discarded(
+                    row.id, worker=INLINE_WORKER, reason=str(exc), handler_max_attempts=handler_max
+                )
                 session.execute(discarded)
                 tally.add("cancelled", row.kind)
                 continue
@@ -659,7 +668,11 @@ def _run_inline(
                 )
             delay = exc.seconds if isinstance(exc, RetryIn) else handler.backoff.delay(attempt)
             failed = admin.inline_failed(
-                row.id, worker=INLINE_WORKER, delay_seconds=delay, error=error
+                row.id,
+                worker=INLINE_WORKER,
+                delay_seconds=delay,
+                error=error,
+                handler_max_attempts=handler_max,
             )
             status = session.execute(failed).scalar_one()
             tally.add("dead" if status == JobStatus.DEAD else "retried", row.kind)

@@ -46,7 +46,8 @@ def test_session_add_job_commits_with_the_callers_data(engine: sa.Engine) -> Non
         {"user_id": 42},
         JobStatus.QUEUED,
     )
-    assert (job.queue, job.priority, job.attempts, job.max_attempts) == ("default", 0, 0, 8)
+    # max_attempts NULL: the handler's, written by the worker that claims it.
+    assert (job.queue, job.priority, job.attempts, job.max_attempts) == ("default", 0, 0, None)
 
 
 def test_rollback_leaves_no_job(engine: sa.Engine) -> None:
@@ -117,12 +118,14 @@ def test_delay_and_run_at_schedule_in_database_time(engine: sa.Engine) -> None:
     with Session(engine) as s:
         later = enqueue(s, "k", {}, delay=timedelta(hours=1))
         fixed = enqueue(s, "k", {}, run_at=at)
-        db_now = s.execute(sa.select(sa.func.now())).scalar_one()
         s.commit()
     with engine.connect() as conn:
-        run_at = dict(conn.execute(sa.select(jobs.c.id, jobs.c.run_at)).tuples().all())
-    assert run_at[fixed] == at
-    assert run_at[later] == db_now + timedelta(hours=1)
+        found = {
+            r.id: r for r in conn.execute(sa.select(jobs.c.id, jobs.c.run_at, jobs.c.created_at))
+        }
+    assert found[fixed].run_at == at
+    # created_at: the time of the statement that inserted the job (revision 0008).
+    assert found[later].run_at == found[later].created_at + timedelta(hours=1)
 
 
 def test_idempotency_key_dedupes_and_second_enqueue_returns_none(engine: sa.Engine) -> None:
@@ -182,7 +185,6 @@ def test_enqueue_many_keeps_every_value_exact_through_its_json_batch(engine: sa.
     odd = 'kind "quoted" \\ back\u00e9\u2603'
     payload = {"text": 'a"b\\c\n\u00e9\U0001f600', "nested": {"list": [1, 2.5, None, True]}}
     with Session(engine) as s:
-        db_now = s.execute(sa.select(sa.func.now())).scalar_one()
         enqueue_many(
             s,
             [
@@ -200,7 +202,7 @@ def test_enqueue_many_keeps_every_value_exact_through_its_json_batch(engine: sa.
         "q.1:a-b",
         at,
     )
-    assert delayed.run_at == db_now + timedelta(minutes=90)
+    assert delayed.run_at == delayed.created_at + timedelta(minutes=90)
     assert (delayed.priority, delayed.max_attempts, delayed.queue) == (0, 1, "default")
 
 
@@ -259,7 +261,8 @@ def test_registry_enqueue_by_kind_applies_the_handlers_defaults(engine: sa.Engin
         registry.enqueue(s, "charge_card", {"order_id": 1})
         registry.enqueue(s, "charge_card", {"order_id": 2}, queue="urgent", key="charge-2")
         enqueue_many(s, [registry.new("charge_card", {"order_id": 3})])
-        # Plain enqueue knows no registry: the table's defaults, as the README says.
+        # Plain enqueue knows no registry: the table's queue and priority, and no
+        # max_attempts (the worker that claims it writes the handler's).
         enqueue(s, "charge_card", {"order_id": 4})
         s.commit()
     with engine.connect() as conn:
@@ -268,7 +271,7 @@ def test_registry_enqueue_by_kind_applies_the_handlers_defaults(engine: sa.Engin
         (1, "payments", 3, 1),
         (2, "urgent", 3, 1),
         (3, "payments", 3, 1),
-        (4, "default", 8, 0),
+        (4, "default", None, 0),
     ]
 
 
@@ -546,7 +549,6 @@ def test_enqueue_many_keeps_control_characters_offsets_and_delays_exact(engine: 
         NewJob("fractional", {"i": 7}, delay=0.000_250),
     ]
     with Session(engine) as s:
-        db_now = s.execute(sa.select(sa.func.now())).scalar_one()
         ids = enqueue_many(s, new)
         s.commit()
     with engine.connect() as conn:
@@ -558,9 +560,11 @@ def test_enqueue_many_keeps_control_characters_offsets_and_delays_exact(engine: 
         assert (row.kind, row.payload) == (job.kind, dict(job.payload))
         assert (row.status, row.attempts, row.idempotency_key) == (JobStatus.QUEUED, 0, None)
     by_kind = {r.kind: r for r in rows.values()}
-    assert all(by_kind[k].run_at == db_now for k in kinds)
+    # One statement: its time is every default run_at and created_at.
+    db_now = by_kind["."].created_at
+    assert all(by_kind[k].run_at == by_kind[k].created_at == db_now for k in kinds)
     assert all(
-        (by_kind[k].queue, by_kind[k].priority, by_kind[k].max_attempts) == ("default", 0, 8)
+        (by_kind[k].queue, by_kind[k].priority, by_kind[k].max_attempts) == ("default", 0, None)
         for k in kinds
     )
     scheduled = by_kind["scheduled"]
@@ -579,15 +583,17 @@ def test_enqueue_many_delays_are_real_time_in_any_session_time_zone(engine: sa.E
     # must be a span of real time (as now() + interval is), not of wall-clock time.
     with Session(engine) as s:
         s.execute(sa.text("SET LOCAL TIME ZONE 'Europe/Berlin'"))
-        db_now = s.execute(sa.select(sa.func.now())).scalar_one()
         (copied,) = enqueue_many(s, [NewJob("k", {}, delay=timedelta(days=200))])
         inserted = enqueue(s, "k", {}, delay=timedelta(days=200))
+        created = dict(s.execute(sa.select(jobs.c.id, jobs.c.created_at)).tuples().all())
         s.commit()
     with engine.connect() as conn:
         run_at = dict(conn.execute(sa.select(jobs.c.id, jobs.c.run_at)).tuples().all())
-    real_time = db_now.astimezone(timezone.utc) + timedelta(days=200)
-    assert run_at[copied] == run_at[inserted] == real_time
-    assert real_time != db_now + timedelta(days=200)  # Python's wall-clock sum differs
+    for job_id in (copied, inserted):
+        real_time = created[job_id].astimezone(timezone.utc) + timedelta(days=200)
+        assert run_at[job_id] == real_time
+        # Python's wall-clock sum in Berlin differs.
+        assert real_time != created[job_id] + timedelta(days=200)
 
 
 def test_enqueue_many_mixes_keyed_and_unkeyed_jobs_in_one_call(engine: sa.Engine) -> None:

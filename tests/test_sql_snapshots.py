@@ -99,6 +99,7 @@ CASES: dict[str, Callable[[], Any]] = {
     "stats.stats_done_recent": lambda: stats.stats_done_recent(),
     "stats.stats_table": lambda: stats.stats_table(),
     "stats.stats_status_estimates": lambda: stats.stats_status_estimates(),
+    "stats.unserved_ready": lambda: stats.unserved_ready(["a", "b"], ["default"]),
     "locks.try_advisory_lock": lambda: locks.try_advisory_lock(locks.ARCHIVE_LOCK_KEY),
     "locks.advisory_unlock": lambda: locks.advisory_unlock(locks.ARCHIVE_LOCK_KEY),
     "locks.idle_flag": lambda: locks.idle_flag(raise_=True),

@@ -345,7 +345,7 @@ def test_run_inline_records_results_and_the_handlers_decisions(session: Session)
         for r in session.execute(
             sa.text(
                 "SELECT kind, status::text AS status, attempts, snoozes, last_error, "
-                "extract(epoch FROM run_at - now()) AS wait FROM jobs"
+                "extract(epoch FROM run_at - statement_timestamp()) AS wait FROM jobs"
             )
         )
     }
@@ -360,3 +360,22 @@ def test_run_inline_records_results_and_the_handlers_decisions(session: Session)
         "discarded by its handler: nothing to do",
     )
     assert found["slow_retry"].status == "queued" and 599 < found["slow_retry"].wait <= 600
+
+
+def test_run_inline_gives_a_job_enqueued_without_max_attempts_its_handlers(
+    session: Session,
+) -> None:
+    registry = Registry()
+
+    @registry.handler("once", max_attempts=1)
+    def once(session: Session, payload: dict[str, Any], job: JobContext) -> None:
+        assert job.max_attempts == 1
+        raise FlakyError("no second try")
+
+    job_id = enqueue(session, "once")  # plain enqueue: no max_attempts stored
+    summary = testing.run_inline(registry, session, raise_errors=False)
+    assert summary.dead == {"once": 1}
+    row = session.execute(
+        sa.text("SELECT status::text, max_attempts FROM jobs WHERE id = :id"), {"id": job_id}
+    ).one()
+    assert tuple(row) == ("dead", 1)

@@ -1,7 +1,12 @@
 """Pieces every statement module shares: the clock, statuses, intervals, arrays.
 
-Time always comes from the database (``now()``) unless a statement is given ``now``; the
-worker's clock is never compared with a database timestamp.
+Time always comes from the database unless a statement is given ``now``; the worker's
+clock is never compared with a database timestamp. The database's time is the
+statement's (``statement_timestamp()``), not the transaction's start (``now()``): a
+done-mark, a retry or an enqueue inside a handler's (or an app's) long transaction
+records when it happened, not when the transaction began. Both are STABLE within a
+statement, so index conditions such as ``run_at <= statement_timestamp()`` stay index
+conditions.
 """
 
 from __future__ import annotations
@@ -33,8 +38,9 @@ CLAIMED_COLUMNS = (
 
 
 def clock(now: Now) -> sa.ColumnElement[datetime]:
+    """``now`` as a literal, else the time of the statement that reads it."""
     if now is None:
-        return sa.func.now()
+        return sa.func.statement_timestamp(type_=sa.DateTime(timezone=True))
     return sa.literal(now, sa.DateTime(timezone=True))
 
 

@@ -315,7 +315,7 @@ def queues_of_kinds(kinds: Sequence[str]) -> sa.Select[Any]:
 def pending_count(kinds: Sequence[str], queues: Sequence[str]) -> sa.Select[Any]:
     """Jobs of ``kinds`` in ``queues`` that are ready now or running."""
     ready = sa.and_(
-        jobs.c.status == _common.status(JobStatus.QUEUED), jobs.c.run_at <= sa.func.now()
+        jobs.c.status == _common.status(JobStatus.QUEUED), jobs.c.run_at <= _common.clock(None)
     )
     return sa.select(sa.func.count()).where(
         jobs.c.kind == sa.any_(_common.text_array(kinds)),
@@ -368,9 +368,9 @@ def due_within(kinds: Sequence[str], queues: Sequence[str], seconds: float) -> s
         jobs.c.kind == sa.any_(_common.text_array(kinds)),
         jobs.c.queue == sa.any_(_common.text_array(queues)),
         jobs.c.status == _common.status(JobStatus.QUEUED),
-        jobs.c.run_at > sa.func.now(),
+        jobs.c.run_at > _common.clock(None),
         jobs.c.run_at
-        <= sa.func.now() + _common.seconds(sa.bindparam("horizon", seconds, sa.Float)),
+        <= _common.clock(None) + _common.seconds(sa.bindparam("horizon", seconds, sa.Float)),
     )
 
 
@@ -383,11 +383,11 @@ def pull_forward(kinds: Sequence[str], queues: Sequence[str], seconds: float) ->
             jobs.c.kind == sa.any_(_common.text_array(kinds)),
             jobs.c.queue == sa.any_(_common.text_array(queues)),
             jobs.c.status == _common.status(JobStatus.QUEUED),
-            jobs.c.run_at > sa.func.now(),
+            jobs.c.run_at > _common.clock(None),
             jobs.c.run_at
-            <= sa.func.now() + _common.seconds(sa.bindparam("horizon", seconds, sa.Float)),
+            <= _common.clock(None) + _common.seconds(sa.bindparam("horizon", seconds, sa.Float)),
         )
-        .values(run_at=sa.func.now())
+        .values(run_at=_common.clock(None))
         .returning(jobs.c.id)
     )
 
@@ -401,7 +401,7 @@ def inline_next(kinds: Sequence[str], *, scheduled: bool) -> sa.Select[Any]:
         jobs.c.status == _common.status(JobStatus.QUEUED),
     ]
     if not scheduled:
-        conditions.append(jobs.c.run_at <= sa.func.now())
+        conditions.append(jobs.c.run_at <= _common.clock(None))
     return (
         sa.select(*jobs.c)
         .where(*conditions)
@@ -411,8 +411,20 @@ def inline_next(kinds: Sequence[str], *, scheduled: bool) -> sa.Select[Any]:
     )
 
 
-def inline_start(job_id: int, worker: str) -> sa.Update:
-    """Mark a job running for an inline run (attempts + 1), as a claim would."""
+def _handler_max_attempts(value: int) -> sa.ColumnElement[Any]:
+    """The job's own max_attempts, else ``value`` (its handler's, else 8), as a claim
+    resolves it (:func:`sqla_jobs.sql.lease.claim`, revision 0008)."""
+    return sa.func.coalesce(
+        jobs.c.max_attempts, sa.bindparam("handler_max_attempts", value, sa.Integer)
+    )
+
+
+def inline_start(
+    job_id: int, worker: str, handler_max_attempts: int = models.DEFAULT_MAX_ATTEMPTS
+) -> sa.Update:
+    """Mark a job running for an inline run (attempts + 1), as a claim would, its
+    max_attempts resolved (``handler_max_attempts``: its handler's, else 8). RETURNING
+    ``attempts, max_attempts``."""
     return (
         sa.update(jobs)
         .where(jobs.c.id == sa.bindparam("id", job_id, sa.BigInteger))
@@ -420,8 +432,9 @@ def inline_start(job_id: int, worker: str) -> sa.Update:
             status=_common.status(JobStatus.RUNNING),
             attempts=jobs.c.attempts + 1,
             worker=sa.bindparam("worker", worker, sa.Text),
+            max_attempts=_handler_max_attempts(handler_max_attempts),
         )
-        .returning(jobs.c.attempts)
+        .returning(jobs.c.attempts, jobs.c.max_attempts)
     )
 
 
@@ -432,9 +445,9 @@ def inline_done(job_id: int, result: str | None = None) -> sa.Update:
         .where(jobs.c.id == sa.bindparam("id", job_id, sa.BigInteger))
         .values(
             status=_common.status(JobStatus.DONE),
-            finished_at=sa.func.now(),
+            finished_at=_common.clock(None),
             locked_until=None,
-            run_at=sa.func.least(jobs.c.run_at, sa.func.now()),
+            run_at=sa.func.least(jobs.c.run_at, _common.clock(None)),
             result=sa.cast(sa.bindparam("result", result, sa.Text), JSONB),
         )
     )
@@ -449,35 +462,53 @@ def inline_snoozed(job_id: int, *, delay_seconds: float, note: str) -> sa.Update
         .values(
             status=_common.status(JobStatus.QUEUED),
             snoozes=jobs.c.snoozes + 1,
-            run_at=sa.func.now() + _common.seconds(sa.bindparam("delay", delay_seconds, sa.Float)),
+            run_at=_common.clock(None)
+            + _common.seconds(sa.bindparam("delay", delay_seconds, sa.Float)),
             last_error=sa.bindparam("error", note, sa.Text),
         )
     )
 
 
-def inline_discarded(job_id: int, *, worker: str, reason: str) -> sa.Update:
+def inline_discarded(
+    job_id: int,
+    *,
+    worker: str,
+    reason: str,
+    handler_max_attempts: int = models.DEFAULT_MAX_ATTEMPTS,
+) -> sa.Update:
     """An inline run raised Discard: ``cancelled``, the attempt spent, not retried."""
     return (
         sa.update(jobs)
         .where(jobs.c.id == sa.bindparam("id", job_id, sa.BigInteger))
         .values(
             status=_common.status(JobStatus.CANCELLED),
+            max_attempts=_handler_max_attempts(handler_max_attempts),
             attempts=jobs.c.attempts + 1,
             worker=sa.bindparam("worker", worker, sa.Text),
             last_error=sa.bindparam("error", reason, sa.Text),
-            finished_at=sa.func.now(),
+            finished_at=_common.clock(None),
         )
     )
 
 
-def inline_failed(job_id: int, *, worker: str, delay_seconds: float, error: str) -> sa.Update:
+def inline_failed(
+    job_id: int,
+    *,
+    worker: str,
+    delay_seconds: float,
+    error: str,
+    handler_max_attempts: int = models.DEFAULT_MAX_ATTEMPTS,
+) -> sa.Update:
     """Record a failed inline attempt (its own writes were rolled back with it): queued
-    again after ``delay_seconds``, or dead at max_attempts, as :func:`retry` does."""
-    exhausted = jobs.c.attempts + 1 >= jobs.c.max_attempts
+    again after ``delay_seconds``, or dead at max_attempts (the job's, else
+    ``handler_max_attempts``), as :func:`retry` does."""
+    max_attempts = _handler_max_attempts(handler_max_attempts)
+    exhausted = jobs.c.attempts + 1 >= max_attempts
     return (
         sa.update(jobs)
         .where(jobs.c.id == sa.bindparam("id", job_id, sa.BigInteger))
         .values(
+            max_attempts=max_attempts,
             status=sa.case(
                 (exhausted, _common.status(JobStatus.DEAD)), else_=_common.status(JobStatus.QUEUED)
             ),
@@ -485,12 +516,12 @@ def inline_failed(job_id: int, *, worker: str, delay_seconds: float, error: str)
             worker=sa.bindparam("worker", worker, sa.Text),
             run_at=sa.case(
                 # Run ahead of its schedule (``scheduled=True``): never ready after it ended.
-                (exhausted, sa.func.least(jobs.c.run_at, sa.func.now())),
-                else_=sa.func.now()
+                (exhausted, sa.func.least(jobs.c.run_at, _common.clock(None))),
+                else_=_common.clock(None)
                 + _common.seconds(sa.bindparam("delay", delay_seconds, sa.Float)),
             ),
             last_error=sa.bindparam("error", error, sa.Text),
-            finished_at=sa.case((exhausted, sa.func.now()), else_=None),
+            finished_at=sa.case((exhausted, _common.clock(None)), else_=None),
         )
         .returning(jobs.c.status)
     )

@@ -251,7 +251,7 @@ def set_control(scope: str, name: str, **values: Any) -> sa.Insert:
     stmt = insert(queue_controls).values(scope=scope, name=name, **values)
     return stmt.on_conflict_do_update(
         index_elements=[queue_controls.c.scope, queue_controls.c.name],
-        set_={**{k: stmt.excluded[k] for k in values}, "updated_at": sa.func.now()},
+        set_={**{k: stmt.excluded[k] for k in values}, "updated_at": _common.clock(None)},
     )
 
 

@@ -61,12 +61,12 @@ def insert_jobs_json(*, with_keys: bool, options: bool = True, now: Now = None) 
     One bound parameter, ``rows``: a JSON array of objects with ``k`` (kind), ``p``
     (payload), and optional ``q`` (queue), ``pr`` (priority), ``m`` (max_attempts),
     ``key``, ``at`` (run_at, ISO 8601 with offset), ``d`` (delay, seconds) and ``t``
-    (timeout, seconds; revision 0005); a missing
-    field takes the table default. One text parameter is the cheapest thing to send:
-    psycopg quotes every element of a text array with a regular expression, which cost
-    more than the insert itself. It is read as ``jsonb``: then each payload is taken out
-    of the parsed array as it is, where ``json_to_recordset`` parsed it a second time
-    (1 us per job of the server's 6).
+    (timeout, seconds; revision 0005); a missing field takes the table default (``m``:
+    NULL, the handler's when a worker claims it). One text parameter is the cheapest
+    thing to send: psycopg quotes every element of a text array with a regular
+    expression, which cost more than the insert itself. It is read as ``jsonb``: then
+    each payload is taken out of the parsed array as it is, where ``json_to_recordset``
+    parsed it a second time (1 us per job of the server's 6).
 
     ``with_keys``: a batch with idempotency keys skips those already taken (``ON
     CONFLICT DO NOTHING``); a batch without any leaves out that clause and its
@@ -98,7 +98,7 @@ def insert_jobs_json(*, with_keys: bool, options: bool = True, now: Now = None) 
             c.p,
             sa.func.coalesce(c.q, models.DEFAULT_QUEUE),
             sa.func.coalesce(c.pr, models.DEFAULT_PRIORITY),
-            sa.func.coalesce(c.m, models.DEFAULT_MAX_ATTEMPTS),
+            c.m,  # NULL: the handler's, resolved by the claim (revision 0008)
             c.key,
         ]
         names += ["run_at", "timeout"]

@@ -8,13 +8,14 @@ overwriting the new run (the seed finished jobs by id alone).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, aggregate_order_by
 
-from sqla_jobs import validation
+from sqla_jobs import models, validation
 from sqla_jobs.models import JobStatus, jobs
 from sqla_jobs.sql import _common, control
 from sqla_jobs.sql._common import Now
@@ -37,8 +38,14 @@ def claim(
     locked_queues: Sequence[str] = (),
     locked_kinds: Sequence[str] = (),
     room: sa.ColumnElement[Any] | None = None,
+    max_attempts: Mapping[str, int] | None = None,
 ) -> sa.Select[Any]:
     """Claim up to ``limit`` ready jobs of the given queues and kinds, in one statement.
+
+    A claimed job enqueued without ``max_attempts`` (NULL, revision 0008) gets its
+    handler's, from ``max_attempts`` (kind -> the handler's ``max_attempts``, bound as
+    the ``handler_max_attempts`` parameter), else 8: every running or finished row holds
+    a number, so the failure, rescue and archive statements never see NULL.
 
     Paused queues and kinds are left out by the statement itself, and so are limited
     ones (revision 0006) unless named in ``locked_queues`` / ``locked_kinds``: the
@@ -52,7 +59,7 @@ def claim(
 
     ``ORDER BY priority, run_at`` is walked one priority at a time: a LATERAL subquery
     per priority level (0-9) is an index range scan on ``jobs_claim_idx`` bounded by
-    ``run_at <= now()``, so jobs scheduled in the future are never read (a single
+    ``run_at <= statement_timestamp()``, so jobs scheduled in the future are never read (a single
     ``ORDER BY priority, run_at`` scan would walk every future row of a priority before
     reaching the next one). The outer LIMIT stops the nested loop as soon as enough rows
     are locked, so empty or unneeded levels cost one index probe or nothing.
@@ -129,6 +136,7 @@ def claim(
             + _common.seconds(sa.bindparam("lock_seconds", lock_seconds, sa.Float)),
             attempts=jobs.c.attempts + 1,
             worker=sa.bindparam("worker", worker, sa.Text),
+            max_attempts=_resolved_max_attempts(max_attempts or {}),
         )
         .returning(*_common.CLAIMED_COLUMNS, jobs.c.run_at)
         .cte("claimed")
@@ -143,6 +151,30 @@ def claim(
         sa.select(*(claimed.c[c.name] for c in _common.CLAIMED_COLUMNS))
         .where(no_flush.is_not(None))
         .order_by(claimed.c.priority, claimed.c.run_at, claimed.c.id)
+    )
+
+
+def _resolved_max_attempts(by_kind: Mapping[str, int]) -> sa.ColumnElement[Any]:
+    """``coalesce(max_attempts, the handler's, 8)`` for a row being claimed.
+
+    The handlers' values are one JSON object parameter, so the claim's text (and its
+    prepared plan) does not depend on them. coalesce() evaluates an argument only when
+    those before it are NULL, and the object is parsed once per statement (an
+    uncorrelated subquery, an InitPlan): a job enqueued with its own max_attempts costs
+    nothing more.
+    """
+    handlers = sa.select(
+        sa.cast(
+            sa.bindparam(
+                "handler_max_attempts", json.dumps(dict(by_kind), sort_keys=True), sa.Text
+            ),
+            JSONB,
+        )
+    ).scalar_subquery()
+    return sa.func.coalesce(
+        jobs.c.max_attempts,
+        sa.cast(handlers.op("->>")(jobs.c.kind), sa.Integer),
+        sa.literal_column(str(models.DEFAULT_MAX_ATTEMPTS), sa.Integer),
     )
 
 

@@ -8,11 +8,13 @@ statement here counts all finished rows; their total comes from planner estimate
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import ARRAY, REGCLASS
 
+from sqla_jobs import validation
 from sqla_jobs.models import JobStatus, jobs
 from sqla_jobs.sql import _common
 from sqla_jobs.sql._common import Now
@@ -143,4 +145,48 @@ def stats_status_estimates() -> sa.Select[Any]:
         pg_stats.c.schemaname == sa.func.current_schema(),
         pg_stats.c.tablename == jobs.name,
         pg_stats.c.attname == jobs.c.status.name,
+    )
+
+
+def unserved_ready(
+    kinds: Sequence[str], queues: Sequence[str], *, look: int = 1000, now: Now = None
+) -> sa.Select[Any]:
+    """``(kind, queue, ready)``: ready jobs of ``kinds`` waiting outside ``queues``, among
+    the ``look`` oldest ready jobs of each priority (jobs_claim_idx).
+
+    For the worker's warning about jobs no claim of its own will ever take (a plain
+    ``enqueue`` left them in ``default`` while it serves the handler's queue only). A
+    bounded look, not a count: a job nobody claims becomes the oldest of its priority
+    as the jobs around it are claimed, and the cost stays that of reading at most
+    ``10 * look`` index entries however large the backlog.
+    """
+    levels = (
+        sa.func.generate_series(
+            sa.literal_column(str(validation.MIN_PRIORITY)),
+            sa.literal_column(str(validation.MAX_PRIORITY)),
+        )
+        .table_valued("level")
+        .render_derived(name="levels")
+    )
+    oldest = (
+        sa.select(jobs.c.kind, jobs.c.queue)
+        .where(
+            jobs.c.status == _common.status(JobStatus.QUEUED),
+            jobs.c.priority == levels.c.level,
+            jobs.c.run_at <= _common.clock(now),
+        )
+        .order_by(jobs.c.run_at)
+        .limit(sa.bindparam("look", look, sa.Integer))
+        .lateral("oldest")
+    )
+    return (
+        sa.select(oldest.c.kind, oldest.c.queue, sa.func.count().label("ready"))
+        .select_from(levels)
+        .join(oldest, sa.true())
+        .where(
+            oldest.c.kind == sa.any_(_common.text_array(kinds)),
+            oldest.c.queue != sa.all_(_common.text_array(queues)),
+        )
+        .group_by(oldest.c.kind, oldest.c.queue)
+        .order_by(oldest.c.kind, oldest.c.queue)
     )

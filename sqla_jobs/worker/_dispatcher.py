@@ -23,6 +23,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -111,6 +112,7 @@ class Dispatcher:
         ledger: Inflight,
         buffer: Buffer,
         pools: list[Pool] | None = None,
+        max_attempts: Mapping[str, int] | None = None,
     ) -> None:
         self.engine = engine
         self.config = config
@@ -128,6 +130,8 @@ class Dispatcher:
                     queues=config.served_queues,
                     kinds=pool.kinds,
                     limit=1,
+                    # The handlers' max_attempts, for jobs enqueued without one.
+                    max_attempts=max_attempts,
                 ),
             )
         self._wake = threading.Event()

@@ -613,6 +613,7 @@ class Limits:
                     locked_queues=[n for s, n in group.scopes if s == control.QUEUE],
                     locked_kinds=[n for s, n in group.scopes if s == control.KIND],
                     room=room,
+                    max_attempts=self.registry.max_attempts_by_kind(),
                 )
 
             room = control.room(worker=self.config.worker_id, scopes=group.scopes)

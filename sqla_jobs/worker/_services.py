@@ -6,7 +6,9 @@
   job that already used its last attempt;
 * :class:`Archiver` moves finished jobs to ``jobs_archive`` (``--archive-every``);
 * :class:`PeriodicEnqueuer` enqueues the due ticks of the registry's periodic schedules,
-  waking at each next tick (``sqla_jobs.periodic``; off with ``--no-periodic``).
+  waking at each next tick (``sqla_jobs.periodic``; off with ``--no-periodic``);
+* :class:`UnservedWatch` warns, once per kind and queue, about ready jobs of this
+  worker's kinds waiting in a queue it does not serve.
 
 A round that fails on the database is logged and tried again after a backoff that
 doubles up to :data:`MAX_ERROR_BACKOFF`: one policy for all of them.
@@ -33,7 +35,7 @@ from sqla_jobs import config as config_mod
 from sqla_jobs.config import WorkerConfig
 from sqla_jobs.control import Control
 from sqla_jobs.models import JobStatus
-from sqla_jobs.sql import lease, locks, workers
+from sqla_jobs.sql import lease, locks, stats, workers
 from sqla_jobs.tasks import Registry
 from sqla_jobs.worker import _db
 from sqla_jobs.worker._inflight import Claimed, Inflight
@@ -42,6 +44,8 @@ log = logging.getLogger("sqla_jobs.worker")
 
 #: Longest pause between two tries of a service whose round failed.
 MAX_ERROR_BACKOFF = 5.0
+#: How often a worker looks for ready jobs of its kinds in queues it does not serve.
+UNSERVED_CHECK_SECONDS = 60.0
 
 
 class Service:
@@ -373,3 +377,46 @@ class PeriodicEnqueuer(Service):
         from sqla_jobs import periodic
 
         self.interval = periodic.enqueue_due(self.engine, self.registry).next_in
+
+
+class UnservedWatch(Service):
+    """Warns once per ``(kind, queue)`` about ready jobs of this worker's kinds waiting in
+    a queue it does not serve: no claim of this worker takes them.
+
+    Their usual cause: a plain ``enqueue(session, kind)`` (or ``Job(...)``) puts a job
+    in ``default``, not in its handler's ``queue=``, and the worker serves the handler's
+    queue only. The look is :func:`sqla_jobs.sql.stats.unserved_ready` (bounded, read
+    through jobs_claim_idx), at start and every :data:`UNSERVED_CHECK_SECONDS`.
+    """
+
+    name = "unserved queue check"
+
+    def __init__(
+        self, until: threading.Event, engine: sa.Engine, config: WorkerConfig, kinds: Sequence[str]
+    ) -> None:
+        super().__init__(until, UNSERVED_CHECK_SECONDS)
+        self.engine = engine
+        self.queues = config.served_queues
+        self.statement = stats.unserved_ready(kinds, self.queues)
+        self.warned: set[tuple[str, str]] = set()
+
+    def round(self) -> None:
+        with self.engine.connect() as conn:
+            found = conn.execute(self.statement).all()
+            conn.rollback()
+        for row in found:
+            if (row.kind, row.queue) in self.warned:
+                continue
+            self.warned.add((row.kind, row.queue))
+            log.warning(
+                "%d ready job(s) of kind %r wait in queue %r, which this worker does not "
+                "serve (--queues %s): no worker of this app claims them unless one serves "
+                "%r. Enqueue with registry.enqueue(...) or handler.enqueue(...) to use the "
+                "handler's queue, or pass queue= to enqueue",
+                row.ready,
+                row.kind,
+                row.queue,
+                ",".join(self.queues),
+                row.queue,
+                extra={"kind": row.kind, "queue": row.queue, "outcome": "unserved"},
+            )

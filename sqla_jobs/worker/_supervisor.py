@@ -42,6 +42,7 @@ from sqla_jobs.worker._services import (
     PeriodicEnqueuer,
     Rescuer,
     Service,
+    UnservedWatch,
 )
 
 log = logging.getLogger("sqla_jobs.worker")
@@ -137,7 +138,13 @@ class Worker:
             )
         self._pools = pools
         self._dispatcher = Dispatcher(
-            self.engine, self.config, list(registry.kinds), self.ledger, self._buffer, pools
+            self.engine,
+            self.config,
+            list(registry.kinds),
+            self.ledger,
+            self._buffer,
+            pools,
+            max_attempts=registry.max_attempts_by_kind(),
         )
         self._completer = Completer(
             self.engine, self.config, registry, self.ledger, self.events, self._dispatcher.wake_at
@@ -281,6 +288,7 @@ class Worker:
             services.append(Archiver(draining, self.engine, self.config))
         if self.config.periodic and self.registry.schedules:
             services.append(PeriodicEnqueuer(draining, self.engine, self.registry))
+        services.append(UnservedWatch(draining, self.engine, self.config, self.registry.kinds))
         for service in services:
             self._start_thread(service.run, service.name.replace(" ", "-"))
 

@@ -102,6 +102,15 @@ TAKEN_KEY_ANY_STYLE = (
     "tests/test_orm_enqueue.py::"
     "test_a_taken_key_inserts_nothing_and_the_callers_transaction_commits_its_other_writes"
 )
+TIMESTAMPS = "tests/test_timestamps.py"
+HANDLER_MAX_ATTEMPTS = (
+    "tests/test_handler_defaults.py::"
+    "test_a_job_enqueued_without_max_attempts_gets_its_handlers_when_a_worker_runs_it"
+)
+UNSERVED_WARNING = (
+    "tests/test_handler_defaults.py::"
+    "test_the_worker_warns_once_about_ready_jobs_of_its_kinds_in_a_queue_it_does_not_serve"
+)
 
 SUPERVISOR = "sqla_jobs/worker/_supervisor.py"
 DISPATCHER = "sqla_jobs/worker/_dispatcher.py"
@@ -405,6 +414,86 @@ MUTATIONS: list[Mutation] = [
         'event.listen(Session, "before_flush", _insert_jobs_as_enqueue_does)\n',
         "# MUTATION: Job objects with a key are left to the ORM's plain INSERT\n",
         (TAKEN_KEY_ANY_STYLE,),
+    ),
+    # --- #21: the statement's time in long transactions; handler defaults (in-process) ---
+    Mutation(
+        "done_mark_dated_by_its_statement",
+        "finished_at is the done-mark's time, not the handler transaction's start",
+        LEASE,
+        "            status=_common.status(JobStatus.DONE),\n"
+        "            finished_at=_common.clock(now),\n",
+        "            status=_common.status(JobStatus.DONE),\n"
+        "            finished_at=sa.func.now(),  # MUTATION\n",
+        (
+            f"{TIMESTAMPS}::test_finished_at_is_when_the_done_mark_ran_not_when_the_handlers_"
+            "transaction_began",
+        ),
+    ),
+    Mutation(
+        "clock_is_the_statements_time",
+        "delay= and operators' retry, cancel and pause count from their statement",
+        "sqla_jobs/sql/_common.py",
+        "        return sa.func.statement_timestamp(type_=sa.DateTime(timezone=True))\n",
+        "        return sa.func.now()  # MUTATION\n",
+        (
+            f"{TIMESTAMPS}::test_a_job_enqueued_late_in_a_handlers_transaction_is_dated_from_"
+            "its_enqueue",
+            f"{TIMESTAMPS}::test_operator_actions_in_a_long_transaction_are_dated_when_they_run",
+        ),
+    ),
+    Mutation(
+        "column_defaults_are_the_statements_time",
+        "created_at and the default run_at are the enqueue statement's time (revision 0008)",
+        "sqla_jobs/migrations/versions/0008_handler_defaults.py",
+        '    actions = _defaults("statement_timestamp()")\n',
+        '    actions = _defaults("now()")  # MUTATION\n',
+        (
+            f"{TIMESTAMPS}::test_a_job_enqueued_late_in_a_handlers_transaction_is_dated_from_"
+            "its_enqueue",
+        ),
+    ),
+    Mutation(
+        "claim_resolves_handler_max_attempts",
+        "a job enqueued without max_attempts gets its handler's when claimed",
+        LEASE,
+        "            max_attempts=_resolved_max_attempts(max_attempts or {}),\n",
+        "            max_attempts=sa.func.coalesce(jobs.c.max_attempts, 8),  # MUTATION\n",
+        (HANDLER_MAX_ATTEMPTS,),
+    ),
+    Mutation(
+        "limited_claims_resolve_handler_max_attempts",
+        "the claims of limited kinds give a job its handler's max_attempts too",
+        "sqla_jobs/worker/_limits.py",
+        "                    max_attempts=self.registry.max_attempts_by_kind(),\n",
+        "                    max_attempts=None,  # MUTATION\n",
+        (f"{HANDLER_MAX_ATTEMPTS}[limited_once]",),
+    ),
+    Mutation(
+        "worker_warns_about_unserved_queues",
+        "a worker warns about ready jobs of its kinds in a queue it does not serve",
+        SERVICES,
+        "            found = conn.execute(self.statement).all()\n",
+        "            found = []  # MUTATION\n",
+        (UNSERVED_WARNING,),
+    ),
+    Mutation(
+        "unserved_warning_once_per_kind_and_queue",
+        "the unserved-queue warning comes once per kind and queue, not every round",
+        SERVICES,
+        "            if (row.kind, row.queue) in self.warned:\n                continue\n",
+        "            if False:  # MUTATION\n                continue\n",
+        (UNSERVED_WARNING,),
+    ),
+    Mutation(
+        "stats_list_unserved_jobs",
+        "stats lists ready jobs no live worker running their kind serves",
+        "sqla_jobs/ops.py",
+        "        if k.ready and k.kind in served and k.queue not in served[k.kind]\n",
+        "        if False  # MUTATION\n",
+        (
+            "tests/test_handler_defaults.py::"
+            "test_stats_list_ready_jobs_that_no_live_worker_running_their_kind_serves",
+        ),
     ),
 ]
 

@@ -2,10 +2,10 @@ WITH picked AS MATERIALIZED
   (SELECT jobs.id AS id
    FROM jobs
    WHERE jobs.status = 'done'::job_status
-     AND jobs.finished_at < now() - interval '1 second' * %(done_age)s
+     AND jobs.finished_at < statement_timestamp() - interval '1 second' * %(done_age)s
      OR jobs.status IN ('dead'::job_status,
                         'cancelled'::job_status)
-     AND jobs.finished_at < now() - interval '1 second' * %(dead_age)s
+     AND jobs.finished_at < statement_timestamp() - interval '1 second' * %(dead_age)s
    LIMIT %(batch)s::INTEGER
    FOR UPDATE SKIP LOCKED), moved AS
   (DELETE
@@ -49,5 +49,5 @@ SELECT moved.id,
        moved.timeout,
        moved.snoozes,
        moved.cancel_requested_at,
-       now() AS now_1
+       statement_timestamp() AS statement_timestamp_1
 FROM moved RETURNING jobs_archive.id;

@@ -9,7 +9,7 @@ UPDATE jobs
 SET status='cancelled'::job_status,
     locked_until=%(locked_until)s::TIMESTAMP WITH TIME ZONE,
                                                        last_error=(%(note)s::VARCHAR || coalesce(%(earlier)s::VARCHAR || jobs.last_error, %(coalesce_1)s::VARCHAR)),
-                                                       finished_at=now()
+                                                       finished_at=statement_timestamp()
 FROM picked
 WHERE jobs.id = picked.id
   AND jobs.status = 'queued'::job_status RETURNING jobs.id;

@@ -20,7 +20,7 @@ SELECT jobs.id,
 FROM jobs
 WHERE jobs.kind = ANY (%(param_1)s::TEXT[])
   AND jobs.status = 'queued'::job_status
-  AND jobs.run_at <= now()
+  AND jobs.run_at <= statement_timestamp()
 ORDER BY jobs.priority,
          jobs.run_at,
          jobs.id

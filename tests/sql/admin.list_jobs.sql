@@ -21,7 +21,7 @@ FROM jobs
 WHERE jobs.status IN ('dead'::job_status)
   AND jobs.kind = %(kind)s::VARCHAR
   AND jobs.queue = %(queue)s::VARCHAR
-  AND jobs.created_at < now() - interval '1 second' * %(older_than)s
+  AND jobs.created_at < statement_timestamp() - interval '1 second' * %(older_than)s
   AND jobs.id > %(after_id)s::BIGINT
 ORDER BY jobs.id
 LIMIT %(limit)s::INTEGER;

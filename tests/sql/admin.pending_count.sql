@@ -3,5 +3,5 @@ FROM jobs
 WHERE jobs.kind = ANY (%(param_1)s::TEXT[])
   AND jobs.queue = ANY (%(param_2)s::TEXT[])
   AND (jobs.status = 'queued'::job_status
-       AND jobs.run_at <= now()
+       AND jobs.run_at <= statement_timestamp()
        OR jobs.status = 'running'::job_status);

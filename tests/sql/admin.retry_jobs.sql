@@ -7,7 +7,7 @@ WITH picked AS MATERIALIZED
      UPDATE SKIP LOCKED)
 UPDATE jobs
 SET status='queued'::job_status,
-    run_at=now(),
+    run_at=statement_timestamp(),
     locked_until=%(locked_until)s::TIMESTAMP WITH TIME ZONE,
                                                        attempts=%(attempts)s::INTEGER,
                                                        worker=%(worker)s::VARCHAR,

@@ -2,4 +2,4 @@ INSERT INTO jobs_controls (scope, name, paused)
 VALUES (%(scope)s::VARCHAR, %(name)s::VARCHAR, %(paused)s) ON CONFLICT (scope, name) DO
 UPDATE
 SET paused = excluded.paused,
-    updated_at = now();
+    updated_at = statement_timestamp();

@@ -8,7 +8,7 @@ UPDATE jobs
 SET status='cancelled'::job_status,
     locked_until=%(locked_until)s::TIMESTAMP WITH TIME ZONE,
                                                        last_error=%(error)s::VARCHAR,
-                                                       finished_at=now()
+                                                       finished_at=statement_timestamp()
 WHERE jobs.id = ANY (%(fence_ids)s::BIGINT[])
   AND jobs.attempts = ANY (
                              (SELECT fence.attempts

@@ -6,7 +6,7 @@ WITH picked AS MATERIALIZED
       FROM jobs
       WHERE jobs.status = 'queued'::job_status
         AND jobs.priority = levels.level
-        AND jobs.run_at <= now()
+        AND jobs.run_at <= statement_timestamp()
         AND jobs.queue = ANY (array(
                                       (SELECT unnest(%(queues)s::TEXT[]) AS name
                                        EXCEPT SELECT jobs_controls.name
@@ -61,8 +61,10 @@ WITH picked AS MATERIALIZED
                                          %(param_7)s::VARCHAR))) AS per_scope)), claimed AS
   (UPDATE jobs
    SET status='running'::job_status,
-       locked_until=(now() + interval '1 second' * %(lock_seconds)s),
+       locked_until=(statement_timestamp() + interval '1 second' * %(lock_seconds)s),
        attempts=(jobs.attempts + %(attempts_1)s::INTEGER),
+       max_attempts=coalesce(jobs.max_attempts, CAST(
+                                                       (SELECT CAST(%(handler_max_attempts)s::VARCHAR AS JSONB) AS anon_1) ->> jobs.kind AS INTEGER), 8),
        worker=%(worker)s::VARCHAR
    WHERE jobs.id = ANY (CAST(
                                (SELECT array_agg(picked.id) AS array_agg_1

@@ -7,7 +7,7 @@ WITH fence AS MATERIALIZED
 UPDATE jobs
 SET status='done'::job_status,
     locked_until=%(locked_until)s::TIMESTAMP WITH TIME ZONE,
-                                                       finished_at=now()
+                                                       finished_at=statement_timestamp()
 WHERE jobs.id = ANY (%(fence_ids)s::BIGINT[])
   AND jobs.attempts = ANY (
                              (SELECT fence.attempts

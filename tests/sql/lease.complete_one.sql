@@ -1,7 +1,7 @@
 UPDATE jobs
 SET status='done'::job_status,
     locked_until=NULL,
-    finished_at=now(),
+    finished_at=statement_timestamp(),
     result=CAST(%(result)s::VARCHAR AS JSONB)
 WHERE jobs.id = %(job_id)s::BIGINT
   AND jobs.attempts = %(attempt)s::INTEGER

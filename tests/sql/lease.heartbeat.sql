@@ -5,7 +5,7 @@ WITH fence AS MATERIALIZED
                     ORDER BY lease.id, lease.attempt) AS attempts
    FROM unnest(%(fence_ids)s::BIGINT[], %(fence_attempts)s::INTEGER[]) AS lease(id, attempt))
 UPDATE jobs
-SET locked_until=(now() + interval '1 second' * %(lock_seconds)s)
+SET locked_until=(statement_timestamp() + interval '1 second' * %(lock_seconds)s)
 WHERE jobs.id = ANY (%(fence_ids)s::BIGINT[])
   AND jobs.attempts = ANY (
                              (SELECT fence.attempts

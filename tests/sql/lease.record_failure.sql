@@ -12,14 +12,14 @@ SET status=CASE
            END,
            run_at=CASE
                       WHEN (jobs.cancel_requested_at IS NOT NULL
-                            OR jobs.attempts >= jobs.max_attempts) THEN least(jobs.run_at, now())
-                      ELSE now() + interval '1 second' * %(delay)s
+                            OR jobs.attempts >= jobs.max_attempts) THEN least(jobs.run_at, statement_timestamp())
+                      ELSE statement_timestamp() + interval '1 second' * %(delay)s
                   END,
                   locked_until=%(locked_until)s::TIMESTAMP WITH TIME ZONE,
                                                                      last_error=%(error)s::VARCHAR,
                                                                      finished_at=CASE
                                                                                      WHEN (jobs.cancel_requested_at IS NOT NULL
-                                                                                           OR jobs.attempts >= jobs.max_attempts) THEN now()
+                                                                                           OR jobs.attempts >= jobs.max_attempts) THEN statement_timestamp()
                                                                                  END
 WHERE jobs.id = ANY (%(fence_ids)s::BIGINT[])
   AND jobs.attempts = ANY (

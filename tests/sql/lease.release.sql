@@ -13,7 +13,7 @@ SET status=CASE
                                                               attempts=(jobs.attempts - %(attempts_1)s::INTEGER),
                                                               worker=%(worker)s::VARCHAR,
                                                               finished_at=CASE
-                                                                              WHEN (jobs.cancel_requested_at IS NOT NULL) THEN now()
+                                                                              WHEN (jobs.cancel_requested_at IS NOT NULL) THEN statement_timestamp()
                                                                           END
 WHERE jobs.id = ANY (%(fence_ids)s::BIGINT[])
   AND jobs.attempts = ANY (

@@ -2,7 +2,7 @@ WITH expired AS MATERIALIZED
   (SELECT jobs.id AS id
    FROM jobs
    WHERE jobs.status = 'running'::job_status
-     AND jobs.locked_until < now()
+     AND jobs.locked_until < statement_timestamp()
    ORDER BY jobs.locked_until
    LIMIT %(param_1)s::INTEGER
    FOR UPDATE SKIP LOCKED)
@@ -12,12 +12,12 @@ SET status=CASE
                WHEN (jobs.attempts >= jobs.max_attempts) THEN 'dead'::job_status
                ELSE 'queued'::job_status
            END,
-           run_at=now(),
+           run_at=statement_timestamp(),
            locked_until=%(locked_until)s::TIMESTAMP WITH TIME ZONE,
                                                               last_error=concat(%(concat_1)s::VARCHAR, jobs.attempts, %(concat_2)s::VARCHAR, jobs.max_attempts, %(concat_3)s::VARCHAR, coalesce(jobs.worker, %(coalesce_1)s::VARCHAR), %(concat_4)s::VARCHAR),
                                                               finished_at=CASE
                                                                               WHEN (jobs.cancel_requested_at IS NOT NULL
-                                                                                    OR jobs.attempts >= jobs.max_attempts) THEN now()
+                                                                                    OR jobs.attempts >= jobs.max_attempts) THEN statement_timestamp()
                                                                           END
 WHERE jobs.id = ANY (CAST(
                             (SELECT array_agg(expired.id) AS array_agg_1

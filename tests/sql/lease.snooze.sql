@@ -9,7 +9,7 @@ SET status=CASE
                WHEN (jobs.cancel_requested_at IS NOT NULL) THEN 'cancelled'::job_status
                ELSE 'queued'::job_status
            END,
-           run_at=(now() + interval '1 second' * %(delay)s),
+           run_at=(statement_timestamp() + interval '1 second' * %(delay)s),
            locked_until=%(locked_until)s::TIMESTAMP WITH TIME ZONE,
                                                               attempts=CASE
                                                                            WHEN (jobs.cancel_requested_at IS NOT NULL) THEN jobs.attempts
@@ -20,7 +20,7 @@ SET status=CASE
                                                                               END,
                                                                               last_error=%(error)s::VARCHAR,
                                                                               finished_at=CASE
-                                                                                              WHEN (jobs.cancel_requested_at IS NOT NULL) THEN now()
+                                                                                              WHEN (jobs.cancel_requested_at IS NOT NULL) THEN statement_timestamp()
                                                                                           END,
                                                                                           snoozes=(jobs.snoozes + %(snoozes_1)s::INTEGER)
 WHERE jobs.id = ANY (%(fence_ids)s::BIGINT[])

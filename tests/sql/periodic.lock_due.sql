@@ -1,6 +1,6 @@
 SELECT jobs_periodic.name,
        jobs_periodic.last_tick,
-       now() AS now
+       statement_timestamp() AS now
 FROM jobs_periodic
 WHERE jobs_periodic.name = any(%(names)s::TEXT[])
   FOR

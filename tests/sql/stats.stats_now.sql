@@ -1,1 +1,1 @@
-SELECT now() AS now_1;
+SELECT statement_timestamp() AS statement_timestamp_1;

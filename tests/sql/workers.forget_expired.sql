@@ -1,3 +1,3 @@
 DELETE
 FROM jobs_workers
-WHERE jobs_workers.expires_at < now();
+WHERE jobs_workers.expires_at < statement_timestamp();

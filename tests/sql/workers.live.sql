@@ -10,5 +10,5 @@ SELECT jobs_workers.id,
        jobs_workers.expires_at,
        jobs_workers.running
 FROM jobs_workers
-WHERE jobs_workers.expires_at >= now()
+WHERE jobs_workers.expires_at >= statement_timestamp()
 ORDER BY jobs_workers.id;
