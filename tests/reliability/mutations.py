@@ -98,6 +98,24 @@ COMMIT_IN_FLIGHT = (
 )
 ENQUEUE_ROLLBACK = "tests/test_enqueue.py::test_rollback_leaves_no_job"
 ENQUEUE_NO_COMMIT = "tests/test_enqueue.py::test_enqueue_never_commits"
+# The newer features' scenarios (issue #21).
+QUEUE_CONTROL = "tests/test_queue_control.py"
+OPERATOR_LIMIT = (
+    f"{QUEUE_CONTROL}::test_an_operator_lowering_a_declared_limit_at_run_time_binds_every_claim"
+)
+KIND_LIMIT = f"{QUEUE_CONTROL}::test_a_kind_limit_holds_across_four_workers_and_every_job_runs_once"
+RATE = f"{QUEUE_CONTROL}::test_a_rate_of_ten_per_second_puts_no_more_than_ten_claims_in_any_second"
+PAUSE = (
+    f"{QUEUE_CONTROL}::test_pause_lets_running_jobs_finish_starts_nothing_survives_a_restart_"
+    "and_resume_runs_the_rest"
+)
+PERIODIC_ARCHIVED_RACE = (
+    "tests/test_periodic.py::test_an_enqueuer_that_read_the_schedule_before_a_tick_was_"
+    "archived_does_not_run_it_again"
+)
+PERIODIC_PROCESSES = (
+    "tests/test_periodic_process.py::test_three_workers_enqueue_exactly_one_job_per_tick_with_no_gap"
+)
 
 SUPERVISOR = "sqla_jobs/worker/_supervisor.py"
 DISPATCHER = "sqla_jobs/worker/_dispatcher.py"
@@ -107,6 +125,8 @@ SERVICES = "sqla_jobs/worker/_services.py"
 SESSION = "sqla_jobs/worker/_session.py"
 PRODUCER = "sqla_jobs/producer.py"
 LEASE = "sqla_jobs/sql/lease.py"
+CONTROL_SQL = "sqla_jobs/sql/control.py"
+PERIODIC_SQL = "sqla_jobs/sql/periodic.py"
 
 
 def _drop_from_fence(call: str, *words: str) -> str:
@@ -372,6 +392,33 @@ MUTATIONS: list[Mutation] = [
         "            if wrote:\n                session.flush()\n",
         "            if wrote:\n                session.worker_commit()  # MUTATION\n",
         (KILL_POINTS, FENCED_TAKEOVER),
+    ),
+    # --- limits, rates, pause (revision 0006) --------------------------------------------
+    Mutation(
+        "operator_limit_first",
+        "an operator's limit overrides the code's declared one in every claim",
+        CONTROL_SQL,
+        "def _effective_concurrency() -> sa.ColumnElement[Any]:\n"
+        "    c = queue_controls.c\n"
+        "    return sa.func.coalesce(c.concurrency, c.declared_concurrency)\n",
+        # The declared limit first in the claims' capacity and room only (the listing of
+        # the controls, which has a test of its own, keeps the right order).
+        "def _effective_concurrency() -> sa.ColumnElement[Any]:\n"
+        "    import sys  # MUTATION\n"
+        "    c = queue_controls.c\n"
+        "    if sys._getframe(1).f_code.co_name in ('capacity', 'room'):\n"
+        "        return sa.func.coalesce(c.declared_concurrency, c.concurrency)\n"
+        "    return sa.func.coalesce(c.concurrency, c.declared_concurrency)\n",
+        (OPERATOR_LIMIT,),
+    ),
+    # --- periodic schedules (revision 0004) ---------------------------------------------
+    Mutation(
+        "periodic_row_lock",
+        "a tick runs once even after its job was archived (the schedule row's lock)",
+        PERIODIC_SQL,
+        "        .with_for_update(skip_locked=True)\n",
+        "",
+        (PERIODIC_ARCHIVED_RACE,),
     ),
     # --- enqueue (no worker involved: in-process tests) ----------------------------------
     Mutation(
