@@ -17,10 +17,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import pytest
-import sqlalchemy as sa
 import asyncapp
 import controlapp
+import pytest
+import sqlalchemy as sa
 from helpers import rows, scalar, url_text, wait_for
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
