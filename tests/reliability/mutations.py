@@ -161,6 +161,7 @@ PERIODIC_SQL = "sqla_jobs/sql/periodic.py"
 PERIODIC = "sqla_jobs/periodic.py"
 LIMITS = "sqla_jobs/worker/_limits.py"
 COMPLETER = "sqla_jobs/worker/_completer.py"
+CONTROL = "sqla_jobs/control.py"
 ASYNC_EXECUTOR = "sqla_jobs/worker/_async_executor.py"
 
 
@@ -521,11 +522,11 @@ MUTATIONS: list[Mutation] = [
         (HUNG, FROZEN_DEADLINE),
     ),
     Mutation(
-        "cancel_never_retries",
-        "an operator's cancel of a running job ends it cancelled, never retried",
-        COMPLETER,
-        "            elif isinstance(exc, (Discard, JobCancelled)):\n",
-        "            elif isinstance(exc, Discard):  # MUTATION\n",
+        "cancel_stops_the_run",
+        "an operator's cancel stops the running handler and ends the job cancelled",
+        CONTROL,
+        "        if self.cancel_requested_at is not None:\n            return JobCancelled(",
+        "        if False:  # MUTATION\n            return JobCancelled(",
         (CANCEL_RUNNING,),
     ),
     Mutation(
