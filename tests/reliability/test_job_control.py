@@ -216,7 +216,9 @@ def test_a_statement_started_late_is_cancelled_at_the_deadline_not_a_timeout_aft
     last_error = scalar(engine, "SELECT last_error FROM jobs WHERE id = :j", j=job_id)
     assert last_error.startswith("sqla_jobs.exceptions.JobTimeout"), last_error
     # The deadline watch looks every 0.25 s; half the timeout is room for a loaded machine.
-    assert stopped_after(engine, job_id) <= 1.5 * timeout
+    took = stopped_after(engine, job_id)
+    print(f"{kind}: statement stopped {took:.3f}s after the start (timeout {timeout:g}s)")
+    assert took <= 1.5 * timeout
     assert effects(engine, job_id) == 0
 
 
@@ -270,6 +272,7 @@ def test_the_database_stops_a_handlers_statement_at_its_deadline_even_with_the_w
         finally:
             proc.send_signal(signal.SIGCONT)
         wait_for(lambda: status(engine, job_id) == "dead", timeout=30, message="dead")
+    print(f"frozen worker's statement stopped {stopped:.3f}s after the start (timeout 5s)")
     assert stopped <= 1.5 * timeout
     last_error = scalar(engine, "SELECT last_error FROM jobs WHERE id = :j", j=job_id)
     assert last_error.startswith("sqla_jobs.exceptions.JobTimeout"), last_error
@@ -362,6 +365,7 @@ def test_a_cancel_stops_a_running_statement_long_before_the_next_heartbeat(
         t=asked_at,
         j=job_id,
     )
+    print(f"cancel landed in {landed:.3f}s (heartbeat every {CANCEL_LOCK_SECONDS / 3:g}s)")
     assert landed < CANCEL_LOCK_SECONDS / 6, log.read_text()[-2000:]
     assert "cancel requested by an operator (seen at the heartbeat)" not in log.read_text()
     assert effects(engine, job_id) == 0
