@@ -9,6 +9,8 @@ connection, so it survives rollbacks and crashes. Payload options of ``aeffect``
   ``first_only`` is set);
 * ``block``: ``time.sleep`` this long: blocks the whole event loop;
 * ``orm``: write the effect with ``session.add`` (pending object, no statement);
+* ``writes``: write the effect to ``writes`` (no unique key: a stale run's write would
+  not fail; tests/reliability/support.py ``GATED_SQL``) instead of ``effects``;
 * ``fail_after_write``: raise after writing;
 * ``die_after_flush``: on attempt 1, SIGKILL the worker process after the flush.
 """
@@ -88,6 +90,11 @@ async def aeffect(session: AsyncSession, payload: dict[str, Any], job: JobContex
         time.sleep(float(payload["block"]))
     if payload.get("orm"):
         session.add(Effect(job_id=job.id, worker=job.worker, attempt=job.attempt))
+    elif payload.get("writes"):
+        await session.execute(
+            sa.text("INSERT INTO writes (job_id, worker, attempt) VALUES (:j, :w, :a)"),
+            {"j": job.id, "w": job.worker, "a": job.attempt},
+        )
     else:
         await _effect(session, job)
     if payload.get("fail_after_write"):
@@ -98,6 +105,35 @@ async def aeffect(session: AsyncSession, payload: dict[str, Any], job: JobContex
     if run_id is not None:
         await _autocommit(
             session, "UPDATE runs SET ended_at = clock_timestamp() WHERE id = :r", r=run_id
+        )
+
+
+#: The timeout of ``alate_statement`` (as controlapp's ``late_statement``).
+LATE_TIMEOUT = 3.0
+
+
+@registry.handler("alate_statement", timeout=LATE_TIMEOUT, max_attempts=1)
+async def alate_statement(session: AsyncSession, payload: dict[str, Any], job: JobContext) -> None:
+    """Writes (its transaction begins with statement_timeout = the whole timeout), works
+    (``asyncio.sleep``) ``payload["before"]`` seconds, then waits in the database; logs in
+    ``runs`` its start and when that statement was stopped."""
+    await _autocommit(
+        session,
+        "INSERT INTO runs (job_id, worker, attempt) VALUES (:j, :w, :a)",
+        j=job.id,
+        w=job.worker,
+        a=job.attempt,
+    )
+    await _effect(session, job)
+    await asyncio.sleep(float(payload["before"]))
+    try:
+        await session.execute(sa.text("SELECT pg_sleep(3600)"))
+    finally:
+        await _autocommit(
+            session,
+            "UPDATE runs SET ended_at = clock_timestamp() WHERE job_id = :j AND attempt = :a",
+            j=job.id,
+            a=job.attempt,
         )
 
 

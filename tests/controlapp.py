@@ -19,6 +19,8 @@ from sqla_jobs import Backoff, Discard, JobContext, Registry, RetryIn, Snooze, v
 
 registry = Registry()
 FAST = Backoff(base=0.05, cap=0.2)
+#: The timeout of the handlers that start a statement late (``late_statement``).
+LATE_TIMEOUT = 3.0
 
 
 def _effect(session: Session, job: JobContext) -> None:
@@ -27,6 +29,19 @@ def _effect(session: Session, job: JobContext) -> None:
         {"j": job.id, "w": job.worker, "a": job.attempt},
     )
     session.flush()
+
+
+def _mark_end(session: Session, job: JobContext) -> None:
+    """Log (autocommit) when this run saw its statement stopped, by the database's clock."""
+    engine = session.get_bind()
+    assert isinstance(engine, sa.Engine)
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(_END_RUN, {"j": job.id, "a": job.attempt})
+
+
+_END_RUN = sa.text(
+    "UPDATE runs SET ended_at = clock_timestamp() WHERE job_id = :j AND attempt = :a"
+)
 
 
 def _log_run(session: Session, job: JobContext) -> int:
@@ -137,10 +152,27 @@ def cancellable(session: Session, payload: dict[str, Any], job: JobContext) -> N
     _log_run(session, job)
     _effect(session, job)
     if payload.get("db"):
-        session.execute(sa.text("SELECT pg_sleep(3600)"))
+        try:
+            session.execute(sa.text("SELECT pg_sleep(3600)"))
+        finally:
+            _mark_end(session, job)
     while True:
         job.check()
         time.sleep(0.02)
+
+
+@registry.handler("late_statement", timeout=LATE_TIMEOUT, max_attempts=1)
+def late_statement(session: Session, payload: dict[str, Any], job: JobContext) -> None:
+    """Writes (its transaction begins with statement_timeout = the whole timeout), works
+    in Python for ``payload["before"]`` seconds, then waits in the database: a statement
+    that statement_timeout would stop only ``before`` seconds after the deadline."""
+    _log_run(session, job)
+    _effect(session, job)
+    time.sleep(float(payload["before"]))
+    try:
+        session.execute(sa.text("SELECT pg_sleep(3600)"))
+    finally:
+        _mark_end(session, job)
 
 
 @registry.handler("quick", backoff=FAST)
@@ -158,7 +190,10 @@ def isolated_spin(session: Session, payload: dict[str, Any], job: JobContext) ->
     _log_run(session, job)
     _effect(session, job)
     if payload.get("db"):
-        session.execute(sa.text("SELECT pg_sleep(3600)"))
+        try:
+            session.execute(sa.text("SELECT pg_sleep(3600)"))
+        finally:
+            _mark_end(session, job)
     while True:
         time.sleep(0.05)
 

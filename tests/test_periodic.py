@@ -19,7 +19,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 import sqlalchemy as sa
-from helpers import TESTS, rows, scalar, url_text
+from helpers import TESTS, rows, scalar, url_text, wait_for
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
@@ -604,8 +604,6 @@ def test_the_workers_enqueue_loop_survives_database_errors_and_stops_when_told(
 ) -> None:
     import threading
 
-    from helpers import wait_for
-
     from sqla_jobs.worker._services import PeriodicEnqueuer
 
     registry = registry_with(every=SECOND)
@@ -625,3 +623,90 @@ def test_the_workers_enqueue_loop_survives_database_errors_and_stops_when_told(
         loop.join(10)
     assert not loop.is_alive()
     unreachable.dispose()
+
+
+#: Holds back the insert of a tick's job by a connection named ``gate_<x>`` while the test
+#: holds the advisory lock ``hashtext('gate_<x>')``: a pause between an enqueuer's read of
+#: its schedule's row and its insert.
+GATE_SQL = """
+CREATE FUNCTION gate() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF left(current_setting('application_name'), 5) = 'gate_' THEN
+    PERFORM pg_advisory_xact_lock_shared(hashtext(current_setting('application_name')));
+  END IF;
+  RETURN NEW;
+END $$;
+CREATE TRIGGER gate BEFORE INSERT ON jobs FOR EACH ROW EXECUTE FUNCTION gate();
+"""
+
+
+def test_an_enqueuer_that_read_the_schedule_before_a_tick_was_archived_does_not_run_it_again(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    """The row lock, not the key, keeps a tick from running twice once its job is archived.
+
+    Enqueuer A reads the schedule's row and is held before its insert; B starts while A
+    holds the row. B must leave the row to A (SKIP LOCKED). If B read it too, it would
+    plan the same tick; A commits, the tick's job is archived (its key freed), and B's
+    insert of the tick would then find no key in its way.
+    """
+    import threading
+
+    registry = registry_with(every=SECOND)
+    periodic.enqueue_due(engine, registry, now=T0)  # the schedule's row, last_tick T0
+    with engine.begin() as conn:
+        conn.exec_driver_sql(GATE_SQL)
+    gates = {
+        name: sa.create_engine(db_url, connect_args={"application_name": f"gate_{name}"})
+        for name in ("a", "b")
+    }
+    outcome: dict[str, Any] = {}
+
+    def enqueue(name: str) -> None:
+        try:
+            outcome[name] = periodic.enqueue_due(gates[name], registry, now=T0 + SECOND).ticks
+        except BaseException as exc:
+            outcome[name] = exc
+
+    def held(name: str) -> bool:
+        return bool(
+            scalar(
+                engine,
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = :n "
+                "AND wait_event_type = 'Lock' AND wait_event = 'advisory'",
+                n=f"gate_{name}",
+            )
+        )
+
+    holder = engine.connect()
+    threads = {name: threading.Thread(target=enqueue, args=(name,)) for name in ("a", "b")}
+    try:
+        for name in ("a", "b"):
+            holder.execute(sa.text("SELECT pg_advisory_lock(hashtext(:n))"), {"n": f"gate_{name}"})
+        holder.commit()
+        threads["a"].start()
+        wait_for(lambda: held("a"), message="enqueuer A held before its insert")
+        threads["b"].start()
+        # B either finishes (it skipped the row A holds) or reaches its own insert.
+        wait_for(lambda: "b" in outcome or held("b"), message="enqueuer B done or held")
+        holder.execute(sa.text("SELECT pg_advisory_unlock(hashtext('gate_a'))"))
+        holder.commit()
+        threads["a"].join(30)
+        assert outcome["a"] == {"s": (T0.replace(microsecond=0) + SECOND,)}
+        with engine.begin() as conn:
+            conn.execute(sa.text("UPDATE jobs SET status = 'done', finished_at = now()"))
+        with Session(engine) as session:
+            assert ops.archive(session, timedelta(0)) == 1  # the tick's key is free again
+            session.commit()
+    finally:
+        holder.execute(sa.text("SELECT pg_advisory_unlock_all()"))
+        holder.commit()
+        holder.close()
+        for thread in threads.values():
+            if thread.is_alive() or thread.ident is not None:
+                thread.join(30)
+        for gate in gates.values():
+            gate.dispose()
+    assert outcome["b"] == {}
+    archived = scalar(engine, "SELECT count(*) FROM jobs_archive")
+    assert (archived, scalar(engine, "SELECT count(*) FROM jobs")) == (1, 0)

@@ -21,7 +21,6 @@ import dataclasses
 import logging
 import queue
 import time
-import traceback
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -47,10 +46,11 @@ from sqla_jobs.worker._events import Events, Outcome, WorkerEvent
 from sqla_jobs.worker._inflight import Attempt, Claimed, Inflight, State
 from sqla_jobs.worker._session import HandlerSession
 
+# Re-exported: testing.py records inline failures with it.
+from sqla_jobs.worker._tracebacks import describe as describe
+
 log = logging.getLogger("sqla_jobs.worker")
 
-#: last_error keeps this much of the traceback (characters, from the end).
-MAX_TRACEBACK_CHARS = 4_000
 #: Largest batch the completer marks done in one statement.
 COMPLETE_BATCH = 1_000
 #: Tries of a batch done-mark before its jobs are left to their leases.
@@ -62,18 +62,6 @@ _OUTCOMES = {
     JobStatus.DEAD: Outcome.DEAD,
     JobStatus.CANCELLED: Outcome.CANCELLED,
 }
-
-
-def describe(exc: BaseException) -> str:
-    """``Type: message`` plus the end of the traceback, NUL-free, for ``last_error``."""
-    described = getattr(exc, "sqla_jobs_description", None)  # written by a child process
-    if isinstance(described, str):
-        return described.replace("\x00", "")
-    head = f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}"
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    if len(tb) > MAX_TRACEBACK_CHARS:
-        tb = "...\n" + tb[-MAX_TRACEBACK_CHARS:]
-    return f"{head}\n\n{tb}".replace("\x00", "")
 
 
 def _worker_commit(session: Any) -> None:

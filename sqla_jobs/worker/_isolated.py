@@ -195,7 +195,7 @@ def _terminate(engine: sa.Engine, pid: int) -> None:
 
 def _child(spec: dict[str, Any], proto: IO[str]) -> dict[str, Any]:
     from sqla_jobs.worker import _session
-    from sqla_jobs.worker._completer import describe
+    from sqla_jobs.worker._tracebacks import describe
 
     handler = find_handler(spec["module"], spec["kind"])
     control = Control(spec["time_left"])

@@ -111,6 +111,55 @@ UNSERVED_WARNING = (
     "tests/test_handler_defaults.py::"
     "test_the_worker_warns_once_about_ready_jobs_of_its_kinds_in_a_queue_it_does_not_serve"
 )
+# The newer features' scenarios (issue #21).
+QUEUE_CONTROL = "tests/test_queue_control.py"
+OPERATOR_LIMIT = (
+    f"{QUEUE_CONTROL}::test_an_operator_lowering_a_declared_limit_at_run_time_binds_every_claim"
+)
+KIND_LIMIT = f"{QUEUE_CONTROL}::test_a_kind_limit_holds_across_four_workers_and_every_job_runs_once"
+RATE = f"{QUEUE_CONTROL}::test_a_rate_of_ten_per_second_puts_no_more_than_ten_claims_in_any_second"
+PAUSE = (
+    f"{QUEUE_CONTROL}::test_pause_lets_running_jobs_finish_starts_nothing_survives_a_restart_"
+    "and_resume_runs_the_rest"
+)
+PERIODIC_ARCHIVED_RACE = (
+    "tests/test_periodic.py::test_an_enqueuer_that_read_the_schedule_before_a_tick_was_"
+    "archived_does_not_run_it_again"
+)
+PERIODIC_RESET_ROW = "tests/test_periodic.py::test_a_reset_state_row_does_not_enqueue_a_tick_twice"
+PAUSE_CLAIM = (
+    "tests/test_queue_control_api.py::test_the_claim_leaves_out_a_paused_queue_until_it_is_resumed"
+)
+LIMIT_CLAIM = (
+    "tests/test_queue_control_api.py::"
+    "test_a_limited_kind_or_queue_is_claimed_only_by_a_claim_that_holds_its_lock"
+)
+JOB_CONTROL = "tests/test_job_control.py"
+SNOOZE = (
+    f"{JOB_CONTROL}::"
+    "test_snooze_runs_the_job_again_without_spending_an_attempt_and_rolls_back_its_writes"
+)
+DISCARD = f"{JOB_CONTROL}::test_discard_ends_the_job_cancelled_at_once_without_its_writes"
+RETRY_IN = f"{JOB_CONTROL}::test_retry_in_spends_the_attempt_and_waits_the_chosen_delay"
+RESULT = f"{JOB_CONTROL}::test_a_returned_value_is_stored_with_the_done_mark_and_read_back"
+STOPS = f"{REL}/test_job_control.py"
+HUNG = f"{STOPS}::test_a_hung_handler_is_stopped_at_its_timeout_and_its_writes_roll_back"
+PLAIN_LATE_RETURN = (
+    f"{STOPS}::test_a_plain_handler_that_returns_after_its_deadline_fails_and_its_writes_roll_back"
+)
+STARTED_LATE = (
+    f"{STOPS}::"
+    "test_a_statement_started_late_is_cancelled_at_the_deadline_not_a_timeout_after_its_start"
+)
+FROZEN_DEADLINE = (
+    f"{STOPS}::"
+    "test_the_database_stops_a_handlers_statement_at_its_deadline_even_with_the_worker_frozen"
+)
+CANCEL_RUNNING = f"{STOPS}::test_cancelling_a_running_job_stops_it_rolls_back_and_never_retries"
+CANCEL_LATENCY = f"{STOPS}::test_a_cancel_stops_a_running_statement_long_before_the_next_heartbeat"
+ASYNC = f"{REL}/test_async_handlers.py"
+ASYNC_KILL_STORM = f"{ASYNC}::test_kill_storm_of_async_workers_loses_no_job_and_doubles_no_effect"
+ASYNC_STALE = f"{ASYNC}::test_stale_async_worker_resumed_after_takeover_is_fenced_and_rolls_back"
 
 SUPERVISOR = "sqla_jobs/worker/_supervisor.py"
 DISPATCHER = "sqla_jobs/worker/_dispatcher.py"
@@ -121,6 +170,13 @@ SESSION = "sqla_jobs/worker/_session.py"
 PRODUCER = "sqla_jobs/producer.py"
 ENQUEUE_SQL = "sqla_jobs/sql/enqueue.py"
 LEASE = "sqla_jobs/sql/lease.py"
+CONTROL_SQL = "sqla_jobs/sql/control.py"
+PERIODIC_SQL = "sqla_jobs/sql/periodic.py"
+PERIODIC = "sqla_jobs/periodic.py"
+LIMITS = "sqla_jobs/worker/_limits.py"
+COMPLETER = "sqla_jobs/worker/_completer.py"
+CONTROL = "sqla_jobs/control.py"
+ASYNC_EXECUTOR = "sqla_jobs/worker/_async_executor.py"
 
 
 def _drop_from_fence(call: str, *words: str) -> str:
@@ -386,6 +442,159 @@ MUTATIONS: list[Mutation] = [
         "            if wrote:\n                session.flush()\n",
         "            if wrote:\n                session.worker_commit()  # MUTATION\n",
         (KILL_POINTS, FENCED_TAKEOVER),
+    ),
+    # --- limits, rates, pause (revision 0006) --------------------------------------------
+    Mutation(
+        "operator_limit_first",
+        "an operator's limit overrides the code's declared one in every claim",
+        CONTROL_SQL,
+        "def _effective_concurrency() -> sa.ColumnElement[Any]:\n"
+        "    c = queue_controls.c\n"
+        "    return sa.func.coalesce(c.concurrency, c.declared_concurrency)\n",
+        # The declared limit first in the claims' capacity and room only (the listing of
+        # the controls, which has a test of its own, keeps the right order).
+        "def _effective_concurrency() -> sa.ColumnElement[Any]:\n"
+        "    import sys  # MUTATION\n"
+        "    c = queue_controls.c\n"
+        "    if sys._getframe(1).f_code.co_name in ('capacity', 'room'):\n"
+        "        return sa.func.coalesce(c.declared_concurrency, c.concurrency)\n"
+        "    return sa.func.coalesce(c.concurrency, c.declared_concurrency)\n",
+        (OPERATOR_LIMIT,),
+    ),
+    Mutation(
+        "pause_holds_back",
+        "no claim takes a job of a paused queue or kind",
+        CONTROL_SQL,
+        "        sa.or_(\n            c.paused,\n",
+        "        sa.or_(\n            sa.false(),  # MUTATION\n",
+        (PAUSE_CLAIM, PAUSE),
+    ),
+    Mutation(
+        "limit_needs_its_lock",
+        "a limited kind or queue is claimed only by a claim holding its lock",
+        CONTROL_SQL,
+        "                _limited(),\n",
+        "                sa.false(),  # MUTATION\n",
+        (LIMIT_CLAIM, KIND_LIMIT),
+    ),
+    Mutation(
+        "rate_counts_starts",
+        "a rate limit counts the starts in its window",
+        LIMITS,
+        "                left = r.rate_count - int(r.started)\n",
+        "                left = r.rate_count  # MUTATION\n",
+        (RATE,),
+    ),
+    # --- periodic schedules (revision 0004) ---------------------------------------------
+    Mutation(
+        "periodic_row_lock",
+        "a tick runs once even after its job was archived (the schedule row's lock)",
+        PERIODIC_SQL,
+        "        .with_for_update(skip_locked=True)\n",
+        "",
+        (PERIODIC_ARCHIVED_RACE,),
+    ),
+    Mutation(
+        "periodic_tick_key",
+        "a tick runs once even if its schedule's row was reset (the tick's key)",
+        PERIODIC,
+        "            key=tick_key(self.name, tick),\n",
+        "            key=None,  # MUTATION\n",
+        (PERIODIC_RESET_ROW,),
+    ),
+    # --- timeouts and cancelling (revision 0005) ------------------------------------------
+    Mutation(
+        "timeout_applies",
+        "a handler's timeout stops it (job.check(), its statement)",
+        EXECUTOR,
+        "        control = Control(job.timeout if job.timeout is not None else handler.timeout)\n",
+        "        control = Control(None)  # MUTATION\n",
+        (HUNG,),
+    ),
+    Mutation(
+        "returned_late_fails",
+        "a handler that returns after its deadline fails its attempt (writes rolled back)",
+        SESSION,
+        "    if stop is not None:  # it returned, but too late or after a cancel\n",
+        "    if False:  # MUTATION\n",
+        (PLAIN_LATE_RETURN,),
+    ),
+    Mutation(
+        "deadline_watch_cancels_statement",
+        "a statement a handler runs is cancelled at the deadline, however late it began",
+        SERVICES,
+        "        for control in self.ledger.expiring():\n",
+        "        for control in []:  # MUTATION\n",
+        (HUNG, STARTED_LATE),
+    ),
+    Mutation(
+        "statement_timeout_set",
+        "the database stops the handler's statement at the deadline (statement_timeout)",
+        SESSION,
+        '        conn.execute(lease.statement_timeout(ms), {"ms": ms})\n',
+        "        pass  # MUTATION\n",
+        (HUNG, FROZEN_DEADLINE),
+    ),
+    Mutation(
+        "cancel_stops_the_run",
+        "an operator's cancel stops the running handler and ends the job cancelled",
+        CONTROL,
+        "        if self.cancel_requested_at is not None:\n            return JobCancelled(",
+        "        if False:  # MUTATION\n            return JobCancelled(",
+        (CANCEL_RUNNING,),
+    ),
+    Mutation(
+        "listener_cancel",
+        "a cancel reaches a running job at once by notification, not at the next heartbeat",
+        SERVICES,
+        "                    if note.channel == self.cancel_channel:\n"
+        "                        self._cancel(note.payload)\n",
+        "                    if note.channel == self.cancel_channel:\n"
+        "                        pass  # MUTATION\n",
+        (CANCEL_RUNNING, CANCEL_LATENCY),
+    ),
+    # --- the handler's decisions and results (revision 0005) -----------------------------
+    Mutation(
+        "snooze_spends_no_attempt",
+        "Snooze runs the job again later without spending an attempt",
+        LEASE,
+        "            attempts=sa.case((cancelled, jobs.c.attempts), else_=jobs.c.attempts - 1),\n",
+        "            attempts=jobs.c.attempts,  # MUTATION\n",
+        (SNOOZE,),
+    ),
+    Mutation(
+        "discard_ends_cancelled",
+        "Discard ends the job cancelled at once, not retried",
+        COMPLETER,
+        "            elif isinstance(exc, (Discard, JobCancelled)):\n",
+        "            elif isinstance(exc, JobCancelled):  # MUTATION\n",
+        (DISCARD,),
+    ),
+    Mutation(
+        "retry_in_delay",
+        "RetryIn retries after the delay the handler chose, not the backoff",
+        COMPLETER,
+        "exc.seconds if isinstance(exc, RetryIn) else handler.backoff.delay(job.attempt)",
+        "handler.backoff.delay(job.attempt)  # MUTATION",
+        (RETRY_IN,),
+    ),
+    Mutation(
+        "result_with_the_done_mark",
+        "a handler's return value is stored with its done-mark",
+        EXECUTOR,
+        "and (attempt.wrote or attempt.result is not None):\n",
+        "and attempt.wrote:  # MUTATION\n",
+        (RESULT,),
+    ),
+    # --- async handlers ------------------------------------------------------------------
+    Mutation(
+        "async_writes_commit_with_the_done_mark",
+        "an async handler's writes and its done-mark commit in ONE transaction",
+        ASYNC_EXECUTOR,
+        "            if wrote:\n                await session.flush()\n",
+        "            if wrote:  # MUTATION\n"
+        "                await session.run_sync(lambda s: s.worker_commit())\n",
+        (ASYNC_KILL_STORM, ASYNC_STALE),
     ),
     # --- enqueue (no worker involved: in-process tests) ----------------------------------
     Mutation(

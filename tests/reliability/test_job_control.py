@@ -9,6 +9,7 @@ the hung attempt's write must never commit, not even when its thread comes back 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,9 +17,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import asyncapp
+import controlapp
 import pytest
 import sqlalchemy as sa
-from controlapp import registry
 from helpers import rows, scalar, url_text, wait_for
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
@@ -36,7 +38,10 @@ SLACK = 2.0
 
 
 @contextmanager
-def worker(url: URL, log: Path, *extra: str) -> Iterator[None]:
+def worker(
+    url: URL, log: Path, *extra: str, app: str = "controlapp:registry"
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A worker process of ``app``; later ``extra`` options override the defaults."""
     proc = spawn(
         url,
         log,
@@ -46,17 +51,25 @@ def worker(url: URL, log: Path, *extra: str) -> Iterator[None]:
         "--poll-interval", "0.2",
         "--concurrency", "2",
         *extra,
-        app="controlapp:registry",
+        app=app,
     )  # fmt: skip
     try:
-        yield
+        yield proc
     finally:
         stop_all([proc])
 
 
 def enqueue(engine: sa.Engine, kind: str, payload: dict[str, Any] | None = None, **kw: Any) -> int:
+    return enqueue_kind(engine, "controlapp:registry", kind, payload, **kw)
+
+
+def enqueue_kind(
+    engine: sa.Engine, app: str, kind: str, payload: dict[str, Any] | None = None, **kw: Any
+) -> int:
+    """Enqueue a job of ``kind`` with its handler's defaults, from ``app``'s registry."""
+    apps = {"controlapp:registry": controlapp.registry, "asyncapp:registry": asyncapp.registry}
     with Session(engine) as s:
-        job_id = registry[kind].enqueue(s, payload or {}, **kw)
+        job_id = apps[app][kind].enqueue(s, payload or {}, **kw)
         s.commit()
     assert job_id is not None
     return job_id
@@ -154,6 +167,118 @@ def test_a_handler_that_ignores_its_timeout_is_given_up_and_its_late_outcome_fen
     assert effects(engine, quick) == 1
 
 
+def test_a_plain_handler_that_returns_after_its_deadline_fails_and_its_writes_roll_back(
+    engine: sa.Engine, db_url: URL, tmp_path: Path
+) -> None:
+    setup_app(engine)
+    # Timeout 1 s; it sleeps 1.5 s, then returns, well within the (long) grace.
+    job_id = enqueue(engine, "stubborn", {"sleep": 1.5})
+    with worker(db_url, tmp_path / "w.log", "--timeout-grace", "30"):
+        wait_for(lambda: status(engine, job_id) == "dead", timeout=30, message="dead")
+    last_error = scalar(engine, "SELECT last_error FROM jobs WHERE id = :j", j=job_id)
+    assert last_error.startswith(
+        "sqla_jobs.exceptions.JobTimeout: the job ran past its timeout of 1s"
+    ), last_error
+    assert "grace" not in last_error  # it returned: not given up
+    assert effects(engine, job_id) == 0  # its write, made in time, rolled back all the same
+    assert scalar(engine, "SELECT result FROM jobs WHERE id = :j", j=job_id) is None
+
+
+def stopped_after(engine: sa.Engine, job_id: int) -> float:
+    """Seconds from the handler's start to when it saw its statement stopped (runs)."""
+    return float(
+        scalar(
+            engine,
+            "SELECT extract(epoch FROM ended_at - started_at) FROM runs WHERE job_id = :j",
+            j=job_id,
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    ("app", "kind", "timeout"),
+    [
+        ("controlapp:registry", "late_statement", controlapp.LATE_TIMEOUT),
+        ("asyncapp:registry", "alate_statement", asyncapp.LATE_TIMEOUT),
+    ],
+    ids=["def", "async-def"],
+)
+def test_a_statement_started_late_is_cancelled_at_the_deadline_not_a_timeout_after_its_start(
+    engine: sa.Engine, db_url: URL, tmp_path: Path, app: str, kind: str, timeout: float
+) -> None:
+    setup_app(engine)
+    # Work outside the database for 80% of the timeout, then a statement: statement_timeout,
+    # set when the transaction began, would only stop it 0.8 timeouts past the deadline.
+    job_id = enqueue_kind(engine, app, kind, {"before": 0.8 * timeout})
+    # A grace far longer than the test: giving up on the handler must not be what stops it.
+    with worker(db_url, tmp_path / "w.log", "--timeout-grace", "60", app=app):
+        wait_for(lambda: status(engine, job_id) == "dead", timeout=30, message="dead")
+    last_error = scalar(engine, "SELECT last_error FROM jobs WHERE id = :j", j=job_id)
+    assert last_error.startswith("sqla_jobs.exceptions.JobTimeout"), last_error
+    # The deadline watch looks every 0.25 s; half the timeout is room for a loaded machine.
+    took = stopped_after(engine, job_id)
+    print(f"{kind}: statement stopped {took:.3f}s after the start (timeout {timeout:g}s)")
+    assert took <= 1.5 * timeout
+    assert effects(engine, job_id) == 0
+
+
+def active_sleep(engine: sa.Engine) -> bool:
+    """A backend other than ours is running the handler's ``pg_sleep(3600)``."""
+    return bool(
+        scalar(
+            engine,
+            "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' "
+            "AND pid <> pg_backend_pid() AND position('pg_sleep(3600)' in query) > 0",
+        )
+    )
+
+
+def test_the_database_stops_a_handlers_statement_at_its_deadline_even_with_the_worker_frozen(
+    engine: sa.Engine, db_url: URL, tmp_path: Path
+) -> None:
+    """statement_timeout, set when the handler's transaction begins, is the database's own
+    stop: it holds when the worker cannot cancel anything (here: SIGSTOP)."""
+    setup_app(engine)
+    timeout = 5.0
+    job_id = enqueue(engine, "db_sleep", max_attempts=1, timeout=timeout)
+    # A lease longer than the freeze: the job must not be rescued meanwhile.
+    with worker(db_url, tmp_path / "w.log", "--lock-seconds", "60") as proc:
+        wait_for(lambda: active_sleep(engine), timeout=30, message="the handler in pg_sleep")
+        proc.send_signal(signal.SIGSTOP)
+        try:
+            frozen_after = float(
+                scalar(
+                    engine,
+                    "SELECT extract(epoch FROM clock_timestamp() - started_at) FROM runs "
+                    "WHERE job_id = :j",
+                    j=job_id,
+                )
+            )
+            assert frozen_after < timeout - 1, "frozen too late to tell who stopped it"
+            wait_for(
+                lambda: not active_sleep(engine),
+                timeout=timeout * 2,
+                interval=0.02,
+                message="the statement stopped by the database",
+            )
+            stopped = float(
+                scalar(
+                    engine,
+                    "SELECT extract(epoch FROM clock_timestamp() - started_at) FROM runs "
+                    "WHERE job_id = :j",
+                    j=job_id,
+                )
+            )
+        finally:
+            proc.send_signal(signal.SIGCONT)
+        wait_for(lambda: status(engine, job_id) == "dead", timeout=30, message="dead")
+    print(f"frozen worker's statement stopped {stopped:.3f}s after the start (timeout 5s)")
+    assert stopped <= 1.5 * timeout
+    last_error = scalar(engine, "SELECT last_error FROM jobs WHERE id = :j", j=job_id)
+    assert last_error.startswith("sqla_jobs.exceptions.JobTimeout"), last_error
+    assert effects(engine, job_id) == 0
+
+
 def _cli(url: URL, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "sqla_jobs", *args],
@@ -205,6 +330,45 @@ def test_cancelling_a_running_job_stops_it_rolls_back_and_never_retries(
     assert row[3]
     assert effects(engine, job_id) == 0
     assert scalar(engine, "SELECT count(*) FROM runs WHERE job_id = :j", j=job_id) == 1
+
+
+#: Heartbeats every 4 s (lock_seconds / 3): a cancel told by notification must land in
+#: under half that, so a cancel left to the heartbeat is seen for what it is.
+CANCEL_LOCK_SECONDS = 12.0
+
+
+def test_a_cancel_stops_a_running_statement_long_before_the_next_heartbeat(
+    engine: sa.Engine, db_url: URL, tmp_path: Path
+) -> None:
+    setup_app(engine)
+    job_id = enqueue(engine, "cancellable", {"db": True})
+    log = tmp_path / "w.log"
+    with worker(db_url, log, "--lock-seconds", str(CANCEL_LOCK_SECONDS)):
+        wait_for(lambda: active_sleep(engine), timeout=20, message="the handler in pg_sleep")
+        # Cancel just after a heartbeat renewed the lease: the next one is 4 s away.
+        lease = "SELECT locked_until FROM jobs WHERE id = :j"
+        claimed_until = scalar(engine, lease, j=job_id)
+        wait_for(
+            lambda: scalar(engine, lease, j=job_id) != claimed_until,
+            timeout=CANCEL_LOCK_SECONDS,
+            interval=0.02,
+            message="a heartbeat",
+        )
+        with Session(engine) as s:
+            asked_at = s.execute(sa.text("SELECT clock_timestamp()")).scalar_one()
+            assert ops.cancel(s, [job_id]).stopping == (job_id,)
+            s.commit()
+        wait_for(lambda: status(engine, job_id) == "cancelled", timeout=20, message="cancelled")
+    landed = scalar(
+        engine,
+        "SELECT extract(epoch FROM ended_at - :t) FROM runs WHERE job_id = :j",
+        t=asked_at,
+        j=job_id,
+    )
+    print(f"cancel landed in {landed:.3f}s (heartbeat every {CANCEL_LOCK_SECONDS / 3:g}s)")
+    assert landed < CANCEL_LOCK_SECONDS / 6, log.read_text()[-2000:]
+    assert "cancel requested by an operator (seen at the heartbeat)" not in log.read_text()
+    assert effects(engine, job_id) == 0
 
 
 def test_cancel_of_jobs_that_finished_first_says_so(
