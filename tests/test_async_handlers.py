@@ -322,7 +322,9 @@ def test_run_inline_refuses_an_async_handlers_job_before_touching_it(
         pytest.raises(
             RegistryError,
             match=r"run_inline runs plain def handlers in your Session; 'anoop' is an async "
-            r"def handler: run it with drain\(\) or await drain_async\(\) instead",
+            r"def handler: with an AsyncSession, `await run_inline_async\(registry, "
+            r"async_session\)` runs both kinds "
+            r"\(or run it with drain\(\) / await drain_async\(\)\)",
         ),
     ):
         testing.run_inline(async_registry, s)
