@@ -42,6 +42,7 @@ from sqla_jobs import _sessions, config, migrations, ops, validation
 from sqla_jobs.exceptions import RegistryError
 from sqla_jobs.models import DEFAULT_MAX_ATTEMPTS, JobStatus
 from sqla_jobs.sql import admin
+from sqla_jobs.sql import control as control_sql
 from sqla_jobs.tasks import JobContext, Registry
 
 if TYPE_CHECKING:
@@ -349,7 +350,10 @@ def drain(
     try:
         while True:
             with worker.engine.begin() as conn:
-                if conn.execute(pending).scalar_one() == 0:
+                counts = conn.execute(pending).one()
+                if counts.pending == 0 and counts.paused:
+                    raise RuntimeError(_held_back(conn, counts.paused))
+                if counts.pending == 0:
                     if not until_empty or conn.execute(due).scalar_one() == 0:
                         return tally.summary()
                     conn.execute(forward)  # the worker polls every 50 ms
@@ -358,6 +362,17 @@ def drain(
             time.sleep(0.02)
     finally:
         stop_worker(worker, thread, timeout)
+
+
+def _held_back(conn: sa.Connection, count: int) -> str:
+    paused = [
+        f"{row.scope} {row.name!r}" for row in conn.execute(control_sql.controls()) if row.paused
+    ]
+    return (
+        f"drain: {count} ready job(s) wait in a paused queue or of a paused kind "
+        f"({', '.join(paused)}) and nothing else is left to run: resume it first "
+        "(ops.resume), or leave a paused queue out with drain(..., queues=...)"
+    )
 
 
 def stop_worker(worker: Worker, thread: threading.Thread, timeout: float = 30.0) -> None:

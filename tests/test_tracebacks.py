@@ -78,3 +78,24 @@ def test_a_long_traceback_keeps_its_header_its_first_and_last_frames_and_the_err
     # So is the exception it was raised from, at least its own line.
     assert "KeyError: 'missing'" in traceback
     assert "The above exception was the direct cause of the following exception" in traceback
+
+
+def test_the_folder_of_a_package_run_with_python_m_is_no_import_root() -> None:
+    """``python -m sqla_jobs.worker`` loads ``sqla_jobs/worker/__main__.py`` as ``__main__``:
+    paths under ``sqla_jobs/worker`` keep their package folders."""
+    import types
+    from importlib.machinery import ModuleSpec
+
+    from sqla_jobs.worker import _executor, _tracebacks
+
+    fake = types.ModuleType("__main__")
+    fake.__file__ = str(Path(_executor.__file__).with_name("__main__.py"))
+    fake.__spec__ = ModuleSpec("sqla_jobs.worker.__main__", None)
+    saved = sys.modules["__main__"]
+    sys.modules["__main__"] = fake
+    try:
+        roots = _tracebacks.import_roots()
+    finally:
+        sys.modules["__main__"] = saved
+    shown = _tracebacks.short_path(_executor.__file__, roots)
+    assert shown == str(Path("sqla_jobs", "worker", "_executor.py"))

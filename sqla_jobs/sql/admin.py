@@ -313,14 +313,26 @@ def queues_of_kinds(kinds: Sequence[str]) -> sa.Select[Any]:
 
 
 def pending_count(kinds: Sequence[str], queues: Sequence[str]) -> sa.Select[Any]:
-    """Jobs of ``kinds`` in ``queues`` that are ready now or running."""
+    """``(pending, paused)`` of the jobs of ``kinds`` in ``queues``: ``pending`` counts those
+    running or ready to be claimed; ``paused``, those ready but held back by a paused queue
+    or kind (no worker starts them until :func:`sqla_jobs.ops.resume`)."""
     ready = sa.and_(
         jobs.c.status == _common.status(JobStatus.QUEUED), jobs.c.run_at <= _common.clock(None)
     )
-    return sa.select(sa.func.count()).where(
+    c = models.queue_controls.c
+
+    def paused_names(scope: str) -> sa.Select[Any]:
+        return sa.select(c.name).where(c.scope == sa.literal(scope, sa.Text), c.paused)
+
+    held = sa.or_(jobs.c.queue.in_(paused_names("queue")), jobs.c.kind.in_(paused_names("kind")))
+    running = jobs.c.status == _common.status(JobStatus.RUNNING)
+    return sa.select(
+        sa.func.count().filter(sa.or_(running, sa.and_(ready, sa.not_(held)))).label("pending"),
+        sa.func.count().filter(sa.and_(ready, held)).label("paused"),
+    ).where(
         jobs.c.kind == sa.any_(_common.text_array(kinds)),
         jobs.c.queue == sa.any_(_common.text_array(queues)),
-        sa.or_(ready, jobs.c.status == _common.status(JobStatus.RUNNING)),
+        sa.or_(ready, running),
     )
 
 

@@ -56,7 +56,11 @@ def import_roots() -> list[str]:
     roots = {os.path.abspath(p) for p in sys.path if p}
     for name, module in list(sys.modules.items()):
         path = getattr(module, "__file__", None)
-        if "." in name or not isinstance(path, str):
+        # By its spec's name: ``python -m sqla_jobs.worker`` loads the package's
+        # ``__main__.py`` as ``__main__``, and its folder is no import root.
+        spec = getattr(module, "__spec__", None)
+        qualified = getattr(spec, "name", None) or name
+        if "." in qualified or not isinstance(path, str):
             continue
         folder = os.path.dirname(os.path.abspath(path))
         if getattr(module, "__path__", None) is not None:  # a package: its parent folder
