@@ -88,7 +88,7 @@ class Chart:
     base: float
     peak: int
     bars: tuple[Bar, ...]
-    ticks: tuple[tuple[float, str], ...]
+    ticks: tuple[tuple[float, str, str], ...]
     summary: str
 
 
@@ -113,10 +113,17 @@ def chart(data: ops.Throughput) -> Chart:
                 label=f"{m.minute:%H:%M}: {m.done} done, {m.dead} dead",
             )
         )
+    # The first label starts at the left edge and the last ends at the right one, so
+    # neither is cut off; the others are centred on their minute.
+    last = len(minutes) - 1
     ticks = tuple(
-        (round(n * step + step / 2, 2), f"{m.minute:%H:%M}")
+        (
+            0.0 if n == 0 else float(CHART_WIDTH) if n == last else round(n * step + step / 2, 2),
+            "start" if n == 0 else "end" if n == last else "middle",
+            f"{m.minute:%H:%M}",
+        )
         for n, m in enumerate(minutes)
-        if n % 15 == 0 or n == len(minutes) - 1
+        if n % 15 == 0 or n == last
     )
     done = sum(m.done for m in minutes)
     dead = sum(m.dead for m in minutes)
