@@ -4,6 +4,7 @@ every action, the permissions, CSRF, escaping, and mounting under a prefix."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -12,7 +13,7 @@ import pytest
 import sqlalchemy as sa
 from dashboard_client import CSRF_COOKIE, Client, forms
 from fastapi import FastAPI
-from helpers import rows, scalar
+from helpers import TESTS, rows, scalar, url_text
 from jobapp import registry as app_registry
 from periodicapp import registry as periodic_registry
 from sqlalchemy.ext.asyncio import create_async_engine
@@ -464,3 +465,34 @@ def test_create_app_refuses_what_it_cannot_use(engine: sa.Engine, db_url: Any) -
             client.get("/")
     finally:
         client.close()
+
+
+def test_readme_fastapi_example_mounts_the_dashboard_behind_its_auth_hook(
+    engine: sa.Engine, db_url: Any
+) -> None:
+    readme = (TESTS.parent / "README.md").read_text()
+    section = readme.split("## Dashboard", 1)[1].split("\n## ", 1)[0]
+    code = re.findall(r"```python\n(.*?)```", section, re.S)[0]
+    namespace: dict[str, Any] = {"__name__": "readme_dashboard"}
+    os.environ["DATABASE_URL"] = url_text(db_url)
+    try:
+        exec(compile(code, "README.md", "exec"), namespace)
+    finally:
+        del os.environ["DATABASE_URL"]
+    dead = dead_job(engine)
+    client = Client(namespace["app"])
+    try:
+        assert client.get("/admin/jobs/").status_code == 403
+        bob = {"x-staff-token": "token-bob"}
+        page = client.get(f"/admin/jobs/jobs/{dead}", headers=bob)
+        assert page.status_code == 200 and forms(page.text) == []
+        assert client.post(f"/admin/jobs/jobs/{dead}/retry", headers=bob).status_code == 403
+        alice = {"x-staff-token": "token-alice"}
+        page = client.get(f"/admin/jobs/jobs/{dead}", headers=alice)
+        assert forms(page.text) == [f"/admin/jobs/jobs/{dead}/retry"]  # no delete button
+        assert client.post(f"/admin/jobs/jobs/{dead}/delete", headers=alice).status_code == 403
+        assert client.post(f"/admin/jobs/jobs/{dead}/retry", headers=alice).status_code == 303
+        assert audit(engine) == [("alice", "retry", "job", str(dead))]
+    finally:
+        client.close()
+        namespace["engine"].dispose()
