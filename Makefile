@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,embedded,prometheus,async-example]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,embedded,prometheus,async-example,dashboard]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -30,7 +30,7 @@ pytest: $(STAMP)
 test: lint typecheck pytest
 
 $(VENV)/.bench: $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[dev,embedded,prometheus,async-example,bench]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,embedded,prometheus,async-example,dashboard,bench]'
 	touch $(VENV)/.bench
 
 bench: $(VENV)/.bench

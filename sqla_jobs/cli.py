@@ -296,12 +296,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub: Any = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("worker", parents=[worker_parser("sqla-jobs worker")], add_help=False)
     _add_ops_commands(sub)
+    _add_dashboard_command(sub)
     given = list(sys.argv[1:] if argv is None else argv)
     args, unknown = parser.parse_known_args(given)
     if unknown:  # the command's parser says so: its --help lists the options meant
         _unrecognized(sub.choices[args.command], unknown)
     if args.command == "worker":
         return run_worker(args, given[given.index("worker") + 1 :])
+    if args.command == "dashboard":
+        return run_dashboard(args)
     if args.command in _OPS_COMMANDS:
         try:
             return _run_ops(args)
@@ -325,6 +328,57 @@ def _unrecognized(parser: argparse.ArgumentParser, unknown: list[str]) -> NoRetu
     ]
     hint = f"; did you mean {' and '.join(meant)}?" if meant else ""
     parser.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
+
+
+def _add_dashboard_command(sub: Any) -> None:
+    text = "serve the web dashboard with uvicorn (needs the sqla-jobs[dashboard] extra)"
+    p: argparse.ArgumentParser = sub.add_parser("dashboard", help=text, description=text)
+    _add_common(p)
+    p.add_argument("--port", type=int, default=8000, help="default %(default)s")
+    p.add_argument(
+        "--host", default="127.0.0.1", help="address to bind; default %(default)s (this machine)"
+    )
+    p.add_argument("--read-only", action="store_true", help="pages only, no action for anyone")
+    p.add_argument("--app", help="'module:registry': periodic schedules, declared queues and kinds")
+    p.add_argument(
+        "--auth", metavar="MODULE:FUNCTION", help="auth hook: request -> allow/read-only/deny"
+    )
+    p.add_argument(
+        "--insecure-no-auth",
+        action="store_true",
+        help="allow a non-loopback --host without an auth hook (anyone reaching it can act)",
+    )
+
+
+def run_dashboard(args: argparse.Namespace) -> int:
+    """``sqla-jobs dashboard``: check the address and schema, then serve until interrupted."""
+    try:
+        from sqla_jobs.dashboard import _serve
+    except ImportError as exc:
+        return _fail(f"the dashboard needs its extra: pip install 'sqla-jobs[dashboard]' ({exc})")
+    from sqlalchemy.orm import Session
+
+    from sqla_jobs import ops, tasks
+
+    setup_logging("INFO", "text")
+    try:
+        sys.path.insert(0, os.getcwd())
+        chosen = _serve.plan(args.host, args.port, args.auth, args.insecure_no_auth)
+        registry = tasks.load_registry(args.app) if args.app else None
+        engine = sa.create_engine(config_mod.database_url(_url_arg(args)), pool_pre_ping=True)
+        with Session(engine) as session:
+            ops.check_schema(session)
+    except SqlaJobsError as exc:
+        return _fail(str(exc))
+    except sa_exc.OperationalError as exc:
+        return _fail(f"cannot connect to the database: {exceptions.db_error_text(exc)}")
+    try:
+        _serve.serve(engine, chosen, read_only=args.read_only, registry=registry)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        engine.dispose()
+    return 0
 
 
 def _reader_left() -> int:

@@ -412,3 +412,44 @@ class WorkerRecord(Base):
 
 
 worker_records: sa.Table = WorkerRecord.__table__  # type: ignore[assignment]
+
+
+#: What an audit entry is about (``jobs_audit.scope``): one job, jobs matched by a
+#: filter, a queue, or a kind.
+AUDIT_SCOPES = ("job", "jobs", "queue", "kind")
+
+
+class AuditEntry(Base):
+    """One operator action, who did it and when (revision 0009): the dashboard's audit trail.
+
+    Written by :func:`sqla_jobs.ops.record_action` in the transaction of the action it
+    records, so an entry exists exactly when its action committed. ``target`` is the job
+    id, queue or kind name as text; ``detail`` what the action was given and what it did
+    (counts, limits). Rows are only inserted; read newest first, per target through
+    ``jobs_audit_scope_target_id_idx``.
+    """
+
+    __tablename__ = "jobs_audit"
+
+    id: Mapped[int] = mapped_column(sa.BigInteger, sa.Identity(always=True), primary_key=True)
+    at: Mapped[datetime] = mapped_column(
+        sa.DateTime(timezone=True), server_default=_statement_time()
+    )
+    actor: Mapped[str] = mapped_column(sa.Text)
+    action: Mapped[str] = mapped_column(sa.Text)
+    scope: Mapped[str] = mapped_column(sa.Text)
+    target: Mapped[str] = mapped_column(sa.Text)
+    detail: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+
+    __table_args__ = (
+        sa.CheckConstraint(
+            "scope IN (" + ", ".join(f"'{s}'" for s in AUDIT_SCOPES) + ")", name="scope"
+        ),
+        sa.Index("jobs_audit_scope_target_id_idx", "scope", "target", "id"),
+    )
+
+    def __repr__(self) -> str:
+        return f"<AuditEntry {self.id} {self.action} {self.scope} {self.target!r}>"
+
+
+audit_entries: sa.Table = AuditEntry.__table__  # type: ignore[assignment]

@@ -47,6 +47,7 @@ its transaction's start); durations are :class:`~datetime.timedelta`.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
@@ -57,7 +58,7 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session
 
-from sqla_jobs import _sessions, exceptions, validation
+from sqla_jobs import _sessions, exceptions, models, validation
 from sqla_jobs.exceptions import (
     ConfigError,
     InvalidJobError,
@@ -67,6 +68,7 @@ from sqla_jobs.exceptions import (
 )
 from sqla_jobs.models import JobStatus
 from sqla_jobs.sql import admin, schema
+from sqla_jobs.sql import audit as audit_sql
 from sqla_jobs.sql import control as control_sql
 from sqla_jobs.sql import periodic as periodic_sql
 from sqla_jobs.sql import stats as stats_sql
@@ -495,11 +497,23 @@ def list_jobs(
     older_than: timedelta | None = None,
     limit: int = DEFAULT_LIMIT,
     after_id: int | None = None,
+    *,
+    key: str | None = None,
+    min_id: int | None = None,
+    max_id: int | None = None,
+    newer_than: timedelta | None = None,
+    payload: Mapping[str, Any] | None = None,
+    newest_first: bool = False,
 ) -> list[JobRecord]:
     """One page of jobs, oldest id first, filtered by status, kind, queue and age.
 
-    ``older_than`` keeps jobs created more than that long ago. Pages by keyset: pass the
-    last id of a page as ``after_id`` to get the next one (stable while rows change).
+    ``older_than`` keeps jobs created more than that long ago, ``newer_than`` those
+    created since. ``key`` is an idempotency key; ``min_id`` and ``max_id`` bound the id
+    (inclusive); ``payload`` keeps jobs whose payload contains it (``{"user": 7}``
+    matches ``{"user": 7, "plan": "pro"}``; PostgreSQL's ``@>``). Pages by keyset: pass
+    the last id of a page as ``after_id`` to get the next one (stable while rows change);
+    with ``newest_first``, the highest ids come first and the next page holds ids below
+    ``after_id``.
     """
     statuses = _statuses(status)
     stmt = admin.list_jobs(
@@ -509,12 +523,35 @@ def list_jobs(
         older_than=_seconds("older_than", older_than),
         limit=_positive_int("limit", limit, MAX_LIMIT),
         after_id=None if after_id is None else _non_negative_id(after_id),
+        key=_text_filter("key", key),
+        min_id=None if min_id is None else _non_negative_id(min_id, "min_id"),
+        max_id=None if max_id is None else _non_negative_id(max_id, "max_id"),
+        newer_than=_seconds("newer_than", newer_than),
+        payload=None if payload is None else _payload_match(payload),
+        newest_first=bool(newest_first),
     )
     return [_record(row) for row in session.execute(stmt)]
 
 
-def _non_negative_id(value: int) -> int:
-    return validation.integer("after_id", value, minimum=0, error=ConfigError)
+def _text_filter(name: str, value: str | None) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ConfigError(f"{name} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _payload_match(value: Mapping[str, Any]) -> str:
+    if not isinstance(value, Mapping):
+        raise ConfigError(
+            f"payload must be a JSON object (a dict) the payload contains, got {value!r}"
+        )
+    try:
+        return json.dumps(dict(value))
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"payload is not JSON: {exc}") from None
+
+
+def _non_negative_id(value: int, name: str = "after_id") -> int:
+    return validation.integer(name, value, minimum=0, error=ConfigError)
 
 
 def _statuses(
@@ -974,6 +1011,154 @@ def _delete_filters(
     }
 
 
+# --- throughput and the audit trail (the dashboard; revision 0009) -------------------
+
+
+@dataclass(frozen=True)
+class MinuteCount:
+    """Jobs that ended in one minute: ``done``, and ``dead`` (failed for good)."""
+
+    minute: datetime
+    done: int
+    dead: int
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """Done and dead jobs per minute, oldest minute first, the current one last.
+
+    ``minutes`` has one entry for each minute of the window, zero where nothing ended.
+    """
+
+    taken_at: datetime
+    minutes: tuple[MinuteCount, ...]
+
+
+#: Longest window :func:`throughput` reads, in minutes (a day).
+MAX_THROUGHPUT_MINUTES = 1440
+
+
+@_sessions.sync_form
+def throughput(session: Session, minutes: int = 60) -> Throughput:
+    """Done and dead jobs per minute over the last ``minutes`` (the current minute included).
+
+    A range on jobs_finished_idx for each status: the cost follows what finished in the
+    window, never the table's history. Runs in the session's transaction.
+    """
+    span = _positive_int("minutes", minutes, MAX_THROUGHPUT_MINUTES)
+    taken_at = session.execute(stats_sql.stats_now()).scalar_one()
+    found = {
+        row.minute: (int(row.done), int(row.dead))
+        for row in session.execute(stats_sql.throughput(span, now=taken_at))
+    }
+    last = taken_at.replace(second=0, microsecond=0)
+    window = [last - timedelta(minutes=n) for n in range(span - 1, -1, -1)]
+    return Throughput(
+        taken_at=taken_at,
+        minutes=tuple(MinuteCount(m, *found.get(m, (0, 0))) for m in window),
+    )
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """One recorded action (``jobs_audit``): who (``actor``) did what to which target, when."""
+
+    id: int
+    at: datetime
+    actor: str
+    action: str
+    scope: str
+    target: str
+    detail: dict[str, Any] | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return _jsonable(asdict(self))  # type: ignore[no-any-return]
+
+
+#: Longest ``actor`` and ``action`` text :func:`record_action` accepts.
+MAX_AUDIT_TEXT = 200
+
+
+def _audit_scope(scope: str) -> str:
+    if scope not in models.AUDIT_SCOPES:
+        raise ConfigError(f"unknown audit scope {scope!r}: use one of {models.AUDIT_SCOPES}")
+    return scope
+
+
+def _audit_text(name: str, value: str) -> str:
+    if not isinstance(value, str) or not value.strip() or len(value) > MAX_AUDIT_TEXT:
+        raise ConfigError(
+            f"{name} must be a non-empty string of at most {MAX_AUDIT_TEXT} characters, "
+            f"got {value!r}"
+        )
+    return value
+
+
+def _audit_schema_error(exc: sa_exc.ProgrammingError) -> SchemaNotReadyError:
+    return SchemaNotReadyError(
+        "cannot use the audit trail (jobs_audit); run `alembic upgrade head` "
+        f"(revision 0009): {exceptions.db_error_text(exc)}"
+    )
+
+
+@_sessions.sync_form
+def record_action(
+    session: Session,
+    *,
+    actor: str,
+    action: str,
+    scope: str,
+    target: str | int,
+    detail: Mapping[str, Any] | None = None,
+) -> int:
+    """Record that ``actor`` did ``action`` to ``target`` (a job id, a queue or a kind name;
+    ``scope`` says which: ``job``, ``jobs``, ``queue`` or ``kind``); return the entry's id.
+
+    Call it in the transaction of the action, so the entry commits (or rolls back) with
+    it. ``detail`` is a JSON object of what was asked and done. Never commits.
+    """
+    text = json.dumps(dict(detail), default=str) if detail is not None else None
+    stmt = audit_sql.record(
+        actor=_audit_text("actor", actor),
+        action=_audit_text("action", action),
+        scope=_audit_scope(scope),
+        target=_audit_text("target", str(target)),
+        detail=text,
+    )
+    try:
+        return int(session.execute(stmt).scalar_one())
+    except sa_exc.ProgrammingError as exc:
+        raise _audit_schema_error(exc) from None
+
+
+@_sessions.sync_form
+def audit_log(
+    session: Session,
+    *,
+    scope: str | None = None,
+    target: str | int | None = None,
+    limit: int = DEFAULT_LIMIT,
+    before_id: int | None = None,
+) -> list[AuditEntry]:
+    """Recorded actions, newest first; those of one ``scope`` (and ``target``) if given.
+
+    Pages by keyset: pass the last entry's id as ``before_id``.
+    """
+    if target is not None and scope is None:
+        raise ConfigError("audit_log: a target needs its scope (job, jobs, queue or kind)")
+    stmt = audit_sql.entries(
+        scope=None if scope is None else _audit_scope(scope),
+        target=None if target is None else str(target),
+        limit=_positive_int("limit", limit, MAX_LIMIT),
+        before_id=None if before_id is None else _non_negative_id(before_id, "before_id"),
+    )
+    try:
+        found = session.execute(stmt).all()
+    except sa_exc.ProgrammingError as exc:
+        raise _audit_schema_error(exc) from None
+    return [AuditEntry(**row._asdict()) for row in found]
+
+
 # --- the async twins (see sqla_jobs._sessions) --------------------------------------------
 # Each runs the function above on the AsyncSession's own Session, in its transaction: the
 # same statements, for an async app's endpoint or test (``await ops.pause_async(session,
@@ -998,3 +1183,6 @@ set_limit_async = _sessions.async_form(set_limit)
 clear_limits_async = _sessions.async_form(clear_limits)
 controls_async = _sessions.async_form(controls)
 workers_async = _sessions.async_form(workers)
+throughput_async = _sessions.async_form(throughput)
+record_action_async = _sessions.async_form(record_action)
+audit_log_async = _sessions.async_form(audit_log)

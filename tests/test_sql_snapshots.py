@@ -20,10 +20,21 @@ import sqlparse
 from sqlalchemy.engine import make_url
 
 from sqla_jobs.models import JobStatus
-from sqla_jobs.sql import admin, control, enqueue, lease, locks, periodic, schema, stats, workers
+from sqla_jobs.sql import (
+    admin,
+    audit,
+    control,
+    enqueue,
+    lease,
+    locks,
+    periodic,
+    schema,
+    stats,
+    workers,
+)
 
 SNAPSHOTS = Path(__file__).with_name("sql")
-MODULES = (enqueue, lease, admin, stats, locks, schema, periodic, control, workers)
+MODULES = (enqueue, lease, admin, stats, locks, schema, periodic, control, workers, audit)
 #: Functions in the statement modules that run statements instead of building one.
 NOT_BUILDERS = {
     "schema.check_schema",
@@ -64,6 +75,16 @@ CASES: dict[str, Callable[[], Any]] = {
     "lease.rescue_expired": lambda: lease.rescue_expired(),
     "admin.list_jobs": lambda: admin.list_jobs(
         statuses=[JobStatus.DEAD], kind="a", queue="q", older_than=60, limit=50, after_id=7
+    ),
+    "admin.list_jobs_search": lambda: admin.list_jobs(
+        key="k",
+        min_id=10,
+        max_id=20,
+        newer_than=3600,
+        payload='{"user": 7}',
+        limit=50,
+        after_id=15,
+        newest_first=True,
     ),
     "admin.get_job": lambda: admin.get_job(1),
     "admin.retry_jobs": lambda: admin.retry_jobs(statuses=[JobStatus.DEAD], ids=[1, 2]),
@@ -170,6 +191,11 @@ CASES: dict[str, Callable[[], Any]] = {
     "workers.forget_expired": lambda: workers.forget_expired(),
     "workers.retire": lambda: workers.retire("w"),
     "workers.live": lambda: workers.live(),
+    "stats.throughput": lambda: stats.throughput(60),
+    "audit.record": lambda: audit.record(
+        actor="alice", action="retry", scope="job", target="1", detail='{"n": 1}'
+    ),
+    "audit.entries": lambda: audit.entries(scope="job", target="1", limit=20, before_id=9),
 }
 
 
@@ -192,7 +218,12 @@ def _builders() -> set[str]:
 
 
 def test_every_statement_builder_has_a_snapshot_case() -> None:
-    variants = {"lease.claim_limited", "lease.claim_in_room", "enqueue.insert_job_whole_row"}
+    variants = {
+        "lease.claim_limited",
+        "lease.claim_in_room",
+        "enqueue.insert_job_whole_row",
+        "admin.list_jobs_search",
+    }
     assert _builders() == set(CASES) - variants
 
 

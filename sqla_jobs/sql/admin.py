@@ -49,17 +49,45 @@ def list_jobs(
     limit: int,
     after_id: int | None = None,
     now: Now = None,
+    key: str | None = None,
+    min_id: int | None = None,
+    max_id: int | None = None,
+    newer_than: float | None = None,
+    payload: str | None = None,
+    newest_first: bool = False,
 ) -> sa.Select[Any]:
-    """One page of jobs in id order; the next page starts after the last id (keyset)."""
+    """One page of jobs in id order; the next page starts after the last id (keyset).
+
+    With ``newest_first`` the order is descending and ``after_id`` means "ids below it"
+    (the next page of a newest-first listing). ``key`` is the idempotency key (its unique
+    index), ``min_id``/``max_id`` an inclusive range on the primary key, ``newer_than``
+    the age bound opposite ``older_than``, and ``payload`` JSON text the payload must
+    contain (``payload @> :payload_match``). Every page walks the primary key in order
+    and stops at ``limit`` rows; the filters other than status, key and ids have no index
+    of their own, so a rare match is found by reading further along the primary key.
+    """
     conditions = _job_filters(
         statuses=statuses, kind=kind, queue=queue, older_than=older_than, now=now
     )
+    if key is not None:
+        conditions.append(jobs.c.idempotency_key == sa.bindparam("key", key, sa.Text))
+    if min_id is not None:
+        conditions.append(jobs.c.id >= sa.bindparam("min_id", min_id, sa.BigInteger))
+    if max_id is not None:
+        conditions.append(jobs.c.id <= sa.bindparam("max_id", max_id, sa.BigInteger))
+    if newer_than is not None:
+        age = sa.bindparam("newer_than", newer_than, sa.Float)
+        conditions.append(jobs.c.created_at >= _common.ago(age, now))
+    if payload is not None:
+        match = sa.cast(sa.bindparam("payload_match", payload, sa.Text), JSONB)
+        conditions.append(jobs.c.payload.contains(match))
     if after_id is not None:
-        conditions.append(jobs.c.id > sa.bindparam("after_id", after_id, sa.BigInteger))
+        cursor = sa.bindparam("after_id", after_id, sa.BigInteger)
+        conditions.append(jobs.c.id < cursor if newest_first else jobs.c.id > cursor)
     return (
         sa.select(*jobs.c)
         .where(*conditions)
-        .order_by(jobs.c.id)
+        .order_by(jobs.c.id.desc() if newest_first else jobs.c.id)
         .limit(sa.bindparam("limit", limit, sa.Integer))
     )
 

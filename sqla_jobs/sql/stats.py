@@ -190,3 +190,31 @@ def unserved_ready(
         .group_by(oldest.c.kind, oldest.c.queue)
         .order_by(oldest.c.kind, oldest.c.queue)
     )
+
+
+def throughput(minutes: int, now: Now = None) -> sa.Select[Any]:
+    """Done and dead jobs per minute over the last ``minutes`` whole minutes (the current
+    one included), oldest first; minutes with neither are absent.
+
+    A range on jobs_finished_idx for each of the two statuses, as in
+    :func:`stats_done_recent`: the cost follows the jobs finished in the window, never
+    the history.
+    """
+    # 'minute' as SQL text, not a parameter: the same expression in SELECT and GROUP BY.
+    unit: sa.ColumnElement[str] = sa.literal_column("'minute'")
+    minute = sa.func.date_trunc(unit, jobs.c.finished_at)
+    start = sa.func.date_trunc(unit, _common.clock(now)) - _common.seconds(
+        sa.bindparam("span", (minutes - 1) * 60.0, sa.Float)
+    )
+    done = _common.status(JobStatus.DONE)
+    dead = _common.status(JobStatus.DEAD)
+    return (
+        sa.select(
+            minute.label("minute"),
+            sa.func.count().filter(jobs.c.status == done).label("done"),
+            sa.func.count().filter(jobs.c.status == dead).label("dead"),
+        )
+        .where(jobs.c.status.in_([done, dead]), jobs.c.finished_at >= start)
+        .group_by(minute)
+        .order_by(minute)
+    )

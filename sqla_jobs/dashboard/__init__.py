@@ -1,0 +1,40 @@
+"""A web dashboard: look at the queue and act on it, mounted in your app or run alone.
+
+Install the extra (``pip install 'sqla-jobs[dashboard]'``: Starlette, Jinja2, uvicorn)
+and mount the app under any prefix, behind your own authentication::
+
+    from fastapi import FastAPI
+    from sqla_jobs.dashboard import create_app
+
+    app = FastAPI()
+    app.mount("/admin/jobs", create_app(engine, auth=staff_only, registry=registry))
+
+or run it alone: ``sqla-jobs dashboard --app myapp.jobs:registry`` (127.0.0.1:8000).
+
+**A window on** :mod:`sqla_jobs.ops`. Every figure a page shows and every action it
+takes is an ops call (``stats``, ``throughput``, ``list_jobs``, ``get_job``, ``retry_jobs``,
+``cancel``, ``delete_jobs``, ``pause``, ``resume``, ``set_limit``, ``clear_limits``,
+``workers``, ``periodic_statuses``, ``audit_log``): there is no SQL in this package.
+The ops are synchronous; the pages run them on Starlette's thread pool with a plain
+``Engine``, so the event loop of the app it is mounted in is never blocked, and an app
+with only an ``AsyncEngine`` creates a small ``Engine`` beside it for the dashboard.
+
+**Security** (:mod:`._security`): the ``auth`` hook decides per request (allow,
+read-only, deny; a :class:`Decision` also names the user), ``permissions`` which of
+:data:`ACTIONS` an allowed viewer may take. Actions are POST only, each with a CSRF
+token; every page is server-rendered with autoescaped templates (:mod:`._render`) and
+served under a strict Content-Security-Policy: no inline script or style, no CDN, no
+build step (the CSS and JS are two small files in ``static/``). Every action is recorded
+with who did it (``jobs_audit``, revision 0009) in the action's own transaction, and
+shown on the pages it concerns.
+
+Routes (:mod:`._views`) are named, and every link is built from the request's
+``root_path``, so the app works under any mount prefix or proxy path.
+"""
+
+from __future__ import annotations
+
+from sqla_jobs.dashboard._app import create_app
+from sqla_jobs.dashboard._security import ACTIONS, CONTENT_SECURITY_POLICY, Decision
+
+__all__ = ["ACTIONS", "CONTENT_SECURITY_POLICY", "Decision", "create_app"]

@@ -1,0 +1,78 @@
+"""``create_app``: the routes, static files and middleware of one dashboard."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncEngine
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from sqla_jobs.dashboard import _render, _security, _views
+from sqla_jobs.tasks import Registry
+
+
+def create_app(
+    engine: sa.Engine,
+    *,
+    auth: _security.AuthHook | None = None,
+    permissions: _security.Permissions | None = None,
+    read_only: bool = False,
+    registry: Registry | None = None,
+) -> Starlette:
+    """The dashboard as an ASGI app, to mount under any path or serve alone.
+
+    ``engine``: a synchronous SQLAlchemy ``Engine`` on the jobs database (pages run the
+    ops on a thread pool; an async app creates one beside its ``AsyncEngine``, with the
+    same URL). ``auth``: called with each request (sync or async), returns ``"allow"``,
+    ``"read-only"``, ``"deny"`` or a :class:`Decision`; None lets everyone in (fine for
+    the standalone command on 127.0.0.1, not for a public app). ``permissions``: the
+    actions an allowed viewer may take, a collection of names from :data:`ACTIONS`
+    or a callable ``(request, action) -> bool`` (sync or async); None grants every
+    action. ``read_only``: no action for anyone. ``registry``: the app's handlers, for
+    periodic schedules, declared queues and kinds, and kinds no handler serves.
+    """
+    if isinstance(engine, AsyncEngine):
+        raise TypeError(
+            "create_app() takes a synchronous Engine, got an AsyncEngine: create one with "
+            "the same URL (sqlalchemy.create_engine(async_engine.url)); the dashboard runs "
+            "its queries on a thread pool"
+        )
+    if not isinstance(engine, sa.Engine):
+        raise TypeError(f"create_app() takes a sqlalchemy Engine, got {type(engine).__name__}")
+    if auth is not None and not callable(auth):
+        raise TypeError(f"auth must be a callable given the request, got {auth!r}")
+    if registry is not None and not isinstance(registry, Registry):
+        raise TypeError(f"registry must be a sqla_jobs.Registry, got {type(registry).__name__}")
+    settings = _views.Settings(
+        engine=engine,
+        registry=registry,
+        auth=auth,
+        permissions=_security.check_permissions(permissions),
+        read_only=bool(read_only),
+    )
+    views = _views.Views(settings)
+    page, action = views.page, views.action
+    routes: list[Any] = [
+        Route("/", page(views.overview), name="overview"),
+        Route("/queues", page(views.queues), name="queues"),
+        Route("/jobs", page(views.jobs), name="jobs"),
+        Route("/dead", page(views.dead), name="dead"),
+        Route("/jobs/go", page(views.goto), name="goto"),
+        Route("/jobs/{job_id:int}", page(views.job), name="job"),
+        Route("/periodic", page(views.periodic), name="periodic"),
+        Route("/workers", page(views.workers), name="workers"),
+        Route("/audit", page(views.audit), name="audit"),
+        Route("/jobs/{job_id:int}/retry", action("retry")(views.retry), methods=["POST"]),
+        Route("/jobs/{job_id:int}/cancel", action("cancel")(views.cancel), methods=["POST"]),
+        Route("/jobs/{job_id:int}/delete", action("delete")(views.delete), methods=["POST"]),
+        Route("/queues/pause", action("pause")(views.pause), methods=["POST"]),
+        Route("/queues/resume", action("pause")(views.resume), methods=["POST"]),
+        Route("/queues/limit", action("limit")(views.limit), methods=["POST"]),
+        Route("/queues/clear", action("limit")(views.clear), methods=["POST"]),
+        Mount("/static", StaticFiles(directory=_render.STATIC), name="static"),
+    ]
+    return Starlette(routes=routes, middleware=[Middleware(_security.SecurityHeaders)])

@@ -1,0 +1,134 @@
+"""Templates and what they draw: the Jinja2 environment, value formatting, the SVG chart.
+
+Autoescape is on for every template (``select_autoescape`` would leave a ``.svg`` or a
+string template unescaped; ``autoescape=True`` does not), so a payload, kind, queue,
+error or result holding markup renders as text. Nothing here marks a value safe.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from sqla_jobs import ops
+
+HERE = Path(__file__).resolve().parent
+TEMPLATES = HERE / "templates"
+STATIC = HERE / "static"
+
+CHART_WIDTH = 600
+CHART_HEIGHT = 160
+#: Room under the bars for the minute labels.
+CHART_AXIS = 18
+
+
+def environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(pretty=pretty_json, compact=compact_json, age=age, moment=moment)
+    return env
+
+
+def pretty_json(value: Any) -> str:
+    """Indented, key-sorted JSON text (escaped later by the template, like everything)."""
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+
+
+def compact_json(value: Any) -> str:
+    """One-line JSON text, for a table cell."""
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
+
+
+def age(seconds: float | None) -> str:
+    """``"-"``, ``"42s"``, ``"3m 5s"``, ``"2h 10m"`` or ``"3d 4h"``."""
+    if seconds is None:
+        return "-"
+    s = int(max(0.0, seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m {s % 60}s"
+    if s < 86400:
+        return f"{s // 3600}h {s % 3600 // 60}m"
+    return f"{s // 86400}d {s % 86400 // 3600}h"
+
+
+def moment(value: datetime | None) -> str:
+    """A timestamp to the second, with its UTC offset; ``"-"`` for none."""
+    return "-" if value is None else value.isoformat(sep=" ", timespec="seconds")
+
+
+@dataclass(frozen=True)
+class Bar:
+    """One minute's two stacked bars (done under dead), in SVG user units."""
+
+    x: float
+    width: float
+    done_y: float
+    done_height: float
+    dead_y: float
+    dead_height: float
+    label: str
+
+
+@dataclass(frozen=True)
+class Chart:
+    width: int
+    height: int
+    base: float
+    peak: int
+    bars: tuple[Bar, ...]
+    ticks: tuple[tuple[float, str, str], ...]
+    summary: str
+
+
+def chart(data: ops.Throughput) -> Chart:
+    """Bars for :func:`sqla_jobs.ops.throughput`, scaled to the busiest minute."""
+    minutes = data.minutes
+    peak = max((m.done + m.dead for m in minutes), default=0)
+    base = float(CHART_HEIGHT - CHART_AXIS)
+    scale = (base - 4) / peak if peak else 0.0
+    step = CHART_WIDTH / max(1, len(minutes))
+    bars = []
+    for n, m in enumerate(minutes):
+        done_h, dead_h = m.done * scale, m.dead * scale
+        bars.append(
+            Bar(
+                x=round(n * step + 1, 2),
+                width=round(max(1.0, step - 2), 2),
+                done_y=round(base - done_h, 2),
+                done_height=round(done_h, 2),
+                dead_y=round(base - done_h - dead_h, 2),
+                dead_height=round(dead_h, 2),
+                label=f"{m.minute:%H:%M}: {m.done} done, {m.dead} dead",
+            )
+        )
+    # The first label starts at the left edge and the last ends at the right one, so
+    # neither is cut off; the others are centred on their minute.
+    last = len(minutes) - 1
+    ticks = tuple(
+        (
+            0.0 if n == 0 else float(CHART_WIDTH) if n == last else round(n * step + step / 2, 2),
+            "start" if n == 0 else "end" if n == last else "middle",
+            f"{m.minute:%H:%M}",
+        )
+        for n, m in enumerate(minutes)
+        if n % 15 == 0 or n == last
+    )
+    done = sum(m.done for m in minutes)
+    dead = sum(m.dead for m in minutes)
+    summary = (
+        f"Jobs ended per minute over the last {len(minutes)} minutes: {done} done, "
+        f"{dead} dead; busiest minute {peak}."
+    )
+    return Chart(CHART_WIDTH, CHART_HEIGHT, base, peak, tuple(bars), ticks, summary)

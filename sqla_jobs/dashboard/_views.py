@@ -1,0 +1,478 @@
+"""The pages and actions: each a thin route over :mod:`sqla_jobs.ops`.
+
+A page reads what it shows with ops functions in one ``Session`` on a worker thread
+(``run_in_threadpool``: the ops are synchronous, the event loop stays free) and renders
+a template. An action is a POST: its CSRF token and the viewer's permission are checked
+first, then the ops call and its audit entry run in one transaction, and the browser is
+sent back (303) to the page it came from, with a message code (never free text from
+the request: a link cannot make the page say something it would not).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+
+from sqla_jobs import ops
+from sqla_jobs.dashboard import _forms, _render, _security
+from sqla_jobs.dashboard._security import Viewer
+from sqla_jobs.exceptions import ConfigError, JobNotFoundError, SchemaNotReadyError
+from sqla_jobs.models import JobStatus
+from sqla_jobs.tasks import Registry
+
+T = TypeVar("T")
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+#: Message codes an action redirects with, and what the page then says ({n}: a count).
+MESSAGES = {
+    "retry": "{n} job(s) put back in the queue.",
+    "cancel": "{n} job(s) cancelled.",
+    "stop": "{n} running job(s) asked to stop; the worker ends them cancelled.",
+    "delete": "{n} job(s) deleted.",
+    "pause": "Paused: no worker starts its jobs until it is resumed.",
+    "resume": "Resumed.",
+    "limit": "Limit set.",
+    "clear": "Operator's limits cleared: the code's limits apply.",
+}
+AUDIT_ROWS = 20
+
+
+@dataclass(frozen=True)
+class Settings:
+    engine: sa.Engine
+    registry: Registry | None
+    auth: _security.AuthHook | None
+    permissions: _security.Permissions | None
+    read_only: bool
+
+
+class HttpProblem(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class Views:
+    """The endpoints, bound to one dashboard's settings and templates."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.templates = _render.environment()
+
+    # --- plumbing ------------------------------------------------------------------
+
+    def _session(self, fn: Callable[[Session], T], commit: bool) -> T:
+        with Session(self.settings.engine) as session:
+            found = fn(session)
+            if commit:
+                session.commit()
+            return found
+
+    async def read(self, fn: Callable[[Session], T]) -> T:
+        return await run_in_threadpool(self._session, fn, False)
+
+    async def write(self, fn: Callable[[Session], T]) -> T:
+        return await run_in_threadpool(self._session, fn, True)
+
+    def render(
+        self, request: Request, viewer: Viewer, name: str, status: int = 200, **context: Any
+    ) -> HTMLResponse:
+        token, new = _security.csrf_token(request)
+        prefix = request.scope.get("root_path", "").rstrip("/")
+        did = request.query_params.get("did", "")
+        count = request.query_params.get("n", "")
+        message = (
+            MESSAGES[did].format(n=int(count) if count.isdigit() else 0)
+            if did in MESSAGES
+            else None
+        )
+        html = self.templates.get_template(name).render(
+            url=lambda path: prefix + path,
+            static=lambda file: f"{prefix}/static/{file}",
+            viewer=viewer,
+            csrf_field=_security.CSRF_FIELD,
+            csrf=token,
+            read_only=self.settings.read_only,
+            message=message,
+            **context,
+        )
+        response = HTMLResponse(html, status_code=status)
+        response.headers["cache-control"] = "no-store"
+        if new:
+            response.set_cookie(
+                _security.CSRF_COOKIE,
+                token,
+                path=_security.cookie_path(request),
+                httponly=True,
+                samesite="strict",
+                secure=request.url.scheme == "https",
+            )
+        return response
+
+    def back(self, request: Request, path: str, did: str, n: int | None = None) -> Response:
+        prefix = request.scope.get("root_path", "").rstrip("/")
+        query = f"did={did}" + (f"&n={n}" if n is not None else "")
+        return RedirectResponse(f"{prefix}{path}?{query}", status_code=303)
+
+    def page(self, fn: Callable[[Request, Viewer], Awaitable[Response]]) -> Endpoint:
+        """A GET endpoint: the viewer resolved (denied: 403), errors as pages."""
+
+        @functools.wraps(fn)
+        async def endpoint(request: Request) -> Response:
+            viewer = await self._viewer(request)
+            if viewer.access == _security.DENY:
+                return self._problem(request, viewer, HttpProblem(403, "Access denied."))
+            try:
+                return await fn(request, viewer)
+            except HttpProblem as exc:
+                return self._problem(request, viewer, exc)
+            except ConfigError as exc:
+                return self._problem(request, viewer, HttpProblem(400, str(exc)))
+            except JobNotFoundError as exc:
+                return self._problem(request, viewer, HttpProblem(404, str(exc)))
+            except SchemaNotReadyError as exc:
+                return self._problem(request, viewer, HttpProblem(503, str(exc)))
+
+        return endpoint
+
+    def action(
+        self, permission: str
+    ) -> Callable[[Callable[[Request, Viewer, dict[str, str]], Awaitable[Response]]], Endpoint]:
+        """A POST endpoint: CSRF checked, then ``permission``, then the action."""
+
+        def wrap(fn: Callable[[Request, Viewer, dict[str, str]], Awaitable[Response]]) -> Endpoint:
+            async def checked(request: Request, viewer: Viewer) -> Response:
+                form = await _forms.read_form(request)
+                problem = _security.csrf_problem(request, form.get(_security.CSRF_FIELD))
+                if problem is not None:
+                    raise HttpProblem(403, f"Refused: {problem}.")
+                if not viewer.can(permission):
+                    raise HttpProblem(
+                        403, f"You may not {permission} here (read-only or not permitted)."
+                    )
+                return await fn(request, viewer, form)
+
+            checked.__name__ = fn.__name__
+            return self.page(checked)
+
+        return wrap
+
+    async def _viewer(self, request: Request) -> Viewer:
+        s = self.settings
+        return await _security.resolve(request, s.auth, s.permissions, s.read_only)
+
+    def _problem(self, request: Request, viewer: Viewer, exc: HttpProblem) -> HTMLResponse:
+        return self.render(request, viewer, "problem.html", status=exc.status, problem=exc)
+
+    # --- pages ---------------------------------------------------------------------
+
+    async def overview(self, request: Request, viewer: Viewer) -> Response:
+        registry = self.settings.registry
+
+        def load(session: Session) -> dict[str, Any]:
+            return {
+                "stats": ops.stats(session, registry),
+                "chart": _render.chart(ops.throughput(session, 60)),
+                "audit": ops.audit_log(session, limit=AUDIT_ROWS // 2),
+            }
+
+        data = await self.read(load)
+        return self.render(
+            request,
+            viewer,
+            "overview.html",
+            nav="overview",
+            **data,
+            queues=_by_queue(data["stats"]),
+        )
+
+    async def queues(self, request: Request, viewer: Viewer) -> Response:
+        registry = self.settings.registry
+
+        def load(session: Session) -> dict[str, Any]:
+            return {
+                "stats": ops.stats(session, registry),
+                "queue_audit": ops.audit_log(session, scope="queue", limit=AUDIT_ROWS),
+                "kind_audit": ops.audit_log(session, scope="kind", limit=AUDIT_ROWS),
+            }
+
+        data = await self.read(load)
+        rows = _scopes(data["stats"], registry)
+        return self.render(request, viewer, "queues.html", nav="queues", rows=rows, **data)
+
+    async def jobs(self, request: Request, viewer: Viewer) -> Response:
+        return await self._jobs(
+            request, viewer, "jobs", _forms.JobFilter.from_query(request.query_params)
+        )
+
+    async def dead(self, request: Request, viewer: Viewer) -> Response:
+        chosen = _forms.JobFilter.from_query(request.query_params, status=JobStatus.DEAD.value)
+        return await self._jobs(request, viewer, "dead", chosen)
+
+    async def _jobs(
+        self, request: Request, viewer: Viewer, nav: str, chosen: _forms.JobFilter
+    ) -> Response:
+        error = None
+        page: list[ops.JobRecord] = []
+        after = None
+        try:
+            args = chosen.arguments()
+            after = _forms.cursor(request.query_params.get("after"))
+            page = await self.read(
+                lambda s: ops.list_jobs(
+                    s, **args, after_id=after, limit=_forms.PAGE_SIZE + 1, newest_first=True
+                )
+            )
+        except ConfigError as exc:
+            error = str(exc)
+        more = len(page) > _forms.PAGE_SIZE
+        page = page[: _forms.PAGE_SIZE]
+        next_query = chosen.query(after=page[-1].id) if more and page else None
+        return self.render(
+            request,
+            viewer,
+            "jobs.html",
+            status=400 if error else 200,
+            nav=nav,
+            filter=chosen,
+            jobs=page,
+            error=error,
+            first_page=after is None,
+            next_query=next_query,
+            statuses=[s.value for s in JobStatus],
+        )
+
+    async def goto(self, request: Request, viewer: Viewer) -> Response:
+        """The jobs page's "open by id" form (GET, so it works without script)."""
+        job_id = _forms.optional_int("id", request.query_params.get("id", "").strip())
+        if job_id is None:
+            raise ConfigError("give a job id")
+        prefix = request.scope.get("root_path", "").rstrip("/")
+        return RedirectResponse(f"{prefix}/jobs/{job_id}", status_code=303)
+
+    async def job(self, request: Request, viewer: Viewer) -> Response:
+        job_id = _job_id(request)
+
+        def load(session: Session) -> dict[str, Any]:
+            return {
+                "job": ops.get_job(session, job_id),
+                "audit": ops.audit_log(session, scope="job", target=job_id, limit=AUDIT_ROWS),
+            }
+
+        data = await self.read(load)
+        return self.render(request, viewer, "job.html", nav="jobs", **data)
+
+    async def periodic(self, request: Request, viewer: Viewer) -> Response:
+        registry = self.settings.registry
+        schedules: tuple[ops.ScheduleStatus, ...] = ()
+        if registry is not None:
+            schedules = await self.read(lambda s: ops.periodic_statuses(s, registry))
+        return self.render(
+            request,
+            viewer,
+            "periodic.html",
+            nav="periodic",
+            schedules=schedules,
+            registry=registry is not None,
+        )
+
+    async def workers(self, request: Request, viewer: Viewer) -> Response:
+        def load(session: Session) -> dict[str, Any]:
+            return {
+                "workers": ops.workers(session),
+                "now": session.execute(sa.select(sa.func.now())).scalar_one(),
+            }
+
+        data = await self.read(load)
+        return self.render(request, viewer, "workers.html", nav="workers", **data)
+
+    async def audit(self, request: Request, viewer: Viewer) -> Response:
+        before = _forms.optional_int("before", request.query_params.get("before"))
+        entries = await self.read(
+            lambda s: ops.audit_log(s, limit=_forms.PAGE_SIZE, before_id=before)
+        )
+        more = entries[-1].id if len(entries) == _forms.PAGE_SIZE else None
+        return self.render(request, viewer, "audit.html", nav="audit", entries=entries, more=more)
+
+    # --- actions on one job --------------------------------------------------------
+
+    async def retry(self, request: Request, viewer: Viewer, form: dict[str, str]) -> Response:
+        job_id = _job_id(request)
+
+        def act(session: Session) -> int:
+            n = ops.retry_jobs(session, [job_id], status=[JobStatus.DEAD, JobStatus.CANCELLED])
+            _record(session, viewer, "retry", "job", job_id, {"retried": n})
+            return n
+
+        return self.back(request, f"/jobs/{job_id}", "retry", await self.write(act))
+
+    async def cancel(self, request: Request, viewer: Viewer, form: dict[str, str]) -> Response:
+        job_id = _job_id(request)
+
+        def act(session: Session) -> ops.CancelResult:
+            done = ops.cancel(session, [job_id])
+            detail = {"cancelled": len(done.cancelled), "asked_to_stop": len(done.stopping)}
+            _record(session, viewer, "cancel", "job", job_id, detail)
+            return done
+
+        done = await self.write(act)
+        if done.stopping:
+            return self.back(request, f"/jobs/{job_id}", "stop", len(done.stopping))
+        return self.back(request, f"/jobs/{job_id}", "cancel", len(done.cancelled))
+
+    async def delete(self, request: Request, viewer: Viewer, form: dict[str, str]) -> Response:
+        job_id = _job_id(request)
+
+        def act(session: Session) -> int:
+            n = ops.delete_jobs(session, [job_id])
+            _record(session, viewer, "delete", "job", job_id, {"deleted": n})
+            return n
+
+        n = await self.write(act)
+        return self.back(request, f"/jobs/{job_id}" if n == 0 else "/jobs", "delete", n)
+
+    # --- actions on a queue or kind ------------------------------------------------
+
+    async def pause(self, request: Request, viewer: Viewer, form: dict[str, str]) -> Response:
+        return await self._control(request, viewer, form, "pause", ops.pause)
+
+    async def resume(self, request: Request, viewer: Viewer, form: dict[str, str]) -> Response:
+        return await self._control(request, viewer, form, "resume", ops.resume)
+
+    async def limit(self, request: Request, viewer: Viewer, form: dict[str, str]) -> Response:
+        concurrency = _forms.optional_int("concurrency", form.get("concurrency", "").strip())
+        rate = form.get("rate", "").strip() or None
+
+        def change(session: Session, **scope: Any) -> None:
+            ops.set_limit(session, **scope, concurrency=concurrency, rate=rate)
+
+        detail = {"concurrency": concurrency, "rate": rate}
+        return await self._control(request, viewer, form, "limit", change, detail)
+
+    async def clear(self, request: Request, viewer: Viewer, form: dict[str, str]) -> Response:
+        return await self._control(request, viewer, form, "clear", ops.clear_limits)
+
+    async def _control(
+        self,
+        request: Request,
+        viewer: Viewer,
+        form: dict[str, str],
+        verb: str,
+        change: Callable[..., None],
+        detail: dict[str, Any] | None = None,
+    ) -> Response:
+        scope, name = form.get("scope", ""), form.get("name", "")
+        if scope not in ("queue", "kind"):
+            raise ConfigError(f"scope must be queue or kind, got {scope!r}")
+
+        def act(session: Session) -> None:
+            change(session, **{scope: name})
+            action = "clear-limits" if verb == "clear" else verb
+            _record(session, viewer, action, scope, name, detail)
+
+        await self.write(act)
+        return self.back(request, "/queues", verb)
+
+
+def _record(
+    session: Session,
+    viewer: Viewer,
+    action: str,
+    scope: str,
+    target: str | int,
+    detail: dict[str, Any] | None,
+) -> None:
+    ops.record_action(
+        session, actor=viewer.actor, action=action, scope=scope, target=target, detail=detail
+    )
+
+
+def _job_id(request: Request) -> int:
+    raw = request.path_params["job_id"]
+    return int(raw)
+
+
+@dataclass(frozen=True)
+class QueueRow:
+    """A queue's counts summed over its kinds (the overview's table)."""
+
+    name: str
+    ready: int
+    scheduled: int
+    running: int
+    expired: int
+    dead: int
+    done_last_hour: int
+    oldest_ready_seconds: float | None
+    paused: bool
+
+
+def _by_queue(stats: ops.Stats) -> list[QueueRow]:
+    names = sorted({k.queue for k in stats.by_kind} | set(stats.paused_queues))
+    rows = []
+    for name in names:
+        kinds = [k for k in stats.by_kind if k.queue == name]
+        ages = [k.oldest_ready_seconds for k in kinds if k.oldest_ready_seconds is not None]
+        rows.append(
+            QueueRow(
+                name=name,
+                ready=sum(k.ready for k in kinds),
+                scheduled=sum(k.scheduled for k in kinds),
+                running=sum(k.running for k in kinds),
+                expired=sum(k.expired for k in kinds),
+                dead=sum(k.dead for k in kinds),
+                done_last_hour=sum(k.done_last_hour for k in kinds),
+                oldest_ready_seconds=max(ages) if ages else None,
+                paused=name in stats.paused_queues,
+            )
+        )
+    return rows
+
+
+@dataclass(frozen=True)
+class ScopeRow:
+    """One queue or kind on the queues page: its counts and its control state."""
+
+    scope: str
+    name: str
+    ready: int
+    running: int
+    dead: int
+    control: ops.ControlState | None
+
+    @property
+    def paused(self) -> bool:
+        return self.control is not None and self.control.paused
+
+
+def _scopes(stats: ops.Stats, registry: Registry | None) -> list[ScopeRow]:
+    controls = {(c.scope, c.name): c for c in stats.controls}
+    rows = []
+    for scope, attr, known in (
+        ("queue", "queue", set(registry.queues()) if registry else set()),
+        ("kind", "kind", set(registry.kinds) if registry else set()),
+    ):
+        names = {getattr(k, attr) for k in stats.by_kind} | known
+        names |= {n for (s, n) in controls if s == scope}
+        for name in sorted(names):
+            mine = [k for k in stats.by_kind if getattr(k, attr) == name]
+            rows.append(
+                ScopeRow(
+                    scope=scope,
+                    name=name,
+                    ready=sum(k.ready for k in mine),
+                    running=sum(k.running for k in mine),
+                    dead=sum(k.dead for k in mine),
+                    control=controls.get((scope, name)),
+                )
+            )
+    return rows

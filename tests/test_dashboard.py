@@ -1,0 +1,498 @@
+"""The dashboard over HTTP (httpx.ASGITransport), against real PostgreSQL: every page,
+every action, the permissions, CSRF, escaping, and mounting under a prefix."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from dashboard_client import CSRF_COOKIE, Client, forms
+from fastapi import FastAPI
+from helpers import TESTS, rows, scalar, url_text
+from jobapp import registry as app_registry
+from periodicapp import registry as periodic_registry
+from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.orm import Session
+from starlette.requests import Request
+
+from sqla_jobs import ConfigError, enqueue, ops
+from sqla_jobs.dashboard import ACTIONS, CONTENT_SECURITY_POLICY, Decision, create_app
+
+MakeClient = Callable[..., Client]
+
+
+@pytest.fixture
+def make_client(engine: sa.Engine) -> Iterator[MakeClient]:
+    made: list[Client] = []
+
+    def make(**options: Any) -> Client:
+        options.setdefault("registry", app_registry)
+        client = Client(create_app(engine, **options))
+        made.append(client)
+        return client
+
+    yield make
+    for client in made:
+        client.close()
+
+
+def sql(engine: sa.Engine, text: str, **params: Any) -> Any:
+    with engine.begin() as conn:
+        result = conn.execute(sa.text(text), params)
+        return result.scalar() if result.returns_rows else None
+
+
+def dead_job(engine: sa.Engine, kind: str = "fail", **columns: Any) -> int:
+    values = {"queue": "default", "payload": "{}", "last_error": "ValueError: boom", **columns}
+    return int(
+        sql(
+            engine,
+            "INSERT INTO jobs (kind, queue, payload, status, attempts, finished_at, last_error) "
+            "VALUES (:kind, :queue, CAST(:payload AS jsonb), 'dead', 3, now(), :last_error) "
+            "RETURNING id",
+            kind=kind,
+            **values,
+        )
+    )
+
+
+def new_job(session: Session, kind: str, payload: dict[str, Any], **options: Any) -> int:
+    job_id = enqueue(session, kind, payload, **options)
+    assert job_id is not None
+    return job_id
+
+
+def status_of(engine: sa.Engine, job_id: int) -> str | None:
+    found = scalar(engine, "SELECT status::text FROM jobs WHERE id = :i", i=job_id)
+    return None if found is None else str(found)
+
+
+def audit(engine: sa.Engine) -> list[tuple[str, str, str, str]]:
+    return [
+        tuple(r)
+        for r in rows(engine, "SELECT actor, action, scope, target FROM jobs_audit ORDER BY id")
+    ]
+
+
+# --- pages -------------------------------------------------------------------------------
+
+
+def seed(engine: sa.Engine, session: Session) -> dict[str, int]:
+    queued = new_job(session, "noop", {"n": 1}, key="key-1")
+    mail = new_job(session, "effect", {"to": "a@example.com"}, queue="mail")
+    session.commit()
+    dead = dead_job(engine)
+    done = int(
+        sql(
+            engine,
+            "INSERT INTO jobs (kind, payload, status, attempts, finished_at, result) "
+            "VALUES ('noop', '{}', 'done', 1, now(), '{\"sent\": 3}') RETURNING id",
+        )
+    )
+    sql(
+        engine,
+        "INSERT INTO jobs_workers (id, host, pid, version, queues, kinds, concurrency, "
+        "started_at, heartbeat_at, expires_at) VALUES ('w-1', 'box', 42, '0.1.0', "
+        "'{default,mail}', '{noop}', 4, now(), now(), now() + interval '1 minute')",
+    )
+    return {"queued": queued, "mail": mail, "dead": dead, "done": done}
+
+
+def test_every_page_renders_with_its_data_and_the_security_headers(
+    engine: sa.Engine, session: Session, make_client: MakeClient
+) -> None:
+    ids = seed(engine, session)
+    client = make_client(registry=periodic_registry)
+    expected = {
+        "/": ["Overview", "Jobs ended per minute", "<svg", "default", "mail"],
+        "/queues": ["Queues and kinds", "mail", "Pause"],
+        "/jobs": [f"/jobs/{ids['queued']}", f"/jobs/{ids['dead']}", "effect"],
+        "/dead": ["Dead jobs", f"/jobs/{ids['dead']}", "ValueError: boom"],
+        f"/jobs/{ids['dead']}": ["Job", "ValueError: boom", "Retry", "Delete"],
+        f"/jobs/{ids['done']}": ["Result", "&#34;sent&#34;: 3"],
+        "/periodic": ["Periodic schedules", "ticked"],
+        "/workers": ["w-1", "box", "default, mail"],
+        "/audit": ["Audit trail", "No action recorded yet."],
+    }
+    for path, texts in expected.items():
+        response = client.get(path)
+        assert response.status_code == 200, (path, response.text)
+        for text in texts:
+            assert text in response.text, (path, text)
+        assert response.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
+        assert response.headers["x-content-type-options"] == "nosniff"
+        assert response.headers["cache-control"] == "no-store"
+        # Nothing the policy would block: every script is a file, no style attribute.
+        assert re.findall(r"<script(?![^>]*\ssrc=)", response.text) == []
+        assert " style=" not in response.text and "<style" not in response.text
+    css = client.get("/static/dashboard.css")
+    assert css.status_code == 200 and "text/css" in css.headers["content-type"]
+    assert css.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
+    assert client.get("/static/dashboard.js").status_code == 200
+
+
+def test_overview_counts_and_chart_come_from_ops(
+    engine: sa.Engine, session: Session, make_client: MakeClient
+) -> None:
+    seed(engine, session)
+    ops.pause(session, "mail")
+    session.commit()
+    page = make_client().get("/").text
+    assert "queue <strong>mail</strong>" in page  # the paused queue is called out
+    assert "1 done, 1 dead" in page  # the chart's summary: this minute's two ended jobs
+    assert page.count('class="done"') >= 1 and page.count('class="dead"') >= 1
+
+
+def test_jobs_page_filters_and_pages_by_keyset(
+    engine: sa.Engine, session: Session, make_client: MakeClient
+) -> None:
+    made = [new_job(session, "noop", {"n": n, "user": n % 2}) for n in range(60)]
+    keyed = new_job(session, "effect", {"user": 9}, key="the-key", queue="mail")
+    session.commit()
+    client = make_client()
+
+    def listed(query: str) -> list[int]:
+        page = client.get(f"/jobs?{query}")
+        assert page.status_code == 200, page.text
+        return [int(i) for i in re.findall(r'<td class="num"><a href="/jobs/(\d+)">', page.text)]
+
+    assert listed("key=the-key") == [keyed]
+    assert listed("queue=mail") == [keyed] and listed("kind=effect") == [keyed]
+    assert listed(f"min_id={made[3]}&max_id={made[5]}") == made[5:2:-1]
+    assert listed("payload=%7B%22user%22%3A+9%7D") == [keyed]
+    assert listed("status=dead") == [] and listed("older_than=1d") == []
+    assert len(listed("newer_than=1h")) == 50
+    first = client.get("/jobs?kind=noop").text
+    assert listed("kind=noop") == made[:-51:-1]
+    next_link = re.search(r'<a href="\?([^"]+)" rel="next">', first)
+    assert next_link is not None
+    second = listed(next_link.group(1).replace("&amp;", "&"))
+    assert second == made[9::-1]
+
+
+@pytest.mark.parametrize(
+    ("query", "error"),
+    [
+        ("status=bogus", "unknown status &#39;bogus&#39;"),
+        ("min_id=abc", "min id must be a whole number"),
+        ("older_than=soon", "older than: invalid duration"),
+        ("payload=%5B1%5D", "payload filter must be a JSON object"),
+        ("payload=%7Bnope", "payload filter is not JSON"),
+    ],
+)
+def test_jobs_page_says_which_filter_is_wrong(
+    make_client: MakeClient, query: str, error: str
+) -> None:
+    page = make_client().get(f"/jobs?{query}")
+    assert page.status_code == 400
+    assert error in page.text
+
+
+def test_job_page_shows_an_archived_job_read_only_and_404s_a_missing_one(
+    engine: sa.Engine, make_client: MakeClient, session: Session
+) -> None:
+    dead = dead_job(engine)
+    sql(engine, "UPDATE jobs SET finished_at = now() - interval '2 days' WHERE id = :i", i=dead)
+    assert (
+        ops.archive(
+            session,
+            older_than=ops.parse_duration("1d"),
+            include_dead_after=ops.parse_duration("1d"),
+        )
+        == 1
+    )
+    client = make_client()
+    page = client.get(f"/jobs/{dead}")
+    assert page.status_code == 200 and "read-only" in page.text
+    assert forms(page.text) == []
+    missing = client.get("/jobs/999999")
+    assert missing.status_code == 404 and "no job with id 999999" in missing.text
+    assert client.get("/jobs/go?id=999999").headers["location"] == "/jobs/999999"
+
+
+# --- actions -----------------------------------------------------------------------------
+
+
+def test_retry_cancel_and_delete_act_through_ops_and_are_audited(
+    engine: sa.Engine, session: Session, make_client: MakeClient
+) -> None:
+    dead = dead_job(engine)
+    queued = new_job(session, "noop", {})
+    session.commit()
+    client = make_client(auth=lambda request: Decision("allow", user="alice"))
+    client.get("/")
+    response = client.post(f"/jobs/{dead}/retry")
+    assert response.status_code == 303
+    assert response.headers["location"] == f"/jobs/{dead}?did=retry&n=1"
+    assert status_of(engine, dead) == "queued"
+    assert "1 job(s) put back in the queue." in client.get(response.headers["location"]).text
+    assert client.post(f"/jobs/{queued}/cancel").status_code == 303
+    assert status_of(engine, queued) == "cancelled"
+    assert client.post(f"/jobs/{queued}/delete").headers["location"] == "/jobs?did=delete&n=1"
+    assert status_of(engine, queued) is None
+    assert audit(engine) == [
+        ("alice", "retry", "job", str(dead)),
+        ("alice", "cancel", "job", str(queued)),
+        ("alice", "delete", "job", str(queued)),
+    ]
+    page = client.get(f"/jobs/{dead}").text
+    assert "Actions on this job" in page and "alice" in page and "retry" in page
+
+
+def test_cancel_of_a_running_job_asks_its_worker_to_stop(
+    engine: sa.Engine, make_client: MakeClient
+) -> None:
+    running = int(
+        sql(
+            engine,
+            "INSERT INTO jobs (kind, payload, status, attempts, worker, locked_until) VALUES "
+            "('noop', '{}', 'running', 1, 'w-1', now() + interval '1 minute') RETURNING id",
+        )
+    )
+    client = make_client()
+    client.get("/")
+    response = client.post(f"/jobs/{running}/cancel")
+    assert response.headers["location"] == f"/jobs/{running}?did=stop&n=1"
+    assert scalar(
+        engine, "SELECT cancel_requested_at IS NOT NULL FROM jobs WHERE id = :i", i=running
+    )
+    page = client.get(f"/jobs/{running}").text
+    assert "cancel requested" in page and "Stop and cancel" not in page
+
+
+def test_pause_resume_and_limits_of_queues_and_kinds(
+    engine: sa.Engine, session: Session, make_client: MakeClient
+) -> None:
+    client = make_client(auth=lambda request: Decision("allow", user="ops@example"))
+    client.get("/queues")
+    assert client.post("/queues/pause", {"scope": "queue", "name": "mail"}).status_code == 303
+    assert client.post("/queues/pause", {"scope": "kind", "name": "effect"}).status_code == 303
+    state = ops.stats(session)
+    assert state.paused_queues == ("mail",) and state.paused_kinds == ("effect",)
+    page = client.get("/queues?did=pause").text
+    assert "Paused: no worker starts its jobs" in page and "Resume" in page
+    client.post("/queues/resume", {"scope": "queue", "name": "mail"})
+    response = client.post(
+        "/queues/limit", {"scope": "kind", "name": "effect", "concurrency": "3", "rate": "10/min"}
+    )
+    assert response.headers["location"] == "/queues?did=limit"
+    limits = {c.name: c for c in ops.controls(session)}
+    assert limits["effect"].concurrency == 3 and limits["effect"].rate == "10/min"
+    assert "10/min" in client.get("/queues").text
+    client.post("/queues/clear", {"scope": "kind", "name": "effect"})
+    session.rollback()
+    assert ops.controls(session)[0].concurrency is None
+    assert [a[1:] for a in audit(engine)] == [
+        ("pause", "queue", "mail"),
+        ("pause", "kind", "effect"),
+        ("resume", "queue", "mail"),
+        ("limit", "kind", "effect"),
+        ("clear-limits", "kind", "effect"),
+    ]
+    bad = client.post("/queues/limit", {"scope": "kind", "name": "effect", "rate": "fast"})
+    assert bad.status_code == 400 and "rate" in bad.text
+    assert client.post("/queues/pause", {"scope": "table", "name": "x"}).status_code == 400
+
+
+# --- security ----------------------------------------------------------------------------
+
+
+def test_read_only_viewers_see_no_action_and_cannot_post_one(
+    engine: sa.Engine, make_client: MakeClient
+) -> None:
+    dead = dead_job(engine)
+    for client in (
+        make_client(auth=lambda request: "read-only"),
+        make_client(read_only=True),
+    ):
+        for path in ("/queues", f"/jobs/{dead}"):
+            page = client.get(path)
+            assert page.status_code == 200 and forms(page.text) == []
+        refused = client.post(f"/jobs/{dead}/retry")
+        assert refused.status_code == 403 and "You may not retry" in refused.text
+        assert client.post("/queues/pause", {"scope": "queue", "name": "x"}).status_code == 403
+    assert status_of(engine, dead) == "dead" and audit(engine) == []
+
+
+def test_permissions_grant_each_action_on_its_own(
+    engine: sa.Engine, session: Session, make_client: MakeClient
+) -> None:
+    dead = dead_job(engine)
+    client = make_client(permissions={"retry"})
+    page = client.get(f"/jobs/{dead}").text
+    assert forms(page) == [f"/jobs/{dead}/retry"]
+    assert client.post(f"/jobs/{dead}/delete").status_code == 403
+    assert client.post("/queues/pause", {"scope": "queue", "name": "q"}).status_code == 403
+    assert client.post("/queues/limit", {"scope": "queue", "name": "q"}).status_code == 403
+    assert client.post(f"/jobs/{dead}/retry").status_code == 303
+
+    async def only_pause(request: Request, action: str) -> bool:
+        return action == "pause"
+
+    other = make_client(permissions=only_pause)
+    assert set(forms(other.get("/queues").text)) == {"/queues/pause"}
+    assert other.post(f"/jobs/{dead}/cancel").status_code == 403
+    assert other.post("/queues/pause", {"scope": "queue", "name": "q"}).status_code == 303
+
+
+def test_auth_hook_may_be_async_and_deny(engine: sa.Engine, make_client: MakeClient) -> None:
+    async def by_header(request: Request) -> str:
+        return "allow" if request.headers.get("x-staff") == "yes" else "deny"
+
+    client = make_client(auth=by_header)
+    denied = client.get("/")
+    assert denied.status_code == 403 and "Access denied." in denied.text
+    assert "Overview" not in denied.text
+    assert client.get("/", headers={"x-staff": "yes"}).status_code == 200
+    assert client.post("/queues/pause", {"scope": "queue", "name": "q"}).status_code == 403
+
+
+def test_actions_need_post_and_the_csrf_token_of_this_browser(
+    engine: sa.Engine, make_client: MakeClient
+) -> None:
+    dead = dead_job(engine)
+    client = make_client()
+    first = client.get("/")
+    cookie = first.headers["set-cookie"]
+    assert f"{CSRF_COOKIE}=" in cookie and "HttpOnly" in cookie and "SameSite=strict" in cookie
+    assert client.get(f"/jobs/{dead}/retry").status_code == 405  # no action through GET
+    missing = client.post(f"/jobs/{dead}/retry", csrf=False)
+    assert missing.status_code == 403 and "CSRF token is missing" in missing.text
+    wrong = client.post(f"/jobs/{dead}/retry", {"csrf": "x" * 43})
+    assert wrong.status_code == 403 and "CSRF token is wrong" in wrong.text
+    elsewhere = client.post(f"/jobs/{dead}/retry", headers={"origin": "https://evil.example"})
+    assert elsewhere.status_code == 403 and "sent from another site" in elsewhere.text
+    assert status_of(engine, dead) == "dead"
+    same_site = client.post(f"/jobs/{dead}/retry", headers={"origin": "http://testserver"})
+    assert same_site.status_code == 303 and status_of(engine, dead) == "queued"
+    # The token field is on every action form of the page.
+    page = client.get(f"/jobs/{dead}").text
+    token = client.csrf_token()
+    assert page.count(f'name="csrf" value="{token}"') == len(forms(page)) >= 1
+
+
+SCRIPT = "<script>alert(1)</script>"
+IMG = '"><img src=x onerror=alert(1)>'
+
+
+@pytest.mark.parametrize("attack", [SCRIPT, IMG], ids=["script", "img"])
+@pytest.mark.parametrize("field", ["payload", "kind", "queue", "error", "result"])
+def test_every_database_value_renders_as_text(
+    engine: sa.Engine, make_client: MakeClient, field: str, attack: str
+) -> None:
+    values = {
+        "kind": attack if field == "kind" else "noop",
+        "queue": attack if field == "queue" else "default",
+        "payload": json.dumps({"v": attack} if field == "payload" else {}),
+        "err": attack if field == "error" else "boom",
+        "result": json.dumps({"v": attack} if field == "result" else None),
+    }
+    status = "done" if field == "result" else "dead"
+    job_id = int(
+        sql(
+            engine,
+            "INSERT INTO jobs (kind, queue, payload, status, attempts, finished_at, last_error, "
+            "result) VALUES (:kind, :queue, CAST(:payload AS jsonb), "
+            f"'{status}', 1, now(), :err, CAST(:result AS jsonb)) RETURNING id",
+            **values,
+        )
+    )
+    client = make_client()
+    pages = ["/", "/queues", "/jobs", "/dead", f"/jobs/{job_id}"]
+    for path in pages:
+        html = client.get(path).text
+        assert attack not in html, path
+        assert "<img" not in html and "alert(1)</script>" not in html, path
+    detail = client.get(f"/jobs/{job_id}").text
+    escaped = attack.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    assert escaped.replace('"', "&#34;") in detail or escaped.replace('"', "\\&#34;") in detail
+
+
+def test_audit_trail_names_render_as_text(engine: sa.Engine, make_client: MakeClient) -> None:
+    client = make_client(auth=lambda request: Decision("allow", user=SCRIPT))
+    client.get("/")
+    client.post("/queues/pause", {"scope": "kind", "name": IMG})
+    for path in ("/", "/audit", "/queues"):
+        html = client.get(path).text
+        assert SCRIPT not in html and "<img" not in html, path
+        assert "&lt;script&gt;" in html, path
+
+
+# --- wiring ------------------------------------------------------------------------------
+
+
+def test_mounted_under_a_prefix_in_fastapi_every_link_and_action_keeps_it(
+    engine: sa.Engine, session: Session
+) -> None:
+    dead = dead_job(engine)
+    app = FastAPI()
+    app.mount("/admin/jobs", create_app(engine, registry=app_registry))
+    client = Client(app)
+    try:
+        page = client.get(f"/admin/jobs/jobs/{dead}")
+        assert page.status_code == 200
+        links = re.findall(r'(?:href|src|action)="([^"#?]+)', page.text)
+        assert links and all(
+            link.startswith("/admin/jobs/") or link == "/admin/jobs" for link in links
+        ), links
+        assert "Path=/admin/jobs" in page.headers["set-cookie"]
+        assert client.get("/admin/jobs/static/dashboard.css").status_code == 200
+        response = client.post(f"/admin/jobs/jobs/{dead}/retry")
+        assert response.headers["location"] == f"/admin/jobs/jobs/{dead}?did=retry&n=1"
+        assert status_of(engine, dead) == "queued"
+        assert client.get("/admin/jobs/").status_code == 200
+    finally:
+        client.close()
+
+
+def test_create_app_refuses_what_it_cannot_use(engine: sa.Engine, db_url: Any) -> None:
+    async_engine = create_async_engine(db_url)
+    with pytest.raises(TypeError, match="takes a synchronous Engine, got an AsyncEngine"):
+        create_app(async_engine)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"unknown dashboard actions \['reboot'\]"):
+        create_app(engine, permissions={"retry", "reboot"})
+    with pytest.raises(ConfigError, match="not the string"):
+        create_app(engine, permissions="retry")
+    assert set(ACTIONS) == {"retry", "cancel", "delete", "pause", "limit"}
+    client = Client(create_app(engine, auth=lambda request: True))  # type: ignore[arg-type,return-value]
+    try:
+        with pytest.raises(ConfigError, match="auth hook returned True"):
+            client.get("/")
+    finally:
+        client.close()
+
+
+def test_readme_fastapi_example_mounts_the_dashboard_behind_its_auth_hook(
+    engine: sa.Engine, db_url: Any
+) -> None:
+    readme = (TESTS.parent / "README.md").read_text()
+    section = readme.split("## Dashboard", 1)[1].split("\n## ", 1)[0]
+    code = re.findall(r"```python\n(.*?)```", section, re.S)[0]
+    namespace: dict[str, Any] = {"__name__": "readme_dashboard"}
+    os.environ["DATABASE_URL"] = url_text(db_url)
+    try:
+        exec(compile(code, "README.md", "exec"), namespace)
+    finally:
+        del os.environ["DATABASE_URL"]
+    dead = dead_job(engine)
+    client = Client(namespace["app"])
+    try:
+        assert client.get("/admin/jobs/").status_code == 403
+        bob = {"x-staff-token": "token-bob"}
+        page = client.get(f"/admin/jobs/jobs/{dead}", headers=bob)
+        assert page.status_code == 200 and forms(page.text) == []
+        assert client.post(f"/admin/jobs/jobs/{dead}/retry", headers=bob).status_code == 403
+        alice = {"x-staff-token": "token-alice"}
+        page = client.get(f"/admin/jobs/jobs/{dead}", headers=alice)
+        assert forms(page.text) == [f"/admin/jobs/jobs/{dead}/retry"]  # no delete button
+        assert client.post(f"/admin/jobs/jobs/{dead}/delete", headers=alice).status_code == 403
+        assert client.post(f"/admin/jobs/jobs/{dead}/retry", headers=alice).status_code == 303
+        assert audit(engine) == [("alice", "retry", "job", str(dead))]
+    finally:
+        client.close()
+        namespace["engine"].dispose()

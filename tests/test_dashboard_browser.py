@@ -1,0 +1,290 @@
+"""The dashboard in a real headless Chromium (Debian's chromium and chromedriver, driven by
+Selenium; nothing is downloaded): every page loads under its Content-Security-Policy, a
+filter narrows the jobs, a dead job retried from the page is run by a real worker, a
+queue paused and resumed from the page holds and releases a real job, and markup in the
+database stays text in the DOM.
+
+One database, one dashboard (uvicorn on a free 127.0.0.1 port, in a thread), one worker
+and one browser serve the whole module. The tests skip, saying why, when Chromium, its
+driver or Selenium is missing; ``.ci/run`` installs them. With ``SQLA_JOBS_SCREENSHOTS=DIR``
+each page is saved as a PNG in DIR (``docs/dashboard`` holds the README's).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+import uvicorn
+from helpers import url_text, wait_for
+from jobapp import registry as app_registry
+from sqlalchemy.engine import URL
+from sqlalchemy.orm import Session
+
+from sqla_jobs import Worker, WorkerConfig, enqueue, ops, testing
+from sqla_jobs.dashboard import create_app
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+
+try:
+    from selenium import webdriver
+    from selenium.common.exceptions import NoAlertPresentException
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+except ImportError:  # pragma: no cover - the dev extra installs it
+    webdriver = None  # type: ignore[assignment]
+
+_missing = [
+    what
+    for what, present in (
+        ("selenium (pip install selenium)", webdriver is not None),
+        (f"{CHROMIUM} (apt-get install chromium)", shutil.which(CHROMIUM) is not None),
+        (
+            f"{CHROMEDRIVER} (apt-get install chromium-driver)",
+            shutil.which(CHROMEDRIVER) is not None,
+        ),
+    )
+    if not present
+]
+pytestmark = pytest.mark.skipif(
+    bool(_missing), reason=f"no browser for the dashboard tests: missing {', '.join(_missing)}"
+)
+
+SHOTS = os.environ.get("SQLA_JOBS_SCREENSHOTS")
+
+
+@pytest.fixture(scope="module")
+def browser_db(admin_url: URL, template_db: str, run_prefix: str) -> Iterator[URL]:
+    name = f"{run_prefix}_b{uuid.uuid4().hex[:8]}"
+    url = testing.create_database(admin_url, name, template=template_db)
+    try:
+        yield url
+    finally:
+        testing.drop_database(admin_url, name)
+
+
+@pytest.fixture(scope="module")
+def db(browser_db: URL) -> Iterator[sa.Engine]:
+    engine = sa.create_engine(browser_db)
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def base_url(db: sa.Engine) -> Iterator[str]:
+    """The dashboard served by uvicorn in a thread, at http://127.0.0.1:PORT."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    app = create_app(db, registry=app_registry)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, name="dashboard", daemon=True)
+    thread.start()
+    wait_for(lambda: server.started, timeout=30, message="uvicorn to start")
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+@pytest.fixture(scope="module")
+def worker(browser_db: URL) -> Iterator[Worker]:
+    """A real worker of jobapp's handlers for the module's jobs."""
+    running = Worker(
+        app_registry, WorkerConfig(database_url=url_text(browser_db), poll_interval=0.2)
+    )
+    thread = threading.Thread(target=running.run, name="worker", daemon=True)
+    thread.start()
+    try:
+        yield running
+    finally:
+        testing.stop_worker(running, thread)
+
+
+@pytest.fixture(scope="module")
+def driver() -> Iterator[Any]:
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
+        options.add_argument(arg)
+    options.add_argument("--window-size=1280,900")
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    chrome = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    chrome.implicitly_wait(0)
+    try:
+        yield chrome
+    finally:
+        chrome.quit()
+
+
+def insert(engine: sa.Engine, text: str, **params: Any) -> int:
+    with engine.begin() as conn:
+        return int(conn.execute(sa.text(text), params).scalar_one())
+
+
+def status_of(engine: sa.Engine, job_id: int) -> str:
+    with engine.connect() as conn:
+        found = conn.execute(sa.text("SELECT status::text FROM jobs WHERE id = :i"), {"i": job_id})
+        return str(found.scalar_one())
+
+
+def console_problems(driver: Any) -> list[str]:
+    """Errors the page logged: a blocked script or style (CSP), a missing file."""
+    return [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def shoot(driver: Any, name: str) -> None:
+    if SHOTS:
+        Path(SHOTS).mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(Path(SHOTS) / f"{name}.png"))
+
+
+def test_every_page_loads_under_its_policy_at_desktop_and_phone_width(
+    driver: Any, base_url: str, db: sa.Engine, worker: Worker
+) -> None:
+    with Session(db) as session:
+        ran = [
+            enqueue(session, "noop", {"n": n, "user": {"id": 7, "plan": "pro"}}) for n in range(6)
+        ]
+        enqueue(session, "noop", {"later": True}, queue="mail", delay=3600)
+        session.commit()
+    dead = insert(
+        db,
+        "INSERT INTO jobs (kind, payload, status, attempts, finished_at, last_error) VALUES "
+        "('fail', '{\"invoice\": 12}', 'dead', 3, now(), "
+        "'Traceback (most recent call last):\n  File \"app.py\", line 3\nValueError: boom')"
+        " RETURNING id",
+    )
+    last = ran[-1]
+    assert last is not None
+    wait_for(lambda: status_of(db, last) == "done", message="the worker to run the jobs")
+    pages = {
+        "overview": ("/", "Overview"),
+        "queues": ("/queues", "Queues and kinds"),
+        "jobs": ("/jobs", "Jobs"),
+        "dead": ("/dead", "Dead jobs"),
+        "job": (f"/jobs/{dead}", f"Job {dead}"),
+        "periodic": ("/periodic", "Periodic schedules"),
+        "workers": ("/workers", "Workers"),
+        "audit": ("/audit", "Audit trail"),
+    }
+    driver.get_log("browser")  # start from a clean log
+    for name, (path, heading) in pages.items():
+        driver.get(base_url + path)
+        assert driver.find_element(By.TAG_NAME, "h1").text.startswith(heading), name
+        # The stylesheet applied (the policy let it in): the header bar is dark.
+        header = driver.find_element(By.CSS_SELECTOR, "header.top")
+        assert header.value_of_css_property("background-color") == "rgba(23, 32, 46, 1)", name
+        shoot(driver, name)
+    assert console_problems(driver) == []
+    # Keyboard: the first Tab reaches the skip link, which moves focus to the content.
+    driver.get(base_url + "/")
+    body = driver.find_element(By.TAG_NAME, "body")
+    body.send_keys("\t")
+    assert driver.switch_to.active_element.text == "Skip to content"
+    driver.set_window_size(390, 844)
+    try:
+        for name in ("overview", "jobs", "job"):
+            driver.get(base_url + pages[name][0])
+            overflow = driver.execute_script(
+                "return document.documentElement.scrollWidth - window.innerWidth"
+            )
+            assert overflow <= 0, (name, overflow)
+            shoot(driver, f"{name}-phone")
+    finally:
+        driver.set_window_size(1280, 900)
+
+
+def test_filter_narrows_the_jobs_list(driver: Any, base_url: str, db: sa.Engine) -> None:
+    with Session(db) as session:
+        wanted = enqueue(session, "noop", {"customer": "ada"}, queue="reports", delay=3600)
+        enqueue(session, "noop", {"customer": "bob"}, queue="reports", delay=3600)
+        session.commit()
+    driver.get(base_url + "/jobs")
+    driver.find_element(By.NAME, "queue").send_keys("reports")
+    driver.find_element(By.NAME, "payload").send_keys('{"customer": "ada"}')
+    driver.find_element(By.CSS_SELECTOR, "form.filters button").click()
+    wait_for(lambda: "payload=" in driver.current_url, message="the filtered page")
+    ids = [a.text for a in driver.find_elements(By.CSS_SELECTOR, "table.jobs td.num a")]
+    assert ids == [str(wanted)]
+
+
+def test_a_dead_job_retried_from_its_page_is_run_by_the_worker(
+    driver: Any, base_url: str, db: sa.Engine, worker: Worker
+) -> None:
+    dead = insert(
+        db,
+        "INSERT INTO jobs (kind, payload, status, attempts, finished_at, last_error) VALUES "
+        "('noop', '{}', 'dead', 8, now(), 'ConnectionError: smtp down') RETURNING id",
+    )
+    driver.get(f"{base_url}/jobs/{dead}")
+    driver.find_element(By.XPATH, "//button[text()='Retry']").click()
+    flash = driver.find_element(By.CSS_SELECTOR, ".flash")
+    assert flash.text == "1 job(s) put back in the queue."
+
+    def shows_done() -> bool:
+        driver.refresh()
+        return bool(driver.find_elements(By.CSS_SELECTOR, "h1 + p .status-done"))
+
+    wait_for(shows_done, timeout=30, interval=0.3, message="the page to show the job done")
+    assert (
+        "anonymous@127.0.0.1"
+        in driver.find_element(By.ID, "audit-title").find_element(By.XPATH, "..").text
+    )
+
+
+def test_pause_and_resume_a_queue_from_the_page(
+    driver: Any, base_url: str, db: sa.Engine, worker: Worker
+) -> None:
+    driver.get(base_url + "/queues")
+    row = "//section[@aria-labelledby='queue-title']//tr[th/a[text()='default']]"
+    driver.find_element(By.XPATH, f"{row}//button[text()='Pause']").click()
+    assert "Paused" in driver.find_element(By.CSS_SELECTOR, ".flash").text
+    with Session(db) as session:
+        assert "default" in ops.stats(session).paused_queues
+        held = enqueue(session, "noop", {"held": True})
+        session.commit()
+    assert held is not None
+    driver.find_element(By.XPATH, f"{row}//span[text()='paused']")
+    shoot(driver, "queues-paused")
+    driver.find_element(By.XPATH, f"{row}//button[text()='Resume']").click()
+    assert driver.find_element(By.CSS_SELECTOR, ".flash").text == "Resumed."
+    wait_for(lambda: status_of(db, held) == "done", message="the resumed queue's job to run")
+
+
+def test_markup_from_the_database_stays_text_in_the_dom(
+    driver: Any, base_url: str, db: sa.Engine
+) -> None:
+    attack = (
+        "\"><img src=x onerror=\"document.title='pwned'\"><script>document.title='pwned'</script>"
+    )
+    job_id = insert(
+        db,
+        "INSERT INTO jobs (kind, queue, payload, status, finished_at, last_error) VALUES "
+        "(:a, 'default', CAST(:p AS jsonb), 'dead', now(), :a) RETURNING id",
+        a=attack,
+        p=json.dumps({"note": attack}),
+    )
+    for path in (f"/jobs/{job_id}", "/dead", "/"):
+        driver.get(base_url + path)
+        assert "pwned" not in driver.title, path
+        assert driver.find_elements(By.CSS_SELECTOR, "main img, main script") == [], path
+        with pytest.raises(NoAlertPresentException):
+            driver.switch_to.alert.text  # noqa: B018 - reading it is the check
+    driver.get(f"{base_url}/jobs/{job_id}")
+    assert driver.find_element(By.CSS_SELECTOR, "h1 small").text == attack
+    assert attack in driver.find_element(By.CSS_SELECTOR, "pre.error-text").text
+    assert json.loads(driver.find_element(By.CSS_SELECTOR, "pre.json").text) == {"note": attack}

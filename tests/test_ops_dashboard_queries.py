@@ -1,0 +1,174 @@
+"""The ops the dashboard reads and writes: job search, throughput by minute, the audit trail."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from sqla_jobs import ConfigError, enqueue, ops
+from sqla_jobs.sql import admin, audit, stats
+
+
+def insert(engine: sa.Engine, sql: str, **params: Any) -> None:
+    with engine.begin() as conn:
+        conn.execute(sa.text(sql), params)
+
+
+def _plan(conn: sa.Connection, stmt: sa.ClauseElement) -> str:
+    compiled = stmt.compile(dialect=conn.dialect)
+    return "\n".join(conn.exec_driver_sql(f"EXPLAIN {compiled}", compiled.params).scalars())
+
+
+# --- search -----------------------------------------------------------------------------
+
+
+def test_list_jobs_filters_by_key_id_range_age_and_payload_containment(
+    session: Session, engine: sa.Engine
+) -> None:
+    a = enqueue(session, "mail", {"user": 7, "plan": "pro"}, key="welcome-7")
+    b = enqueue(session, "mail", {"user": 8, "plan": "pro"})
+    c = enqueue(session, "bill", {"user": 7, "tags": ["x", "y"]})
+    session.commit()
+    insert(engine, "UPDATE jobs SET created_at = now() - interval '2 days' WHERE id = :id", id=c)
+
+    def ids(**filters: Any) -> list[int]:
+        return [j.id for j in ops.list_jobs(session, **filters)]
+
+    assert ids(key="welcome-7") == [a]
+    assert ids(min_id=b) == [b, c] and ids(max_id=b) == [a, b]
+    assert ids(min_id=a, max_id=a) == [a]
+    assert ids(newer_than=timedelta(days=1)) == [a, b]
+    assert ids(payload={"user": 7}) == [a, c]
+    assert ids(payload={"tags": ["y"]}) == [c]
+    assert ids(payload={"user": 7}, kind="mail") == [a]
+    assert ids(payload={"user": 9}) == []
+
+
+def test_list_jobs_newest_first_pages_down_by_keyset(session: Session) -> None:
+    made = [enqueue(session, "noop", {"n": n}) for n in range(5)]
+    session.commit()
+    first = ops.list_jobs(session, newest_first=True, limit=2)
+    assert [j.id for j in first] == made[:-3:-1]
+    second = ops.list_jobs(session, newest_first=True, limit=2, after_id=first[-1].id)
+    assert [j.id for j in second] == [made[2], made[1]]
+    last = ops.list_jobs(session, newest_first=True, limit=2, after_id=second[-1].id)
+    assert [j.id for j in last] == [made[0]]
+
+
+def test_list_jobs_search_filters_refuse_bad_values(session: Session) -> None:
+    with pytest.raises(ConfigError, match="payload must be a JSON object"):
+        ops.list_jobs(session, payload=[1, 2])  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="payload is not JSON"):
+        ops.list_jobs(session, payload={"when": object()})
+    with pytest.raises(ConfigError, match="key must be a non-empty string"):
+        ops.list_jobs(session, key="")
+    with pytest.raises(ConfigError, match="min_id"):
+        ops.list_jobs(session, min_id=-1)
+
+
+# --- throughput -------------------------------------------------------------------------
+
+
+def test_throughput_counts_done_and_dead_per_minute_zero_filled(
+    session: Session, engine: sa.Engine
+) -> None:
+    # Minutes are truncated on the database clock: each row sits well inside its minute.
+    insert(
+        engine,
+        """
+        INSERT INTO jobs (kind, payload, status, finished_at)
+        SELECT 'noop', '{}', s::job_status, date_trunc('minute', now()) - m * interval '1 minute'
+                                            + interval '20 seconds'
+          FROM (VALUES ('done', 1), ('done', 1), ('dead', 1), ('done', 5),
+                       ('cancelled', 5), ('done', 61), ('dead', 90)) AS v(s, m)
+        """,
+    )
+    found = ops.throughput(session, minutes=60)
+    assert len(found.minutes) == 60
+    assert found.minutes[-1].minute == found.taken_at.replace(second=0, microsecond=0)
+    assert [m.minute for m in found.minutes] == sorted(m.minute for m in found.minutes)
+    by_age = {59 - n: (m.done, m.dead) for n, m in enumerate(found.minutes)}
+    assert by_age[1] == (2, 1) and by_age[5] == (1, 0)  # cancelled is neither
+    assert sum(m.done for m in found.minutes) == 3  # 61 and 90 minutes ago: outside
+    assert sum(m.dead for m in found.minutes) == 1
+    with pytest.raises(ConfigError, match="minutes"):
+        ops.throughput(session, minutes=0)
+
+
+# --- audit trail ------------------------------------------------------------------------
+
+
+def test_record_action_commits_with_the_action_and_reads_back_newest_first(
+    session: Session,
+) -> None:
+    first = ops.record_action(
+        session, actor="alice", action="pause", scope="queue", target="mail", detail={"n": 1}
+    )
+    second = ops.record_action(session, actor="bob", action="retry", scope="job", target=42)
+    session.commit()
+    ops.record_action(session, actor="eve", action="delete", scope="job", target=42)
+    session.rollback()  # the action rolled back: so did its entry
+    entries = ops.audit_log(session)
+    assert [(e.id, e.actor, e.action) for e in entries] == [
+        (second, "bob", "retry"),
+        (first, "alice", "pause"),
+    ]
+    assert entries[1].detail == {"n": 1} and entries[1].scope == "queue"
+    assert entries[0].at is not None
+    assert [e.id for e in ops.audit_log(session, scope="job", target=42)] == [second]
+    assert ops.audit_log(session, scope="queue", target="other") == []
+    assert [e.id for e in ops.audit_log(session, before_id=second)] == [first]
+    assert json.loads(json.dumps(entries[0].to_dict()))["target"] == "42"
+
+
+def test_record_action_refuses_what_it_cannot_record(session: Session) -> None:
+    with pytest.raises(ConfigError, match="unknown audit scope 'table'"):
+        ops.record_action(session, actor="a", action="x", scope="table", target="t")
+    with pytest.raises(ConfigError, match="actor must be a non-empty string"):
+        ops.record_action(session, actor=" ", action="x", scope="job", target=1)
+    with pytest.raises(ConfigError, match="a target needs its scope"):
+        ops.audit_log(session, target=1)
+
+
+# --- plans ------------------------------------------------------------------------------
+
+
+def test_dashboard_queries_read_indexes_not_the_jobs_table(engine: sa.Engine) -> None:
+    insert(
+        engine,
+        """
+        INSERT INTO jobs (kind, payload, status, finished_at, idempotency_key)
+        SELECT 'noop', jsonb_build_object('n', g),
+               (CASE WHEN g % 10 = 0 THEN 'dead' ELSE 'done' END)::job_status,
+               now() - (g % 100000) * interval '1 second', 'k' || g
+          FROM generate_series(1, 100000) AS g;
+        INSERT INTO jobs_audit (actor, action, scope, target)
+        SELECT 'a', 'retry', 'job', (g % 5000)::text FROM generate_series(1, 20000) AS g;
+        """,
+    )
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.exec_driver_sql("VACUUM ANALYZE jobs")
+        conn.exec_driver_sql("VACUUM ANALYZE jobs_audit")
+    expected = {
+        "throughput": (stats.throughput(60), "jobs_finished_idx"),
+        "key": (admin.list_jobs(key="k5", limit=50), "jobs_idempotency_key_key"),
+        "id range": (
+            admin.list_jobs(min_id=500, max_id=900, limit=50, newest_first=True),
+            "jobs_pkey",
+        ),
+        "newest page": (admin.list_jobs(limit=50, after_id=9000, newest_first=True), "jobs_pkey"),
+        "audit of a job": (
+            audit.entries(scope="job", target="7", limit=20),
+            "jobs_audit_scope_target_id_idx",
+        ),
+    }
+    with engine.connect() as conn:
+        for name, (stmt, index) in expected.items():
+            plan = _plan(conn, stmt)
+            assert "Seq Scan" not in plan, (name, plan)
+            assert index in plan, (name, plan)
