@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
@@ -624,3 +626,26 @@ def test_enqueue_many_on_a_connection_rolls_back_with_it(engine: sa.Engine) -> N
         trans.rollback()
     assert count(engine) == 3 == len(kept)
     assert count(engine, jobs.c.kind == "gone") == 0
+
+
+@pytest.mark.parametrize(
+    ("payload", "where"),
+    [
+        ({"a": ({"b": {2: "x"}},)}, "payload['a'][0]['b']"),  # inside a tuple
+        ({"a": collections.OrderedDict({3: "x"})}, "payload['a']"),  # another mapping type
+        (collections.OrderedDict({"a": [{True: 1}]}), "payload['a'][0]"),
+    ],
+)
+def test_a_key_that_is_not_a_string_is_refused_in_any_container_at_any_depth(
+    payload: dict[str, Any], where: str
+) -> None:
+    with pytest.raises(InvalidJobError, match=re.escape(f"{where}: the key")):
+        NewJob("k", payload)
+
+
+def test_string_keys_of_any_mapping_type_and_str_subclasses_pass() -> None:
+    class Name(str):
+        pass
+
+    payload = collections.OrderedDict({Name("a"): ({"b": [1, 2]},), "c": {"d": None}})
+    assert NewJob("k", payload).payload_json == '{"a":[{"b":[1,2]}],"c":{"d":null}}'
