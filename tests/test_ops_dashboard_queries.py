@@ -184,6 +184,7 @@ def test_job_states_reads_status_attempts_and_cancel_flag_of_the_ids_given(
     b = enqueue(session, "mail", {})
     gone = enqueue(session, "mail", {})
     session.commit()
+    assert a is not None and b is not None and gone is not None
     insert(
         engine,
         "UPDATE jobs SET status = 'running', attempts = 1, cancel_requested_at = now() "
