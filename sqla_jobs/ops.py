@@ -67,7 +67,7 @@ from sqla_jobs.exceptions import (
     SchemaNotReadyError,
 )
 from sqla_jobs.models import JobStatus
-from sqla_jobs.sql import admin, schema
+from sqla_jobs.sql import admin, locks, schema
 from sqla_jobs.sql import audit as audit_sql
 from sqla_jobs.sql import control as control_sql
 from sqla_jobs.sql import periodic as periodic_sql
@@ -587,6 +587,10 @@ class JobState:
     max_attempts: int | None
     cancel_requested: bool
 
+
+#: The channels the queue NOTIFYs on (inserts while a worker waits and queue control
+#: changes; running jobs asked to stop): what a live view can LISTEN to.
+NOTIFY_CHANNELS = (locks.NOTIFY_CHANNEL, locks.CANCEL_CHANNEL)
 
 #: Most ids :func:`job_states` looks up at once (a page of the dashboard shows 50).
 MAX_STATE_IDS = 500

@@ -19,10 +19,16 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.responses import (
+    HTMLResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
 
 from sqla_jobs import ops
-from sqla_jobs.dashboard import _forms, _render, _security
+from sqla_jobs.dashboard import _forms, _live, _render, _security
 from sqla_jobs.dashboard._security import Viewer
 from sqla_jobs.exceptions import ConfigError, JobNotFoundError, SchemaNotReadyError
 from sqla_jobs.models import JobStatus
@@ -52,6 +58,8 @@ class Settings:
     auth: _security.AuthHook | None
     permissions: _security.Permissions | None
     read_only: bool
+    listen: bool = True
+    refresh: float = _live.DEFAULT_REFRESH
 
 
 class HttpProblem(Exception):
@@ -67,6 +75,7 @@ class Views:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.templates = _render.environment()
+        self.hub = _live.Hub(settings.engine, listen=settings.listen, refresh=settings.refresh)
 
     # --- plumbing ------------------------------------------------------------------
 
@@ -84,8 +93,15 @@ class Views:
         return await run_in_threadpool(self._session, fn, True)
 
     def render(
-        self, request: Request, viewer: Viewer, name: str, status: int = 200, **context: Any
+        self,
+        request: Request,
+        viewer: Viewer,
+        name: str,
+        status: int = 200,
+        live: str | None = None,
+        **context: Any,
     ) -> HTMLResponse:
+        """``name`` rendered; ``live``: the query of the page's event stream, if any."""
         token, new = _security.csrf_token(request)
         prefix = request.scope.get("root_path", "").rstrip("/")
         did = request.query_params.get("did", "")
@@ -103,6 +119,7 @@ class Views:
             csrf=token,
             read_only=self.settings.read_only,
             message=message,
+            live=f"{prefix}/events?{live}" if live else None,
             **context,
         )
         response = HTMLResponse(html, status_code=status)
@@ -190,6 +207,7 @@ class Views:
             request,
             viewer,
             "overview.html",
+            live="counts=1",
             nav="overview",
             **data,
             queues=_by_queue(data["stats"]),
@@ -242,6 +260,7 @@ class Views:
             viewer,
             "jobs.html",
             status=400 if error else 200,
+            live="ids=" + ",".join(str(j.id) for j in page) if page else None,
             nav=nav,
             filter=chosen,
             jobs=page,
@@ -269,7 +288,8 @@ class Views:
             }
 
         data = await self.read(load)
-        return self.render(request, viewer, "job.html", nav="jobs", **data)
+        live = None if data["job"].archived else f"ids={job_id}"
+        return self.render(request, viewer, "job.html", live=live, nav="jobs", **data)
 
     async def periodic(self, request: Request, viewer: Viewer) -> Response:
         registry = self.settings.registry
@@ -302,6 +322,23 @@ class Views:
         )
         more = entries[-1].id if len(entries) == _forms.PAGE_SIZE else None
         return self.render(request, viewer, "audit.html", nav="audit", entries=entries, more=more)
+
+    async def events(self, request: Request) -> Response:
+        """The live view's server-sent events for one tab (see :mod:`._live`)."""
+        viewer = await self._viewer(request)
+        if viewer.access == _security.DENY:
+            return PlainTextResponse("Access denied.", status_code=403)
+        query = request.query_params
+        try:
+            watch = _live.parse_watch(query.get("counts"), query.get("ids"))
+        except ConfigError as exc:
+            return PlainTextResponse(str(exc), status_code=400)
+        return StreamingResponse(
+            self.hub.stream(watch),
+            media_type="text/event-stream",
+            # no-transform and X-Accel-Buffering: proxies must pass each event on at once.
+            headers={"cache-control": "no-store, no-transform", "x-accel-buffering": "no"},
+        )
 
     # --- actions on one job --------------------------------------------------------
 
