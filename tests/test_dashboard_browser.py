@@ -2,7 +2,8 @@
 Selenium; nothing is downloaded): every page loads under its Content-Security-Policy, a
 filter narrows the jobs, a dead job retried from the page is run by a real worker, a
 queue paused and resumed from the page holds and releases a real job, and markup in the
-database stays text in the DOM.
+database stays text in the DOM; an open page follows the queue live (a retried job turns
+done, the overview's counts move) without a reload, and across a restart of the server.
 
 One database, one dashboard (uvicorn on a free 127.0.0.1 port, in a thread), one worker
 and one browser serve the whole module. The tests skip, saying why, when Chromium, its
@@ -19,6 +20,7 @@ import socket
 import threading
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -141,6 +143,19 @@ def status_of(engine: sa.Engine, job_id: int) -> str:
         return str(found.scalar_one())
 
 
+def flash(driver: Any, text: str) -> str:
+    """Wait for the page an action led to, saying ``text`` (a click on a form's button
+    may return before the next page has loaded)."""
+
+    def said() -> str | None:
+        for shown in driver.find_elements(By.CSS_SELECTOR, ".flash"):
+            if text in shown.text:
+                return str(shown.text)
+        return None
+
+    return wait_for(said, message=f"the message {text!r}")
+
+
 def console_problems(driver: Any) -> list[str]:
     """Errors the page logged: a blocked script or style (CSP), a missing file."""
     return [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
@@ -232,8 +247,7 @@ def test_a_dead_job_retried_from_its_page_is_run_by_the_worker(
     )
     driver.get(f"{base_url}/jobs/{dead}")
     driver.find_element(By.XPATH, "//button[text()='Retry']").click()
-    flash = driver.find_element(By.CSS_SELECTOR, ".flash")
-    assert flash.text == "1 job(s) put back in the queue."
+    assert flash(driver, "put back") == "1 job(s) put back in the queue."
 
     def shows_done() -> bool:
         driver.refresh()
@@ -252,7 +266,7 @@ def test_pause_and_resume_a_queue_from_the_page(
     driver.get(base_url + "/queues")
     row = "//section[@aria-labelledby='queue-title']//tr[th/a[text()='default']]"
     driver.find_element(By.XPATH, f"{row}//button[text()='Pause']").click()
-    assert "Paused" in driver.find_element(By.CSS_SELECTOR, ".flash").text
+    flash(driver, "Paused")
     with Session(db) as session:
         assert "default" in ops.stats(session).paused_queues
         held = enqueue(session, "noop", {"held": True})
@@ -261,7 +275,7 @@ def test_pause_and_resume_a_queue_from_the_page(
     driver.find_element(By.XPATH, f"{row}//span[text()='paused']")
     shoot(driver, "queues-paused")
     driver.find_element(By.XPATH, f"{row}//button[text()='Resume']").click()
-    assert driver.find_element(By.CSS_SELECTOR, ".flash").text == "Resumed."
+    assert flash(driver, "Resumed") == "Resumed."
     wait_for(lambda: status_of(db, held) == "done", message="the resumed queue's job to run")
 
 
@@ -288,3 +302,107 @@ def test_markup_from_the_database_stays_text_in_the_dom(
     assert driver.find_element(By.CSS_SELECTOR, "h1 small").text == attack
     assert attack in driver.find_element(By.CSS_SELECTOR, "pre.error-text").text
     assert json.loads(driver.find_element(By.CSS_SELECTOR, "pre.json").text) == {"note": attack}
+
+
+@contextmanager
+def own_server(db: sa.Engine, port: int) -> Iterator[str]:
+    """A dashboard of this test's own on ``port``, to stop and start again."""
+    app = create_app(db, registry=app_registry, refresh=1.0)
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=1
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="dashboard-own", daemon=True)
+    thread.start()
+    wait_for(lambda: server.started, timeout=30, message="uvicorn to start")
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        assert not thread.is_alive()
+
+
+def mark_page(driver: Any) -> None:
+    """Leave a value in the page's window: it survives only if the page is not reloaded."""
+    driver.execute_script("window.sqlaJobsMarker = 'not reloaded'")
+
+
+def not_reloaded(driver: Any) -> bool:
+    return bool(driver.execute_script("return window.sqlaJobsMarker") == "not reloaded")
+
+
+def test_a_retried_job_turns_done_on_the_open_page_without_a_reload(
+    driver: Any, base_url: str, db: sa.Engine, worker: Worker
+) -> None:
+    dead = insert(
+        db,
+        "INSERT INTO jobs (kind, payload, status, attempts, finished_at, last_error) VALUES "
+        "('noop', '{}', 'dead', 8, now(), 'ConnectionError: smtp down') RETURNING id",
+    )
+    # The kind is paused while the page loads, so the page surely shows the job queued
+    # and only the live view can show it done.
+    with Session(db) as session:
+        ops.pause(session, kind="noop")
+        session.commit()
+    try:
+        driver.get(f"{base_url}/jobs/{dead}")
+        driver.find_element(By.XPATH, "//button[text()='Retry']").click()
+        assert flash(driver, "put back") == "1 job(s) put back in the queue."
+        driver.find_element(By.CSS_SELECTOR, f"[data-job='{dead}'] .status-queued")
+        cancel = driver.find_element(By.XPATH, "//button[text()='Cancel']")
+        wait_for(
+            lambda: driver.find_element(By.ID, "live-state").text == "live",
+            message="the page's event stream to open",
+        )
+        mark_page(driver)
+    finally:
+        with Session(db) as session:
+            ops.resume(session, kind="noop")
+            session.commit()
+    wait_for(
+        lambda: driver.find_elements(By.CSS_SELECTOR, f"[data-job='{dead}'] .status-done"),
+        interval=0.2,
+        message="the open page to show the job done",
+    )
+    assert status_of(db, dead) == "done"
+    assert not_reloaded(driver)
+    assert driver.find_element(By.CSS_SELECTOR, f"[data-job-attempts='{dead}']").text == "1"
+    # The queued job's Cancel went with its status; a link offers the done job's actions.
+    assert not cancel.is_displayed()
+    assert driver.find_element(By.CSS_SELECTOR, "[data-stale-job]").is_displayed()
+    assert console_problems(driver) == []
+
+
+def test_overview_counts_follow_the_queue_and_come_back_after_a_server_restart(
+    driver: Any, db: sa.Engine
+) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+
+    def scheduled() -> int:
+        return int(driver.find_element(By.CSS_SELECTOR, "[data-count='scheduled']").text)
+
+    def add_later(n: int) -> None:
+        with Session(db) as session:
+            for _ in range(n):
+                enqueue(session, "noop", {"later": True}, delay=3600)
+            session.commit()
+
+    with own_server(db, port) as base:
+        driver.get(base + "/")
+        before = scheduled()
+        mark_page(driver)
+        add_later(2)
+        wait_for(lambda: scheduled() == before + 2, message="the count to go up by 2")
+    # The server is gone: the page says so, and its stream comes back with the server.
+    wait_for(
+        lambda: driver.find_element(By.ID, "live-state").text == "reconnecting",
+        message="the page to notice the lost stream",
+    )
+    add_later(1)
+    with own_server(db, port):
+        wait_for(lambda: scheduled() == before + 3, message="the count after the restart")
+        assert driver.find_element(By.ID, "live-state").text == "live"
+    assert not_reloaded(driver)
