@@ -147,11 +147,11 @@ def flash(driver: Any, text: str) -> str:
     """Wait for the page an action led to, saying ``text`` (a click on a form's button
     may return before the next page has loaded)."""
 
-    def said() -> str | None:
+    def said() -> str:
         for shown in driver.find_elements(By.CSS_SELECTOR, ".flash"):
             if text in shown.text:
                 return str(shown.text)
-        return None
+        return ""
 
     return wait_for(said, message=f"the message {text!r}")
 
