@@ -75,6 +75,8 @@ def create_app(
         Route("/workers", page(views.workers), name="workers"),
         Route("/audit", page(views.audit), name="audit"),
         Route("/events", views.events, name="events"),
+        Route("/jobs/bulk", views.bulk_action(views.bulk_review), methods=["POST"]),
+        Route("/jobs/bulk/apply", views.bulk_action(views.bulk_apply), methods=["POST"]),
         Route("/jobs/{job_id:int}/retry", action("retry")(views.retry), methods=["POST"]),
         Route("/jobs/{job_id:int}/cancel", action("cancel")(views.cancel), methods=["POST"]),
         Route("/jobs/{job_id:int}/delete", action("delete")(views.delete), methods=["POST"]),

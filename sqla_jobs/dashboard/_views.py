@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import QueryParams
 from starlette.requests import Request
 from starlette.responses import (
     HTMLResponse,
@@ -28,7 +29,7 @@ from starlette.responses import (
 )
 
 from sqla_jobs import ops
-from sqla_jobs.dashboard import _forms, _live, _render, _security
+from sqla_jobs.dashboard import _bulk, _forms, _live, _render, _security
 from sqla_jobs.dashboard._security import Viewer
 from sqla_jobs.exceptions import ConfigError, JobNotFoundError, SchemaNotReadyError
 from sqla_jobs.models import JobStatus
@@ -43,12 +44,17 @@ MESSAGES = {
     "cancel": "{n} job(s) cancelled.",
     "stop": "{n} running job(s) asked to stop; the worker ends them cancelled.",
     "delete": "{n} job(s) deleted.",
+    "bulk-retry": "{n} job(s) put back in the queue.",
+    "bulk-cancel": "{n} job(s) cancelled or asked to stop.",
+    "bulk-delete": "{n} job(s) deleted.",
     "pause": "Paused: no worker starts its jobs until it is resumed.",
     "resume": "Resumed.",
     "limit": "Limit set.",
     "clear": "Operator's limits cleared: the code's limits apply.",
 }
 AUDIT_ROWS = 20
+#: A bulk action's audit entry lists the ids it touched when there are at most this many.
+BULK_AUDIT_IDS = 100
 
 
 @dataclass(frozen=True)
@@ -135,9 +141,12 @@ class Views:
             )
         return response
 
-    def back(self, request: Request, path: str, did: str, n: int | None = None) -> Response:
+    def back(
+        self, request: Request, path: str, did: str, n: int | None = None, query: str = ""
+    ) -> Response:
+        """303 to ``path`` (with ``query``, a page's own), saying what was done."""
         prefix = request.scope.get("root_path", "").rstrip("/")
-        query = f"did={did}" + (f"&n={n}" if n is not None else "")
+        query = (f"{query}&" if query else "") + f"did={did}" + (f"&n={n}" if n is not None else "")
         return RedirectResponse(f"{prefix}{path}?{query}", status_code=303)
 
     def page(self, fn: Callable[[Request, Viewer], Awaitable[Response]]) -> Endpoint:
@@ -182,6 +191,24 @@ class Views:
             return self.page(checked)
 
         return wrap
+
+    def bulk_action(
+        self, fn: Callable[[Request, Viewer, _bulk.Asked, dict[str, str]], Awaitable[Response]]
+    ) -> Endpoint:
+        """A bulk POST: CSRF checked, then the permission of the action the form names."""
+
+        async def checked(request: Request, viewer: Viewer) -> Response:
+            form = await _forms.read_form(request)
+            problem = _security.csrf_problem(request, form.get(_security.CSRF_FIELD))
+            if problem is not None:
+                raise HttpProblem(403, f"Refused: {problem}.")
+            asked = _bulk.Asked.from_form(form)
+            if not viewer.can(asked.op):
+                raise HttpProblem(403, f"You may not {asked.op} here (read-only or not permitted).")
+            return await fn(request, viewer, asked, form)
+
+        checked.__name__ = fn.__name__
+        return self.page(checked)
 
     async def _viewer(self, request: Request) -> Viewer:
         s = self.settings
@@ -268,6 +295,7 @@ class Views:
             first_page=after is None,
             next_query=next_query,
             statuses=[s.value for s in JobStatus],
+            bulk_ops=[op for op in _bulk.APPLIES_TO if viewer.can(op)],
         )
 
     async def goto(self, request: Request, viewer: Viewer) -> Response:
@@ -339,6 +367,54 @@ class Views:
             # no-transform and X-Accel-Buffering: proxies must pass each event on at once.
             headers={"cache-control": "no-store, no-transform", "x-accel-buffering": "no"},
         )
+
+    # --- bulk actions (the jobs page) -----------------------------------------------
+
+    async def bulk_review(
+        self, request: Request, viewer: Viewer, asked: _bulk.Asked, form: dict[str, str]
+    ) -> Response:
+        """Step one: how many jobs the action would touch, and a button to confirm."""
+        chosen = await self.read(lambda s: _bulk.select(s, asked))
+        return self.render(
+            request,
+            viewer,
+            "confirm.html",
+            nav=_page(form),
+            asked=asked,
+            verb=_bulk.VERBS[asked.op],
+            count=len(chosen.ids),
+            more=chosen.more,
+            limit=_bulk.MAX_BULK,
+            upto=max(chosen.ids, default=0),
+            applies_to=[s.value for s in _bulk.APPLIES_TO[asked.op]],
+            back_query=form.get("filter", ""),
+        )
+
+    async def bulk_apply(
+        self, request: Request, viewer: Viewer, asked: _bulk.Asked, form: dict[str, str]
+    ) -> Response:
+        """Step two: act on the jobs reviewed (no job newer than the review's)."""
+        if asked.upto is None:
+            raise ConfigError("review the bulk action first: its confirmation names the jobs")
+
+        def act(session: Session) -> dict[str, int]:
+            chosen = _bulk.select(session, asked)
+            did = _bulk.apply(session, asked.op, chosen.ids)
+            detail: dict[str, Any] = {"scope": "matching" if asked.filter else "selected"}
+            if asked.filter is not None:
+                detail.update(filter=asked.filter.query(), up_to_id=asked.upto)
+            if len(chosen.ids) <= BULK_AUDIT_IDS:
+                detail["ids"] = list(chosen.ids)
+            detail.update(did)
+            _record(session, viewer, asked.op, "jobs", asked.target, detail)
+            return did
+
+        did = await self.write(act)
+        path = "/dead" if _page(form) == "dead" else "/jobs"
+        query = form.get("filter", "")
+        if _page(form) == "dead":
+            query = _forms.JobFilter.from_query(QueryParams(query), status="").query()
+        return self.back(request, path, f"bulk-{asked.op}", did["done"], query)
 
     # --- actions on one job --------------------------------------------------------
 
@@ -431,6 +507,11 @@ def _record(
     ops.record_action(
         session, actor=viewer.actor, action=action, scope=scope, target=target, detail=detail
     )
+
+
+def _page(form: dict[str, str]) -> str:
+    """The list a bulk form came from: ``dead`` or ``jobs``."""
+    return "dead" if form.get("page") == "dead" else "jobs"
 
 
 def _job_id(request: Request) -> int:
