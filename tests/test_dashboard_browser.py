@@ -40,7 +40,10 @@ CHROMEDRIVER = "/usr/bin/chromedriver"
 
 try:
     from selenium import webdriver
-    from selenium.common.exceptions import NoAlertPresentException
+    from selenium.common.exceptions import (
+        NoAlertPresentException,
+        StaleElementReferenceException,
+    )
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
 except ImportError:  # pragma: no cover - the dev extra installs it
@@ -91,7 +94,10 @@ def base_url(db: sa.Engine) -> Iterator[str]:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
     app = create_app(db, registry=app_registry)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=1
+    )
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="dashboard", daemon=True)
     thread.start()
     wait_for(lambda: server.started, timeout=30, message="uvicorn to start")
@@ -148,12 +154,20 @@ def flash(driver: Any, text: str) -> str:
     may return before the next page has loaded)."""
 
     def said() -> str:
-        for shown in driver.find_elements(By.CSS_SELECTOR, ".flash"):
-            if text in shown.text:
-                return str(shown.text)
-        return ""
+        shown = text_of(driver, ".flash")
+        return shown if text in shown else ""
 
     return wait_for(said, message=f"the message {text!r}")
+
+
+def text_of(driver: Any, css: str) -> str:
+    """The text of the first element matching ``css``, "" if none (or if the page went
+    away while it was read: a page being replaced by the next one)."""
+    try:
+        found = driver.find_elements(By.CSS_SELECTOR, css)
+        return str(found[0].text) if found else ""
+    except StaleElementReferenceException:
+        return ""
 
 
 def console_problems(driver: Any) -> list[str]:
@@ -352,7 +366,7 @@ def test_a_retried_job_turns_done_on_the_open_page_without_a_reload(
         driver.find_element(By.CSS_SELECTOR, f"[data-job='{dead}'] .status-queued")
         cancel = driver.find_element(By.XPATH, "//button[text()='Cancel']")
         wait_for(
-            lambda: driver.find_element(By.ID, "live-state").text == "live",
+            lambda: text_of(driver, "#live-state") == "live",
             message="the page's event stream to open",
         )
         mark_page(driver)
@@ -398,11 +412,63 @@ def test_overview_counts_follow_the_queue_and_come_back_after_a_server_restart(
         wait_for(lambda: scheduled() == before + 2, message="the count to go up by 2")
     # The server is gone: the page says so, and its stream comes back with the server.
     wait_for(
-        lambda: driver.find_element(By.ID, "live-state").text == "reconnecting",
+        lambda: text_of(driver, "#live-state") == "reconnecting",
         message="the page to notice the lost stream",
     )
     add_later(1)
     with own_server(db, port):
         wait_for(lambda: scheduled() == before + 3, message="the count after the restart")
         assert driver.find_element(By.ID, "live-state").text == "live"
+    assert not_reloaded(driver)
+
+
+def test_bulk_retry_of_ticked_dead_jobs_after_confirming_the_count(
+    driver: Any, base_url: str, db: sa.Engine, worker: Worker
+) -> None:
+    dead = [
+        insert(
+            db,
+            "INSERT INTO jobs (kind, payload, status, attempts, finished_at, last_error) VALUES "
+            "('noop', '{\"batch\": \"b1\"}', 'dead', 8, now(), 'boom') RETURNING id",
+        )
+        for _ in range(2)
+    ]
+    driver.get(base_url + '/dead?payload={"batch": "b1"}')
+    for job_id in dead:
+        driver.find_element(By.CSS_SELECTOR, f"input[name='id'][value='{job_id}']").click()
+    driver.find_element(By.XPATH, "//fieldset[@class='bulk-controls']//button").click()
+    wait_for(
+        lambda: text_of(driver, "h1") == "Retry 2 job(s)?",
+        message="the confirmation page with the count",
+    )
+    assert [status_of(db, j) for j in dead] == ["dead", "dead"]
+    shoot(driver, "bulk-confirm")
+    driver.find_element(By.XPATH, "//button[text()='Retry 2 job(s)']").click()
+    assert flash(driver, "put back") == "2 job(s) put back in the queue."
+    wait_for(
+        lambda: [status_of(db, j) for j in dead] == ["done", "done"],
+        message="the worker to run the retried jobs",
+    )
+
+
+def test_cancel_a_running_job_from_its_page_and_see_it_end_cancelled(
+    driver: Any, base_url: str, db: sa.Engine, worker: Worker
+) -> None:
+    with Session(db) as session:
+        job_id = enqueue(session, "until_cancelled", {})
+        session.commit()
+    assert job_id is not None
+    wait_for(lambda: status_of(db, job_id) == "running", message="the worker to start the job")
+    driver.get(f"{base_url}/jobs/{job_id}")
+    driver.find_element(By.CSS_SELECTOR, f"[data-job='{job_id}'] .status-running")
+    driver.find_element(By.XPATH, "//button[text()='Stop and cancel']").click()
+    driver.switch_to.alert.accept()  # "Stop running job N? ..."
+    flash(driver, "asked to stop")
+    mark_page(driver)
+    wait_for(
+        lambda: driver.find_elements(By.CSS_SELECTOR, f"[data-job='{job_id}'] .status-cancelled"),
+        interval=0.2,
+        message="the open page to show the job cancelled",
+    )
+    assert status_of(db, job_id) == "cancelled"
     assert not_reloaded(driver)

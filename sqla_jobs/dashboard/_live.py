@@ -211,19 +211,30 @@ class Hub:
     async def _connect(self) -> psycopg.AsyncConnection[Any] | None:
         try:
             conn = await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True)
+        except psycopg.Error as exc:
+            log.warning("dashboard: cannot LISTEN (%s); open pages refresh by polling", exc)
+            return None
+        try:
             for channel in ops.NOTIFY_CHANNELS:
                 name = config_mod.check_channel(channel)
                 await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(name)))
         except psycopg.Error as exc:
+            await _close(conn)
             log.warning("dashboard: cannot LISTEN (%s); open pages refresh by polling", exc)
             return None
+        except BaseException:
+            # Cancelled (the last tab went away) while connecting: close, do not leak it.
+            await _close(conn)
+            raise
         return conn
 
     async def _notified(self, conn: psycopg.AsyncConnection[Any], timeout: float) -> bool:
         """Wait up to ``timeout`` for a notification; False when the connection failed."""
+        notes = conn.notifies(timeout=timeout, stop_after=1)
         try:
-            async for _ in conn.notifies(timeout=timeout, stop_after=1):
-                pass
+            async with contextlib.aclosing(notes):
+                async for _ in notes:
+                    pass
         except psycopg.Error as exc:
             log.warning("dashboard: LISTEN connection lost (%s); polling for now", exc)
             return False
