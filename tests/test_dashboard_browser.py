@@ -472,3 +472,44 @@ def test_cancel_a_running_job_from_its_page_and_see_it_end_cancelled(
     )
     assert status_of(db, job_id) == "cancelled"
     assert not_reloaded(driver)
+
+
+def dashboard_listeners(db: sa.Engine) -> int:
+    """The dashboard's LISTEN connections (the worker's have another application_name)."""
+    with db.connect() as conn:
+        found = conn.execute(
+            sa.text(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND application_name = 'sqla_jobs dashboard'"
+            )
+        )
+        return int(found.scalar_one())
+
+
+def set_visibility(driver: Any, state: str) -> None:
+    """Tell the page its tab is hidden or shown, as the browser does when tabs change."""
+    driver.execute_script(
+        "Object.defineProperty(document, 'visibilityState', {value: arguments[0], "
+        "configurable: true}); document.dispatchEvent(new Event('visibilitychange'));",
+        state,
+    )
+
+
+def test_a_hidden_tab_closes_its_stream_and_the_server_stops_asking(
+    driver: Any, db: sa.Engine
+) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    with own_server(db, port) as base:
+        driver.get(base + "/")
+        wait_for(lambda: text_of(driver, "#live-state") == "live", message="the stream")
+        wait_for(lambda: dashboard_listeners(db) == 1, message="the dashboard's LISTEN")
+        set_visibility(driver, "hidden")
+        assert text_of(driver, "#live-state") == "paused"
+        # No tab left: the server's round of queries stops, and its LISTEN connection goes.
+        wait_for(lambda: dashboard_listeners(db) == 0, message="the LISTEN to close")
+        set_visibility(driver, "visible")
+        wait_for(lambda: text_of(driver, "#live-state") == "live", message="the stream back")
+        wait_for(lambda: dashboard_listeners(db) == 1, message="the LISTEN back")
+        driver.get("about:blank")

@@ -89,12 +89,12 @@ def next_event(
 
 
 def listeners(engine: sa.Engine) -> list[int]:
-    """Backends of this database whose latest statement was a LISTEN (the dashboard's)."""
+    """The dashboard's LISTEN connections to this database."""
     with engine.connect() as conn:
         found = conn.execute(
             sa.text(
                 "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-                "AND query LIKE 'LISTEN %' AND pid <> pg_backend_pid()"
+                "AND application_name = 'sqla_jobs dashboard' AND query LIKE 'LISTEN %'"
             )
         )
         return [int(pid) for pid in found.scalars()]

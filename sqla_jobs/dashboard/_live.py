@@ -54,6 +54,8 @@ RELISTEN_AFTER = 30.0
 RETRY_MS = 2000
 #: A comment is sent after this many quiet seconds, so proxies keep the stream open.
 KEEPALIVE = 15.0
+#: The LISTEN connection's name in ``pg_stat_activity``.
+APPLICATION_NAME = "sqla_jobs dashboard"
 #: Most job ids one tab may watch (a page shows 50).
 MAX_WATCHED = 100
 
@@ -210,7 +212,9 @@ class Hub:
 
     async def _connect(self) -> psycopg.AsyncConnection[Any] | None:
         try:
-            conn = await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True)
+            conn = await psycopg.AsyncConnection.connect(
+                self.conninfo, autocommit=True, application_name=APPLICATION_NAME
+            )
         except psycopg.Error as exc:
             log.warning("dashboard: cannot LISTEN (%s); open pages refresh by polling", exc)
             return None
