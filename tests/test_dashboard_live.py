@@ -20,6 +20,8 @@ import uvicorn
 from dashboard_client import Client
 from helpers import wait_for
 from sqlalchemy.orm import Session
+from starlette.applications import Starlette
+from starlette.routing import Mount
 
 from sqla_jobs import ConfigError, enqueue, ops
 from sqla_jobs.dashboard import create_app
@@ -198,6 +200,12 @@ def test_pages_name_their_event_stream_and_the_script_is_the_only_one(
         assert "data-live" not in client.get("/queues").text
     finally:
         client.close()
+    mounted = Client(Starlette(routes=[Mount("/admin/jobs", create_app(engine))]))
+    try:
+        page = mounted.get("/admin/jobs/").text
+        assert 'data-live="/admin/jobs/events?counts=1"' in page
+    finally:
+        mounted.close()
 
 
 def test_refresh_below_one_second_is_refused(engine: sa.Engine) -> None:
