@@ -147,6 +147,16 @@ def test_open_tabs_share_one_listen_connection_which_goes_with_the_last_tab(
         wait_for(lambda: listeners(engine) == [], message="the LISTEN connection to close")
 
 
+def test_a_tab_joining_a_running_hub_gets_the_state_of_its_own_jobs(engine: sa.Engine) -> None:
+    first, second = add_job(engine), add_job(engine)
+    with serve(engine) as base, stream(f"{base}/events?ids={first}") as one:
+        next_event(one, "jobs", lambda j: True)
+        with stream(f"{base}/events?ids={second}") as two:
+            # Not "gone": the round before this tab joined did not ask about its job.
+            got = next_event(two, "jobs", lambda j: True)
+            assert got == {str(second): {"status": "queued", "attempts": 0, "stopping": False}}
+
+
 def test_stream_polls_when_told_not_to_listen(engine: sa.Engine) -> None:
     """Behind PgBouncer in transaction mode notifications never arrive: listen=False."""
     with serve(engine, listen=False) as base, stream(base + "/events?counts=1") as events:

@@ -71,10 +71,12 @@ class Watch:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """One round's answers: the counts (None if no tab wanted them) and job states."""
+    """One round's answers: the counts (None if no tab wanted them) and the states of the
+    jobs ``asked`` about (those found)."""
 
     counts: dict[str, Any] | None
     jobs: dict[int, dict[str, Any]]
+    asked: frozenset[int] = frozenset()
 
 
 def parse_watch(counts: str | None, ids: str | None) -> Watch:
@@ -134,7 +136,7 @@ class Hub:
             hide_password=False
         )
         self.watches: set[Watch] = set()
-        self.snapshot = Snapshot(None, {})
+        self.snapshot = Snapshot(None, {}, frozenset())
         self.rounds = 0
         self.listening = False
         self._task: asyncio.Task[None] | None = None
@@ -165,8 +167,9 @@ class Hub:
         snap = self.snapshot
         if watch.counts and snap.counts is not None:
             yield "counts", snap.counts
-        if watch.ids:
-            # A job absent from the answer was deleted or archived since the page drew it.
+        if watch.ids and watch.ids <= snap.asked:
+            # A tab that joined after this round waits for the next one, which asks about
+            # its jobs. A job asked about but absent was deleted or archived since.
             jobs = {str(i): snap.jobs.get(i, {"status": "gone"}) for i in sorted(watch.ids)}
             yield "jobs", jobs
 
@@ -262,7 +265,7 @@ class Hub:
             states: dict[int, dict[str, Any]] = {}
             for chunk in _chunks(ids, ops.MAX_STATE_IDS):
                 states.update({i: state_of(s) for i, s in ops.job_states(session, chunk).items()})
-            return Snapshot(found, states)
+            return Snapshot(found, states, frozenset(ids))
 
 
 def _chunks(ids: list[int], size: int) -> Iterable[list[int]]:
