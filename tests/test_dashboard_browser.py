@@ -513,3 +513,29 @@ def test_a_hidden_tab_closes_its_stream_and_the_server_stops_asking(
         wait_for(lambda: text_of(driver, "#live-state") == "live", message="the stream back")
         wait_for(lambda: dashboard_listeners(db) == 1, message="the LISTEN back")
         driver.get("about:blank")
+
+
+def test_the_jobs_list_shows_a_job_run_by_the_worker_without_a_reload(
+    driver: Any, base_url: str, db: sa.Engine, worker: Worker
+) -> None:
+    with Session(db) as session:
+        ops.pause(session, kind="noop")  # held until the page is open
+        job_id = enqueue(session, "noop", {"listed": "live"})
+        session.commit()
+    assert job_id is not None
+    try:
+        driver.get(base_url + '/jobs?payload={"listed": "live"}')
+        driver.find_element(By.CSS_SELECTOR, f"[data-job='{job_id}'] .status-queued")
+        wait_for(lambda: text_of(driver, "#live-state") == "live", message="the stream")
+        mark_page(driver)
+    finally:
+        with Session(db) as session:
+            ops.resume(session, kind="noop")
+            session.commit()
+    wait_for(
+        lambda: driver.find_elements(By.CSS_SELECTOR, f"[data-job='{job_id}'] .status-done"),
+        interval=0.2,
+        message="the list to show the job done",
+    )
+    assert text_of(driver, f"[data-job-attempts='{job_id}']") == "1"
+    assert not_reloaded(driver)
