@@ -67,7 +67,7 @@ from sqla_jobs.exceptions import (
     SchemaNotReadyError,
 )
 from sqla_jobs.models import JobStatus
-from sqla_jobs.sql import admin, schema
+from sqla_jobs.sql import admin, locks, schema
 from sqla_jobs.sql import audit as audit_sql
 from sqla_jobs.sql import control as control_sql
 from sqla_jobs.sql import periodic as periodic_sql
@@ -575,6 +575,46 @@ def get_job(session: Session, id: int, *, archived: bool = True) -> JobRecord:
         where = "" if archived else " (not looking in jobs_archive)"
         raise JobNotFoundError(f"no job with id {id}{where}")
     return _record(row)
+
+
+@dataclass(frozen=True)
+class JobState:
+    """Where one job stands, as :func:`job_states` reads it (the dashboard's live view)."""
+
+    id: int
+    status: JobStatus
+    attempts: int
+    max_attempts: int | None
+    cancel_requested: bool
+
+
+#: The channels the queue NOTIFYs on (inserts while a worker waits and queue control
+#: changes; running jobs asked to stop): what a live view can LISTEN to.
+NOTIFY_CHANNELS = (locks.NOTIFY_CHANNEL, locks.CANCEL_CHANNEL)
+
+#: Most ids :func:`job_states` looks up at once (a page of the dashboard shows 50).
+MAX_STATE_IDS = 500
+
+
+@_sessions.sync_form
+def job_states(session: Session, ids: Sequence[int]) -> dict[int, JobState]:
+    """The state of each job in ``ids`` still in ``jobs``, by id (archived or deleted jobs
+    are absent). At most :data:`MAX_STATE_IDS` ids; each is a primary key look-up."""
+    ids_ = _ids(ids) or []
+    if len(ids_) > MAX_STATE_IDS:
+        raise ConfigError(f"job_states takes at most {MAX_STATE_IDS} ids, got {len(ids_)}")
+    if not ids_:
+        return {}
+    return {
+        row.id: JobState(
+            row.id,
+            JobStatus(row.status),
+            row.attempts,
+            row.max_attempts,
+            row.cancel_requested_at is not None,
+        )
+        for row in session.execute(admin.job_states(ids_))
+    }
 
 
 # --- acting on jobs -----------------------------------------------------------------
@@ -1169,6 +1209,7 @@ stats_async = _sessions.async_form(stats)
 periodic_statuses_async = _sessions.async_form(periodic_statuses)
 list_jobs_async = _sessions.async_form(list_jobs)
 get_job_async = _sessions.async_form(get_job)
+job_states_async = _sessions.async_form(job_states)
 retry_jobs_async = _sessions.async_form(retry_jobs)
 cancel_async = _sessions.async_form(cancel)
 cancel_jobs_async = _sessions.async_form(cancel_jobs)

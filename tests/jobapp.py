@@ -132,3 +132,12 @@ def misbehave(session: Session, payload: dict[str, Any], job: JobContext) -> Non
         session.connection().invalidate()
     elif what == "sql_error":
         session.execute(sa.text("SELECT 1/0"))
+
+
+@registry.handler("until_cancelled", max_attempts=1)
+def until_cancelled(session: Session, payload: dict[str, Any], job: JobContext) -> None:
+    """A long job that stops when cancelled (checks every 50 ms; gives up after 120 s)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        job.check()
+        time.sleep(0.05)

@@ -2,7 +2,8 @@
 Selenium; nothing is downloaded): every page loads under its Content-Security-Policy, a
 filter narrows the jobs, a dead job retried from the page is run by a real worker, a
 queue paused and resumed from the page holds and releases a real job, and markup in the
-database stays text in the DOM.
+database stays text in the DOM; an open page follows the queue live (a retried job turns
+done, the overview's counts move) without a reload, and across a restart of the server.
 
 One database, one dashboard (uvicorn on a free 127.0.0.1 port, in a thread), one worker
 and one browser serve the whole module. The tests skip, saying why, when Chromium, its
@@ -19,6 +20,7 @@ import socket
 import threading
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +40,10 @@ CHROMEDRIVER = "/usr/bin/chromedriver"
 
 try:
     from selenium import webdriver
-    from selenium.common.exceptions import NoAlertPresentException
+    from selenium.common.exceptions import (
+        NoAlertPresentException,
+        StaleElementReferenceException,
+    )
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
 except ImportError:  # pragma: no cover - the dev extra installs it
@@ -89,7 +94,10 @@ def base_url(db: sa.Engine) -> Iterator[str]:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
     app = create_app(db, registry=app_registry)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=1
+    )
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="dashboard", daemon=True)
     thread.start()
     wait_for(lambda: server.started, timeout=30, message="uvicorn to start")
@@ -139,6 +147,27 @@ def status_of(engine: sa.Engine, job_id: int) -> str:
     with engine.connect() as conn:
         found = conn.execute(sa.text("SELECT status::text FROM jobs WHERE id = :i"), {"i": job_id})
         return str(found.scalar_one())
+
+
+def flash(driver: Any, text: str) -> str:
+    """Wait for the page an action led to, saying ``text`` (a click on a form's button
+    may return before the next page has loaded)."""
+
+    def said() -> str:
+        shown = text_of(driver, ".flash")
+        return shown if text in shown else ""
+
+    return wait_for(said, message=f"the message {text!r}")
+
+
+def text_of(driver: Any, css: str) -> str:
+    """The text of the first element matching ``css``, "" if none (or if the page went
+    away while it was read: a page being replaced by the next one)."""
+    try:
+        found = driver.find_elements(By.CSS_SELECTOR, css)
+        return str(found[0].text) if found else ""
+    except StaleElementReferenceException:
+        return ""
 
 
 def console_problems(driver: Any) -> list[str]:
@@ -232,8 +261,7 @@ def test_a_dead_job_retried_from_its_page_is_run_by_the_worker(
     )
     driver.get(f"{base_url}/jobs/{dead}")
     driver.find_element(By.XPATH, "//button[text()='Retry']").click()
-    flash = driver.find_element(By.CSS_SELECTOR, ".flash")
-    assert flash.text == "1 job(s) put back in the queue."
+    assert flash(driver, "put back") == "1 job(s) put back in the queue."
 
     def shows_done() -> bool:
         driver.refresh()
@@ -252,7 +280,7 @@ def test_pause_and_resume_a_queue_from_the_page(
     driver.get(base_url + "/queues")
     row = "//section[@aria-labelledby='queue-title']//tr[th/a[text()='default']]"
     driver.find_element(By.XPATH, f"{row}//button[text()='Pause']").click()
-    assert "Paused" in driver.find_element(By.CSS_SELECTOR, ".flash").text
+    flash(driver, "Paused")
     with Session(db) as session:
         assert "default" in ops.stats(session).paused_queues
         held = enqueue(session, "noop", {"held": True})
@@ -261,7 +289,7 @@ def test_pause_and_resume_a_queue_from_the_page(
     driver.find_element(By.XPATH, f"{row}//span[text()='paused']")
     shoot(driver, "queues-paused")
     driver.find_element(By.XPATH, f"{row}//button[text()='Resume']").click()
-    assert driver.find_element(By.CSS_SELECTOR, ".flash").text == "Resumed."
+    assert flash(driver, "Resumed") == "Resumed."
     wait_for(lambda: status_of(db, held) == "done", message="the resumed queue's job to run")
 
 
@@ -288,3 +316,226 @@ def test_markup_from_the_database_stays_text_in_the_dom(
     assert driver.find_element(By.CSS_SELECTOR, "h1 small").text == attack
     assert attack in driver.find_element(By.CSS_SELECTOR, "pre.error-text").text
     assert json.loads(driver.find_element(By.CSS_SELECTOR, "pre.json").text) == {"note": attack}
+
+
+@contextmanager
+def own_server(db: sa.Engine, port: int) -> Iterator[str]:
+    """A dashboard of this test's own on ``port``, to stop and start again."""
+    app = create_app(db, registry=app_registry, refresh=1.0)
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=1
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="dashboard-own", daemon=True)
+    thread.start()
+    wait_for(lambda: server.started, timeout=30, message="uvicorn to start")
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        assert not thread.is_alive()
+
+
+def mark_page(driver: Any) -> None:
+    """Leave a value in the page's window: it survives only if the page is not reloaded."""
+    driver.execute_script("window.sqlaJobsMarker = 'not reloaded'")
+
+
+def not_reloaded(driver: Any) -> bool:
+    return bool(driver.execute_script("return window.sqlaJobsMarker") == "not reloaded")
+
+
+def test_a_retried_job_turns_done_on_the_open_page_without_a_reload(
+    driver: Any, base_url: str, db: sa.Engine, worker: Worker
+) -> None:
+    dead = insert(
+        db,
+        "INSERT INTO jobs (kind, payload, status, attempts, finished_at, last_error) VALUES "
+        "('noop', '{}', 'dead', 8, now(), 'ConnectionError: smtp down') RETURNING id",
+    )
+    # The kind is paused while the page loads, so the page surely shows the job queued
+    # and only the live view can show it done.
+    with Session(db) as session:
+        ops.pause(session, kind="noop")
+        session.commit()
+    try:
+        driver.get(f"{base_url}/jobs/{dead}")
+        driver.find_element(By.XPATH, "//button[text()='Retry']").click()
+        assert flash(driver, "put back") == "1 job(s) put back in the queue."
+        driver.find_element(By.CSS_SELECTOR, f"[data-job='{dead}'] .status-queued")
+        cancel = driver.find_element(By.XPATH, "//button[text()='Cancel']")
+        wait_for(
+            lambda: text_of(driver, "#live-state") == "live",
+            message="the page's event stream to open",
+        )
+        mark_page(driver)
+    finally:
+        with Session(db) as session:
+            ops.resume(session, kind="noop")
+            session.commit()
+    wait_for(
+        lambda: driver.find_elements(By.CSS_SELECTOR, f"[data-job='{dead}'] .status-done"),
+        interval=0.2,
+        message="the open page to show the job done",
+    )
+    assert status_of(db, dead) == "done"
+    assert not_reloaded(driver)
+    assert driver.find_element(By.CSS_SELECTOR, f"[data-job-attempts='{dead}']").text == "1"
+    # The queued job's Cancel went with its status; a link offers the done job's actions.
+    assert not cancel.is_displayed()
+    assert driver.find_element(By.CSS_SELECTOR, "[data-stale-job]").is_displayed()
+    assert console_problems(driver) == []
+
+
+def test_overview_counts_follow_the_queue_and_come_back_after_a_server_restart(
+    driver: Any, db: sa.Engine
+) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+
+    def scheduled() -> int:
+        return int(driver.find_element(By.CSS_SELECTOR, "[data-count='scheduled']").text)
+
+    def add_later(n: int) -> None:
+        with Session(db) as session:
+            for _ in range(n):
+                enqueue(session, "noop", {"later": True}, delay=3600)
+            session.commit()
+
+    with own_server(db, port) as base:
+        driver.get(base + "/")
+        before = scheduled()
+        mark_page(driver)
+        add_later(2)
+        wait_for(lambda: scheduled() == before + 2, message="the count to go up by 2")
+    # The server is gone: the page says so, and its stream comes back with the server.
+    wait_for(
+        lambda: text_of(driver, "#live-state") == "reconnecting",
+        message="the page to notice the lost stream",
+    )
+    add_later(1)
+    with own_server(db, port):
+        wait_for(lambda: scheduled() == before + 3, message="the count after the restart")
+        assert driver.find_element(By.ID, "live-state").text == "live"
+    assert not_reloaded(driver)
+
+
+def test_bulk_retry_of_ticked_dead_jobs_after_confirming_the_count(
+    driver: Any, base_url: str, db: sa.Engine, worker: Worker
+) -> None:
+    dead = [
+        insert(
+            db,
+            "INSERT INTO jobs (kind, payload, status, attempts, finished_at, last_error) VALUES "
+            "('noop', '{\"batch\": \"b1\"}', 'dead', 8, now(), 'boom') RETURNING id",
+        )
+        for _ in range(2)
+    ]
+    driver.get(base_url + '/dead?payload={"batch": "b1"}')
+    for job_id in dead:
+        driver.find_element(By.CSS_SELECTOR, f"input[name='id'][value='{job_id}']").click()
+    driver.find_element(By.XPATH, "//fieldset[@class='bulk-controls']//button").click()
+    wait_for(
+        lambda: text_of(driver, "h1") == "Retry 2 job(s)?",
+        message="the confirmation page with the count",
+    )
+    assert [status_of(db, j) for j in dead] == ["dead", "dead"]
+    shoot(driver, "bulk-confirm")
+    driver.find_element(By.XPATH, "//button[text()='Retry 2 job(s)']").click()
+    assert flash(driver, "put back") == "2 job(s) put back in the queue."
+    wait_for(
+        lambda: [status_of(db, j) for j in dead] == ["done", "done"],
+        message="the worker to run the retried jobs",
+    )
+
+
+def test_cancel_a_running_job_from_its_page_and_see_it_end_cancelled(
+    driver: Any, base_url: str, db: sa.Engine, worker: Worker
+) -> None:
+    with Session(db) as session:
+        job_id = enqueue(session, "until_cancelled", {})
+        session.commit()
+    assert job_id is not None
+    wait_for(lambda: status_of(db, job_id) == "running", message="the worker to start the job")
+    driver.get(f"{base_url}/jobs/{job_id}")
+    driver.find_element(By.CSS_SELECTOR, f"[data-job='{job_id}'] .status-running")
+    driver.find_element(By.XPATH, "//button[text()='Stop and cancel']").click()
+    driver.switch_to.alert.accept()  # "Stop running job N? ..."
+    flash(driver, "asked to stop")
+    mark_page(driver)
+    wait_for(
+        lambda: driver.find_elements(By.CSS_SELECTOR, f"[data-job='{job_id}'] .status-cancelled"),
+        interval=0.2,
+        message="the open page to show the job cancelled",
+    )
+    assert status_of(db, job_id) == "cancelled"
+    assert not_reloaded(driver)
+
+
+def dashboard_listeners(db: sa.Engine) -> int:
+    """The dashboard's LISTEN connections (the worker's have another application_name)."""
+    with db.connect() as conn:
+        found = conn.execute(
+            sa.text(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND application_name = 'sqla_jobs dashboard'"
+            )
+        )
+        return int(found.scalar_one())
+
+
+def set_visibility(driver: Any, state: str) -> None:
+    """Tell the page its tab is hidden or shown, as the browser does when tabs change."""
+    driver.execute_script(
+        "Object.defineProperty(document, 'visibilityState', {value: arguments[0], "
+        "configurable: true}); document.dispatchEvent(new Event('visibilitychange'));",
+        state,
+    )
+
+
+def test_a_hidden_tab_closes_its_stream_and_the_server_stops_asking(
+    driver: Any, db: sa.Engine
+) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    with own_server(db, port) as base:
+        driver.get(base + "/")
+        wait_for(lambda: text_of(driver, "#live-state") == "live", message="the stream")
+        wait_for(lambda: dashboard_listeners(db) == 1, message="the dashboard's LISTEN")
+        set_visibility(driver, "hidden")
+        assert text_of(driver, "#live-state") == "paused"
+        # No tab left: the server's round of queries stops, and its LISTEN connection goes.
+        wait_for(lambda: dashboard_listeners(db) == 0, message="the LISTEN to close")
+        set_visibility(driver, "visible")
+        wait_for(lambda: text_of(driver, "#live-state") == "live", message="the stream back")
+        wait_for(lambda: dashboard_listeners(db) == 1, message="the LISTEN back")
+        driver.get("about:blank")
+
+
+def test_the_jobs_list_shows_a_job_run_by_the_worker_without_a_reload(
+    driver: Any, base_url: str, db: sa.Engine, worker: Worker
+) -> None:
+    with Session(db) as session:
+        ops.pause(session, kind="noop")  # held until the page is open
+        job_id = enqueue(session, "noop", {"listed": "live"})
+        session.commit()
+    assert job_id is not None
+    try:
+        driver.get(base_url + '/jobs?payload={"listed": "live"}')
+        driver.find_element(By.CSS_SELECTOR, f"[data-job='{job_id}'] .status-queued")
+        wait_for(lambda: text_of(driver, "#live-state") == "live", message="the stream")
+        mark_page(driver)
+    finally:
+        with Session(db) as session:
+            ops.resume(session, kind="noop")
+            session.commit()
+    wait_for(
+        lambda: driver.find_elements(By.CSS_SELECTOR, f"[data-job='{job_id}'] .status-done"),
+        interval=0.2,
+        message="the list to show the job done",
+    )
+    assert text_of(driver, f"[data-job-attempts='{job_id}']") == "1"
+    assert not_reloaded(driver)

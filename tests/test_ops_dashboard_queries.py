@@ -172,3 +172,43 @@ def test_dashboard_queries_read_indexes_not_the_jobs_table(engine: sa.Engine) ->
             plan = _plan(conn, stmt)
             assert "Seq Scan" not in plan, (name, plan)
             assert index in plan, (name, plan)
+
+
+# --- live view ------------------------------------------------------------------------
+
+
+def test_job_states_reads_status_attempts_and_cancel_flag_of_the_ids_given(
+    session: Session, engine: sa.Engine
+) -> None:
+    a = enqueue(session, "mail", {})
+    b = enqueue(session, "mail", {})
+    gone = enqueue(session, "mail", {})
+    session.commit()
+    assert a is not None and b is not None and gone is not None
+    insert(
+        engine,
+        "UPDATE jobs SET status = 'running', attempts = 1, cancel_requested_at = now() "
+        "WHERE id = :id",
+        id=b,
+    )
+    insert(engine, "DELETE FROM jobs WHERE id = :id", id=gone)
+
+    states = ops.job_states(session, [a, b, gone])
+
+    assert sorted(states) == [a, b]
+    assert (states[a].status.value, states[a].attempts, states[a].cancel_requested) == (
+        "queued",
+        0,
+        False,
+    )
+    assert (states[b].status.value, states[b].attempts, states[b].cancel_requested) == (
+        "running",
+        1,
+        True,
+    )
+    assert ops.job_states(session, []) == {}
+
+
+def test_job_states_refuses_more_ids_than_a_page_could_show(session: Session) -> None:
+    with pytest.raises(ConfigError, match="at most 500 ids, got 501"):
+        ops.job_states(session, list(range(1, 502)))

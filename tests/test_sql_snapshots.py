@@ -87,6 +87,7 @@ CASES: dict[str, Callable[[], Any]] = {
         newest_first=True,
     ),
     "admin.get_job": lambda: admin.get_job(1),
+    "admin.job_states": lambda: admin.job_states([1, 2]),
     "admin.retry_jobs": lambda: admin.retry_jobs(statuses=[JobStatus.DEAD], ids=[1, 2]),
     "admin.cancel_jobs": lambda: admin.cancel_jobs(kind="a"),
     "admin.request_cancel": lambda: admin.request_cancel(ids=[1, 2]),

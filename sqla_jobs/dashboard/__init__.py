@@ -14,7 +14,16 @@ or run it alone: ``sqla-jobs dashboard --app myapp.jobs:registry`` (127.0.0.1:80
 **A window on** :mod:`sqla_jobs.ops`. Every figure a page shows and every action it
 takes is an ops call (``stats``, ``throughput``, ``list_jobs``, ``get_job``, ``retry_jobs``,
 ``cancel``, ``delete_jobs``, ``pause``, ``resume``, ``set_limit``, ``clear_limits``,
-``workers``, ``periodic_statuses``, ``audit_log``): there is no SQL in this package.
+``workers``, ``periodic_statuses``, ``audit_log``, ``job_states``): there is no SQL in
+this package but the live view's ``LISTEN``, on a connection of its own as the worker's
+listener does. Bulk actions (:mod:`._bulk`) count what they would touch, then act on
+exactly that, in two POSTs.
+
+**Live updates** (:mod:`._live`): pages that show something that changes open a
+server-sent events stream (``/events``); one hub per app answers every open tab from
+one round of queries, at most once a second, every ``refresh`` seconds or sooner when
+the queue notifies (one shared LISTEN connection; ``listen=False`` behind PgBouncer in
+transaction mode). A hidden tab closes its stream; a lost one reconnects.
 The ops are synchronous; the pages run them on Starlette's thread pool with a plain
 ``Engine``, so the event loop of the app it is mounted in is never blocked, and an app
 with only an ``AsyncEngine`` creates a small ``Engine`` beside it for the dashboard.

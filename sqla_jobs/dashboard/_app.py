@@ -11,7 +11,7 @@ from starlette.middleware import Middleware
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from sqla_jobs.dashboard import _render, _security, _views
+from sqla_jobs.dashboard import _live, _render, _security, _views
 from sqla_jobs.tasks import Registry
 
 
@@ -22,6 +22,8 @@ def create_app(
     permissions: _security.Permissions | None = None,
     read_only: bool = False,
     registry: Registry | None = None,
+    listen: bool = True,
+    refresh: float = _live.DEFAULT_REFRESH,
 ) -> Starlette:
     """The dashboard as an ASGI app, to mount under any path or serve alone.
 
@@ -34,6 +36,10 @@ def create_app(
     or a callable ``(request, action) -> bool`` (sync or async); None grants every
     action. ``read_only``: no action for anyone. ``registry``: the app's handlers, for
     periodic schedules, declared queues and kinds, and kinds no handler serves.
+    ``listen``: open pages refresh as soon as the queue notifies (one LISTEN connection
+    per app, shared by every open tab); False behind PgBouncer in transaction mode, where
+    notifications do not arrive. ``refresh``: seconds between two refreshes of open pages
+    when nothing is notified (polling; at least 1, defaults to 2).
     """
     if isinstance(engine, AsyncEngine):
         raise TypeError(
@@ -53,6 +59,8 @@ def create_app(
         auth=auth,
         permissions=_security.check_permissions(permissions),
         read_only=bool(read_only),
+        listen=bool(listen),
+        refresh=_live.check_refresh(refresh),
     )
     views = _views.Views(settings)
     page, action = views.page, views.action
@@ -66,6 +74,9 @@ def create_app(
         Route("/periodic", page(views.periodic), name="periodic"),
         Route("/workers", page(views.workers), name="workers"),
         Route("/audit", page(views.audit), name="audit"),
+        Route("/events", views.events, name="events"),
+        Route("/jobs/bulk", views.bulk_action(views.bulk_review), methods=["POST"]),
+        Route("/jobs/bulk/apply", views.bulk_action(views.bulk_apply), methods=["POST"]),
         Route("/jobs/{job_id:int}/retry", action("retry")(views.retry), methods=["POST"]),
         Route("/jobs/{job_id:int}/cancel", action("cancel")(views.cancel), methods=["POST"]),
         Route("/jobs/{job_id:int}/delete", action("delete")(views.delete), methods=["POST"]),

@@ -22,6 +22,8 @@ from sqla_jobs.models import JobStatus
 #: Largest form body read; the dashboard's forms are a few fields long.
 MAX_FORM_BYTES = 16_384
 PAGE_SIZE = 50
+#: Most fields a form may have: a page of ticked jobs and the bulk form's own.
+MAX_FIELDS = PAGE_SIZE + 20
 
 
 class FormTooLarge(ConfigError):
@@ -29,14 +31,24 @@ class FormTooLarge(ConfigError):
 
 
 async def read_form(request: Request) -> dict[str, str]:
-    """The posted fields (the last value of a repeated name); ConfigError if too large."""
+    """The posted fields (the last value of a repeated name, but the ticked ``id`` boxes
+    of a list joined by commas as ``ids``); ConfigError if too large."""
     body = b""
     async for chunk in request.stream():
         body += chunk
         if len(body) > MAX_FORM_BYTES:
             raise FormTooLarge(f"the form is larger than {MAX_FORM_BYTES} bytes")
-    pairs = parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True, max_num_fields=50)
-    return dict(pairs)
+    try:
+        pairs = parse_qsl(
+            body.decode("utf-8", "replace"), keep_blank_values=True, max_num_fields=MAX_FIELDS
+        )
+    except ValueError:
+        raise FormTooLarge(f"the form has more than {MAX_FIELDS} fields") from None
+    form = dict(pairs)
+    ticked = [value for name, value in pairs if name == "id"]
+    if ticked:
+        form["ids"] = ",".join(ticked)
+    return form
 
 
 @dataclass(frozen=True)

@@ -78,6 +78,10 @@ def plan(host: str, port: int, auth_path: str | None, insecure_no_auth: bool) ->
     return Plan(host, port, auth, f"sqla_jobs dashboard on http://{shown}:{port}/ ({who})")
 
 
+#: Seconds a stopping server waits for open responses (live streams) before closing them.
+SHUTDOWN_GRACE = 3
+
+
 def serve(
     engine: sa.Engine,
     chosen: Plan,
@@ -89,4 +93,12 @@ def serve(
 
     app = _app.create_app(engine, auth=chosen.auth, read_only=read_only, registry=registry)
     print(chosen.notice, flush=True)
-    uvicorn.run(app, host=chosen.host, port=chosen.port, log_level="warning")
+    # An open tab's live stream never ends by itself: without a bound, a graceful
+    # shutdown (Ctrl-C) would wait for every tab to be closed.
+    uvicorn.run(
+        app,
+        host=chosen.host,
+        port=chosen.port,
+        log_level="warning",
+        timeout_graceful_shutdown=SHUTDOWN_GRACE,
+    )

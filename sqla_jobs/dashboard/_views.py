@@ -18,11 +18,18 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import QueryParams
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.responses import (
+    HTMLResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
 
 from sqla_jobs import ops
-from sqla_jobs.dashboard import _forms, _render, _security
+from sqla_jobs.dashboard import _bulk, _forms, _live, _render, _security
 from sqla_jobs.dashboard._security import Viewer
 from sqla_jobs.exceptions import ConfigError, JobNotFoundError, SchemaNotReadyError
 from sqla_jobs.models import JobStatus
@@ -37,12 +44,17 @@ MESSAGES = {
     "cancel": "{n} job(s) cancelled.",
     "stop": "{n} running job(s) asked to stop; the worker ends them cancelled.",
     "delete": "{n} job(s) deleted.",
+    "bulk-retry": "{n} job(s) put back in the queue.",
+    "bulk-cancel": "{n} job(s) cancelled or asked to stop.",
+    "bulk-delete": "{n} job(s) deleted.",
     "pause": "Paused: no worker starts its jobs until it is resumed.",
     "resume": "Resumed.",
     "limit": "Limit set.",
     "clear": "Operator's limits cleared: the code's limits apply.",
 }
 AUDIT_ROWS = 20
+#: A bulk action's audit entry lists the ids it touched when there are at most this many.
+BULK_AUDIT_IDS = 100
 
 
 @dataclass(frozen=True)
@@ -52,6 +64,8 @@ class Settings:
     auth: _security.AuthHook | None
     permissions: _security.Permissions | None
     read_only: bool
+    listen: bool = True
+    refresh: float = _live.DEFAULT_REFRESH
 
 
 class HttpProblem(Exception):
@@ -67,6 +81,7 @@ class Views:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.templates = _render.environment()
+        self.hub = _live.Hub(settings.engine, listen=settings.listen, refresh=settings.refresh)
 
     # --- plumbing ------------------------------------------------------------------
 
@@ -84,8 +99,15 @@ class Views:
         return await run_in_threadpool(self._session, fn, True)
 
     def render(
-        self, request: Request, viewer: Viewer, name: str, status: int = 200, **context: Any
+        self,
+        request: Request,
+        viewer: Viewer,
+        name: str,
+        status: int = 200,
+        live: str | None = None,
+        **context: Any,
     ) -> HTMLResponse:
+        """``name`` rendered; ``live``: the query of the page's event stream, if any."""
         token, new = _security.csrf_token(request)
         prefix = request.scope.get("root_path", "").rstrip("/")
         did = request.query_params.get("did", "")
@@ -103,6 +125,7 @@ class Views:
             csrf=token,
             read_only=self.settings.read_only,
             message=message,
+            live=f"{prefix}/events?{live}" if live else None,
             **context,
         )
         response = HTMLResponse(html, status_code=status)
@@ -118,9 +141,12 @@ class Views:
             )
         return response
 
-    def back(self, request: Request, path: str, did: str, n: int | None = None) -> Response:
+    def back(
+        self, request: Request, path: str, did: str, n: int | None = None, query: str = ""
+    ) -> Response:
+        """303 to ``path`` (with ``query``, a page's own), saying what was done."""
         prefix = request.scope.get("root_path", "").rstrip("/")
-        query = f"did={did}" + (f"&n={n}" if n is not None else "")
+        query = (f"{query}&" if query else "") + f"did={did}" + (f"&n={n}" if n is not None else "")
         return RedirectResponse(f"{prefix}{path}?{query}", status_code=303)
 
     def page(self, fn: Callable[[Request, Viewer], Awaitable[Response]]) -> Endpoint:
@@ -166,6 +192,24 @@ class Views:
 
         return wrap
 
+    def bulk_action(
+        self, fn: Callable[[Request, Viewer, _bulk.Asked, dict[str, str]], Awaitable[Response]]
+    ) -> Endpoint:
+        """A bulk POST: CSRF checked, then the permission of the action the form names."""
+
+        async def checked(request: Request, viewer: Viewer) -> Response:
+            form = await _forms.read_form(request)
+            problem = _security.csrf_problem(request, form.get(_security.CSRF_FIELD))
+            if problem is not None:
+                raise HttpProblem(403, f"Refused: {problem}.")
+            asked = _bulk.Asked.from_form(form)
+            if not viewer.can(asked.op):
+                raise HttpProblem(403, f"You may not {asked.op} here (read-only or not permitted).")
+            return await fn(request, viewer, asked, form)
+
+        checked.__name__ = fn.__name__
+        return self.page(checked)
+
     async def _viewer(self, request: Request) -> Viewer:
         s = self.settings
         return await _security.resolve(request, s.auth, s.permissions, s.read_only)
@@ -190,6 +234,7 @@ class Views:
             request,
             viewer,
             "overview.html",
+            live="counts=1",
             nav="overview",
             **data,
             queues=_by_queue(data["stats"]),
@@ -242,6 +287,7 @@ class Views:
             viewer,
             "jobs.html",
             status=400 if error else 200,
+            live="ids=" + ",".join(str(j.id) for j in page) if page else None,
             nav=nav,
             filter=chosen,
             jobs=page,
@@ -249,6 +295,7 @@ class Views:
             first_page=after is None,
             next_query=next_query,
             statuses=[s.value for s in JobStatus],
+            bulk_ops=[op for op in _bulk.APPLIES_TO if viewer.can(op)],
         )
 
     async def goto(self, request: Request, viewer: Viewer) -> Response:
@@ -269,7 +316,8 @@ class Views:
             }
 
         data = await self.read(load)
-        return self.render(request, viewer, "job.html", nav="jobs", **data)
+        live = None if data["job"].archived else f"ids={job_id}"
+        return self.render(request, viewer, "job.html", live=live, nav="jobs", **data)
 
     async def periodic(self, request: Request, viewer: Viewer) -> Response:
         registry = self.settings.registry
@@ -302,6 +350,71 @@ class Views:
         )
         more = entries[-1].id if len(entries) == _forms.PAGE_SIZE else None
         return self.render(request, viewer, "audit.html", nav="audit", entries=entries, more=more)
+
+    async def events(self, request: Request) -> Response:
+        """The live view's server-sent events for one tab (see :mod:`._live`)."""
+        viewer = await self._viewer(request)
+        if viewer.access == _security.DENY:
+            return PlainTextResponse("Access denied.", status_code=403)
+        query = request.query_params
+        try:
+            watch = _live.parse_watch(query.get("counts"), query.get("ids"))
+        except ConfigError as exc:
+            return PlainTextResponse(str(exc), status_code=400)
+        return StreamingResponse(
+            self.hub.stream(watch),
+            media_type="text/event-stream",
+            # no-transform and X-Accel-Buffering: proxies must pass each event on at once.
+            headers={"cache-control": "no-store, no-transform", "x-accel-buffering": "no"},
+        )
+
+    # --- bulk actions (the jobs page) -----------------------------------------------
+
+    async def bulk_review(
+        self, request: Request, viewer: Viewer, asked: _bulk.Asked, form: dict[str, str]
+    ) -> Response:
+        """Step one: how many jobs the action would touch, and a button to confirm."""
+        chosen = await self.read(lambda s: _bulk.select(s, asked))
+        return self.render(
+            request,
+            viewer,
+            "confirm.html",
+            nav=_page(form),
+            asked=asked,
+            verb=_bulk.VERBS[asked.op],
+            count=len(chosen.ids),
+            more=chosen.more,
+            limit=_bulk.MAX_BULK,
+            upto=max(chosen.ids, default=0),
+            applies_to=[s.value for s in _bulk.APPLIES_TO[asked.op]],
+            back_query=form.get("filter", ""),
+        )
+
+    async def bulk_apply(
+        self, request: Request, viewer: Viewer, asked: _bulk.Asked, form: dict[str, str]
+    ) -> Response:
+        """Step two: act on the jobs reviewed (no job newer than the review's)."""
+        if asked.upto is None:
+            raise ConfigError("review the bulk action first: its confirmation names the jobs")
+
+        def act(session: Session) -> dict[str, int]:
+            chosen = _bulk.select(session, asked)
+            did = _bulk.apply(session, asked.op, chosen.ids)
+            detail: dict[str, Any] = {"scope": "matching" if asked.filter else "selected"}
+            if asked.filter is not None:
+                detail.update(filter=asked.filter.query(), up_to_id=asked.upto)
+            if len(chosen.ids) <= BULK_AUDIT_IDS:
+                detail["ids"] = list(chosen.ids)
+            detail.update(did)
+            _record(session, viewer, asked.op, "jobs", asked.target, detail)
+            return did
+
+        did = await self.write(act)
+        path = "/dead" if _page(form) == "dead" else "/jobs"
+        query = form.get("filter", "")
+        if _page(form) == "dead":
+            query = _forms.JobFilter.from_query(QueryParams(query), status="").query()
+        return self.back(request, path, f"bulk-{asked.op}", did["done"], query)
 
     # --- actions on one job --------------------------------------------------------
 
@@ -394,6 +507,11 @@ def _record(
     ops.record_action(
         session, actor=viewer.actor, action=action, scope=scope, target=target, detail=detail
     )
+
+
+def _page(form: dict[str, str]) -> str:
+    """The list a bulk form came from: ``dead`` or ``jobs``."""
+    return "dead" if form.get("page") == "dead" else "jobs"
 
 
 def _job_id(request: Request) -> int:

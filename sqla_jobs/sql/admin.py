@@ -96,6 +96,18 @@ def get_job(job_id: int) -> sa.Select[Any]:
     return sa.select(*jobs.c).where(jobs.c.id == sa.bindparam("id", job_id, sa.BigInteger))
 
 
+def job_states(ids: Sequence[int]) -> sa.Select[Any]:
+    """Status, attempts and cancel flag of the jobs with these ids (primary key look-ups:
+    the dashboard's live view asks this about the jobs on an open page, once a second)."""
+    return sa.select(
+        jobs.c.id,
+        jobs.c.status,
+        jobs.c.attempts,
+        jobs.c.max_attempts,
+        jobs.c.cancel_requested_at,
+    ).where(jobs.c.id == sa.any_(sa.bindparam("ids", list(ids), ARRAY(sa.BigInteger))))
+
+
 def _locked_ids(conditions: list[sa.ColumnElement[bool]], name: str) -> sa.CTE:
     # SKIP LOCKED: rows a worker is claiming (or another operator is changing) right
     # now are left alone and not counted. MATERIALIZED, as in claim(): the locking
