@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -83,3 +86,32 @@ def setup_app_tables(engine: sa.Engine) -> None:
 
     with engine.begin() as conn:
         conn.exec_driver_sql(SETUP_SQL)
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on at 127.0.0.1 now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def serve_in_thread(app: Any, port: int | None = None, name: str = "dashboard") -> Iterator[str]:
+    """``app`` served by uvicorn in a thread at ``http://127.0.0.1:PORT`` (a free port unless
+    given); stopped (and its thread joined) on exit."""
+    import uvicorn
+
+    port = free_port() if port is None else port
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=1
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name=name, daemon=True)
+    thread.start()
+    wait_for(lambda: server.started, timeout=30, message="uvicorn to start")
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        assert not thread.is_alive(), "uvicorn did not stop"

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import threading
 import uuid
 from collections.abc import Iterator
@@ -26,8 +25,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-import uvicorn
-from helpers import url_text, wait_for
+from helpers import free_port, serve_in_thread, url_text, wait_for
 from jobapp import registry as app_registry
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
@@ -90,22 +88,8 @@ def db(browser_db: URL) -> Iterator[sa.Engine]:
 @pytest.fixture(scope="module")
 def base_url(db: sa.Engine) -> Iterator[str]:
     """The dashboard served by uvicorn in a thread, at http://127.0.0.1:PORT."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    app = create_app(db, registry=app_registry)
-    config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=1
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="dashboard", daemon=True)
-    thread.start()
-    wait_for(lambda: server.started, timeout=30, message="uvicorn to start")
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
+    with serve_in_thread(create_app(db, registry=app_registry)) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -322,19 +306,8 @@ def test_markup_from_the_database_stays_text_in_the_dom(
 def own_server(db: sa.Engine, port: int) -> Iterator[str]:
     """A dashboard of this test's own on ``port``, to stop and start again."""
     app = create_app(db, registry=app_registry, refresh=1.0)
-    config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=1
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="dashboard-own", daemon=True)
-    thread.start()
-    wait_for(lambda: server.started, timeout=30, message="uvicorn to start")
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
-        assert not thread.is_alive()
+    with serve_in_thread(app, port, name="dashboard-own") as url:
+        yield url
 
 
 def mark_page(driver: Any) -> None:
@@ -391,9 +364,7 @@ def test_a_retried_job_turns_done_on_the_open_page_without_a_reload(
 def test_overview_counts_follow_the_queue_and_come_back_after_a_server_restart(
     driver: Any, db: sa.Engine
 ) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
+    port = free_port()
 
     def scheduled() -> int:
         return int(driver.find_element(By.CSS_SELECTOR, "[data-count='scheduled']").text)
@@ -498,9 +469,7 @@ def set_visibility(driver: Any, state: str) -> None:
 def test_a_hidden_tab_closes_its_stream_and_the_server_stops_asking(
     driver: Any, db: sa.Engine
 ) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
+    port = free_port()
     with own_server(db, port) as base:
         driver.get(base + "/")
         wait_for(lambda: text_of(driver, "#live-state") == "live", message="the stream")

@@ -6,8 +6,6 @@ goes on by polling when LISTEN is off or its connection is killed."""
 from __future__ import annotations
 
 import json
-import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -16,9 +14,8 @@ from typing import Any
 import httpx
 import pytest
 import sqlalchemy as sa
-import uvicorn
 from dashboard_client import Client
-from helpers import wait_for
+from helpers import serve_in_thread, wait_for
 from sqlalchemy.orm import Session
 from starlette.applications import Starlette
 from starlette.routing import Mount
@@ -32,22 +29,8 @@ Events = Iterator[tuple[str, Any]]
 @contextmanager
 def serve(engine: sa.Engine, **options: Any) -> Iterator[str]:
     """The dashboard served by uvicorn on a free 127.0.0.1 port, in a thread."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    app = create_app(engine, refresh=1.0, **options)
-    config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=1
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="dashboard", daemon=True)
-    thread.start()
-    wait_for(lambda: server.started, timeout=30, message="uvicorn to start")
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
+    with serve_in_thread(create_app(engine, refresh=1.0, **options)) as url:
+        yield url
 
 
 @contextmanager
