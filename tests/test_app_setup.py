@@ -103,6 +103,28 @@ def _testing_files(section: str) -> dict[str, str]:
     return files
 
 
+def _write_files(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def _run_the_apps_tests(root: Path, admin_url: URL, wanted: int) -> None:
+    """pytest on the project at ``root``, as its developer runs it: ``wanted`` tests pass."""
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "tests"],
+        cwd=root,
+        env={**os.environ, "DATABASE_URL": url_text(admin_url)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert f"{wanted} passed" in output, output
+
+
 def test_readme_testing_section_runs_as_the_apps_own_test_suite(
     tmp_path: Path, empty_db_url: URL, admin_url: URL
 ) -> None:
@@ -110,10 +132,7 @@ def test_readme_testing_section_runs_as_the_apps_own_test_suite(
     run_steps(tmp_path, steps.first)
     files = _testing_files(readme_section("Testing your app"))
     assert set(files) == {"conftest.py", "pyproject.toml", "shop/jobs.py", "tests/test_jobs.py"}
-    for name, text in files.items():
-        path = tmp_path / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+    _write_files(tmp_path, files)
     # The shop is importable from its root, as in any project laid out this way.
     with (tmp_path / "pyproject.toml").open("a") as f:
         f.write('pythonpath = ["."]\n')
@@ -129,17 +148,7 @@ def test_readme_testing_section_runs_as_the_apps_own_test_suite(
         )
     )
     wanted = len(re.findall(r"^def test_", files["tests/test_jobs.py"], re.M))
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "tests"],
-        cwd=tmp_path,
-        env={**os.environ, "DATABASE_URL": url_text(admin_url)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output
-    assert f"{wanted} passed" in output, output
+    _run_the_apps_tests(tmp_path, admin_url, wanted)
     assert wanted == 3
 
 
@@ -198,23 +207,10 @@ def test_readme_async_applications_section_runs_as_the_apps_own_test_suite(
         "tests/conftest.py",
         "tests/test_signup.py",
     }
-    for name, text in files.items():
-        path = tmp_path / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+    _write_files(tmp_path, files)
     (tmp_path / "signup" / "__init__.py").write_text("")
     with (tmp_path / "pyproject.toml").open("a") as f:
         f.write('pythonpath = ["."]\n')
     wanted = len(re.findall(r"^async def test_", files["tests/test_signup.py"], re.M))
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "tests"],
-        cwd=tmp_path,
-        env={**os.environ, "DATABASE_URL": url_text(admin_url)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output
-    assert f"{wanted} passed" in output, output
+    _run_the_apps_tests(tmp_path, admin_url, wanted)
     assert wanted == 3
