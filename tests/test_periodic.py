@@ -672,7 +672,8 @@ def test_an_enqueuer_that_read_the_schedule_before_a_tick_was_archived_does_not_
         return bool(
             scalar(
                 engine,
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = :n "
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND application_name = :n "
                 "AND wait_event_type = 'Lock' AND wait_event = 'advisory'",
                 n=f"gate_{name}",
             )

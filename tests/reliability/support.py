@@ -222,7 +222,8 @@ def freeze(proc: subprocess.Popen[bytes], engine: sa.Engine, app: str) -> None:
     would keep its row locks, and no other worker could take its jobs over."""
     holding = (
         "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
-        "WHERE a.application_name = :app AND l.relation = 'jobs'::regclass"
+        "WHERE a.datname = current_database() AND a.application_name = :app "
+        "AND l.relation = 'jobs'::regclass"
     )
     deadline = time.monotonic() + 30
     while True:

@@ -228,7 +228,8 @@ def active_sleep(engine: sa.Engine) -> bool:
         scalar(
             engine,
             "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' "
-            "AND pid <> pg_backend_pid() AND position('pg_sleep(3600)' in query) > 0",
+            "AND datname = current_database() AND pid <> pg_backend_pid() "
+            "AND position('pg_sleep(3600)' in query) > 0",
         )
     )
 
@@ -415,7 +416,8 @@ def test_an_isolated_handler_is_killed_at_its_deadline_and_its_transaction_dies(
     assert (
         scalar(
             engine,
-            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'SELECT pg_sleep(3600)%'",
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND query LIKE 'SELECT pg_sleep(3600)%'",
         )
         == 0
     )
