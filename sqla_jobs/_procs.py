@@ -161,7 +161,7 @@ class Supervisor:
             child.proc = None
             child.exits.append(code)
             if self._signals:
-                log.info("worker process %d (pid %d) exited with status %d", child.index, pid, code)
+                self._stopped(child, pid, code)
                 continue
             if now - child.started_at >= STABLE_AFTER:
                 child.backoff = RESTART_MIN
@@ -174,6 +174,21 @@ class Supervisor:
                 child.backoff,
             )
             child.backoff = min(RESTART_MAX, child.backoff * 2)
+
+    def _stopped(self, child: _Child, pid: int, code: int) -> None:
+        if code == -signal.SIGTERM:
+            # Killed by the signal itself: the child had not installed its handler, which
+            # the worker does before its first claim (it was still importing the app or
+            # checking the schema). Nothing was claimed, so nothing was left undrained.
+            log.info(
+                "worker process %d (pid %d) was stopped by SIGTERM before it started: "
+                "it held no job",
+                child.index,
+                pid,
+            )
+            child.exits[-1] = 0
+            return
+        log.info("worker process %d (pid %d) exited with status %d", child.index, pid, code)
 
     def _restart_due(self) -> None:
         now = time.monotonic()

@@ -23,13 +23,15 @@ from sqla_jobs import NewJob, enqueue_many
 class Supervised:
     """``python -m sqla_jobs.worker jobapp:registry --processes N ...``, output to a file."""
 
-    def __init__(self, url: URL, log: Path, *args: str) -> None:
-        env = {**os.environ, "DATABASE_URL": url_text(url), "PYTHONUNBUFFERED": "1"}
+    def __init__(
+        self, url: URL, log: Path, *args: str, app: str = "jobapp:registry", **env_vars: str
+    ) -> None:
+        env = {**os.environ, "DATABASE_URL": url_text(url), "PYTHONUNBUFFERED": "1", **env_vars}
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), env.get("PYTHONPATH")) if p)
         self.log = log
         self._out = log.open("w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sqla_jobs.worker", "jobapp:registry", *args],
+            [sys.executable, "-m", "sqla_jobs.worker", app, *args],
             env=env,
             stdout=self._out,
             stderr=subprocess.STDOUT,
@@ -162,6 +164,33 @@ def test_a_second_signal_stops_the_processes_at_once_and_exits_one(
     assert "received SIGINT again: worker processes exit now" in sup.text()
     assert not any(_alive(pid) for pid in children.values())
     assert _counts(engine) == {"running": 2}  # left to their leases, never lost
+
+
+def test_sigterm_before_the_worker_processes_started_exits_zero(
+    db_url: URL, tmp_path: Path, supervised: list[Supervised]
+) -> None:
+    # A child still importing the app has no signal handler yet: SIGTERM kills it
+    # (status -15). It had claimed nothing, so the stop is as clean as a drain. (Seen
+    # when a crashed child was restarted a moment before a deploy's SIGTERM.)
+    gate = tmp_path / "gate"
+    gate.touch()
+    sup = Supervised(
+        db_url,
+        tmp_path / "sup.log",
+        "--processes",
+        "2",
+        app="slowstartapp:registry",
+        SLOW_START_GATE=str(gate),
+        SLOW_START_PARENT=str(os.getpid()),
+    )
+    supervised.append(sup)
+    wait_for(lambda: len(list(tmp_path.glob("gate.*"))) == 2, message="2 children importing")
+    sup.proc.send_signal(signal.SIGTERM)
+    assert sup.proc.wait(30) == 0, sup.text()
+    out = sup.text()
+    assert out.count("was stopped by SIGTERM before it started: it held no job") == 2, out
+    assert "supervisor stopped: 2 of 2 worker processes drained cleanly" in out
+    assert "started: queues=" not in out  # no worker got as far as claiming
 
 
 def test_the_worker_processes_stop_when_their_supervisor_is_killed(

@@ -704,6 +704,14 @@ MUTATIONS: list[Mutation] = [
             "test_stats_list_ready_jobs_that_no_live_worker_running_their_kind_serves",
         ),
     ),
+    Mutation(
+        "supervisor_unstarted_child_clean",
+        "--processes: a child stopped by SIGTERM before it started held no job: exit 0",
+        "sqla_jobs/_procs.py",
+        "            child.exits[-1] = 0\n",
+        "            pass  # MUTATION\n",
+        ("tests/test_processes.py::test_sigterm_before_the_worker_processes_started_exits_zero",),
+    ),
 ]
 
 
