@@ -7,6 +7,7 @@ import json
 import os
 import re
 from collections.abc import Callable, Iterator
+from html.parser import HTMLParser
 from typing import Any
 
 import pytest
@@ -134,6 +135,56 @@ def test_every_page_renders_with_its_data_and_the_security_headers(
     assert css.status_code == 200 and "text/css" in css.headers["content-type"]
     assert css.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
     assert client.get("/static/dashboard.js").status_code == 200
+
+
+class _Ids(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ids: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.ids += [value or "" for name, value in attrs if name == "id"]
+
+
+def html_ids(page: str) -> list[str]:
+    parser = _Ids()
+    parser.feed(page)
+    return parser.ids
+
+
+def test_no_page_repeats_an_html_id(
+    engine: sa.Engine, session: Session, make_client: MakeClient
+) -> None:
+    ids = seed(engine, session)
+    client = make_client(registry=periodic_registry)
+    client.get("/")
+    # An entry in every audit table a page shows (job, queue, kind), so each is drawn.
+    client.post(f"/jobs/{ids['dead']}/retry")
+    client.post("/queues/pause", {"scope": "queue", "name": "mail"})
+    client.post("/queues/pause", {"scope": "kind", "name": "effect"})
+    pages = {
+        path: client.get(path).text
+        for path in (
+            "/",
+            "/queues",
+            "/jobs",
+            "/dead",
+            f"/jobs/{ids['dead']}",
+            f"/jobs/{ids['done']}",
+            "/periodic",
+            "/workers",
+            "/audit",
+            "/jobs/999999",  # the error page
+        )
+    }
+    pages["bulk review"] = client.post(
+        "/jobs/bulk", {"op": "retry", "scope": "matching", "filter": ""}
+    ).text
+    for name, page in pages.items():
+        found = html_ids(page)
+        assert "main" in found, name  # the parser saw the page
+        repeated = sorted({i for i in found if found.count(i) > 1})
+        assert repeated == [], (name, repeated)
 
 
 def test_overview_counts_and_chart_come_from_ops(
