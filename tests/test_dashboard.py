@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from collections.abc import Callable, Iterator
 from html.parser import HTMLParser
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from dashboard_client import CSRF_COOKIE, Client, forms
+from dashboard_client import CSRF_COOKIE, Client, flash, forms, landing, said
 from fastapi import FastAPI
 from helpers import TESTS, rows, scalar, url_text
 from jobapp import registry as app_registry
@@ -22,7 +23,7 @@ from sqlalchemy.orm import Session
 from starlette.requests import Request
 
 from sqla_jobs import ConfigError, enqueue, ops
-from sqla_jobs.dashboard import ACTIONS, CONTENT_SECURITY_POLICY, Decision, create_app
+from sqla_jobs.dashboard import ACTIONS, CONTENT_SECURITY_POLICY, Decision, _flash, create_app
 
 MakeClient = Callable[..., Client]
 
@@ -279,12 +280,13 @@ def test_retry_cancel_and_delete_act_through_ops_and_are_audited(
     client.get("/")
     response = client.post(f"/jobs/{dead}/retry")
     assert response.status_code == 303
-    assert response.headers["location"] == f"/jobs/{dead}?did=retry&n=1"
+    assert landing(response) == f"/jobs/{dead}"
     assert status_of(engine, dead) == "queued"
-    assert "1 job(s) put back in the queue." in client.get(response.headers["location"]).text
+    assert said(client, response) == "1 job(s) put back in the queue."
     assert client.post(f"/jobs/{queued}/cancel").status_code == 303
     assert status_of(engine, queued) == "cancelled"
-    assert client.post(f"/jobs/{queued}/delete").headers["location"] == "/jobs?did=delete&n=1"
+    deleted = client.post(f"/jobs/{queued}/delete")
+    assert landing(deleted) == "/jobs" and said(client, deleted) == "1 job(s) deleted."
     assert status_of(engine, queued) is None
     assert audit(engine) == [
         ("alice", "retry", "job", str(dead)),
@@ -308,7 +310,10 @@ def test_cancel_of_a_running_job_asks_its_worker_to_stop(
     client = make_client()
     client.get("/")
     response = client.post(f"/jobs/{running}/cancel")
-    assert response.headers["location"] == f"/jobs/{running}?did=stop&n=1"
+    assert landing(response) == f"/jobs/{running}"
+    assert said(client, response) == (
+        "1 running job(s) asked to stop; the worker ends them cancelled."
+    )
     assert scalar(
         engine, "SELECT cancel_requested_at IS NOT NULL FROM jobs WHERE id = :i", i=running
     )
@@ -322,16 +327,18 @@ def test_pause_resume_and_limits_of_queues_and_kinds(
     client = make_client(auth=lambda request: Decision("allow", user="ops@example"))
     client.get("/queues")
     assert client.post("/queues/pause", {"scope": "queue", "name": "mail"}).status_code == 303
-    assert client.post("/queues/pause", {"scope": "kind", "name": "effect"}).status_code == 303
+    paused = client.post("/queues/pause", {"scope": "kind", "name": "effect"})
+    assert paused.status_code == 303
     state = ops.stats(session)
     assert state.paused_queues == ("mail",) and state.paused_kinds == ("effect",)
-    page = client.get("/queues?did=pause").text
-    assert "Paused: no worker starts its jobs" in page and "Resume" in page
+    page = client.get(paused.headers["location"]).text
+    assert flash(page) == "Paused: no worker starts its jobs until it is resumed."
+    assert "Resume" in page
     client.post("/queues/resume", {"scope": "queue", "name": "mail"})
     response = client.post(
         "/queues/limit", {"scope": "kind", "name": "effect", "concurrency": "3", "rate": "10/min"}
     )
-    assert response.headers["location"] == "/queues?did=limit"
+    assert landing(response) == "/queues" and said(client, response) == "Limit set."
     limits = {c.name: c for c in ops.controls(session)}
     assert limits["effect"].concurrency == 3 and limits["effect"].rate == "10/min"
     assert "10/min" in client.get("/queues").text
@@ -427,6 +434,30 @@ def test_actions_need_post_and_the_csrf_token_of_this_browser(
     assert page.count(f'name="csrf" value="{token}"') == len(forms(page)) >= 1
 
 
+def test_a_link_cannot_make_a_page_claim_an_action_nobody_took(
+    engine: sa.Engine, make_client: MakeClient
+) -> None:
+    dead = dead_job(engine)
+    client = make_client()
+    assert flash(client.get("/jobs?did=bulk-retry&n=999999").text) is None  # the old form
+    taken = client.post(f"/jobs/{dead}/retry")
+    signed = taken.headers["location"].partition("done=")[2]
+    assert said(client, taken) == "1 job(s) put back in the queue."
+    token = client.csrf_token()
+    forged = {
+        "a count changed": signed.replace("retry.1.", "retry.999999.", 1),
+        "another action": signed.replace("retry.", "bulk-delete.", 1),
+        "signed with a guessed key": _flash.sign("guess" * 8, "bulk-retry", 999999),
+        "signed too long ago": _flash.sign(token, "retry", 5, now=time.time() - 120),
+        "not signed": "bulk-retry.999999.1700000000",
+    }
+    for why, value in forged.items():
+        assert flash(client.get(f"/jobs?done={value}").text) is None, why
+    other_browser = make_client()
+    other_browser.get("/")
+    assert flash(other_browser.get(f"/jobs/{dead}?done={signed}").text) is None
+
+
 SCRIPT = "<script>alert(1)</script>"
 IMG = '"><img src=x onerror=alert(1)>'
 
@@ -494,7 +525,8 @@ def test_mounted_under_a_prefix_in_fastapi_every_link_and_action_keeps_it(
         assert "Path=/admin/jobs" in page.headers["set-cookie"]
         assert client.get("/admin/jobs/static/dashboard.css").status_code == 200
         response = client.post(f"/admin/jobs/jobs/{dead}/retry")
-        assert response.headers["location"] == f"/admin/jobs/jobs/{dead}?did=retry&n=1"
+        assert landing(response) == f"/admin/jobs/jobs/{dead}"
+        assert said(client, response) == "1 job(s) put back in the queue."
         assert status_of(engine, dead) == "queued"
         assert client.get("/admin/jobs/").status_code == 200
     finally:

@@ -4,8 +4,9 @@ A page reads what it shows with ops functions in one ``Session`` on a worker thr
 (``run_in_threadpool``: the ops are synchronous, the event loop stays free) and renders
 a template. An action is a POST: its CSRF token and the viewer's permission are checked
 first, then the ops call and its audit entry run in one transaction, and the browser is
-sent back (303) to the page it came from, with a message code (never free text from
-the request: a link cannot make the page say something it would not).
+sent back (303) to the page it came from, with a message code and count the server
+signed for this browser (:mod:`._flash`): a link cannot make a page say something it
+would not, nor claim an action nobody took.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from starlette.responses import (
 )
 
 from sqla_jobs import ops
-from sqla_jobs.dashboard import _bulk, _forms, _live, _render, _security
+from sqla_jobs.dashboard import _bulk, _flash, _forms, _live, _render, _security
 from sqla_jobs.dashboard._security import Viewer
 from sqla_jobs.exceptions import ConfigError, JobNotFoundError, SchemaNotReadyError
 from sqla_jobs.models import JobStatus
@@ -110,13 +111,10 @@ class Views:
         """``name`` rendered; ``live``: the query of the page's event stream, if any."""
         token, new = _security.csrf_token(request)
         prefix = request.scope.get("root_path", "").rstrip("/")
-        did = request.query_params.get("did", "")
-        count = request.query_params.get("n", "")
-        message = (
-            MESSAGES[did].format(n=int(count) if count.isdigit() else 0)
-            if did in MESSAGES
-            else None
-        )
+        done = _flash.read(request)
+        message = None
+        if done is not None and done[0] in MESSAGES:
+            message = MESSAGES[done[0]].format(n=done[1] or 0)
         html = self.templates.get_template(name).render(
             url=lambda path: prefix + path,
             static=lambda file: f"{prefix}/static/{file}",
@@ -144,9 +142,11 @@ class Views:
     def back(
         self, request: Request, path: str, did: str, n: int | None = None, query: str = ""
     ) -> Response:
-        """303 to ``path`` (with ``query``, a page's own), saying what was done."""
+        """303 to ``path`` (with ``query``, a page's own), saying what was done (signed:
+        see :mod:`._flash`)."""
         prefix = request.scope.get("root_path", "").rstrip("/")
-        query = (f"{query}&" if query else "") + f"did={did}" + (f"&n={n}" if n is not None else "")
+        token = request.cookies.get(_security.CSRF_COOKIE, "")  # checked by the action
+        query = (f"{query}&" if query else "") + f"{_flash.PARAM}={_flash.sign(token, did, n)}"
         return RedirectResponse(f"{prefix}{path}?{query}", status_code=303)
 
     def page(self, fn: Callable[[Request, Viewer], Awaitable[Response]]) -> Endpoint:
