@@ -348,6 +348,13 @@ def _add_dashboard_command(sub: Any) -> None:
         action="store_true",
         help="allow a non-loopback --host without an auth hook (anyone reaching it can act)",
     )
+    p.add_argument(
+        "--permissions",
+        metavar="ACTIONS",
+        help="the actions allowed viewers may take, separated by commas, among retry, "
+        "cancel, delete, pause (and resume), limit (set and clear); or MODULE:FUNCTION, "
+        "a rule (request, action) -> bool; default: every action",
+    )
 
 
 def run_dashboard(args: argparse.Namespace) -> int:
@@ -363,7 +370,14 @@ def run_dashboard(args: argparse.Namespace) -> int:
     setup_logging("INFO", "text")
     try:
         sys.path.insert(0, os.getcwd())
-        chosen = _serve.plan(args.host, args.port, args.auth, args.insecure_no_auth)
+        chosen = _serve.plan(
+            args.host,
+            args.port,
+            args.auth,
+            args.insecure_no_auth,
+            permissions=args.permissions,
+            read_only=args.read_only,
+        )
         registry = tasks.load_registry(args.app) if args.app else None
         engine = sa.create_engine(config_mod.database_url(_url_arg(args)), pool_pre_ping=True)
         with Session(engine) as session:
