@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -193,3 +195,26 @@ def test_loopback_addresses_count_as_this_machine_and_brackets_only_hold_ipv6() 
             _serve.plan(host, 8000, None, insecure_no_auth=False)
     with pytest.raises(ConfigError, match="refusing to serve the dashboard on ::"):
         _serve.plan("[::]", 8000, None, insecure_no_auth=False)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_dashboard_command_stops_at_once_and_quietly_with_a_live_stream_open(
+    db_url: URL, signum: signal.Signals
+) -> None:
+    with (
+        dashboard(db_url) as (base, proc),
+        httpx.stream("GET", base + "/events?counts=1", timeout=10) as events,
+    ):
+        lines = events.iter_lines()
+        assert next(lines) == "retry: 2000"  # the tab's stream is open
+        started = time.monotonic()
+        proc.send_signal(signum)
+        assert proc.wait(timeout=30) == 0
+        stopped_after = time.monotonic() - started
+        for _ in lines:  # to its end: an abrupt close would raise here
+            pass
+        assert proc.stdout is not None
+        output = proc.stdout.read()
+    # Not the graceful-shutdown timeout (3 s), after which uvicorn cancels the stream.
+    assert stopped_after < _serve.SHUTDOWN_GRACE
+    assert "ERROR" not in output and "Traceback" not in output, output

@@ -86,4 +86,7 @@ def create_app(
         Route("/queues/clear", action("limit")(views.clear), methods=["POST"]),
         Mount("/static", StaticFiles(directory=_render.STATIC), name="static"),
     ]
-    return Starlette(routes=routes, middleware=[Middleware(_security.SecurityHeaders)])
+    app = Starlette(routes=routes, middleware=[Middleware(_security.SecurityHeaders)])
+    # For the standalone server (``_serve``): it ends the live streams when it stops.
+    app.state.close_streams = views.hub.close
+    return app

@@ -139,12 +139,15 @@ class Hub:
         self.snapshot = Snapshot(None, {}, frozenset())
         self.rounds = 0
         self.listening = False
+        self.closing = False
         self._task: asyncio.Task[None] | None = None
 
     # --- streams --------------------------------------------------------------------
 
     async def stream(self, watch: Watch) -> AsyncIterator[str]:
-        """The text of one tab's event stream, until the tab goes away."""
+        """The text of one tab's event stream, until the tab goes away or :meth:`close`."""
+        if self.closing:
+            return
         self._join(watch)
         sent: dict[str, Any] = {}
         try:
@@ -152,6 +155,8 @@ class Hub:
             while True:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(watch.changed.wait(), KEEPALIVE)
+                if self.closing:
+                    return
                 if not watch.changed.is_set():
                     yield ": still here\n\n"
                     continue
@@ -172,6 +177,14 @@ class Hub:
             # its jobs. A job asked about but absent was deleted or archived since.
             jobs = {str(i): snap.jobs.get(i, {"status": "gone"}) for i in sorted(watch.ids)}
             yield "jobs", jobs
+
+    def close(self) -> None:
+        """End every open stream (and refuse new ones): the server is stopping, and an
+        open stream would otherwise hold its graceful shutdown until a timeout. Call it
+        on the event loop."""
+        self.closing = True
+        for watch in self.watches:
+            watch.changed.set()
 
     def _join(self, watch: Watch) -> None:
         self.watches.add(watch)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib
 import ipaddress
+import signal
+import socket
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -144,7 +146,8 @@ def plan(
     return Plan(host, port, auth, notice, allowed)
 
 
-#: Seconds a stopping server waits for open responses (live streams) before closing them.
+#: Seconds a stopping server waits for open responses before closing them (the live
+#: streams are ended at once; this bounds anything else).
 SHUTDOWN_GRACE = 3
 
 
@@ -157,6 +160,15 @@ def serve(
 ) -> None:
     import uvicorn
 
+    class Server(uvicorn.Server):
+        """uvicorn's server, ending the open tabs' live streams as it begins to stop:
+        a stream never ends by itself, so a graceful shutdown (Ctrl-C, SIGTERM) would
+        wait for its timeout, then cancel the stream's task with an error logged."""
+
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            app.state.close_streams()
+            await super().shutdown(sockets=sockets)
+
     app = _app.create_app(
         engine,
         auth=chosen.auth,
@@ -165,12 +177,14 @@ def serve(
         registry=registry,
     )
     print(chosen.notice, flush=True)
-    # An open tab's live stream never ends by itself: without a bound, a graceful
-    # shutdown (Ctrl-C) would wait for every tab to be closed.
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=chosen.host,
         port=chosen.port,
         log_level="warning",
         timeout_graceful_shutdown=SHUTDOWN_GRACE,
     )
+    # uvicorn raises the signal that stopped it again once stopped: SIGTERM then ends
+    # the command as Ctrl-C does (KeyboardInterrupt, exit status 0), not killed by it.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    Server(config).run()
