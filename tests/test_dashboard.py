@@ -3,7 +3,9 @@ every action, the permissions, CSRF, escaping, and mounting under a prefix."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import os
 import re
 import time
@@ -456,6 +458,45 @@ def test_a_link_cannot_make_a_page_claim_an_action_nobody_took(
     other_browser = make_client()
     other_browser.get("/")
     assert flash(other_browser.get(f"/jobs/{dead}?done={signed}").text) is None
+
+
+def test_a_client_that_leaves_in_the_middle_of_a_post_is_let_go_quietly(
+    engine: sa.Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = create_app(engine)
+    messages: list[dict[str, Any]] = [
+        {"type": "http.request", "body": b"csrf=abc&scope=que", "more_body": True},
+        {"type": "http.disconnect"},
+    ]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/queues/pause",
+        "root_path": "",
+        "query_string": b"",
+        "headers": [
+            (b"host", b"testserver"),
+            (b"content-type", b"application/x-www-form-urlencoded"),
+            (b"content-length", b"200"),
+        ],
+        "client": ("127.0.0.1", 5000),
+        "server": ("testserver", 80),
+    }
+    asyncio.run(app(scope, receive, send))  # ClientDisconnect escaped the app here
+    assert sent[0]["status"] == 400
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert audit(engine) == []
 
 
 SCRIPT = "<script>alert(1)</script>"

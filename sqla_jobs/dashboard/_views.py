@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import QueryParams
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import (
     HTMLResponse,
     PlainTextResponse,
@@ -159,6 +159,10 @@ class Views:
                 return self._problem(request, viewer, HttpProblem(403, "Access denied."))
             try:
                 return await fn(request, viewer)
+            except ClientDisconnect:
+                # Gone before its form was read (a closed tab, a lost network): nobody
+                # reads an answer, and nothing was done.
+                return Response(status_code=400)
             except HttpProblem as exc:
                 return self._problem(request, viewer, exc)
             except ConfigError as exc:
