@@ -9,7 +9,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, MutableMapping
 from html.parser import HTMLParser
 from typing import Any
 
@@ -468,12 +468,12 @@ def test_a_client_that_leaves_in_the_middle_of_a_post_is_let_go_quietly(
         {"type": "http.request", "body": b"csrf=abc&scope=que", "more_body": True},
         {"type": "http.disconnect"},
     ]
-    sent: list[dict[str, Any]] = []
+    sent: list[MutableMapping[str, Any]] = []
 
     async def receive() -> dict[str, Any]:
         return messages.pop(0) if messages else {"type": "http.disconnect"}
 
-    async def send(message: dict[str, Any]) -> None:
+    async def send(message: MutableMapping[str, Any]) -> None:
         sent.append(message)
 
     scope = {
