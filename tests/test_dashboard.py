@@ -233,10 +233,19 @@ def test_jobs_page_filters_and_pages_by_keyset(
     ("query", "error"),
     [
         ("status=bogus", "unknown status &#39;bogus&#39;"),
-        ("min_id=abc", "min id must be a whole number"),
-        ("older_than=soon", "older than: invalid duration"),
-        ("payload=%5B1%5D", "payload filter must be a JSON object"),
-        ("payload=%7Bnope", "payload filter is not JSON"),
+        ("min_id=abc", "Id from (min_id) must be a whole number from 0 to"),
+        ("max_id=99999999999999999999", "Id to (max_id) must be a whole number from 0 to"),
+        ("older_than=soon", "Older than (older_than): invalid duration"),
+        ("older_than=99999999999w", "Older than (older_than): invalid duration"),
+        ("newer_than=100000w", "Newer than (newer_than): at most 5200w (about 100 years)"),
+        ("payload=%5B1%5D", "Payload contains (payload) must be a JSON object"),
+        ("payload=%7Bnope", "Payload contains (payload) is not JSON"),
+        ("payload=%7B%22a%22%3A1e999%7D", "Payload contains (payload) is not JSON"),
+        ("payload=%7B%22a%22%3ANaN%7D", "Payload contains (payload) is not JSON"),
+        ("payload=%7B%22a%22%3A%22%5Cu0000%22%7D", "must not contain a NUL character"),
+        ("kind=a%00b", "Kind (kind) must not contain a NUL character"),
+        ("key=%00", "Key (key) must not contain a NUL character"),
+        ("after=-5", "The page link&#39;s after must be a whole number from 0 to"),
     ],
 )
 def test_jobs_page_says_which_filter_is_wrong(
@@ -245,6 +254,88 @@ def test_jobs_page_says_which_filter_is_wrong(
     page = make_client().get(f"/jobs?{query}")
     assert page.status_code == 400
     assert error in page.text
+
+
+@pytest.mark.parametrize(
+    ("path", "status", "message"),
+    [
+        ("/jobs/abc", 400, "A job id must be a whole number from 1 to 9223372036854775807"),
+        ("/jobs/-3", 400, "A job id must be a whole number from 1 to"),
+        ("/jobs/99999999999999999999", 400, "A job id must be a whole number from 1 to"),
+        ("/jobs/424242", 404, "no job with id 424242"),
+        ("/jobs/go?id=x1", 400, "A job id must be a whole number from 1 to"),
+        ("/jobs/go?id=", 400, "Give a job id to open."),
+        ("/audit?before=99999999999999999999", 400, "The page link&#39;s before must be"),
+        ("/nope", 404, "No page at /nope"),
+        ("/queues/pause", 405, "/queues/pause does not answer a GET"),
+    ],
+)
+def test_a_bad_address_gets_the_dashboards_own_error_page_saying_what_is_wrong(
+    make_client: MakeClient, path: str, status: int, message: str
+) -> None:
+    page = make_client().get(path)
+    assert page.status_code == status
+    assert message in page.text
+    assert page.headers["content-type"].startswith("text/html")
+    assert 'href="/static/dashboard.css"' in page.text and 'aria-label="Dashboard"' in page.text
+    assert page.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
+
+
+def test_a_bad_job_id_in_an_action_is_refused_on_the_error_page(make_client: MakeClient) -> None:
+    client = make_client()
+    client.get("/")
+    refused = client.post("/jobs/abc/retry")
+    assert refused.status_code == 400 and "A job id must be a whole number" in refused.text
+
+
+def test_error_messages_speak_of_the_page_not_of_python_names(
+    engine: sa.Engine, make_client: MakeClient
+) -> None:
+    client = make_client()
+    client.get("/queues")
+    pages = [
+        client.post("/queues/limit", {"scope": "queue", "name": "mail"}),
+        client.post("/queues/limit", {"scope": "queue", "name": "mail", "concurrency": "x"}),
+        client.get("/jobs?after=-1"),
+        client.get("/jobs?min_id=-1"),
+        client.get("/audit?before=-1"),
+        client.get("/jobs/0"),
+    ]
+    assert "Give a concurrency, a rate or both before pressing Set limit" in pages[0].text
+    for page in pages:
+        assert page.status_code == 400, page.text
+        text = page.text.split('role="alert">', 1)[1].split("<", 1)[0]
+        for python in ("set_limit", "after_id", "before_id", "min_id must", "ops."):
+            assert python not in text, text
+
+
+def test_jobs_page_says_which_query_parameters_it_does_not_know(
+    engine: sa.Engine, make_client: MakeClient
+) -> None:
+    dead_job(engine)
+    client = make_client()
+    typo = client.get("/jobs?staus=dead&kind=fail")
+    assert typo.status_code == 200
+    assert (
+        "Unknown filter staus, ignored: the jobs below are not filtered by it. The filters "
+        "are status, kind, queue, key, min_id, max_id, older_than, newer_than, payload."
+    ) in typo.text
+    assert "Unknown filters colour, size, ignored" in client.get("/dead?colour=1&size=2").text
+    for known in ("/jobs?status=dead&after=99", "/dead?status=dead&kind=fail"):
+        assert "Unknown filter" not in client.get(known).text, known
+
+
+def test_overview_says_the_table_size_is_not_estimated_before_analyze(
+    engine: sa.Engine, make_client: MakeClient
+) -> None:
+    client = make_client()
+    before = client.get("/").text
+    assert "Table: row count not estimated yet (the planner counts at the first ANALYZE)" in before
+    assert "about 0 rows" not in before
+    for _ in range(3):
+        dead_job(engine)
+    sql(engine, "ANALYZE jobs")
+    assert "Table: about 3 rows (planner estimate)" in client.get("/").text
 
 
 def test_job_page_shows_an_archived_job_read_only_and_404s_a_missing_one(

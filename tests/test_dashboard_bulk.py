@@ -202,7 +202,7 @@ def test_bulk_actions_refuse_what_the_viewer_may_not_do_at_both_steps(
         ({"op": "reboot", "scope": "selected", "id": "1"}, "bulk action must be one of retry"),
         ({"op": "retry", "scope": "selected"}, "no job selected: tick the jobs"),
         ({"op": "retry", "scope": "some"}, "scope must be selected or matching, got 'some'"),
-        ({"op": "retry", "scope": "matching", "filter": "min_id=x"}, "min id must be a whole"),
+        ({"op": "retry", "scope": "matching", "filter": "min_id=x"}, "Id from (min_id) must be"),
     ],
 )
 def test_bulk_review_refuses_a_bad_form_with_a_clear_error(

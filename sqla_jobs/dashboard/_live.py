@@ -58,6 +58,8 @@ KEEPALIVE = 15.0
 APPLICATION_NAME = "sqla_jobs dashboard"
 #: Most job ids one tab may watch (a page shows 50).
 MAX_WATCHED = 100
+#: The largest bigint: a larger id would fail the shared round's query for every tab.
+MAX_ID = 2**63 - 1
 
 
 @dataclass(eq=False)
@@ -84,7 +86,7 @@ def parse_watch(counts: str | None, ids: str | None) -> Watch:
     found: set[int] = set()
     for part in (ids or "").split(","):
         if part.strip():
-            if not part.strip().isdigit():
+            if not part.strip().isdigit() or int(part) > MAX_ID:
                 raise ConfigError(f"ids must be job ids separated by commas, got {part!r}")
             found.add(int(part))
     if len(found) > MAX_WATCHED:
