@@ -446,6 +446,20 @@ def _add_ops_commands(sub: Any) -> None:
 
     p = command("list", "list jobs, oldest id first (keyset pages)")
     _add_filters(p)
+    p.add_argument("--newer-than", metavar="DURATION", help="created less long ago, e.g. 1h")
+    p.add_argument("--key", help="the idempotency key the job was enqueued with")
+    p.add_argument("--min-id", type=int, metavar="ID", help="ids from ID (inclusive)")
+    p.add_argument("--max-id", type=int, metavar="ID", help="ids up to ID (inclusive)")
+    p.add_argument(
+        "--payload",
+        metavar="JSON",
+        help="""a JSON object the payload contains, e.g. '{"user": 7}'""",
+    )
+    p.add_argument(
+        "--newest-first",
+        action="store_true",
+        help="highest ids first (the next page, --after-id, holds lower ids)",
+    )
     p.add_argument("--limit", type=int, default=50)
     p.add_argument("--after-id", type=int, help="start after this id (the next page)")
     p.add_argument("--json", action="store_true")
@@ -713,7 +727,7 @@ def _cmd_periodic(session: Any, args: argparse.Namespace) -> int:
 
 
 def _cmd_list(session: Any, args: argparse.Namespace) -> int:
-    from sqla_jobs import ops
+    from sqla_jobs import ops, validation
 
     jobs = ops.list_jobs(
         session,
@@ -723,6 +737,14 @@ def _cmd_list(session: Any, args: argparse.Namespace) -> int:
         older_than=_duration(args.older_than),
         limit=args.limit,
         after_id=args.after_id,
+        key=args.key,
+        min_id=args.min_id,
+        max_id=args.max_id,
+        newer_than=_duration(args.newer_than),
+        payload=None
+        if args.payload is None
+        else validation.json_object("--payload", args.payload, ConfigError),
+        newest_first=args.newest_first,
     )
     next_id = jobs[-1].id if len(jobs) == args.limit else None
     if args.json:
