@@ -1,8 +1,11 @@
 """``sqla-jobs dashboard``: the dashboard alone, served by uvicorn.
 
 Without an ``--auth`` hook anyone who reaches the port may act on the queue, so the
-command binds to 127.0.0.1 (this machine only) and says so, and refuses any other
-address unless ``--insecure-no-auth`` says that is intended.
+command binds to 127.0.0.1 (this machine only) and says so, and refuses any address
+but a loopback one (``localhost``, 127.0.0.0/8, ``::1`` or ``[::1]``) unless
+``--insecure-no-auth`` says that is intended. ``--permissions`` narrows the actions
+(names, or a ``module:function`` rule), checked before anything listens. When it stops
+(Ctrl-C, SIGTERM) it ends the open tabs' live streams first, so it stops at once.
 """
 
 from __future__ import annotations
