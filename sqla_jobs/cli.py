@@ -348,6 +348,13 @@ def _add_dashboard_command(sub: Any) -> None:
         action="store_true",
         help="allow a non-loopback --host without an auth hook (anyone reaching it can act)",
     )
+    p.add_argument(
+        "--permissions",
+        metavar="ACTIONS",
+        help="the actions allowed viewers may take, separated by commas, among retry, "
+        "cancel, delete, pause (and resume), limit (set and clear); or MODULE:FUNCTION, "
+        "a rule (request, action) -> bool; default: every action",
+    )
 
 
 def run_dashboard(args: argparse.Namespace) -> int:
@@ -363,7 +370,14 @@ def run_dashboard(args: argparse.Namespace) -> int:
     setup_logging("INFO", "text")
     try:
         sys.path.insert(0, os.getcwd())
-        chosen = _serve.plan(args.host, args.port, args.auth, args.insecure_no_auth)
+        chosen = _serve.plan(
+            args.host,
+            args.port,
+            args.auth,
+            args.insecure_no_auth,
+            permissions=args.permissions,
+            read_only=args.read_only,
+        )
         registry = tasks.load_registry(args.app) if args.app else None
         engine = sa.create_engine(config_mod.database_url(_url_arg(args)), pool_pre_ping=True)
         with Session(engine) as session:
@@ -432,6 +446,20 @@ def _add_ops_commands(sub: Any) -> None:
 
     p = command("list", "list jobs, oldest id first (keyset pages)")
     _add_filters(p)
+    p.add_argument("--newer-than", metavar="DURATION", help="created less long ago, e.g. 1h")
+    p.add_argument("--key", help="the idempotency key the job was enqueued with")
+    p.add_argument("--min-id", type=int, metavar="ID", help="ids from ID (inclusive)")
+    p.add_argument("--max-id", type=int, metavar="ID", help="ids up to ID (inclusive)")
+    p.add_argument(
+        "--payload",
+        metavar="JSON",
+        help="""a JSON object the payload contains, e.g. '{"user": 7}'""",
+    )
+    p.add_argument(
+        "--newest-first",
+        action="store_true",
+        help="highest ids first (the next page, --after-id, holds lower ids)",
+    )
     p.add_argument("--limit", type=int, default=50)
     p.add_argument("--after-id", type=int, help="start after this id (the next page)")
     p.add_argument("--json", action="store_true")
@@ -699,7 +727,7 @@ def _cmd_periodic(session: Any, args: argparse.Namespace) -> int:
 
 
 def _cmd_list(session: Any, args: argparse.Namespace) -> int:
-    from sqla_jobs import ops
+    from sqla_jobs import ops, validation
 
     jobs = ops.list_jobs(
         session,
@@ -709,6 +737,14 @@ def _cmd_list(session: Any, args: argparse.Namespace) -> int:
         older_than=_duration(args.older_than),
         limit=args.limit,
         after_id=args.after_id,
+        key=args.key,
+        min_id=args.min_id,
+        max_id=args.max_id,
+        newer_than=_duration(args.newer_than),
+        payload=None
+        if args.payload is None
+        else validation.json_object("--payload", args.payload, ConfigError),
+        newest_first=args.newest_first,
     )
     next_id = jobs[-1].id if len(jobs) == args.limit else None
     if args.json:

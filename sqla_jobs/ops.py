@@ -94,7 +94,10 @@ def parse_duration(text: str) -> timedelta:
             f"invalid duration {text!r}: use a number and a unit s, m, h, d or w "
             "(e.g. 30s, 15m, 12h, 7d)"
         )
-    return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
+    try:
+        return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
+    except OverflowError:
+        raise ConfigError(f"invalid duration {text!r}: too long") from None
 
 
 def _seconds(name: str, value: timedelta | None, *, allow_zero: bool = True) -> float | None:

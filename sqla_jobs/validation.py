@@ -404,6 +404,32 @@ def _has_nul(value: object) -> bool:
     return False
 
 
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is out of range")
+    return value
+
+
+def _no_constant(text: str) -> None:
+    raise ValueError(f"{text} is not a JSON value")
+
+
+def json_object(label: str, text: str, error: type[SqlaJobsError]) -> dict[str, Any]:
+    """``text`` as a JSON object jsonb can hold (a payload filter's ``{"user": 7}``), or
+    ``error`` saying what is wrong, naming ``label``: not JSON (``NaN``, ``Infinity`` and
+    ``1e999`` are not), not an object, or holding a NUL character."""
+    try:
+        value = json.loads(text, parse_float=_finite, parse_constant=_no_constant)
+    except ValueError as exc:
+        raise error(f'{label} is not JSON ({exc}); e.g. {{"user": 7}}') from None
+    if not isinstance(value, dict):
+        raise error(f'{label} must be a JSON object, e.g. {{"user": 7}}, got {what(value)}')
+    if _has_nul(value):
+        raise error(f"{label} must not contain a NUL character (jsonb refuses \\u0000)")
+    return value
+
+
 def check_payload(payload: Any) -> dict[str, Any]:
     dump_payload(payload)
     return dict(payload)

@@ -50,3 +50,22 @@ class Client:
 def forms(html: str) -> list[str]:
     """The ``action`` of every POST form on a page."""
     return re.findall(r'<form method="post" action="([^"]+)"', html)
+
+
+def landing(response: httpx.Response) -> str:
+    """Where an action sent the browser, without its signed ``done`` message."""
+    location = response.headers["location"]
+    path, _, query = location.partition("?")
+    kept = [p for p in query.split("&") if p and not p.startswith("done=")]
+    return path + ("?" + "&".join(kept) if kept else "")
+
+
+def flash(page: str) -> str | None:
+    """The message a page shows after an action, if any."""
+    found = re.search(r'<p class="flash" role="status">([^<]*)</p>', page)
+    return None if found is None else found.group(1)
+
+
+def said(client: Client, response: httpx.Response) -> str | None:
+    """What the page an action redirected to says about it."""
+    return flash(client.get(response.headers["location"]).text)

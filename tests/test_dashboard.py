@@ -3,15 +3,19 @@ every action, the permissions, CSRF, escaping, and mounting under a prefix."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import os
 import re
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterator, MutableMapping
+from html.parser import HTMLParser
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from dashboard_client import CSRF_COOKIE, Client, forms
+from dashboard_client import CSRF_COOKIE, Client, flash, forms, landing, said
 from fastapi import FastAPI
 from helpers import TESTS, rows, scalar, url_text
 from jobapp import registry as app_registry
@@ -21,7 +25,7 @@ from sqlalchemy.orm import Session
 from starlette.requests import Request
 
 from sqla_jobs import ConfigError, enqueue, ops
-from sqla_jobs.dashboard import ACTIONS, CONTENT_SECURITY_POLICY, Decision, create_app
+from sqla_jobs.dashboard import ACTIONS, CONTENT_SECURITY_POLICY, Decision, _flash, create_app
 
 MakeClient = Callable[..., Client]
 
@@ -136,6 +140,56 @@ def test_every_page_renders_with_its_data_and_the_security_headers(
     assert client.get("/static/dashboard.js").status_code == 200
 
 
+class _Ids(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ids: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.ids += [value or "" for name, value in attrs if name == "id"]
+
+
+def html_ids(page: str) -> list[str]:
+    parser = _Ids()
+    parser.feed(page)
+    return parser.ids
+
+
+def test_no_page_repeats_an_html_id(
+    engine: sa.Engine, session: Session, make_client: MakeClient
+) -> None:
+    ids = seed(engine, session)
+    client = make_client(registry=periodic_registry)
+    client.get("/")
+    # An entry in every audit table a page shows (job, queue, kind), so each is drawn.
+    client.post(f"/jobs/{ids['dead']}/retry")
+    client.post("/queues/pause", {"scope": "queue", "name": "mail"})
+    client.post("/queues/pause", {"scope": "kind", "name": "effect"})
+    pages = {
+        path: client.get(path).text
+        for path in (
+            "/",
+            "/queues",
+            "/jobs",
+            "/dead",
+            f"/jobs/{ids['dead']}",
+            f"/jobs/{ids['done']}",
+            "/periodic",
+            "/workers",
+            "/audit",
+            "/jobs/999999",  # the error page
+        )
+    }
+    pages["bulk review"] = client.post(
+        "/jobs/bulk", {"op": "retry", "scope": "matching", "filter": ""}
+    ).text
+    for name, page in pages.items():
+        found = html_ids(page)
+        assert "main" in found, name  # the parser saw the page
+        repeated = sorted({i for i in found if found.count(i) > 1})
+        assert repeated == [], (name, repeated)
+
+
 def test_overview_counts_and_chart_come_from_ops(
     engine: sa.Engine, session: Session, make_client: MakeClient
 ) -> None:
@@ -179,10 +233,19 @@ def test_jobs_page_filters_and_pages_by_keyset(
     ("query", "error"),
     [
         ("status=bogus", "unknown status &#39;bogus&#39;"),
-        ("min_id=abc", "min id must be a whole number"),
-        ("older_than=soon", "older than: invalid duration"),
-        ("payload=%5B1%5D", "payload filter must be a JSON object"),
-        ("payload=%7Bnope", "payload filter is not JSON"),
+        ("min_id=abc", "Id from (min_id) must be a whole number from 0 to"),
+        ("max_id=99999999999999999999", "Id to (max_id) must be a whole number from 0 to"),
+        ("older_than=soon", "Older than (older_than): invalid duration"),
+        ("older_than=99999999999w", "Older than (older_than): invalid duration"),
+        ("newer_than=100000w", "Newer than (newer_than): at most 5200w (about 100 years)"),
+        ("payload=%5B1%5D", "Payload contains (payload) must be a JSON object"),
+        ("payload=%7Bnope", "Payload contains (payload) is not JSON"),
+        ("payload=%7B%22a%22%3A1e999%7D", "Payload contains (payload) is not JSON"),
+        ("payload=%7B%22a%22%3ANaN%7D", "Payload contains (payload) is not JSON"),
+        ("payload=%7B%22a%22%3A%22%5Cu0000%22%7D", "must not contain a NUL character"),
+        ("kind=a%00b", "Kind (kind) must not contain a NUL character"),
+        ("key=%00", "Key (key) must not contain a NUL character"),
+        ("after=-5", "The page link&#39;s after must be a whole number from 0 to"),
     ],
 )
 def test_jobs_page_says_which_filter_is_wrong(
@@ -191,6 +254,88 @@ def test_jobs_page_says_which_filter_is_wrong(
     page = make_client().get(f"/jobs?{query}")
     assert page.status_code == 400
     assert error in page.text
+
+
+@pytest.mark.parametrize(
+    ("path", "status", "message"),
+    [
+        ("/jobs/abc", 400, "A job id must be a whole number from 1 to 9223372036854775807"),
+        ("/jobs/-3", 400, "A job id must be a whole number from 1 to"),
+        ("/jobs/99999999999999999999", 400, "A job id must be a whole number from 1 to"),
+        ("/jobs/424242", 404, "no job with id 424242"),
+        ("/jobs/go?id=x1", 400, "A job id must be a whole number from 1 to"),
+        ("/jobs/go?id=", 400, "Give a job id to open."),
+        ("/audit?before=99999999999999999999", 400, "The page link&#39;s before must be"),
+        ("/nope", 404, "No page at /nope"),
+        ("/queues/pause", 405, "/queues/pause does not answer a GET"),
+    ],
+)
+def test_a_bad_address_gets_the_dashboards_own_error_page_saying_what_is_wrong(
+    make_client: MakeClient, path: str, status: int, message: str
+) -> None:
+    page = make_client().get(path)
+    assert page.status_code == status
+    assert message in page.text
+    assert page.headers["content-type"].startswith("text/html")
+    assert 'href="/static/dashboard.css"' in page.text and 'aria-label="Dashboard"' in page.text
+    assert page.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
+
+
+def test_a_bad_job_id_in_an_action_is_refused_on_the_error_page(make_client: MakeClient) -> None:
+    client = make_client()
+    client.get("/")
+    refused = client.post("/jobs/abc/retry")
+    assert refused.status_code == 400 and "A job id must be a whole number" in refused.text
+
+
+def test_error_messages_speak_of_the_page_not_of_python_names(
+    engine: sa.Engine, make_client: MakeClient
+) -> None:
+    client = make_client()
+    client.get("/queues")
+    pages = [
+        client.post("/queues/limit", {"scope": "queue", "name": "mail"}),
+        client.post("/queues/limit", {"scope": "queue", "name": "mail", "concurrency": "x"}),
+        client.get("/jobs?after=-1"),
+        client.get("/jobs?min_id=-1"),
+        client.get("/audit?before=-1"),
+        client.get("/jobs/0"),
+    ]
+    assert "Give a concurrency, a rate or both before pressing Set limit" in pages[0].text
+    for page in pages:
+        assert page.status_code == 400, page.text
+        text = page.text.split('role="alert">', 1)[1].split("<", 1)[0]
+        for python in ("set_limit", "after_id", "before_id", "min_id must", "ops."):
+            assert python not in text, text
+
+
+def test_jobs_page_says_which_query_parameters_it_does_not_know(
+    engine: sa.Engine, make_client: MakeClient
+) -> None:
+    dead_job(engine)
+    client = make_client()
+    typo = client.get("/jobs?staus=dead&kind=fail")
+    assert typo.status_code == 200
+    assert (
+        "Unknown filter staus, ignored: the jobs below are not filtered by it. The filters "
+        "are status, kind, queue, key, min_id, max_id, older_than, newer_than, payload."
+    ) in typo.text
+    assert "Unknown filters colour, size, ignored" in client.get("/dead?colour=1&size=2").text
+    for known in ("/jobs?status=dead&after=99", "/dead?status=dead&kind=fail"):
+        assert "Unknown filter" not in client.get(known).text, known
+
+
+def test_overview_says_the_table_size_is_not_estimated_before_analyze(
+    engine: sa.Engine, make_client: MakeClient
+) -> None:
+    client = make_client()
+    before = client.get("/").text
+    assert "Table: row count not estimated yet (the planner counts at the first ANALYZE)" in before
+    assert "about 0 rows" not in before
+    for _ in range(3):
+        dead_job(engine)
+    sql(engine, "ANALYZE jobs")
+    assert "Table: about 3 rows (planner estimate)" in client.get("/").text
 
 
 def test_job_page_shows_an_archived_job_read_only_and_404s_a_missing_one(
@@ -228,12 +373,13 @@ def test_retry_cancel_and_delete_act_through_ops_and_are_audited(
     client.get("/")
     response = client.post(f"/jobs/{dead}/retry")
     assert response.status_code == 303
-    assert response.headers["location"] == f"/jobs/{dead}?did=retry&n=1"
+    assert landing(response) == f"/jobs/{dead}"
     assert status_of(engine, dead) == "queued"
-    assert "1 job(s) put back in the queue." in client.get(response.headers["location"]).text
+    assert said(client, response) == "1 job(s) put back in the queue."
     assert client.post(f"/jobs/{queued}/cancel").status_code == 303
     assert status_of(engine, queued) == "cancelled"
-    assert client.post(f"/jobs/{queued}/delete").headers["location"] == "/jobs?did=delete&n=1"
+    deleted = client.post(f"/jobs/{queued}/delete")
+    assert landing(deleted) == "/jobs" and said(client, deleted) == "1 job(s) deleted."
     assert status_of(engine, queued) is None
     assert audit(engine) == [
         ("alice", "retry", "job", str(dead)),
@@ -257,7 +403,10 @@ def test_cancel_of_a_running_job_asks_its_worker_to_stop(
     client = make_client()
     client.get("/")
     response = client.post(f"/jobs/{running}/cancel")
-    assert response.headers["location"] == f"/jobs/{running}?did=stop&n=1"
+    assert landing(response) == f"/jobs/{running}"
+    assert said(client, response) == (
+        "1 running job(s) asked to stop; the worker ends them cancelled."
+    )
     assert scalar(
         engine, "SELECT cancel_requested_at IS NOT NULL FROM jobs WHERE id = :i", i=running
     )
@@ -271,16 +420,18 @@ def test_pause_resume_and_limits_of_queues_and_kinds(
     client = make_client(auth=lambda request: Decision("allow", user="ops@example"))
     client.get("/queues")
     assert client.post("/queues/pause", {"scope": "queue", "name": "mail"}).status_code == 303
-    assert client.post("/queues/pause", {"scope": "kind", "name": "effect"}).status_code == 303
+    paused = client.post("/queues/pause", {"scope": "kind", "name": "effect"})
+    assert paused.status_code == 303
     state = ops.stats(session)
     assert state.paused_queues == ("mail",) and state.paused_kinds == ("effect",)
-    page = client.get("/queues?did=pause").text
-    assert "Paused: no worker starts its jobs" in page and "Resume" in page
+    page = client.get(paused.headers["location"]).text
+    assert flash(page) == "Paused: no worker starts its jobs until it is resumed."
+    assert "Resume" in page
     client.post("/queues/resume", {"scope": "queue", "name": "mail"})
     response = client.post(
         "/queues/limit", {"scope": "kind", "name": "effect", "concurrency": "3", "rate": "10/min"}
     )
-    assert response.headers["location"] == "/queues?did=limit"
+    assert landing(response) == "/queues" and said(client, response) == "Limit set."
     limits = {c.name: c for c in ops.controls(session)}
     assert limits["effect"].concurrency == 3 and limits["effect"].rate == "10/min"
     assert "10/min" in client.get("/queues").text
@@ -376,6 +527,69 @@ def test_actions_need_post_and_the_csrf_token_of_this_browser(
     assert page.count(f'name="csrf" value="{token}"') == len(forms(page)) >= 1
 
 
+def test_a_link_cannot_make_a_page_claim_an_action_nobody_took(
+    engine: sa.Engine, make_client: MakeClient
+) -> None:
+    dead = dead_job(engine)
+    client = make_client()
+    assert flash(client.get("/jobs?did=bulk-retry&n=999999").text) is None  # the old form
+    taken = client.post(f"/jobs/{dead}/retry")
+    signed = taken.headers["location"].partition("done=")[2]
+    assert said(client, taken) == "1 job(s) put back in the queue."
+    token = client.csrf_token()
+    forged = {
+        "a count changed": signed.replace("retry.1.", "retry.999999.", 1),
+        "another action": signed.replace("retry.", "bulk-delete.", 1),
+        "signed with a guessed key": _flash.sign("guess" * 8, "bulk-retry", 999999),
+        "signed too long ago": _flash.sign(token, "retry", 5, now=time.time() - 120),
+        "not signed": "bulk-retry.999999.1700000000",
+    }
+    for why, value in forged.items():
+        assert flash(client.get(f"/jobs?done={value}").text) is None, why
+    other_browser = make_client()
+    other_browser.get("/")
+    assert flash(other_browser.get(f"/jobs/{dead}?done={signed}").text) is None
+
+
+def test_a_client_that_leaves_in_the_middle_of_a_post_is_let_go_quietly(
+    engine: sa.Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = create_app(engine)
+    messages: list[dict[str, Any]] = [
+        {"type": "http.request", "body": b"csrf=abc&scope=que", "more_body": True},
+        {"type": "http.disconnect"},
+    ]
+    sent: list[MutableMapping[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/queues/pause",
+        "root_path": "",
+        "query_string": b"",
+        "headers": [
+            (b"host", b"testserver"),
+            (b"content-type", b"application/x-www-form-urlencoded"),
+            (b"content-length", b"200"),
+        ],
+        "client": ("127.0.0.1", 5000),
+        "server": ("testserver", 80),
+    }
+    asyncio.run(app(scope, receive, send))  # ClientDisconnect escaped the app here
+    assert sent[0]["status"] == 400
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert audit(engine) == []
+
+
 SCRIPT = "<script>alert(1)</script>"
 IMG = '"><img src=x onerror=alert(1)>'
 
@@ -443,7 +657,8 @@ def test_mounted_under_a_prefix_in_fastapi_every_link_and_action_keeps_it(
         assert "Path=/admin/jobs" in page.headers["set-cookie"]
         assert client.get("/admin/jobs/static/dashboard.css").status_code == 200
         response = client.post(f"/admin/jobs/jobs/{dead}/retry")
-        assert response.headers["location"] == f"/admin/jobs/jobs/{dead}?did=retry&n=1"
+        assert landing(response) == f"/admin/jobs/jobs/{dead}"
+        assert said(client, response) == "1 job(s) put back in the queue."
         assert status_of(engine, dead) == "queued"
         assert client.get("/admin/jobs/").status_code == 200
     finally:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from dashboard_client import Client, forms
+from dashboard_client import Client, forms, landing, said
 from helpers import rows
 from sqlalchemy.orm import Session
 
@@ -91,13 +91,12 @@ def test_bulk_retry_of_ticked_jobs_shows_the_count_then_retries_and_is_audited(
 
     done = client.post("/jobs/bulk/apply", hidden_fields(review.text))
 
-    assert (done.status_code, done.headers["location"]) == (303, "/jobs?did=bulk-retry&n=2")
+    assert (done.status_code, landing(done)) == (303, "/jobs")
     assert statuses(engine, a, b, queued, untouched) == ["queued", "queued", "queued", "dead"]
     ((actor, action, scope, target, detail),) = audit(engine)
     assert (actor, action, scope, target) == ("anonymous@127.0.0.1", "retry", "jobs", "3 selected")
     assert detail == {"scope": "selected", "ids": [a, b], "done": 2}
-    page = client.get(done.headers["location"]).text
-    assert "2 job(s) put back in the queue." in page
+    assert said(client, done) == "2 job(s) put back in the queue."
 
 
 def test_bulk_cancel_of_every_matching_job_leaves_jobs_enqueued_after_the_review(
@@ -118,7 +117,8 @@ def test_bulk_cancel_of_every_matching_job_leaves_jobs_enqueued_after_the_review
 
     done = client.post("/jobs/bulk/apply", hidden_fields(review.text))
 
-    assert done.headers["location"] == "/jobs?queue=mail&did=bulk-cancel&n=4"
+    assert landing(done) == "/jobs?queue=mail"
+    assert said(client, done) == "4 job(s) cancelled or asked to stop."
     assert statuses(engine, *waiting, running, elsewhere, later) == [
         "cancelled",
         "cancelled",
@@ -148,7 +148,7 @@ def test_bulk_delete_from_the_dead_page_deletes_the_filtered_dead_jobs_only(
 
     done = client.post("/jobs/bulk/apply", hidden_fields(review.text))
 
-    assert done.headers["location"] == "/dead?kind=a&did=bulk-delete&n=2"
+    assert landing(done) == "/dead?kind=a" and said(client, done) == "2 job(s) deleted."
     assert statuses(engine, *gone, *kept) == [None, None, "dead", "done"]
     assert [a[1:4] for a in audit(engine)] == [("delete", "jobs", "matching status=dead&kind=a")]
 
@@ -202,7 +202,7 @@ def test_bulk_actions_refuse_what_the_viewer_may_not_do_at_both_steps(
         ({"op": "reboot", "scope": "selected", "id": "1"}, "bulk action must be one of retry"),
         ({"op": "retry", "scope": "selected"}, "no job selected: tick the jobs"),
         ({"op": "retry", "scope": "some"}, "scope must be selected or matching, got 'some'"),
-        ({"op": "retry", "scope": "matching", "filter": "min_id=x"}, "min id must be a whole"),
+        ({"op": "retry", "scope": "matching", "filter": "min_id=x"}, "Id from (min_id) must be"),
     ],
 )
 def test_bulk_review_refuses_a_bad_form_with_a_clear_error(

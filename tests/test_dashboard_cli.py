@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import httpx
 import pytest
+import sqlalchemy as sa
+from dashboard_client import forms
 from helpers import TESTS, url_text, wait_for
 from sqlalchemy.engine import URL
 
@@ -25,7 +29,10 @@ def free_port() -> int:
 
 
 @contextmanager
-def dashboard(url: URL, *args: str) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+def dashboard(
+    url: URL, *args: str, connect: str = "127.0.0.1"
+) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """The command serving ``url`` with ``args``; ``connect``: the address to reach it at."""
     port = free_port()
     env = {
         **os.environ,
@@ -38,7 +45,7 @@ def dashboard(url: URL, *args: str) -> Iterator[tuple[str, subprocess.Popen[str]
         stderr=subprocess.STDOUT,
         text=True,
     )
-    base = f"http://127.0.0.1:{port}"
+    base = f"http://{f'[{connect}]' if ':' in connect else connect}:{port}"
 
     def answers() -> bool:
         if proc.poll() is not None:
@@ -92,3 +99,122 @@ def test_dashboard_plan_allows_another_address_only_when_told_or_with_auth() -> 
         _serve.plan("127.0.0.1", 8000, "nohook", insecure_no_auth=False)
     with pytest.raises(ConfigError, match="--port must be between 1 and 65535"):
         _serve.plan("127.0.0.1", 0, None, insecure_no_auth=False)
+
+
+def dead_job(url: URL) -> int:
+    engine = sa.create_engine(url)
+    try:
+        with engine.begin() as conn:
+            return int(
+                conn.execute(
+                    sa.text(
+                        "INSERT INTO jobs (kind, payload, status, attempts, finished_at) "
+                        "VALUES ('fail', '{}', 'dead', 3, now()) RETURNING id"
+                    )
+                ).scalar_one()
+            )
+    finally:
+        engine.dispose()
+
+
+def job_forms(browser: httpx.Client, job_id: int) -> list[str]:
+    """The action forms of a job's page (the browser keeps the CSRF cookie it sets)."""
+    page = browser.get(f"/jobs/{job_id}")
+    assert page.status_code == 200, page.text
+    return forms(page.text)
+
+
+def test_dashboard_command_grants_the_actions_permissions_names_and_no_other(
+    db_url: URL,
+) -> None:
+    dead = dead_job(db_url)
+    with (
+        dashboard(db_url, "--permissions", "retry, cancel") as (base, proc),
+        httpx.Client(base_url=base, timeout=10) as browser,
+    ):
+        assert job_forms(browser, dead) == [f"/jobs/{dead}/retry"]  # no delete button
+        csrf = {"csrf": browser.cookies["sqla_jobs_csrf"]}
+        refused = browser.post(f"/jobs/{dead}/delete", data=csrf)
+        assert refused.status_code == 403 and "You may not delete here" in refused.text
+        assert browser.post(f"/jobs/{dead}/retry", data=csrf).status_code == 303
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+    assert "(no auth hook: only this machine can reach it; actions: retry, cancel)" in line
+
+
+def test_dashboard_command_takes_a_permissions_rule_as_module_function(db_url: URL) -> None:
+    dead = dead_job(db_url)
+    with (
+        dashboard(db_url, "--permissions", "dashboardauth:no_delete") as (base, _),
+        httpx.Client(base_url=base, timeout=10) as browser,
+    ):
+        assert job_forms(browser, dead) == [f"/jobs/{dead}/retry"]
+
+
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [
+        (
+            "retry,destroy",
+            "--permissions: unknown action 'destroy'; the actions are retry, cancel, delete, "
+            "pause, limit (pause covers resume, limit covers clearing limits)",
+        ),
+        (",", "--permissions names no action: give some of retry, cancel, delete, pause"),
+        ("dashboardauth:nothing", "cannot load the permissions rule 'dashboardauth:nothing'"),
+    ],
+)
+def test_dashboard_command_refuses_a_permission_it_does_not_know(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, value: str, error: str
+) -> None:
+    monkeypatch.syspath_prepend(str(TESTS))
+    argv = ["dashboard", "--permissions", value, "--database-url", "postgresql://x/y"]
+    assert cli.main(argv) == 2
+    assert error in capsys.readouterr().err
+
+
+def test_dashboard_command_refuses_permissions_with_read_only() -> None:
+    with pytest.raises(ConfigError, match="--read-only allows no action: it takes no --perm"):
+        _serve.plan("127.0.0.1", 8000, None, False, permissions="retry", read_only=True)
+
+
+def test_dashboard_command_serves_on_ipv6_loopback_written_with_brackets(db_url: URL) -> None:
+    with dashboard(db_url, "--host", "[::1]", connect="::1") as (base, proc):
+        assert httpx.get(base + "/jobs", timeout=10).status_code == 200
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+    assert f"sqla_jobs dashboard on {base}/ (no auth hook: only this machine" in line
+
+
+def test_loopback_addresses_count_as_this_machine_and_brackets_only_hold_ipv6() -> None:
+    for host in ("::1", "[::1]", "localhost", "127.0.0.2", "::ffff:127.0.0.1"):
+        chosen = _serve.plan(host, 8000, None, insecure_no_auth=False)
+        assert "only this machine can reach it" in chosen.notice, host
+    assert _serve.plan("[::1]", 8000, None, insecure_no_auth=False).host == "::1"
+    for host in ("[localhost]", "[127.0.0.1]", "[::1"):
+        with pytest.raises(ConfigError, match="brackets go around an IPv6 address only"):
+            _serve.plan(host, 8000, None, insecure_no_auth=False)
+    with pytest.raises(ConfigError, match="refusing to serve the dashboard on ::"):
+        _serve.plan("[::]", 8000, None, insecure_no_auth=False)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_dashboard_command_stops_at_once_and_quietly_with_a_live_stream_open(
+    db_url: URL, signum: signal.Signals
+) -> None:
+    with (
+        dashboard(db_url) as (base, proc),
+        httpx.stream("GET", base + "/events?counts=1", timeout=10) as events,
+    ):
+        lines = events.iter_lines()
+        assert next(lines) == "retry: 2000"  # the tab's stream is open
+        started = time.monotonic()
+        proc.send_signal(signum)
+        assert proc.wait(timeout=30) == 0
+        stopped_after = time.monotonic() - started
+        for _ in lines:  # to its end: an abrupt close would raise here
+            pass
+        assert proc.stdout is not None
+        output = proc.stdout.read()
+    # Not the graceful-shutdown timeout (3 s), after which uvicorn cancels the stream.
+    assert stopped_after < _serve.SHUTDOWN_GRACE
+    assert "ERROR" not in output and "Traceback" not in output, output

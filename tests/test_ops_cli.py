@@ -118,6 +118,39 @@ def test_list_filters_pages_and_json(engine: sa.Engine, db_url: URL) -> None:
     assert "next page: --after-id" in ok(db_url, "list", "--limit", "1")
 
 
+def test_list_takes_the_filters_of_the_dashboards_jobs_page(db_url: URL) -> None:
+    engine = sa.create_engine(db_url)
+    try:
+        with Session(engine) as session:
+            ids = [
+                enqueue(session, "noop", {"user": n % 2, "n": n}, key=f"k-{n}") for n in range(6)
+            ]
+            session.commit()
+        sql_ids = [int(i) for i in ids if i is not None]
+        with engine.begin() as conn:
+            conn.execute(
+                sa.text("UPDATE jobs SET created_at = now() - interval '2 days' WHERE id = :i"),
+                {"i": sql_ids[0]},
+            )
+    finally:
+        engine.dispose()
+
+    def listed(*args: str) -> list[int]:
+        return [j["id"] for j in json.loads(ok(db_url, "list", "--json", *args))["jobs"]]
+
+    assert listed("--key", "k-3") == [sql_ids[3]]
+    assert listed("--min-id", str(sql_ids[2]), "--max-id", str(sql_ids[4])) == sql_ids[2:5]
+    assert listed("--newer-than", "1d") == sql_ids[1:]
+    assert listed("--payload", '{"user": 1}') == sql_ids[1::2]
+    assert listed("--payload", '{"user": 0, "n": 4}') == [sql_ids[4]]
+    assert listed("--newest-first") == sql_ids[::-1]
+    first = json.loads(ok(db_url, "list", "--json", "--newest-first", "--limit", "2"))
+    after = str(first["next_after_id"])
+    assert listed("--newest-first", "--limit", "2", "--after-id", after) == sql_ids[3:1:-1]
+    text = ok(db_url, "list", "--payload", '{"user": 1}', "--newest-first")
+    assert [int(line.split()[0]) for line in text.splitlines()[1:]] == sql_ids[5::-2]
+
+
 def test_list_cuts_a_long_error_at_a_word_boundary_with_an_ellipsis(
     engine: sa.Engine, db_url: URL
 ) -> None:
@@ -223,6 +256,14 @@ def test_archive_and_prune_commands_move_and_delete_rows(engine: sa.Engine, db_u
         (["list", "--status", "bogus"], "unknown status 'bogus'"),
         (["list", "--older-than", "7 days"], "invalid duration '7 days'"),
         (["list", "--limit", "0"], "limit must be between 1 and 10000, got 0"),
+        (["list", "--payload", "{nope"], "--payload is not JSON (Expecting property name"),
+        (["list", "--payload", "[1]"], '--payload must be a JSON object, e.g. {"user": 7}, got l'),
+        (["list", "--payload", '{"a": NaN}'], "--payload is not JSON (NaN is not a JSON value)"),
+        (["list", "--payload", '{"a": 1e999}'], "--payload is not JSON (1e999 is out of range)"),
+        (["list", "--payload", '{"a": "\\u0000"}'], "--payload must not contain a NUL character"),
+        (["list", "--newer-than", "99999999999w"], "invalid duration '99999999999w': too long"),
+        (["list", "--min-id", "x"], "argument --min-id: invalid int value: 'x'"),
+        (["list", "--max-id", "-1"], "max_id must be a non-negative integer, got -1"),
         (["archive", "--older-than", "soon"], "invalid duration 'soon'"),
         (["archive"], "the following arguments are required: --older-than"),
         (["show", "424242"], "no job with id 424242"),

@@ -7,6 +7,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
@@ -70,20 +71,28 @@ def create_app(
         Route("/jobs", page(views.jobs), name="jobs"),
         Route("/dead", page(views.dead), name="dead"),
         Route("/jobs/go", page(views.goto), name="goto"),
-        Route("/jobs/{job_id:int}", page(views.job), name="job"),
+        # {job_id} is any text, not {job_id:int}: "/jobs/abc" gets a clear 400, not a 404.
+        Route("/jobs/{job_id}", page(views.job), name="job"),
         Route("/periodic", page(views.periodic), name="periodic"),
         Route("/workers", page(views.workers), name="workers"),
         Route("/audit", page(views.audit), name="audit"),
         Route("/events", views.events, name="events"),
         Route("/jobs/bulk", views.bulk_action(views.bulk_review), methods=["POST"]),
         Route("/jobs/bulk/apply", views.bulk_action(views.bulk_apply), methods=["POST"]),
-        Route("/jobs/{job_id:int}/retry", action("retry")(views.retry), methods=["POST"]),
-        Route("/jobs/{job_id:int}/cancel", action("cancel")(views.cancel), methods=["POST"]),
-        Route("/jobs/{job_id:int}/delete", action("delete")(views.delete), methods=["POST"]),
+        Route("/jobs/{job_id}/retry", action("retry")(views.retry), methods=["POST"]),
+        Route("/jobs/{job_id}/cancel", action("cancel")(views.cancel), methods=["POST"]),
+        Route("/jobs/{job_id}/delete", action("delete")(views.delete), methods=["POST"]),
         Route("/queues/pause", action("pause")(views.pause), methods=["POST"]),
         Route("/queues/resume", action("pause")(views.resume), methods=["POST"]),
         Route("/queues/limit", action("limit")(views.limit), methods=["POST"]),
         Route("/queues/clear", action("limit")(views.clear), methods=["POST"]),
         Mount("/static", StaticFiles(directory=_render.STATIC), name="static"),
     ]
-    return Starlette(routes=routes, middleware=[Middleware(_security.SecurityHeaders)])
+    app = Starlette(
+        routes=routes,
+        middleware=[Middleware(_security.SecurityHeaders)],
+        exception_handlers={HTTPException: views.no_route},
+    )
+    # For the standalone server (``_serve``): it ends the live streams when it stops.
+    app.state.close_streams = views.hub.close
+    return app

@@ -6,7 +6,6 @@ with the standard library under a size bound: no multipart parser is needed.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, fields
 from datetime import timedelta
 from typing import Any
@@ -15,7 +14,7 @@ from urllib.parse import parse_qsl, urlencode
 from starlette.datastructures import QueryParams
 from starlette.requests import Request
 
-from sqla_jobs import ops
+from sqla_jobs import ops, validation
 from sqla_jobs.exceptions import ConfigError
 from sqla_jobs.models import JobStatus
 
@@ -82,19 +81,20 @@ class JobFilter:
         return any(getattr(self, f.name) for f in fields(self))
 
     def arguments(self) -> dict[str, Any]:
-        """Keyword arguments of :func:`sqla_jobs.ops.list_jobs`; ConfigError if one is wrong."""
+        """Keyword arguments of :func:`sqla_jobs.ops.list_jobs`; ConfigError if one is wrong,
+        naming the page's control (and its query parameter)."""
         args: dict[str, Any] = {}
         if self.status:
             args["status"] = self._status()
         for name in ("kind", "queue", "key"):
             if getattr(self, name):
-                args[name] = getattr(self, name)
+                args[name] = _text(name, getattr(self, name))
         for name in ("min_id", "max_id"):
             if getattr(self, name):
-                args[name] = _integer(name.replace("_", " "), getattr(self, name))
+                args[name] = _integer(_label(name), getattr(self, name))
         for name in ("older_than", "newer_than"):
             if getattr(self, name):
-                args[name] = _duration(name.replace("_", " "), getattr(self, name))
+                args[name] = _duration(_label(name), getattr(self, name))
         if self.payload:
             args["payload"] = _payload(self.payload)
         return args
@@ -107,35 +107,80 @@ class JobFilter:
             raise ConfigError(f"unknown status {self.status!r}: use one of {names}") from None
 
 
-def _integer(label: str, text: str) -> int:
+#: The jobs page's controls, by query parameter (what its error messages call them).
+LABELS = {
+    "status": "Status",
+    "kind": "Kind",
+    "queue": "Queue",
+    "key": "Key",
+    "min_id": "Id from",
+    "max_id": "Id to",
+    "older_than": "Older than",
+    "newer_than": "Newer than",
+    "payload": "Payload contains",
+}
+#: Query parameters of the jobs pages that are not filters: the next page's cursor, and
+#: the signed message after an action (``_flash``).
+PAGE_PARAMETERS = ("after", "done")
+#: The largest id PostgreSQL's bigint holds: a larger number is no job's.
+MAX_ID = 2**63 - 1
+#: The longest age a filter takes (about 100 years): PostgreSQL's timestamps end
+#: in 4713 BC, and ``now() - interval`` past that is an error, not "no job".
+MAX_AGE = timedelta(weeks=5200)
+
+
+def _label(name: str) -> str:
+    return f"{LABELS[name]} ({name})"
+
+
+def unknown_filters(query: QueryParams) -> list[str]:
+    """The query's parameters that are neither a filter nor the page's own, in order."""
+    known = {f.name for f in fields(JobFilter)} | set(PAGE_PARAMETERS)
+    return [name for name in dict.fromkeys(query.keys()) if name not in known]
+
+
+def _text(name: str, text: str) -> str:
+    if "\x00" in text:
+        raise ConfigError(f"{_label(name)} must not contain a NUL character")
+    return text
+
+
+def _integer(label: str, text: str, minimum: int = 0) -> int:
     try:
-        return int(text)
+        value = int(text)
     except ValueError:
-        raise ConfigError(f"{label} must be a whole number, got {text!r}") from None
+        value = None
+    if value is None or not minimum <= value <= MAX_ID:
+        raise ConfigError(
+            f"{label} must be a whole number from {minimum} to {MAX_ID}, got {text!r}"
+        )
+    return value
 
 
 def _duration(label: str, text: str) -> timedelta:
     try:
-        return ops.parse_duration(text)
+        found = ops.parse_duration(text)
     except ConfigError as exc:
         raise ConfigError(f"{label}: {exc}") from None
+    if found > MAX_AGE:
+        raise ConfigError(f"{label}: at most {MAX_AGE.days // 7}w (about 100 years), got {text!r}")
+    return found
 
 
 def _payload(text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise ConfigError(f'payload filter is not JSON ({exc}); e.g. {{"user": 7}}') from None
-    if not isinstance(value, dict):
-        raise ConfigError('payload filter must be a JSON object, e.g. {"user": 7}')
-    return value
+    return validation.json_object(_label("payload"), text, ConfigError)
 
 
 def cursor(text: str | None) -> int | None:
-    """The ``after`` id of a page link; ConfigError when it is not a number."""
+    """The ``after`` id of a page link; ConfigError when it is not a job id."""
     if not text:
         return None
-    return _integer("after", text)
+    return _integer("The page link's after", text)
+
+
+def job_id(text: str) -> int:
+    """A job's id, as a path or the "open by id" field gives it; ConfigError if it is none."""
+    return _integer("A job id", text.strip(), minimum=1)
 
 
 def optional_int(label: str, text: str | None) -> int | None:

@@ -58,6 +58,8 @@ KEEPALIVE = 15.0
 APPLICATION_NAME = "sqla_jobs dashboard"
 #: Most job ids one tab may watch (a page shows 50).
 MAX_WATCHED = 100
+#: The largest bigint: a larger id would fail the shared round's query for every tab.
+MAX_ID = 2**63 - 1
 
 
 @dataclass(eq=False)
@@ -84,7 +86,7 @@ def parse_watch(counts: str | None, ids: str | None) -> Watch:
     found: set[int] = set()
     for part in (ids or "").split(","):
         if part.strip():
-            if not part.strip().isdigit():
+            if not part.strip().isdigit() or int(part) > MAX_ID:
                 raise ConfigError(f"ids must be job ids separated by commas, got {part!r}")
             found.add(int(part))
     if len(found) > MAX_WATCHED:
@@ -139,12 +141,15 @@ class Hub:
         self.snapshot = Snapshot(None, {}, frozenset())
         self.rounds = 0
         self.listening = False
+        self.closing = False
         self._task: asyncio.Task[None] | None = None
 
     # --- streams --------------------------------------------------------------------
 
     async def stream(self, watch: Watch) -> AsyncIterator[str]:
-        """The text of one tab's event stream, until the tab goes away."""
+        """The text of one tab's event stream, until the tab goes away or :meth:`close`."""
+        if self.closing:
+            return
         self._join(watch)
         sent: dict[str, Any] = {}
         try:
@@ -152,6 +157,8 @@ class Hub:
             while True:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(watch.changed.wait(), KEEPALIVE)
+                if self.closing:
+                    return
                 if not watch.changed.is_set():
                     yield ": still here\n\n"
                     continue
@@ -172,6 +179,14 @@ class Hub:
             # its jobs. A job asked about but absent was deleted or archived since.
             jobs = {str(i): snap.jobs.get(i, {"status": "gone"}) for i in sorted(watch.ids)}
             yield "jobs", jobs
+
+    def close(self) -> None:
+        """End every open stream (and refuse new ones): the server is stopping, and an
+        open stream would otherwise hold its graceful shutdown until a timeout. Call it
+        on the event loop."""
+        self.closing = True
+        for watch in self.watches:
+            watch.changed.set()
 
     def _join(self, watch: Watch) -> None:
         self.watches.add(watch)

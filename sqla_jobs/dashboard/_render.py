@@ -35,7 +35,9 @@ def environment() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(pretty=pretty_json, compact=compact_json, age=age, moment=moment)
+    env.filters.update(
+        pretty=pretty_json, compact=compact_json, age=age, moment=moment, size=table_size
+    )
     return env
 
 
@@ -61,6 +63,15 @@ def age(seconds: float | None) -> str:
     if s < 86400:
         return f"{s // 3600}h {s % 3600 // 60}m"
     return f"{s // 86400}d {s % 86400 // 3600}h"
+
+
+def table_size(table: ops.TableStats) -> str:
+    """The jobs table's planner estimate of its rows, or that there is none yet: before
+    its first ANALYZE (or VACUUM) ``reltuples`` is -1, which ``ops`` reports as 0."""
+    seen = table.last_autoanalyze or table.last_autovacuum or table.last_vacuum
+    if table.estimated_rows or table.estimated_by_status or seen:
+        return f"about {table.estimated_rows:,} rows (planner estimate)"
+    return "row count not estimated yet (the planner counts at the first ANALYZE)"
 
 
 def moment(value: datetime | None) -> str:

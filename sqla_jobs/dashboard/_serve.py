@@ -1,20 +1,25 @@
 """``sqla-jobs dashboard``: the dashboard alone, served by uvicorn.
 
 Without an ``--auth`` hook anyone who reaches the port may act on the queue, so the
-command binds to 127.0.0.1 (this machine only) and says so, and refuses any other
-address unless ``--insecure-no-auth`` says that is intended.
+command binds to 127.0.0.1 (this machine only) and says so, and refuses any address
+but a loopback one (``localhost``, 127.0.0.0/8, ``::1`` or ``[::1]``) unless
+``--insecure-no-auth`` says that is intended. ``--permissions`` narrows the actions
+(names, or a ``module:function`` rule), checked before anything listens. When it stops
+(Ctrl-C, SIGTERM) it ends the open tabs' live streams first, so it stops at once.
 """
 
 from __future__ import annotations
 
 import importlib
 import ipaddress
+import signal
+import socket
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import sqlalchemy as sa
 
-from sqla_jobs.dashboard import _app
+from sqla_jobs.dashboard import _app, _security
 from sqla_jobs.exceptions import ConfigError
 from sqla_jobs.tasks import Registry
 
@@ -22,27 +27,72 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 
 
+def bind_address(host: str) -> str:
+    """``--host`` as the socket takes it: an IPv6 address may be written in brackets, as
+    in a URL (``[::1]``); ConfigError for brackets around anything else."""
+    if not host.startswith("[") and not host.endswith("]"):
+        return host
+    inner = host[1:-1] if host.startswith("[") and host.endswith("]") else ""
+    try:
+        ipaddress.IPv6Address(inner)
+    except ValueError:
+        raise ConfigError(
+            f"--host {host!r}: brackets go around an IPv6 address only, e.g. [::1]"
+        ) from None
+    return inner
+
+
 def is_loopback(host: str) -> bool:
+    """Whether ``host`` (as :func:`bind_address` returns it) reaches this machine only:
+    ``localhost``, 127.0.0.0/8, ``::1``, or 127.x written as an IPv4-mapped IPv6 address."""
     if host == "localhost":
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        address = ipaddress.ip_address(host)
     except ValueError:
         return False
+    mapped = getattr(address, "ipv4_mapped", None)
+    return address.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
-def load_callable(path: str) -> Any:
-    """Import ``"package.module:function"`` (the ``--auth`` hook)."""
+def load_callable(path: str, option: str = "--auth", what: str = "auth hook") -> Any:
+    """Import ``"package.module:function"`` (the ``--auth`` hook, a ``--permissions`` rule)."""
     module_name, sep, attr = path.partition(":")
     if not sep or not module_name or not attr:
-        raise ConfigError(f"--auth must look like 'package.module:function', got {path!r}")
+        raise ConfigError(f"{option} must look like 'package.module:function', got {path!r}")
     try:
         found = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"cannot load the auth hook {path!r}: {exc}") from None
+        raise ConfigError(f"cannot load the {what} {path!r}: {exc}") from None
     if not callable(found):
-        raise ConfigError(f"the auth hook {path!r} is not callable")
+        raise ConfigError(f"the {what} {path!r} is not callable")
     return found
+
+
+def load_permissions(text: str | None) -> _security.Permissions | None:
+    """``--permissions``: the actions allowed viewers may take, by name and separated by
+    commas (``retry,cancel``), or ``module:function``, a rule ``(request, action) ->
+    bool`` (to grant per user what your ``--auth`` hook knows); None: every action."""
+    if text is None:
+        return None
+    if ":" in text:
+        rule = load_callable(text, "--permissions", "permissions rule")
+        return cast(_security.PermissionHook, rule)
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    known = ", ".join(_security.ACTIONS)
+    if not names:
+        raise ConfigError(
+            f"--permissions names no action: give some of {known} (separated by commas), "
+            "or use --read-only for none"
+        )
+    unknown = [name for name in names if name not in _security.ACTIONS]
+    if unknown:
+        raise ConfigError(
+            f"--permissions: unknown action {', '.join(map(repr, unknown))}; the actions are "
+            f"{known} (pause covers resume, limit covers clearing limits), separated by "
+            "commas, or give module:function"
+        )
+    return frozenset(names)
 
 
 @dataclass(frozen=True)
@@ -53,18 +103,32 @@ class Plan:
     port: int
     auth: Any
     notice: str
+    permissions: _security.Permissions | None = None
 
 
-def plan(host: str, port: int, auth_path: str | None, insecure_no_auth: bool) -> Plan:
-    """Check the address against the auth rule; ConfigError with the reason if refused."""
+def plan(
+    host: str,
+    port: int,
+    auth_path: str | None,
+    insecure_no_auth: bool,
+    permissions: str | None = None,
+    read_only: bool = False,
+) -> Plan:
+    """Check the address against the auth rule, and the permissions; ConfigError with the
+    reason if refused."""
     if not 0 < port < 65536:
         raise ConfigError(f"--port must be between 1 and 65535, got {port}")
+    if permissions is not None and read_only:
+        raise ConfigError("--read-only allows no action: it takes no --permissions")
+    host = bind_address(host)
     auth = load_callable(auth_path) if auth_path else None
+    allowed = load_permissions(permissions)
     if auth is None and not is_loopback(host) and not insecure_no_auth:
         raise ConfigError(
             f"refusing to serve the dashboard on {host} without an auth hook: anyone who "
             "reaches it could retry, cancel and delete jobs. Give --auth module:function, "
-            f"keep the default --host {DEFAULT_HOST}, or pass --insecure-no-auth"
+            f"keep the default --host {DEFAULT_HOST} (or another loopback address: "
+            "localhost, ::1), or pass --insecure-no-auth"
         )
     if auth is None:
         who = (
@@ -74,11 +138,19 @@ def plan(host: str, port: int, auth_path: str | None, insecure_no_auth: bool) ->
         )
     else:
         who = f"auth hook {auth_path}"
+    if read_only:
+        who += "; read-only"
+    elif isinstance(allowed, frozenset):
+        who += "; actions: " + ", ".join(a for a in _security.ACTIONS if a in allowed)
+    elif allowed is not None:
+        who += f"; actions as {permissions} allows"
     shown = f"[{host}]" if ":" in host else host
-    return Plan(host, port, auth, f"sqla_jobs dashboard on http://{shown}:{port}/ ({who})")
+    notice = f"sqla_jobs dashboard on http://{shown}:{port}/ ({who})"
+    return Plan(host, port, auth, notice, allowed)
 
 
-#: Seconds a stopping server waits for open responses (live streams) before closing them.
+#: Seconds a stopping server waits for open responses before closing them (the live
+#: streams are ended at once; this bounds anything else).
 SHUTDOWN_GRACE = 3
 
 
@@ -91,14 +163,31 @@ def serve(
 ) -> None:
     import uvicorn
 
-    app = _app.create_app(engine, auth=chosen.auth, read_only=read_only, registry=registry)
+    class Server(uvicorn.Server):
+        """uvicorn's server, ending the open tabs' live streams as it begins to stop:
+        a stream never ends by itself, so a graceful shutdown (Ctrl-C, SIGTERM) would
+        wait for its timeout, then cancel the stream's task with an error logged."""
+
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            app.state.close_streams()
+            await super().shutdown(sockets=sockets)
+
+    app = _app.create_app(
+        engine,
+        auth=chosen.auth,
+        permissions=chosen.permissions,
+        read_only=read_only,
+        registry=registry,
+    )
     print(chosen.notice, flush=True)
-    # An open tab's live stream never ends by itself: without a bound, a graceful
-    # shutdown (Ctrl-C) would wait for every tab to be closed.
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=chosen.host,
         port=chosen.port,
         log_level="warning",
         timeout_graceful_shutdown=SHUTDOWN_GRACE,
     )
+    # uvicorn raises the signal that stopped it again once stopped: SIGTERM then ends
+    # the command as Ctrl-C does (KeyboardInterrupt, exit status 0), not killed by it.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    Server(config).run()

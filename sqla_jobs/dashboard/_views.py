@@ -4,8 +4,9 @@ A page reads what it shows with ops functions in one ``Session`` on a worker thr
 (``run_in_threadpool``: the ops are synchronous, the event loop stays free) and renders
 a template. An action is a POST: its CSRF token and the viewer's permission are checked
 first, then the ops call and its audit entry run in one transaction, and the browser is
-sent back (303) to the page it came from, with a message code (never free text from
-the request: a link cannot make the page say something it would not).
+sent back (303) to the page it came from, with a message code and count the server
+signed for this browser (:mod:`._flash`): a link cannot make a page say something it
+would not, nor claim an action nobody took.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import QueryParams
-from starlette.requests import Request
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import (
     HTMLResponse,
     PlainTextResponse,
@@ -28,8 +30,8 @@ from starlette.responses import (
     StreamingResponse,
 )
 
-from sqla_jobs import ops
-from sqla_jobs.dashboard import _bulk, _forms, _live, _render, _security
+from sqla_jobs import exceptions, ops
+from sqla_jobs.dashboard import _bulk, _flash, _forms, _live, _render, _security
 from sqla_jobs.dashboard._security import Viewer
 from sqla_jobs.exceptions import ConfigError, JobNotFoundError, SchemaNotReadyError
 from sqla_jobs.models import JobStatus
@@ -110,13 +112,10 @@ class Views:
         """``name`` rendered; ``live``: the query of the page's event stream, if any."""
         token, new = _security.csrf_token(request)
         prefix = request.scope.get("root_path", "").rstrip("/")
-        did = request.query_params.get("did", "")
-        count = request.query_params.get("n", "")
-        message = (
-            MESSAGES[did].format(n=int(count) if count.isdigit() else 0)
-            if did in MESSAGES
-            else None
-        )
+        done = _flash.read(request)
+        message = None
+        if done is not None and done[0] in MESSAGES:
+            message = MESSAGES[done[0]].format(n=done[1] or 0)
         html = self.templates.get_template(name).render(
             url=lambda path: prefix + path,
             static=lambda file: f"{prefix}/static/{file}",
@@ -144,9 +143,11 @@ class Views:
     def back(
         self, request: Request, path: str, did: str, n: int | None = None, query: str = ""
     ) -> Response:
-        """303 to ``path`` (with ``query``, a page's own), saying what was done."""
+        """303 to ``path`` (with ``query``, a page's own), saying what was done (signed:
+        see :mod:`._flash`)."""
         prefix = request.scope.get("root_path", "").rstrip("/")
-        query = (f"{query}&" if query else "") + f"did={did}" + (f"&n={n}" if n is not None else "")
+        token = request.cookies.get(_security.CSRF_COOKIE, "")  # checked by the action
+        query = (f"{query}&" if query else "") + f"{_flash.PARAM}={_flash.sign(token, did, n)}"
         return RedirectResponse(f"{prefix}{path}?{query}", status_code=303)
 
     def page(self, fn: Callable[[Request, Viewer], Awaitable[Response]]) -> Endpoint:
@@ -159,6 +160,10 @@ class Views:
                 return self._problem(request, viewer, HttpProblem(403, "Access denied."))
             try:
                 return await fn(request, viewer)
+            except ClientDisconnect:
+                # Gone before its form was read (a closed tab, a lost network): nobody
+                # reads an answer, and nothing was done.
+                return Response(status_code=400)
             except HttpProblem as exc:
                 return self._problem(request, viewer, exc)
             except ConfigError as exc:
@@ -167,6 +172,12 @@ class Views:
                 return self._problem(request, viewer, HttpProblem(404, str(exc)))
             except SchemaNotReadyError as exc:
                 return self._problem(request, viewer, HttpProblem(503, str(exc)))
+            except sa.exc.DataError as exc:
+                # A value the checks above let through and PostgreSQL refuses: still the
+                # request's fault, said as such, not a server error.
+                text = exceptions.db_error_text(exc)
+                problem = HttpProblem(400, f"The database refused a value of this request: {text}")
+                return self._problem(request, viewer, problem)
 
         return endpoint
 
@@ -216,6 +227,19 @@ class Views:
 
     def _problem(self, request: Request, viewer: Viewer, exc: HttpProblem) -> HTMLResponse:
         return self.render(request, viewer, "problem.html", status=exc.status, problem=exc)
+
+    async def no_route(self, request: Request, exc: Exception) -> Response:
+        """The styled error page for a path no route serves, or a method it does not take
+        (Starlette's plain-text 404 and 405 otherwise)."""
+        status = exc.status_code if isinstance(exc, HTTPException) else 500
+        viewer = await self._viewer(request)
+        if viewer.access == _security.DENY:
+            return self._problem(request, viewer, HttpProblem(403, "Access denied."))
+        if status == 405:
+            message = _not_this_method(request)
+        else:
+            message = f"No page at {request.url.path}: use the links at the top."
+        return self._problem(request, viewer, HttpProblem(status, message))
 
     # --- pages ---------------------------------------------------------------------
 
@@ -296,17 +320,22 @@ class Views:
             next_query=next_query,
             statuses=[s.value for s in JobStatus],
             bulk_ops=[op for op in _bulk.APPLIES_TO if viewer.can(op)],
+            unknown=_forms.unknown_filters(request.query_params),
+            filter_names=list(_forms.LABELS),
         )
 
     async def goto(self, request: Request, viewer: Viewer) -> Response:
         """The jobs page's "open by id" form (GET, so it works without script)."""
-        job_id = _forms.optional_int("id", request.query_params.get("id", "").strip())
-        if job_id is None:
-            raise ConfigError("give a job id")
+        text = request.query_params.get("id", "").strip()
+        if not text:
+            raise ConfigError("Give a job id to open.")
+        job_id = _forms.job_id(text)
         prefix = request.scope.get("root_path", "").rstrip("/")
         return RedirectResponse(f"{prefix}/jobs/{job_id}", status_code=303)
 
     async def job(self, request: Request, viewer: Viewer) -> Response:
+        if request.path_params["job_id"] == "bulk":  # the bulk form's address: POST only
+            raise HttpProblem(405, _not_this_method(request))
         job_id = _job_id(request)
 
         def load(session: Session) -> dict[str, Any]:
@@ -344,7 +373,7 @@ class Views:
         return self.render(request, viewer, "workers.html", nav="workers", **data)
 
     async def audit(self, request: Request, viewer: Viewer) -> Response:
-        before = _forms.optional_int("before", request.query_params.get("before"))
+        before = _forms.optional_int("The page link's before", request.query_params.get("before"))
         entries = await self.read(
             lambda s: ops.audit_log(s, limit=_forms.PAGE_SIZE, before_id=before)
         )
@@ -462,8 +491,13 @@ class Views:
         return await self._control(request, viewer, form, "resume", ops.resume)
 
     async def limit(self, request: Request, viewer: Viewer, form: dict[str, str]) -> Response:
-        concurrency = _forms.optional_int("concurrency", form.get("concurrency", "").strip())
+        concurrency = _forms.optional_int("Concurrency", form.get("concurrency", "").strip())
         rate = form.get("rate", "").strip() or None
+        if concurrency is None and rate is None:
+            raise ConfigError(
+                "Give a concurrency, a rate or both before pressing Set limit (Clear limits "
+                "drops the limits set here)."
+            )
 
         def change(session: Session, **scope: Any) -> None:
             ops.set_limit(session, **scope, concurrency=concurrency, rate=rate)
@@ -514,9 +548,15 @@ def _page(form: dict[str, str]) -> str:
     return "dead" if form.get("page") == "dead" else "jobs"
 
 
+def _not_this_method(request: Request) -> str:
+    return (
+        f"{request.url.path} does not answer a {request.method}: its forms are sent by the "
+        "buttons of the dashboard's pages."
+    )
+
+
 def _job_id(request: Request) -> int:
-    raw = request.path_params["job_id"]
-    return int(raw)
+    return _forms.job_id(request.path_params["job_id"])
 
 
 @dataclass(frozen=True)
