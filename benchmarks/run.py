@@ -64,6 +64,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
+import cli_start  # noqa: E402
 import peers  # noqa: E402
 from _db import scratch_database  # noqa: E402
 
@@ -1264,12 +1265,42 @@ def peers_admin() -> str:
     return admin_url()
 
 
+def cli_start_rows(repeats: int) -> list[Row]:
+    """Each command's start beside ``python -c pass`` + its query (see cli_start.py)."""
+    commands, bare, floor = cli_start.measure(repeats)
+    target = f"<= +{cli_start.TARGET_SECONDS * 1e3:.0f} ms"
+    rows = [
+        Row(
+            "cli",
+            f"{c.label}",
+            c.wall * 1e3,
+            "ms",
+            "python -c pass + the query",
+            (bare.wall + c.query) * 1e3,
+            target,
+            cli_start.beyond(c, bare) <= cli_start.TARGET_SECONDS,
+        )
+        for c in commands
+    ]
+    rows.append(
+        Row(
+            "cli",
+            "(context) import sqlalchemy.orm + psycopg",
+            floor.wall * 1e3,
+            "ms",
+            "python -c pass",
+            bare.wall * 1e3,
+        )
+    )
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes, one repeat")
     parser.add_argument(
         "--only",
-        default="enqueue,drain,backlog,tx,procs,async,pickup,claim,limits",
+        default="enqueue,orm,drain,backlog,tx,procs,async,pickup,claim,limits,cli",
         help="comma-separated sections to run (default: all)",
     )
     parser.add_argument("--explain", action="store_true", help="print the claim plans")
@@ -1728,6 +1759,10 @@ def main(argv: list[str] | None = None) -> int:
             ours_busy = busy_pickup_latency(sizes.busy_seconds, kind, jobs)
             raw_busy = busy_pickup_latency(sizes.busy_seconds, kind, jobs, raw=True)
             rows += _busy_rows(label, ours_busy, raw_busy)
+
+    if "cli" in only:
+        step("cli start")
+        rows.extend(cli_start_rows(sizes.repeats * 3))
 
     if "claim" in only:
         step("claim latency (loading the table)")

@@ -130,6 +130,10 @@ class Job(Base):
     ``session.execute(insert(Job), rows)`` bypass the flush: there a taken key raises
     ``IntegrityError`` (the transaction is aborted), a delay fails, and ``insert(Job)``
     ignores a ``"key"`` in its rows (write ``"idempotency_key"``).
+
+    The flush listener doing this is :mod:`sqla_jobs.producer`'s (which imports this
+    module, so this one cannot import it): ``from sqla_jobs import Job`` loads it, as
+    does any enqueue; import ``Job`` from ``sqla_jobs``, not from ``sqla_jobs.models``.
     """
 
     __tablename__ = "jobs"
