@@ -65,6 +65,7 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 import cli_start  # noqa: E402
+import orm_enqueue  # noqa: E402
 import peers  # noqa: E402
 from _db import scratch_database  # noqa: E402
 
@@ -1391,6 +1392,22 @@ def main(argv: list[str] | None = None) -> int:
                     raw_off,
                 )
             )
+    if "orm" in only:
+        step("orm enqueue (session.add(Job) vs enqueue vs raw INSERT)")
+        for cmp in orm_enqueue.measure(rounds=3 * sizes.repeats):
+            rows.append(
+                Row(
+                    "orm",
+                    cmp.name.split(" vs ")[0],
+                    cmp.ours.wall,
+                    "us",
+                    cmp.name.split(" vs ")[1],
+                    cmp.baseline.wall,
+                    f"<= {cmp.at_most:g}x",
+                    cmp.met,
+                )
+            )
+
     if "enqueue" in only or "many" in only:  # "many": enqueue_many and its peers alone
         step("enqueue_many")
         nm = sizes.enqueue_many
