@@ -398,9 +398,14 @@ _OTHER_COLUMNS = tuple(
     sorted(set(Job.__mapper__.columns.keys()) - _ENQUEUE_COLUMNS)  # status, attempts, ...
 )
 _OTHER_COLUMNS_SET = frozenset(_OTHER_COLUMNS)
-#: The columns a job inserted as enqueue does holds NULL in unless it set them.
+#: The columns a job inserted as enqueue does holds NULL in unless it set them (it
+#: always has a kind, and a payload: ``{}`` unless given).
 _NULL_UNLESS_SET = tuple(
-    sorted(set(Job.__mapper__.columns.keys()) - {c.name for c in enqueue_sql.FILLED_BY_THE_TABLE})
+    sorted(
+        set(Job.__mapper__.columns.keys())
+        - {c.name for c in enqueue_sql.FILLED_BY_THE_TABLE}
+        - {"kind", "payload"}
+    )
 )
 
 
@@ -498,6 +503,7 @@ def _insert_jobs_as_enqueue_does(
         # into its __dict__ for make_transient_to_detached to commit at once (it leaves
         # no column unloaded), rather than one set_committed_value per column.
         values = job.__dict__
+        values.setdefault("payload", {})  # what NewJob sent for a job given none
         for name in _NULL_UNLESS_SET:
             values.setdefault(name, None)
         values.update(row._mapping)

@@ -482,3 +482,14 @@ def test_a_job_added_and_committed_notifies_a_waiting_worker_at_commit(
             assert list(listener.notifies(timeout=0.3, stop_after=1)) == []  # not before
             s.commit()
             assert len(list(listener.notifies(timeout=10, stop_after=1))) == 1
+
+
+def test_a_keyed_job_given_no_payload_holds_the_empty_payload_it_stored(
+    session: Session, engine: sa.Engine
+) -> None:
+    job = Job(kind="k", key="K")
+    session.add(job)
+    session.flush()
+    assert job.__dict__["payload"] == {}  # loaded, as stored
+    session.commit()
+    assert rows(engine, "SELECT payload FROM jobs") == [({},)]
