@@ -64,6 +64,8 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
+import cli_start  # noqa: E402
+import orm_enqueue  # noqa: E402
 import peers  # noqa: E402
 from _db import scratch_database  # noqa: E402
 
@@ -1264,12 +1266,42 @@ def peers_admin() -> str:
     return admin_url()
 
 
+def cli_start_rows(repeats: int) -> list[Row]:
+    """Each command's start beside ``python -c pass`` + its query (see cli_start.py)."""
+    commands, bare, floor = cli_start.measure(repeats)
+    target = f"<= +{cli_start.TARGET_SECONDS * 1e3:.0f} ms"
+    rows = [
+        Row(
+            "cli",
+            f"{c.label}",
+            c.wall * 1e3,
+            "ms",
+            "python -c pass + the query",
+            (bare.wall + c.query) * 1e3,
+            target,
+            cli_start.beyond(c, bare) <= cli_start.TARGET_SECONDS,
+        )
+        for c in commands
+    ]
+    rows.append(
+        Row(
+            "cli",
+            "(context) import sqlalchemy.orm + psycopg",
+            floor.wall * 1e3,
+            "ms",
+            "python -c pass",
+            bare.wall * 1e3,
+        )
+    )
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes, one repeat")
     parser.add_argument(
         "--only",
-        default="enqueue,drain,backlog,tx,procs,async,pickup,claim,limits",
+        default="enqueue,orm,drain,backlog,tx,procs,async,pickup,claim,limits,cli",
         help="comma-separated sections to run (default: all)",
     )
     parser.add_argument("--explain", action="store_true", help="print the claim plans")
@@ -1360,6 +1392,22 @@ def main(argv: list[str] | None = None) -> int:
                     raw_off,
                 )
             )
+    if "orm" in only:
+        step("orm enqueue (session.add(Job) vs enqueue vs raw INSERT)")
+        for cmp in orm_enqueue.measure(rounds=3 * sizes.repeats):
+            rows.append(
+                Row(
+                    "orm",
+                    cmp.name.split(" vs ")[0],
+                    cmp.ours.wall,
+                    "us",
+                    cmp.name.split(" vs ")[1],
+                    cmp.baseline.wall,
+                    f"<= {cmp.at_most:g}x",
+                    cmp.met,
+                )
+            )
+
     if "enqueue" in only or "many" in only:  # "many": enqueue_many and its peers alone
         step("enqueue_many")
         nm = sizes.enqueue_many
@@ -1728,6 +1776,10 @@ def main(argv: list[str] | None = None) -> int:
             ours_busy = busy_pickup_latency(sizes.busy_seconds, kind, jobs)
             raw_busy = busy_pickup_latency(sizes.busy_seconds, kind, jobs, raw=True)
             rows += _busy_rows(label, ours_busy, raw_busy)
+
+    if "cli" in only:
+        step("cli start")
+        rows.extend(cli_start_rows(sizes.repeats * 3))
 
     if "claim" in only:
         step("claim latency (loading the table)")

@@ -3,11 +3,15 @@
 Jobs are rows of the ``jobs`` table (:class:`Job`), inserted in the caller's own
 transaction (:func:`enqueue`, :func:`enqueue_many` or ``session.add(Job(...))``) and run
 by ``python -m sqla_jobs.worker app.module:registry``.
+
+The names below that need SQLAlchemy are loaded on first use (:func:`__getattr__`), so
+``sqla-jobs --help`` and ``python -m sqla_jobs.worker --help`` import neither
+SQLAlchemy nor psycopg (issue #23); ``from sqla_jobs import Job`` works as before.
 """
 
+import importlib as _importlib
 import typing as _typing
 
-from sqla_jobs.config import WorkerConfig
 from sqla_jobs.exceptions import (
     ConfigError,
     Discard,
@@ -26,14 +30,48 @@ from sqla_jobs.exceptions import (
     Snooze,
     SqlaJobsError,
 )
-from sqla_jobs.models import Base, Job, JobArchive, JobStatus
-from sqla_jobs.ops import Stats, result, result_async, stats, stats_async
-from sqla_jobs.producer import NewJob, enqueue, enqueue_async, enqueue_many, enqueue_many_async
-from sqla_jobs.retry import Backoff
-from sqla_jobs.tasks import Handler, JobContext, Registry, current_job
 
 if _typing.TYPE_CHECKING:
+    from sqla_jobs.config import WorkerConfig
+    from sqla_jobs.models import Base, Job, JobArchive, JobStatus
+    from sqla_jobs.ops import Stats, result, result_async, stats, stats_async
+    from sqla_jobs.producer import (
+        NewJob,
+        enqueue,
+        enqueue_async,
+        enqueue_many,
+        enqueue_many_async,
+    )
+    from sqla_jobs.retry import Backoff
+    from sqla_jobs.tasks import Handler, JobContext, Registry, current_job
     from sqla_jobs.worker import Worker
+
+#: The module each lazily loaded name comes from. The worker is lazy for one more
+#: reason: importing it here would make ``python -m sqla_jobs.worker`` import it twice
+#: (as __main__ and by name).
+_LAZY = {
+    "Backoff": "sqla_jobs.retry",
+    "Base": "sqla_jobs.models",
+    "Handler": "sqla_jobs.tasks",
+    "Job": "sqla_jobs.models",
+    "JobArchive": "sqla_jobs.models",
+    "JobContext": "sqla_jobs.tasks",
+    "JobStatus": "sqla_jobs.models",
+    "NewJob": "sqla_jobs.producer",
+    "Registry": "sqla_jobs.tasks",
+    "Stats": "sqla_jobs.ops",
+    "Worker": "sqla_jobs.worker",
+    "WorkerConfig": "sqla_jobs.config",
+    "current_job": "sqla_jobs.tasks",
+    "enqueue": "sqla_jobs.producer",
+    "enqueue_async": "sqla_jobs.producer",
+    "enqueue_many": "sqla_jobs.producer",
+    "enqueue_many_async": "sqla_jobs.producer",
+    "result": "sqla_jobs.ops",
+    "result_async": "sqla_jobs.ops",
+    "stats": "sqla_jobs.ops",
+    "stats_async": "sqla_jobs.ops",
+}
 
 __all__ = [
     "Backoff",
@@ -77,10 +115,17 @@ __all__ = [
 
 
 def __getattr__(name: str) -> _typing.Any:
-    # The worker is exported lazily: importing it eagerly here would make
-    # ``python -m sqla_jobs.worker`` import the module twice (as __main__ and by name).
-    if name == "Worker":
-        from sqla_jobs.worker import Worker
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sqla_jobs' has no attribute {name!r}")
+    if module == "sqla_jobs.models":
+        # The flush listener that makes ``session.add(Job(...))`` insert as ``enqueue``
+        # does is producer's (it imports the models, so the models cannot import it).
+        _importlib.import_module("sqla_jobs.producer")
+    value = getattr(_importlib.import_module(module), name)
+    globals()[name] = value  # the next lookup is an ordinary one
+    return value
 
-        return Worker
-    raise AttributeError(f"module 'sqla_jobs' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -14,14 +14,18 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from datetime import timedelta, timezone
-from typing import Any, NoReturn
-
-import sqlalchemy as sa
-from sqlalchemy import exc as sa_exc
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from sqla_jobs import config as config_mod
 from sqla_jobs import exceptions
 from sqla_jobs.exceptions import ConfigError, SqlaJobsError
+
+if TYPE_CHECKING:
+    import sqlalchemy as sa
+
+# SQLAlchemy, and all but the parsers, are imported by the functions that use them:
+# ``--help`` and a usage error need none of it, and it is most of a command's start-up
+# time (issue #23; tests/test_cli_start.py).
 
 EXIT_USAGE = 2
 #: ``sqla-jobs list | head``: the reader left before the output ended (128 + SIGPIPE, as
@@ -239,6 +243,8 @@ def run_worker(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
 
     ``argv``: the worker's own options as given, passed on to the N children.
     """
+    from sqlalchemy import exc as sa_exc
+
     from sqla_jobs import tasks, worker
 
     setup_logging(args.log_level, args.log_format)
@@ -363,6 +369,8 @@ def run_dashboard(args: argparse.Namespace) -> int:
         from sqla_jobs.dashboard import _serve
     except ImportError as exc:
         return _fail(f"the dashboard needs its extra: pip install 'sqla-jobs[dashboard]' ({exc})")
+    import sqlalchemy as sa
+    from sqlalchemy import exc as sa_exc
     from sqlalchemy.orm import Session
 
     from sqla_jobs import ops, tasks
@@ -407,6 +415,8 @@ def _reader_left() -> int:
 
 
 def _engine(url: str) -> sa.Engine:
+    import sqlalchemy as sa
+
     return sa.create_engine(config_mod.database_url(url), poolclass=sa.NullPool)
 
 
@@ -536,6 +546,7 @@ def _duration(text: str | None) -> timedelta | None:
 
 
 def _run_ops(args: argparse.Namespace) -> int:
+    from sqlalchemy import exc as sa_exc
     from sqlalchemy.orm import Session
 
     from sqla_jobs import ops
@@ -647,10 +658,12 @@ def _stats_text(s: Any) -> str:
 def _cmd_stats(session: Any, args: argparse.Namespace) -> int:
     import time
 
-    from sqla_jobs import ops, tasks
+    from sqla_jobs import ops
 
     registry = None
     if args.app:
+        from sqla_jobs import tasks
+
         sys.path.insert(0, os.getcwd())
         registry = tasks.load_registry(args.app)
     if args.watch is not None and not args.watch > 0:
@@ -1112,6 +1125,8 @@ def _workers_text(workers: Sequence[Any], now: Any) -> list[str]:
 
 
 def _cmd_workers(session: Any, args: argparse.Namespace) -> int:
+    import sqlalchemy as sa
+
     from sqla_jobs import ops
 
     workers = ops.workers(session)

@@ -11,12 +11,13 @@ import os
 import re
 import socket
 from dataclasses import dataclass, field
-
-from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError
+from typing import TYPE_CHECKING
 
 from sqla_jobs import validation
 from sqla_jobs.exceptions import ConfigError, InvalidJobError
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import URL
 
 #: Defaults, each documented in the README's configuration table.
 DEFAULT_CONCURRENCY = 1
@@ -46,6 +47,11 @@ def database_url(raw: str) -> URL:
     ``postgresql://``, ``postgres://`` and ``postgresql+psycopg://`` are accepted; any
     other scheme is a ConfigError, raised before any connection is attempted.
     """
+    # Imported here: the CLI reads this module's defaults for --help, which must not
+    # wait for SQLAlchemy (issue #23).
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
     if not isinstance(raw, str) or not raw.strip():
         raise ConfigError("database URL is empty; set DATABASE_URL or pass --database-url")
     text = raw.strip()

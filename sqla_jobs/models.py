@@ -125,11 +125,18 @@ class Job(Base):
     the object is persistent, filled from the inserted row (``id``, ``run_at``, ...) as
     the ORM's own insert leaves it, and leaves the session again if the transaction (or
     savepoint) that inserted it rolls back. Such a job sets only the values above (a
-    ``status`` or ``attempts`` is refused at flush). Jobs with neither keep the ORM's
-    own batched insert. ``session.merge`` keeps all of this; ``bulk_save_objects`` and
-    ``session.execute(insert(Job), rows)`` bypass the flush: there a taken key raises
-    ``IntegrityError`` (the transaction is aborted), a delay fails, and ``insert(Job)``
-    ignores a ``"key"`` in its rows (write ``"idempotency_key"``).
+    ``status`` or ``attempts`` is refused at flush). A flush with a few jobs with neither
+    (:data:`sqla_jobs.producer.ONE_BY_ONE_UP_TO`) that set only those values inserts
+    them the same way, for speed; more, or any setting a worker's column, keep the ORM's
+    own batched insert (the row is the same). ``session.merge`` keeps all of this;
+    ``bulk_save_objects`` and ``session.execute(insert(Job), rows)`` bypass the flush:
+    there a taken key raises ``IntegrityError`` (the transaction is aborted), a delay
+    fails, and ``insert(Job)`` ignores a ``"key"`` in its rows (write
+    ``"idempotency_key"``).
+
+    The flush listener doing this is :mod:`sqla_jobs.producer`'s (which imports this
+    module, so this one cannot import it): ``from sqla_jobs import Job`` loads it, as
+    does any enqueue; import ``Job`` from ``sqla_jobs``, not from ``sqla_jobs.models``.
     """
 
     __tablename__ = "jobs"

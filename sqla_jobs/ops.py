@@ -52,7 +52,7 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
@@ -73,7 +73,9 @@ from sqla_jobs.sql import control as control_sql
 from sqla_jobs.sql import periodic as periodic_sql
 from sqla_jobs.sql import stats as stats_sql
 from sqla_jobs.sql import workers as workers_sql
-from sqla_jobs.tasks import Registry
+
+if TYPE_CHECKING:  # only annotations: the CLI's stats need none of the handler registry
+    from sqla_jobs.tasks import Registry
 
 #: Rows moved (archive) or deleted (prune) per transaction. Defaults to 10,000.
 DEFAULT_BATCH = 10_000

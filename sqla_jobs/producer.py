@@ -27,7 +27,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import (
     Session,
     SessionTransaction,
-    attributes,
     make_transient,
     make_transient_to_detached,
 )
@@ -95,7 +94,7 @@ _OPTIONAL_COLUMNS = (
 
 
 def _single_insert(
-    job: NewJob, *, whole_row: bool = False
+    job: NewJob, *, with_defaults: bool = False
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """``(shape, params)`` of the one-row insert for ``job`` (see _build)."""
     params: dict[str, Any] = {"kind": job.kind, "payload": job.payload_json}
@@ -109,18 +108,18 @@ def _single_insert(
         params["run_at"] = job.run_at
     if job.delay is not None:
         params["delay"] = job.delay
-    shape = ("one", job.run_at is not None, job.delay is not None, tuple(columns), whole_row)
+    shape = ("one", job.run_at is not None, job.delay is not None, tuple(columns), with_defaults)
     return shape, params
 
 
 def _build(shape: tuple[Any, ...]) -> Any:
     """The insert a shape stands for: ``("one", has_run_at, has_delay, columns,
-    whole_row)`` or ``("many", with_keys, options)``."""
+    with_defaults)`` or ``("many", with_keys, options)``."""
     if shape[0] == "many":
         return enqueue_sql.insert_jobs_json(with_keys=shape[1], options=shape[2])
-    _, has_run_at, has_delay, columns, whole_row = shape
+    _, has_run_at, has_delay, columns, with_defaults = shape
     return enqueue_sql.insert_job(
-        has_run_at=has_run_at, has_delay=has_delay, columns=columns, whole_row=whole_row
+        has_run_at=has_run_at, has_delay=has_delay, columns=columns, with_defaults=with_defaults
     )
 
 
@@ -398,21 +397,64 @@ _ENQUEUE_COLUMNS = frozenset(
 _OTHER_COLUMNS = tuple(
     sorted(set(Job.__mapper__.columns.keys()) - _ENQUEUE_COLUMNS)  # status, attempts, ...
 )
+_OTHER_COLUMNS_SET = frozenset(_OTHER_COLUMNS)
+#: The columns a job inserted as enqueue does holds NULL in unless it set them (it
+#: always has a kind, and a payload: ``{}`` unless given).
+_NULL_UNLESS_SET = tuple(
+    sorted(
+        set(Job.__mapper__.columns.keys())
+        - {c.name for c in enqueue_sql.FILLED_BY_THE_TABLE}
+        - {"kind", "payload"}
+    )
+)
 
 
-def _inserted_as_enqueue(obj: object) -> bool:
-    """Whether the flush inserts ``obj`` as enqueue does: a Job with a key (a taken key
-    must not abort the caller's transaction) or a delay (counted in database time)."""
-    if not isinstance(obj, Job):
-        return False
-    values = obj.__dict__  # read without the attribute machinery: every pending object
-    return values.get("idempotency_key") is not None or type(values.get("run_at")) is DelayedRunAt
+#: A flush inserts up to this many plain jobs (no key, no delay) one by one with
+#: enqueue's statement, one round trip each; more are left to the ORM's own insert, one
+#: statement for all of them, whose fixed cost (its unit of work: about 2.5 times the
+#: client CPU of an enqueue, #23) a few round trips undercut.
+ONE_BY_ONE_UP_TO = 3
+
+
+def _routed(session: Session, instances: Sequence[Any] | None) -> list[Job]:
+    """The pending Jobs the flush inserts as enqueue does, in the order they were added.
+
+    Every Job with a key (a taken key must not abort the caller's transaction) or a delay
+    (counted in database time). Plain ones too, for speed, when there are at most
+    :data:`ONE_BY_ONE_UP_TO` and each sets a kind and a payload and no worker column
+    (``status``, ``attempts``, ...): those the ORM would insert as they are, so the row
+    is the same; any other is the ORM's to insert (or refuse) as before.
+    """
+    new = [
+        obj
+        for obj in session.new  # in the order added
+        if isinstance(obj, Job) and (instances is None or obj in instances)
+    ]
+    keyed: list[Job] = []
+    plain: list[Job] = []
+    for job in new:
+        values = job.__dict__  # read without the attribute machinery: every pending object
+        if values.get("idempotency_key") is not None or type(values.get("run_at")) is DelayedRunAt:
+            keyed.append(job)
+        elif "kind" in values and "payload" in values and _OTHER_COLUMNS_SET.isdisjoint(values):
+            plain.append(job)
+    if not plain or len(plain) > ONE_BY_ONE_UP_TO:
+        return keyed
+    if not keyed:
+        return plain
+    chosen = {id(job) for job in (*keyed, *plain)}
+    return [job for job in new if id(job) in chosen]
 
 
 def _new_job(job: Job) -> NewJob:
     """The NewJob ``enqueue`` would insert for ``job``; InvalidJobError before any SQL."""
     values = job.__dict__
-    extra = [name for name in _OTHER_COLUMNS if values.get(name) is not None]
+    # isdisjoint first: the list is built only for a job that names another column.
+    extra = (
+        []
+        if _OTHER_COLUMNS_SET.isdisjoint(values)
+        else [name for name in _OTHER_COLUMNS if values.get(name) is not None]
+    )
     if extra:
         raise InvalidJobError(
             f"a Job with a key or a delay is inserted as enqueue() inserts it and sets only "
@@ -437,7 +479,8 @@ def _new_job(job: Job) -> NewJob:
 def _insert_jobs_as_enqueue_does(
     session: Session, _flush_context: Any, instances: Sequence[Any] | None
 ) -> None:
-    """``before_flush``: insert pending Jobs with a key or a delay as :func:`enqueue` does.
+    """``before_flush``: insert pending Jobs with a key or a delay (and a few plain ones,
+    see :func:`_routed`) as :func:`enqueue` does.
 
     Each is taken out of the unit of work and inserted by :func:`enqueue`'s statement
     (``ON CONFLICT DO NOTHING``), in the order they were added. A new row makes the
@@ -446,26 +489,27 @@ def _insert_jobs_as_enqueue_does(
     ``id`` None. Every job is checked before the first insert. The rest of the flush
     (other jobs included) is the ORM's own.
     """
-    pending = [
-        obj
-        for obj in session.new  # in the order added: the first of two equal keys wins
-        if _inserted_as_enqueue(obj) and (instances is None or obj in instances)
-    ]
+    pending = _routed(session, instances)  # the first of two equal keys wins
     if not pending:
         return
     inserts = [(job, _new_job(job)) for job in pending]
     for job, new in inserts:
-        row = _execute(session, *_single_insert(new, whole_row=True)).one_or_none()
+        row = _execute(session, *_single_insert(new, with_defaults=True)).one_or_none()
         session.expunge(job)
         if row is None:
             continue
-        job.id = row.id
+        # The object's values become its committed ones, as after the ORM's own insert:
+        # the row's defaults, NULL for every other column the job did not set. Written
+        # into its __dict__ for make_transient_to_detached to commit at once (it leaves
+        # no column unloaded), rather than one set_committed_value per column.
+        values = job.__dict__
+        values.setdefault("payload", {})  # what NewJob sent for a job given none
+        for name in _NULL_UNLESS_SET:
+            values.setdefault(name, None)
+        values.update(row._mapping)
+        values["status"] = JobStatus(values["status"])  # the driver's text (exec_driver_sql)
         make_transient_to_detached(job)
         session.add(job)
-        for name, value in row._mapping.items():
-            # The driver's values as they are (exec_driver_sql): only the enum needs typing.
-            value = JobStatus(value) if name == "status" else value
-            attributes.set_committed_value(job, name, value)
         _inserted(session)[job] = session.get_nested_transaction() or session.get_transaction()
 
 

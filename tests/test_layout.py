@@ -76,7 +76,8 @@ def test_python_m_sqla_jobs_worker_runs_the_worker_code_once() -> None:
     )
     assert "usage: python -m sqla_jobs.worker" in proc.stdout
     imported = [line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines()]
-    assert imported.count("sqla_jobs.worker._supervisor") == 1
+    # At most once: --help needs none of it (the package loads it lazily, #23).
+    assert imported.count("sqla_jobs.worker._supervisor") <= 1
     # __main__ only calls the entry point: the worker's code is not run a second time.
     main = (PACKAGE / "worker" / "__main__.py").read_text()
     assert "class " not in main and "def " not in main

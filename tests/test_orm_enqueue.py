@@ -14,16 +14,18 @@ from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+import psycopg
 import pytest
 import sqlalchemy as sa
-from helpers import rows, scalar, wait_for
+from helpers import rows, scalar, url_text, wait_for
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 from test_enqueue import BAD_INPUTS
 
-from sqla_jobs import InvalidJobError, Job, JobStatus, NewJob, enqueue, enqueue_async
+from sqla_jobs import InvalidJobError, Job, JobStatus, NewJob, enqueue, enqueue_async, producer
 from sqla_jobs.models import jobs
+from sqla_jobs.sql import locks
 
 
 class Caller:
@@ -407,3 +409,87 @@ def test_a_flushed_job_is_read_without_a_query_as_the_orms_own_insert_leaves_it(
     seen = sorted(asyncio.run(scenario()), key=lambda job: int(job["id"]))
     assert seen == _stored(engine)
     assert [type(job["status"]) for job in seen] == [JobStatus] * 3
+
+
+# --- #23: a few plain jobs take enqueue's statement too, for speed ---------------------
+
+
+def _inserts(engine: sa.Engine) -> list[str]:
+    """The INSERT statements sent through ``engine`` from now on."""
+    sent: list[str] = []
+    sa.event.listen(
+        engine,
+        "before_cursor_execute",
+        lambda *a: sent.append(a[2]) if a[2].startswith("INSERT") else None,
+    )
+    return sent
+
+
+def test_a_flush_of_a_few_plain_jobs_inserts_each_with_enqueues_statement(
+    engine: sa.Engine, session: Session
+) -> None:
+    sent = _inserts(engine)
+    few = [Job(kind="k", payload={"i": i}) for i in range(producer.ONE_BY_ONE_UP_TO)]
+    session.add_all(few)
+    session.commit()
+    assert len(sent) == len(few)
+    assert all("ON CONFLICT (idempotency_key) DO NOTHING" in sql for sql in sent)
+    assert [job.payload["i"] for job in few] == [0, 1, 2]  # loaded again after the commit
+    assert [r["payload"] for r in _stored(engine)] == [{"i": i} for i in range(len(few))]
+
+
+def test_a_flushed_plain_job_holds_the_rows_values_as_after_the_orms_insert(
+    session: Session, engine: sa.Engine
+) -> None:
+    job = Job(kind="k", payload={"a": 1}, priority=3)
+    session.add(job)
+    session.flush()
+    seen = {c.name: job.__dict__[c.name] for c in jobs.c}  # loaded, none expired
+    assert sa.inspect(job).persistent and not sa.inspect(job).modified
+    session.commit()
+    assert seen == _stored(engine)[0]
+    assert type(seen["status"]) is JobStatus
+
+
+def test_a_plain_job_that_sets_a_worker_column_keeps_the_orms_insert(
+    engine: sa.Engine, session: Session
+) -> None:
+    """Test fixtures insert finished jobs this way: enqueue's statement could not."""
+    sent = _inserts(engine)
+    session.add(Job(kind="k", payload={}, status=JobStatus.DONE, attempts=2))
+    session.commit()
+    assert len(sent) == 1 and "ON CONFLICT" not in sent[0]
+    assert rows(engine, "SELECT status::text, attempts FROM jobs") == [("done", 2)]
+
+
+def test_a_plain_job_without_a_payload_is_refused_by_the_database_as_before(
+    session: Session,
+) -> None:
+    session.add(Job(kind="k"))
+    with pytest.raises(sa.exc.IntegrityError, match="payload"):
+        session.flush()
+
+
+def test_a_job_added_and_committed_notifies_a_waiting_worker_at_commit(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    with psycopg.connect(url_text(db_url).replace("+psycopg", ""), autocommit=True) as listener:
+        listener.execute(f"LISTEN {locks.NOTIFY_CHANNEL}")
+        with engine.connect() as waiting, Session(engine) as s:
+            waiting.execute(locks.idle_flag(raise_=True))
+            s.add(Job(kind="k", payload={}))
+            s.flush()
+            assert list(listener.notifies(timeout=0.3, stop_after=1)) == []  # not before
+            s.commit()
+            assert len(list(listener.notifies(timeout=10, stop_after=1))) == 1
+
+
+def test_a_keyed_job_given_no_payload_holds_the_empty_payload_it_stored(
+    session: Session, engine: sa.Engine
+) -> None:
+    job = Job(kind="k", key="K")
+    session.add(job)
+    session.flush()
+    assert job.__dict__["payload"] == {}  # loaded, as stored
+    session.commit()
+    assert rows(engine, "SELECT payload FROM jobs") == [({},)]

@@ -49,8 +49,8 @@ CASES: dict[str, Callable[[], Any]] = {
     "enqueue.insert_job": lambda: enqueue.insert_job(
         has_run_at=False, has_delay=True, columns=["queue", "idempotency_key"]
     ),
-    "enqueue.insert_job_whole_row": lambda: enqueue.insert_job(
-        has_run_at=False, has_delay=False, columns=["idempotency_key"], whole_row=True
+    "enqueue.insert_job_with_defaults": lambda: enqueue.insert_job(
+        has_run_at=False, has_delay=False, columns=["idempotency_key"], with_defaults=True
     ),
     "enqueue.insert_jobs_json": lambda: enqueue.insert_jobs_json(with_keys=True),
     "lease.claim": lambda: lease.claim(
@@ -222,7 +222,7 @@ def test_every_statement_builder_has_a_snapshot_case() -> None:
     variants = {
         "lease.claim_limited",
         "lease.claim_in_room",
-        "enqueue.insert_job_whole_row",
+        "enqueue.insert_job_with_defaults",
         "admin.list_jobs_search",
     }
     assert _builders() == set(CASES) - variants

@@ -14,13 +14,16 @@ from sqla_jobs.models import jobs
 from sqla_jobs.sql import _common
 from sqla_jobs.sql._common import Now
 
+#: The columns an insert fills when the job does not: the identity and server defaults.
+FILLED_BY_THE_TABLE = tuple(c for c in jobs.c if c.primary_key or c.server_default is not None)
+
 
 def insert_job(
     *,
     has_run_at: bool,
     has_delay: bool,
     columns: Sequence[str],
-    whole_row: bool = False,
+    with_defaults: bool = False,
     now: Now = None,
 ) -> sa.Insert:
     """``INSERT ... ON CONFLICT (idempotency_key) DO NOTHING RETURNING id``.
@@ -28,10 +31,11 @@ def insert_job(
     Bind parameters: ``kind``, ``payload`` (JSON text), ``run_at`` or ``delay`` when
     flagged, and one per name in ``columns`` (queue, priority, max_attempts,
     idempotency_key, timeout). Columns not named take the table's defaults.
-    ``whole_row``: RETURNING every column but the payload, for the flush of a ``Job``
-    object, which fills the object from it (the ORM's own insert fetches its defaults
-    the same way, so reading them later needs no query, which an ``AsyncSession``
-    could not run).
+    ``with_defaults``: RETURNING the columns the table fills (:data:`FILLED_BY_THE_TABLE`:
+    the id and every column with a server default), for the flush of a ``Job`` object,
+    which fills the object from it (the ORM's own insert fetches its defaults the same
+    way, so reading them later needs no query, which an ``AsyncSession`` could not run).
+    Every other column holds what the job gave or NULL.
     """
     values: dict[str, Any] = {
         "kind": sa.bindparam("kind", type_=sa.Text),
@@ -51,7 +55,7 @@ def insert_job(
         pg_insert(jobs)
         .values(values)
         .on_conflict_do_nothing(index_elements=[jobs.c.idempotency_key])
-        .returning(*(c for c in jobs.c if c.name != "payload") if whole_row else (jobs.c.id,))
+        .returning(*FILLED_BY_THE_TABLE if with_defaults else (jobs.c.id,))
     )
 
 

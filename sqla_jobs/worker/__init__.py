@@ -25,9 +25,37 @@ its handler transaction is rolled back, and the loss is logged. The worker never
 DDL, so it can run as a role with only DML on the jobs table.
 """
 
+import importlib as _importlib
+import typing as _typing
+
 from sqla_jobs.exceptions import HandlerTransactionError
-from sqla_jobs.worker._events import Outcome, WorkerEvent
-from sqla_jobs.worker._session import HandlerSession
-from sqla_jobs.worker._supervisor import Phase, Worker
+
+if _typing.TYPE_CHECKING:
+    from sqla_jobs.worker._events import Outcome, WorkerEvent
+    from sqla_jobs.worker._session import HandlerSession
+    from sqla_jobs.worker._supervisor import Phase, Worker
 
 __all__ = ["HandlerSession", "HandlerTransactionError", "Outcome", "Phase", "Worker", "WorkerEvent"]
+
+# Loaded on first use: ``python -m sqla_jobs.worker --help`` imports this package before
+# its __main__ parses the options, and needs none of the worker for that (issue #23).
+_LAZY = {
+    "HandlerSession": "sqla_jobs.worker._session",
+    "Outcome": "sqla_jobs.worker._events",
+    "Phase": "sqla_jobs.worker._supervisor",
+    "Worker": "sqla_jobs.worker._supervisor",
+    "WorkerEvent": "sqla_jobs.worker._events",
+}
+
+
+def __getattr__(name: str) -> _typing.Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sqla_jobs.worker' has no attribute {name!r}")
+    value = getattr(_importlib.import_module(module), name)
+    globals()[name] = value  # the next lookup is an ordinary one
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

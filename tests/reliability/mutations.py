@@ -624,6 +624,21 @@ MUTATIONS: list[Mutation] = [
         "# MUTATION: Job objects with a key are left to the ORM's plain INSERT\n",
         (TAKEN_KEY_ANY_STYLE,),
     ),
+    # --- #23: a plain job flushed by enqueue's statement is left as the ORM's insert leaves it
+    Mutation(
+        "orm_flush_fills_every_column",
+        "a job the flush inserted by enqueue's statement holds every column (NULL unless "
+        "set), so an AsyncSession reads it without a query",
+        PRODUCER,
+        "        for name in _NULL_UNLESS_SET:\n            values.setdefault(name, None)\n",
+        "        pass  # MUTATION: columns the table does not fill are left unloaded\n",
+        (
+            "tests/test_orm_enqueue.py::test_a_flushed_job_is_read_without_a_query_as_the_"
+            "orms_own_insert_leaves_it",
+            "tests/test_orm_enqueue.py::test_a_flushed_plain_job_holds_the_rows_values_as_"
+            "after_the_orms_insert",
+        ),
+    ),
     # --- #21: the statement's time in long transactions; handler defaults (in-process) ---
     Mutation(
         "done_mark_dated_by_its_statement",
