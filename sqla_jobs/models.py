@@ -33,7 +33,15 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, synonym, validates
+from sqlalchemy.orm import (
+    DeclarativeBase,
+    Mapped,
+    Session,
+    SessionTransaction,
+    mapped_column,
+    synonym,
+    validates,
+)
 
 from sqla_jobs import validation
 from sqla_jobs.exceptions import InvalidJobError
@@ -134,9 +142,8 @@ class Job(Base):
     fails, and ``insert(Job)`` ignores a ``"key"`` in its rows (write
     ``"idempotency_key"``).
 
-    The flush listener doing this is :mod:`sqla_jobs.producer`'s (which imports this
-    module, so this one cannot import it): ``from sqla_jobs import Job`` loads it, as
-    does any enqueue; import ``Job`` from ``sqla_jobs``, not from ``sqla_jobs.models``.
+    The flush listeners are registered below, with this class, so they hold however
+    ``Job`` was imported; their work is :mod:`sqla_jobs.producer`'s.
     """
 
     __tablename__ = "jobs"
@@ -460,3 +467,32 @@ class AuditEntry(Base):
 
 
 audit_entries: sa.Table = AuditEntry.__table__  # type: ignore[assignment]
+
+
+# --- the flush routes new Jobs through enqueue's statement ----------------------------
+# Registered here, beside Job, so that ``from sqla_jobs.models import Job`` gets them too
+# (the package loads its public names lazily, #23). The work is the producer's, which
+# imports this module: it is imported at the first call, when both are complete.
+
+
+def _route_new_jobs(session: Session, flush_context: Any, instances: Any) -> None:
+    from sqla_jobs import producer
+
+    producer._insert_jobs_as_enqueue_does(session, flush_context, instances)
+
+
+def _forget_rolled_back_jobs(session: Session) -> None:
+    from sqla_jobs import producer
+
+    producer._forget_rolled_back_jobs(session)
+
+
+def _forget_ended_transaction(session: Session, transaction: SessionTransaction) -> None:
+    from sqla_jobs import producer
+
+    producer._forget_ended_transaction(session, transaction)
+
+
+sa.event.listen(Session, "before_flush", _route_new_jobs)
+sa.event.listen(Session, "after_rollback", _forget_rolled_back_jobs)
+sa.event.listen(Session, "after_transaction_end", _forget_ended_transaction)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, CursorResult, event
+from sqlalchemy import Connection, CursorResult
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import (
@@ -545,8 +545,3 @@ def _forget_ended_transaction(session: Session, transaction: SessionTransaction)
     """``after_transaction_end`` of the root (a commit or a close): nothing left to undo."""
     if transaction.parent is None:
         session.info.pop(_INSERTED, None)
-
-
-event.listen(Session, "before_flush", _insert_jobs_as_enqueue_does)
-event.listen(Session, "after_rollback", _forget_rolled_back_jobs)
-event.listen(Session, "after_transaction_end", _forget_ended_transaction)

@@ -40,9 +40,17 @@ def _imports(path: Path, modules: set[str]) -> set[str]:
     return {m for m in found if m in modules and m != me and not me.startswith(m + ".")}
 
 
+#: The one import against the layering, made inside functions that run only after both
+#: modules are loaded: Job's flush listeners (in models, so that any import of Job has
+#: them) call the producer, which needs the models.
+DEFERRED = {("sqla_jobs.models", "sqla_jobs.producer")}
+
+
 def test_the_package_has_no_import_cycles() -> None:
     paths = {_module_name(p): p for p in PACKAGE.rglob("*.py") if "versions" not in p.parts}
     graph = {name: _imports(path, set(paths)) for name, path in paths.items()}
+    for importer, imported in DEFERRED:
+        graph[importer].discard(imported)
     cycles: list[list[str]] = []
 
     def walk(node: str, stack: list[str]) -> None:

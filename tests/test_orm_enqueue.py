@@ -9,6 +9,8 @@ each style driven through the same small interface (:class:`Caller`).
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
@@ -493,3 +495,34 @@ def test_a_keyed_job_given_no_payload_holds_the_empty_payload_it_stored(
     assert job.__dict__["payload"] == {}  # loaded, as stored
     session.commit()
     assert rows(engine, "SELECT payload FROM jobs") == [({},)]
+
+
+def test_job_imported_from_the_models_module_alone_keeps_enqueues_rules_at_flush(
+    db_url: URL,
+) -> None:
+    # The package loads its public names lazily (#23): an app that imports Job only from
+    # sqla_jobs.models, and never enqueue, must still get the flush listener.
+    script = """
+import sys
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+from sqla_jobs.models import Job
+
+engine = sa.create_engine(sys.argv[1])
+with Session(engine) as s:
+    s.add(Job(kind="mail", payload={}, key="k1"))
+    s.commit()
+with Session(engine) as s:
+    again = Job(kind="mail", payload={}, key="k1")
+    s.add(again)
+    s.commit()  # a taken key inserts nothing, as enqueue does: no IntegrityError
+    print(again.id)
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", script, url_text(db_url)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "None"

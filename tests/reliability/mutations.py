@@ -619,8 +619,8 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "taken_key_orm_style",
         "... and so does session.add(Job(key=...)): the flush inserts it as enqueue does",
-        PRODUCER,
-        'event.listen(Session, "before_flush", _insert_jobs_as_enqueue_does)\n',
+        "sqla_jobs/models.py",
+        'sa.event.listen(Session, "before_flush", _route_new_jobs)\n',
         "# MUTATION: Job objects with a key are left to the ORM's plain INSERT\n",
         (TAKEN_KEY_ANY_STYLE,),
     ),
