@@ -45,7 +45,6 @@ INDEXES: tuple[str, ...] = (
     "jobs_status_id_idx",
     "jobs_kind_id_idx",
     "jobs_queue_id_idx",
-    "jobs_created_at_idx",
     "jobs_payload_idx",
 )
 

@@ -47,6 +47,7 @@ its transaction's start); durations are :class:`~datetime.timedelta`.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -230,6 +231,9 @@ class Stats:
     unserved_jobs: tuple[UnservedJobs, ...] = ()
     controls: tuple[ControlState, ...] = ()
     workers: tuple[WorkerInfo, ...] = ()
+    #: The figures (``ready``, ``scheduled``, ``oldest_ready``, ``dead``, ``cancelled``)
+    #: that are estimates, not counts (``stats(exact_up_to=...)``); empty: all exact.
+    estimated: frozenset[str] = frozenset()
 
     @property
     def paused_queues(self) -> tuple[str, ...]:
@@ -247,6 +251,7 @@ class Stats:
         data["table"]["dead_tuple_ratio"] = self.table.dead_tuple_ratio
         data["paused_queues"] = list(self.paused_queues)
         data["paused_kinds"] = list(self.paused_kinds)
+        data["estimated"] = sorted(self.estimated)
         return _jsonable(data)  # type: ignore[no-any-return]
 
 
@@ -266,15 +271,37 @@ _COUNTS = (
 )
 
 
+#: The families of counts :func:`stats` can estimate: their statuses, their exact
+#: statement, the figures they give.
+_ESTIMABLE = (
+    ((JobStatus.QUEUED,), stats_sql.stats_queued, ("ready", "scheduled", "oldest_ready")),
+    ((JobStatus.DEAD, JobStatus.CANCELLED), stats_sql.stats_dead, ("dead", "cancelled")),
+)
+_STATUS_OF = {"ready": "queued", "scheduled": "queued", "dead": "dead", "cancelled": "cancelled"}
+
+
 @_sessions.sync_form
-def stats(session: Session, registry: Registry | None = None) -> Stats:
-    """Read the queue's state in one read-only snapshot (five index-backed queries).
+def stats(
+    session: Session, registry: Registry | None = None, *, exact_up_to: int | None = None
+) -> Stats:
+    """Read the queue's state in one read-only snapshot (index-backed queries).
 
     Reads on a connection of its own from the session's engine, in one REPEATABLE READ
     transaction, every figure as of the same instant (``taken_at``); the session's
     own transaction, if any, is not touched.
+
+    Every count is exact unless ``exact_up_to`` is given (the dashboard's overview):
+    then, where more than that many jobs are queued (or dead and cancelled), counting
+    them per (queue, kind) would read every row, so those figures are estimates
+    instead: the shares of each (queue, kind) among the newest ``exact_up_to`` such
+    jobs, scaled to the planner's total for the status (``pg_stats``, as of the last
+    ANALYZE, never less than the jobs seen), and the oldest ready job among them (a
+    lower bound of the age). :attr:`Stats.estimated` names those figures.
     """
+    if exact_up_to is not None:
+        exact_up_to = _positive_int("exact_up_to", exact_up_to)
     rows: dict[tuple[str, str], dict[str, Any]] = {}
+    estimated: set[str] = set()
 
     def merge(result: sa.Result[Any], names: Sequence[str]) -> None:
         for row in result:
@@ -282,24 +309,45 @@ def stats(session: Session, registry: Registry | None = None) -> Stats:
             for name in names:
                 entry[name] = getattr(row, name)
 
+    def merge_estimates(sample: Sequence[Any], names: Sequence[str], table: TableStats) -> None:
+        seen = {n: sum(getattr(r, n) for r in sample) for n in names if n in _STATUS_OF}
+        # The ready/scheduled split of the sample applies to the queued total.
+        by_status: dict[str, int] = {}
+        for name, count in seen.items():
+            by_status[_STATUS_OF[name]] = by_status.get(_STATUS_OF[name], 0) + count
+        scale = {
+            status: max(table.estimated_by_status.get(status, 0), count) / count
+            for status, count in by_status.items()
+            if count
+        }
+        for row in sample:
+            entry = rows.setdefault((row.queue, row.kind), {})
+            for name in names:
+                value = getattr(row, name)
+                if name in _STATUS_OF:
+                    value = round(value * scale.get(_STATUS_OF[name], 0))
+                entry[name] = value
+
     bind = session.get_bind()
     engine = bind if isinstance(bind, sa.Engine) else bind.engine
     try:
         with engine.connect() as conn:
             conn.exec_driver_sql("SET TRANSACTION READ ONLY, ISOLATION LEVEL REPEATABLE READ")
             taken_at = conn.execute(stats_sql.stats_now()).scalar_one()
+            table = _table_stats(conn)
             # Every figure as of taken_at (each statement's own time would differ).
-            merge(
-                conn.execute(stats_sql.stats_queued(taken_at)),
-                ("ready", "scheduled", "oldest_ready"),
-            )
+            for statuses, exact, names in _ESTIMABLE:
+                if exact_up_to is not None and _more_than(conn, statuses, exact_up_to):
+                    sample = conn.execute(stats_sql.stats_sample(statuses, exact_up_to, taken_at))
+                    merge_estimates(sample.all(), names, table)
+                    estimated.update(names)
+                else:
+                    merge(conn.execute(exact(taken_at)), names)
             merge(conn.execute(stats_sql.stats_running(taken_at)), ("running", "expired"))
-            merge(conn.execute(stats_sql.stats_dead(taken_at)), ("dead", "cancelled"))
             merge(
                 conn.execute(stats_sql.stats_done_recent(taken_at)),
                 ("done_last_minute", "done_last_hour"),
             )
-            table = _table_stats(conn)
             controls_ = tuple(_control(r) for r in conn.execute(control_sql.controls()))
             workers_ = tuple(_worker(r) for r in conn.execute(workers_sql.live()))
             conn.rollback()
@@ -342,7 +390,12 @@ def stats(session: Session, registry: Registry | None = None) -> Stats:
         controls=controls_,
         workers=workers_,
         unserved_jobs=_unserved_jobs(by_kind, workers_),
+        estimated=frozenset(estimated),
     )
+
+
+def _more_than(conn: sa.Connection, statuses: Sequence[JobStatus], cap: int) -> bool:
+    return int(conn.execute(stats_sql.stats_more_than(statuses, cap)).scalar_one()) > cap
 
 
 def _unserved_jobs(
@@ -516,7 +569,8 @@ def list_jobs(
     ``after_id``.
     """
     statuses = _statuses(status)
-    stmt = admin.list_jobs(
+    page = functools.partial(
+        admin.list_jobs,
         statuses=statuses,
         kind=kind,
         queue=queue,
@@ -530,7 +584,11 @@ def list_jobs(
         payload=None if payload is None else _payload_match(payload),
         newest_first=bool(newest_first),
     )
-    return [_record(row) for row in session.execute(stmt)]
+    found = session.execute(page(payload_scan=admin.NEAR)).all()
+    if len(found) < limit and admin.payload_in_two_steps(statuses, kind, queue, payload):
+        # Not a page among the ids near the cursor: every match, from the GIN index.
+        found = session.execute(page(payload_scan=admin.MATCHES)).all()
+    return [_record(row) for row in found]
 
 
 def _text_filter(name: str, value: str | None) -> str | None:

@@ -58,6 +58,10 @@ KEEPALIVE = 15.0
 APPLICATION_NAME = "sqla_jobs dashboard"
 #: Most job ids one tab may watch (a page shows 50).
 MAX_WATCHED = 100
+#: The overview counts queued (and dead) jobs exactly up to this many; above it, an
+#: exact count per queue and kind would read every such row, and the figures are
+#: estimates (``ops.stats(exact_up_to=...)``), marked so on the page.
+EXACT_UP_TO = 500
 
 
 @dataclass(eq=False)
@@ -261,7 +265,7 @@ class Hub:
 
     def _read(self, counts: bool, ids: list[int]) -> Snapshot:
         with Session(self.engine) as session:
-            found = counts_of(ops.stats(session)) if counts else None
+            found = counts_of(ops.stats(session, exact_up_to=EXACT_UP_TO)) if counts else None
             states: dict[int, dict[str, Any]] = {}
             for chunk in _chunks(ids, ops.MAX_STATE_IDS):
                 states.update({i: state_of(s) for i, s in ops.job_states(session, chunk).items()})

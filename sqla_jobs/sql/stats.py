@@ -218,3 +218,44 @@ def throughput(minutes: int, now: Now = None) -> sa.Select[Any]:
         .group_by(minute)
         .order_by(minute)
     )
+
+
+def stats_more_than(statuses: Sequence[JobStatus], cap: int) -> sa.Select[Any]:
+    """How many rows have one of ``statuses``, counted up to ``cap + 1`` only (a range on
+    jobs_status_id_idx, revision 0010): more than ``cap`` means an exact count per
+    (queue, kind) would read every one of them."""
+    some = (
+        sa.select(sa.literal(1).label("one"))
+        .where(jobs.c.status.in_([_common.status(s) for s in statuses]))
+        .limit(sa.bindparam("cap", cap + 1, sa.Integer))
+        .subquery("some")
+    )
+    return sa.select(sa.func.count()).select_from(some)
+
+
+def stats_sample(statuses: Sequence[JobStatus], size: int, now: Now = None) -> sa.Select[Any]:
+    """Per (queue, kind): ready, scheduled, dead and cancelled among the newest ``size``
+    rows of ``statuses`` (jobs_status_id_idx, backwards), and the oldest ready among
+    them: shares an estimate scales to the planner's total for each status."""
+    newest = (
+        sa.select(jobs.c.queue, jobs.c.kind, jobs.c.status, jobs.c.run_at)
+        .where(jobs.c.status.in_([_common.status(s) for s in statuses]))
+        .order_by(jobs.c.id.desc())
+        .limit(sa.bindparam("size", size, sa.Integer))
+        .subquery("newest")
+    )
+    queued = newest.c.status == _common.status(JobStatus.QUEUED)
+    ready = sa.and_(queued, newest.c.run_at <= _common.clock(now))
+    return sa.select(
+        newest.c.queue,
+        newest.c.kind,
+        sa.func.count().filter(ready).label("ready"),
+        sa.func.count().filter(sa.and_(queued, sa.not_(ready))).label("scheduled"),
+        sa.func.count().filter(newest.c.status == _common.status(JobStatus.DEAD)).label("dead"),
+        sa.func.count()
+        .filter(newest.c.status == _common.status(JobStatus.CANCELLED))
+        .label("cancelled"),
+        _common.epoch(_common.clock(now) - sa.func.min(newest.c.run_at).filter(ready)).label(
+            "oldest_ready"
+        ),
+    ).group_by(newest.c.queue, newest.c.kind)
