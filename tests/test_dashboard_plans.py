@@ -8,8 +8,8 @@ An index only helps if the planner takes it, and statistics mislead it: taken wh
 table was empty, or when the filtered value was on every row (a backlog of one kind
 since drained, a night when everything failed). These tests build both on a table of
 20,000 jobs (100,000 for the payload: on fewer, reading the whole table is truly the
-cheapest way to find a payload) where the filtered value is on 30 of them, read the plans (custom, and
-generic as a prepared statement gets) of the first page and of a page after a cursor, in
+cheapest way to find a payload) where the filtered value is on 30 of them, read the
+plans (custom, and generic as a prepared statement gets) of the first page and of a page after a cursor, in
 both orders: the filter's index is used, ``jobs`` is never read by a sequential scan or
 by a walk of the primary key filtering rows. The pages are also read with
 ``ops.list_jobs``, to prove they find the 30 jobs in order. Nothing is timed
