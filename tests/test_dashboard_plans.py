@@ -3,16 +3,16 @@
 The jobs page (``ops.list_jobs``, newest or oldest first, from a keyset cursor) once
 walked the primary key and tested each row against the filter: a kind that 30 jobs out
 of millions have was found by reading the whole table. Revision 0010 gives each filter
-an index in the page's order ((status, id), (kind, id), (queue, id), GIN on payload).
-An index only helps if the planner takes it, and statistics mislead it: taken when the
+an index in the page's order ((status, id), (kind, id), (queue, id), GIN on payload). An
+index only helps if the planner takes it, and statistics mislead it: taken when the
 table was empty, or when the filtered value was on every row (a backlog of one kind
 since drained, a night when everything failed). These tests build both on a table of
 20,000 jobs (100,000 for the payload: on fewer, reading the whole table is truly the
 cheapest way to find a payload) where the filtered value is on 30 of them, read the
-plans (custom, and generic as a prepared statement gets) of the first page and of a page after a cursor, in
-both orders: the filter's index is used, ``jobs`` is never read by a sequential scan or
-by a walk of the primary key filtering rows. The pages are also read with
-``ops.list_jobs``, to prove they find the 30 jobs in order. Nothing is timed
+plans (custom, and generic as a prepared statement gets) of the first page and of a page
+after a cursor, in both orders: the filter's index is used, ``jobs`` is never read by a
+sequential scan or by a walk of the primary key filtering rows. The pages are also read
+with ``ops.list_jobs``, to prove they find the 30 jobs in order. Nothing is timed
 (``benchmarks/run.py --only dashboard`` times them).
 
 Age filters (``older_than``, ``newer_than``) have no index of their own: ``created_at``
