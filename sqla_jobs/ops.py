@@ -325,8 +325,9 @@ def stats(
             for name in names:
                 value = getattr(row, name)
                 if name in _STATUS_OF:
-                    value = round(value * scale.get(_STATUS_OF[name], 0))
-                entry[name] = value
+                    entry[name] = entry.get(name, 0) + round(value * scale.get(_STATUS_OF[name], 0))
+                elif value is not None:  # oldest_ready: the queued sample's
+                    entry[name] = value
 
     bind = session.get_bind()
     engine = bind if isinstance(bind, sa.Engine) else bind.engine
@@ -338,8 +339,9 @@ def stats(
             # Every figure as of taken_at (each statement's own time would differ).
             for statuses, exact, names in _ESTIMABLE:
                 if exact_up_to is not None and _more_than(conn, statuses, exact_up_to):
-                    sample = conn.execute(stats_sql.stats_sample(statuses, exact_up_to, taken_at))
-                    merge_estimates(sample.all(), names, table)
+                    for status in statuses:  # each its own sample, scaled to its total
+                        sample = stats_sql.stats_sample(status, exact_up_to, taken_at)
+                        merge_estimates(conn.execute(sample).all(), names, table)
                     estimated.update(names)
                 else:
                     merge(conn.execute(exact(taken_at)), names)

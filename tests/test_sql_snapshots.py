@@ -134,7 +134,7 @@ CASES: dict[str, Callable[[], Any]] = {
     "stats.stats_more_than": lambda: stats.stats_more_than(
         [JobStatus.DEAD, JobStatus.CANCELLED], 500
     ),
-    "stats.stats_sample": lambda: stats.stats_sample([JobStatus.QUEUED], 500),
+    "stats.stats_sample": lambda: stats.stats_sample(JobStatus.QUEUED, 500),
     "stats.unserved_ready": lambda: stats.unserved_ready(["a", "b"], ["default"]),
     "locks.try_advisory_lock": lambda: locks.try_advisory_lock(locks.ARCHIVE_LOCK_KEY),
     "locks.advisory_unlock": lambda: locks.advisory_unlock(locks.ARCHIVE_LOCK_KEY),

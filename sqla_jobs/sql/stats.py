@@ -233,14 +233,21 @@ def stats_more_than(statuses: Sequence[JobStatus], cap: int) -> sa.Select[Any]:
     return sa.select(sa.func.count()).select_from(some)
 
 
-def stats_sample(statuses: Sequence[JobStatus], size: int, now: Now = None) -> sa.Select[Any]:
+def stats_sample(status: JobStatus, size: int, now: Now = None) -> sa.Select[Any]:
     """Per (queue, kind): ready, scheduled, dead and cancelled among the newest ``size``
-    rows of ``statuses`` (jobs_status_id_idx, backwards), and the oldest ready among
-    them: shares an estimate scales to the planner's total for each status."""
+    rows of ``status``, and the oldest ready among them: the shares an estimate scales
+    to the planner's total for the status.
+
+    Read backwards on jobs_status_id_idx (revision 0010), written as the jobs page's
+    statement is (``status = ANY(ARRAY[...])`` ordered by ``(status, id)``, see
+    :func:`sqla_jobs.sql.admin.list_jobs`): ``ORDER BY id`` alone lets the planner walk
+    the primary key back through every newer row of other statuses.
+    """
+    literal: sa.ColumnElement[Any] = sa.literal_column(f"ARRAY['{status.value}'::job_status]")
     newest = (
         sa.select(jobs.c.queue, jobs.c.kind, jobs.c.status, jobs.c.run_at)
-        .where(jobs.c.status.in_([_common.status(s) for s in statuses]))
-        .order_by(jobs.c.id.desc())
+        .where(jobs.c.status == sa.any_(literal))
+        .order_by(jobs.c.status.desc(), jobs.c.id.desc())
         .limit(sa.bindparam("size", size, sa.Integer))
         .subquery("newest")
     )

@@ -21,8 +21,9 @@ FROM
           jobs.status AS status,
           jobs.run_at AS run_at
    FROM jobs
-   WHERE jobs.status IN ('queued'::job_status)
-   ORDER BY jobs.id DESC
+   WHERE jobs.status = ANY (ARRAY['queued'::job_status])
+   ORDER BY jobs.status DESC,
+            jobs.id DESC
    LIMIT %(size)s::INTEGER) AS newest
 GROUP BY newest.queue,
          newest.kind;
