@@ -312,6 +312,36 @@ def explain(url: str, case: Case, newest_first: bool) -> str:
     return "\n".join(r[0] for r in rows)
 
 
+# --- the indexes' write cost, server side ------------------------------------------------
+
+
+def server_write_cost(url: str, rows: int, drop: bool) -> tuple[float, float]:
+    """Seconds to insert ``rows`` jobs in one statement, then to move them queued ->
+    running -> done (two non-HOT updates of every row, as a claim and a done-mark do),
+    with revision 0010's indexes or (``drop``) without: the index maintenance itself,
+    without the per-transaction costs that hide it in a drain."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("TRUNCATE jobs")
+        for name in INDEXES if drop else ():
+            conn.execute(f"DROP INDEX IF EXISTS {name}")
+        t0 = time.perf_counter()
+        conn.execute(
+            "INSERT INTO jobs (kind, queue, payload, idempotency_key)"
+            " SELECT 'k' || g %% 5, 'q' || g %% 3,"
+            " jsonb_build_object('user', g, 'tenant', 't' || g %% 20),"
+            " CASE WHEN g %% 10 = 0 THEN 'key-' || g END FROM generate_series(1, %(n)s) AS g",
+            {"n": rows},
+        )
+        t1 = time.perf_counter()
+        conn.execute(
+            "UPDATE jobs SET status = 'running', attempts = 1,"
+            " locked_until = now() + interval '1 minute'"
+        )
+        conn.execute("UPDATE jobs SET status = 'done', finished_at = now(), locked_until = NULL")
+        t2 = time.perf_counter()
+    return t1 - t0, t2 - t1
+
+
 # --- one open tab -----------------------------------------------------------------------
 
 

@@ -1299,7 +1299,31 @@ def dashboard_rows(
     drain_with, drain_without = interleaved(
         lambda: ours_drain(drain_n, 4), without(lambda: ours_drain(drain_n, 4))
     )
+    step("dashboard: server-side index maintenance (with / without, in turn)")
+    server_rows = 20_000 if quick else 100_000
+    server: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
+    with _ours("bench_dash_write") as url:
+        for _ in range(max(3, sizes.repeats)):
+            for dropped in (False, True):
+                server[dropped].append(dashboard.server_write_cost(url, server_rows, dropped))
+                if dropped:  # put them back for the next "with" run
+                    with psycopg.connect(url, autocommit=True) as conn:
+                        for statement in _index_definitions():
+                            conn.execute(statement)
     peer = "same without the dashboard indexes"
+    for i, what in ((0, "INSERT ... SELECT"), (1, "UPDATE queued->running->done")):
+        with_s = _median([r[i] for r in server[False]])
+        without_s = _median([r[i] for r in server[True]])
+        rows.append(
+            Row(
+                "dashboard",
+                f"server only: {what}, {server_rows:,} rows",
+                server_rows / with_s,
+                "/s",
+                peer,
+                server_rows / without_s,
+            )
+        )
     assert enq_with is not None and drain_with is not None
     rows.append(
         Row(
@@ -1346,6 +1370,20 @@ def dashboard_rows(
         )
     )
     return rows
+
+
+def _index_definitions() -> list[str]:
+    """Revision 0010's ``CREATE INDEX`` statements, from the revision itself."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / (
+        "sqla_jobs/migrations/versions/0010_dashboard_indexes.py"
+    )
+    spec = importlib.util.spec_from_file_location("revision_0010", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return [f"CREATE INDEX {name} ON jobs {d}" for name, d in module.INDEXES.items()]
 
 
 def _fmt(value: float | None, unit: str) -> str:
