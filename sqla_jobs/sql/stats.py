@@ -1,9 +1,13 @@
 """Statements behind ``sqla_jobs.stats``.
 
-Stats read the three partial indexes only: jobs_claim_idx (queued), jobs_lease_idx
-(running) and jobs_finished_idx (done/dead/cancelled, by status then finished_at). No
-statement here counts all finished rows; their total comes from planner estimates
-(pg_class.reltuples, pg_stats), so the cost does not grow with the history.
+Stats read indexes only: the three partial ones, jobs_claim_idx (queued),
+jobs_lease_idx (running) and jobs_finished_idx (done/dead/cancelled, by status then
+finished_at), and (revision 0010) jobs_status_id_idx, which the planner may take for one
+status's rows. No statement here counts all finished rows; their total comes from
+planner estimates (pg_class.reltuples, pg_stats), so the cost does not grow with the
+history. The exact per-(queue, kind) counts of queued and of dead jobs do grow with
+the backlog and the dead jobs kept; ``stats_more_than`` and ``stats_sample`` let
+``ops.stats(exact_up_to=n)`` estimate them above ``n`` instead (the dashboard).
 """
 
 from __future__ import annotations
