@@ -272,7 +272,7 @@ _COUNTS = (
 
 
 #: The families of counts :func:`stats` can estimate: their statuses, their exact
-#: statement, the figures they give.
+#: statement (without ``exact_up_to``), the figures they give.
 _ESTIMABLE = (
     ((JobStatus.QUEUED,), stats_sql.stats_queued, ("ready", "scheduled", "oldest_ready")),
     ((JobStatus.DEAD, JobStatus.CANCELLED), stats_sql.stats_dead, ("dead", "cancelled")),
@@ -291,11 +291,12 @@ def stats(
     own transaction, if any, is not touched.
 
     Every count is exact unless ``exact_up_to`` is given (the dashboard's overview):
-    then, where more than that many jobs are queued (or dead and cancelled), counting
-    them per (queue, kind) would read every row, so those figures are estimates
-    instead: the shares of each (queue, kind) among the newest ``exact_up_to`` such
-    jobs, scaled to the planner's total for the status (``pg_stats``, as of the last
-    ANALYZE, never less than the jobs seen), and the oldest ready job among them (a
+    then queued, dead and cancelled jobs are read from the newest ``exact_up_to + 1``
+    of each status. A status with no more than ``exact_up_to`` jobs is counted exactly
+    so; above that, counting it per (queue, kind) would read every row, and its figures
+    are estimates instead: the shares of each (queue, kind) among those newest jobs,
+    scaled to the planner's total for the status (``pg_stats``, as of the last ANALYZE,
+    never less than the jobs seen), and for queued jobs the oldest ready among them (a
     lower bound of the age). :attr:`Stats.estimated` names those figures.
     """
     if exact_up_to is not None:
@@ -309,25 +310,21 @@ def stats(
             for name in names:
                 entry[name] = getattr(row, name)
 
-    def merge_estimates(sample: Sequence[Any], names: Sequence[str], table: TableStats) -> None:
-        seen = {n: sum(getattr(r, n) for r in sample) for n in names if n in _STATUS_OF}
-        # The ready/scheduled split of the sample applies to the queued total.
-        by_status: dict[str, int] = {}
-        for name, count in seen.items():
-            by_status[_STATUS_OF[name]] = by_status.get(_STATUS_OF[name], 0) + count
-        scale = {
-            status: max(table.estimated_by_status.get(status, 0), count) / count
-            for status, count in by_status.items()
-            if count
-        }
+    def merge_sample(status: JobStatus, names: Sequence[str], sample: Sequence[Any]) -> None:
+        # The newest exact_up_to + 1 rows of one status: all of them (exact) or a sample
+        # whose shares are scaled to the planner's total for the status (an estimate).
+        counts = [n for n in names if _STATUS_OF.get(n) == status.value]
+        seen = sum(getattr(r, n) for r in sample for n in counts)
+        scale = 1.0
+        if exact_up_to is not None and seen > exact_up_to:
+            scale = max(table.estimated_by_status.get(status.value, 0), seen) / seen
+            estimated.update(n for n in names if _STATUS_OF.get(n, status.value) == status.value)
         for row in sample:
             entry = rows.setdefault((row.queue, row.kind), {})
-            for name in names:
-                value = getattr(row, name)
-                if name in _STATUS_OF:
-                    entry[name] = entry.get(name, 0) + round(value * scale.get(_STATUS_OF[name], 0))
-                elif value is not None:  # oldest_ready: the queued sample's
-                    entry[name] = value
+            for name in counts:
+                entry[name] = entry.get(name, 0) + round(getattr(row, name) * scale)
+            if "oldest_ready" in names and row.oldest_ready is not None:
+                entry["oldest_ready"] = row.oldest_ready
 
     bind = session.get_bind()
     engine = bind if isinstance(bind, sa.Engine) else bind.engine
@@ -338,13 +335,12 @@ def stats(
             table = _table_stats(conn)
             # Every figure as of taken_at (each statement's own time would differ).
             for statuses, exact, names in _ESTIMABLE:
-                if exact_up_to is not None and _more_than(conn, statuses, exact_up_to):
-                    for status in statuses:  # each its own sample, scaled to its total
-                        sample = stats_sql.stats_sample(status, exact_up_to, taken_at)
-                        merge_estimates(conn.execute(sample).all(), names, table)
-                    estimated.update(names)
-                else:
+                if exact_up_to is None:
                     merge(conn.execute(exact(taken_at)), names)
+                    continue
+                for status in statuses:
+                    sample = stats_sql.stats_sample(status, exact_up_to + 1, taken_at)
+                    merge_sample(status, names, conn.execute(sample).all())
             merge(conn.execute(stats_sql.stats_running(taken_at)), ("running", "expired"))
             merge(
                 conn.execute(stats_sql.stats_done_recent(taken_at)),
@@ -394,10 +390,6 @@ def stats(
         unserved_jobs=_unserved_jobs(by_kind, workers_),
         estimated=frozenset(estimated),
     )
-
-
-def _more_than(conn: sa.Connection, statuses: Sequence[JobStatus], cap: int) -> bool:
-    return int(conn.execute(stats_sql.stats_more_than(statuses, cap)).scalar_one()) > cap
 
 
 def _unserved_jobs(

@@ -40,21 +40,23 @@ def test_stats_estimates_a_family_above_exact_up_to_and_names_its_figures(
     exact = ops.stats(session)
     assert exact.estimated == frozenset()
     assert exact.total.dead == 2_000
-    found = ops.stats(session, exact_up_to=100)
-    assert found.estimated == {"dead", "cancelled"}
-    # 40 queued jobs are under the bound: counted.
+    found = ops.stats(session, exact_up_to=99)
+    # No job is cancelled: that count is exact (0).
+    assert found.estimated == {"dead"}
+    # 40 queued jobs are within the bound: counted.
     assert found.total.ready == 40
-    # The planner's total (ANALYZE saw every row), split 3:1 as the newest 100 are.
+    # The planner's total (ANALYZE saw every row), split 3:1 as the newest 100
+    # (exact_up_to + 1) are.
     assert found.total.dead == 2_000
     by_kind = {k.kind: k.dead for k in found.by_kind}
     assert by_kind == {"a": 1_500, "b": 500}
-    assert found.to_dict()["estimated"] == ["cancelled", "dead"]
+    assert found.to_dict()["estimated"] == ["dead"]
 
 
 def test_stats_counts_exactly_up_to_the_bound(engine: sa.Engine, session: Session) -> None:
     _load(engine, dead=100, queued=0)
     assert ops.stats(session, exact_up_to=100).estimated == frozenset()
-    assert ops.stats(session, exact_up_to=99).estimated == {"dead", "cancelled"}
+    assert ops.stats(session, exact_up_to=99).estimated == {"dead"}
 
 
 def test_stats_refuses_a_bound_below_one(session: Session) -> None:
@@ -77,4 +79,4 @@ def test_overview_marks_the_estimated_figures(engine: sa.Engine) -> None:
         page
     )
     assert '≈</abbr><span class="n" data-count="ready">' not in page
-    assert "Figures marked ≈ (cancelled, dead) are estimates" in page
+    assert "Figures marked ≈ (dead) are estimates" in page

@@ -84,7 +84,7 @@ def _load(engine: sa.Engine, name: str, stats: str) -> None:
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         # No autoanalyze may refresh the statistics while the test reads plans.
         conn.exec_driver_sql("ALTER TABLE jobs SET (autovacuum_enabled = false)")
-        if stats == "taken on an empty table":
+        if stats == "empty-table":
             conn.exec_driver_sql("ANALYZE jobs")
         conn.exec_driver_sql(
             "INSERT INTO jobs (kind, queue, payload, idempotency_key, created_at)"
@@ -93,7 +93,7 @@ def _load(engine: sa.Engine, name: str, stats: str) -> None:
             " FROM generate_series(1, %(n)s) AS g",
             {"n": _rows(name)},
         )
-        if stats == "the value on every row":
+        if stats == "value-on-every-row":
             conn.exec_driver_sql(f"UPDATE jobs SET {rare}")
             conn.exec_driver_sql("ANALYZE jobs")
         conn.exec_driver_sql(f"UPDATE jobs SET {common}")
@@ -142,7 +142,7 @@ def _ops_arguments(name: str) -> dict[str, Any]:
     return args
 
 
-STATS = ["taken on an empty table", "the value on every row"]
+STATS = ["empty-table", "value-on-every-row"]
 
 
 @pytest.mark.parametrize(
@@ -154,7 +154,7 @@ STATS = ["taken on an empty table", "the value on every row"]
         # A payload held by every row when the statistics were taken: the planner
         # believes any page is found at once, and no query shape changes its mind
         # (the README says so); its first step still reads a bounded window.
-        if (name, stats) != ("payload", "the value on every row")
+        if (name, stats) != ("payload", "value-on-every-row")
     ],
 )
 def test_each_jobs_page_filter_reads_its_index_whatever_the_statistics(
@@ -201,7 +201,7 @@ def _assert_bounded(plan: Any) -> None:
                 ), text
 
 
-@pytest.mark.parametrize("stats", ["taken on an empty table", "the value on every row"])
+@pytest.mark.parametrize("stats", ["empty-table", "value-on-every-row"])
 def test_key_and_id_range_pages_are_index_probes_whatever_the_statistics(
     engine: sa.Engine, driver: psycopg.Connection[Any], stats: str
 ) -> None:

@@ -131,9 +131,6 @@ CASES: dict[str, Callable[[], Any]] = {
     "stats.stats_done_recent": lambda: stats.stats_done_recent(),
     "stats.stats_table": lambda: stats.stats_table(),
     "stats.stats_status_estimates": lambda: stats.stats_status_estimates(),
-    "stats.stats_more_than": lambda: stats.stats_more_than(
-        [JobStatus.DEAD, JobStatus.CANCELLED], 500
-    ),
     "stats.stats_sample": lambda: stats.stats_sample(JobStatus.QUEUED, 500),
     "stats.unserved_ready": lambda: stats.unserved_ready(["a", "b"], ["default"]),
     "locks.try_advisory_lock": lambda: locks.try_advisory_lock(locks.ARCHIVE_LOCK_KEY),

@@ -6,8 +6,9 @@ finished_at), and (revision 0010) jobs_status_id_idx, which the planner may take
 status's rows. No statement here counts all finished rows; their total comes from
 planner estimates (pg_class.reltuples, pg_stats), so the cost does not grow with the
 history. The exact per-(queue, kind) counts of queued and of dead jobs do grow with
-the backlog and the dead jobs kept; ``stats_more_than`` and ``stats_sample`` let
-``ops.stats(exact_up_to=n)`` estimate them above ``n`` instead (the dashboard).
+the backlog and the dead jobs kept; ``stats_sample`` lets ``ops.stats(exact_up_to=n)``
+count them from the newest ``n + 1`` rows of each status instead, exactly when there
+are no more, as an estimate when there are (the dashboard).
 """
 
 from __future__ import annotations
@@ -222,19 +223,6 @@ def throughput(minutes: int, now: Now = None) -> sa.Select[Any]:
         .group_by(minute)
         .order_by(minute)
     )
-
-
-def stats_more_than(statuses: Sequence[JobStatus], cap: int) -> sa.Select[Any]:
-    """How many rows have one of ``statuses``, counted up to ``cap + 1`` only (a range on
-    jobs_status_id_idx, revision 0010): more than ``cap`` means an exact count per
-    (queue, kind) would read every one of them."""
-    some = (
-        sa.select(sa.literal(1).label("one"))
-        .where(jobs.c.status.in_([_common.status(s) for s in statuses]))
-        .limit(sa.bindparam("cap", cap + 1, sa.Integer))
-        .subquery("some")
-    )
-    return sa.select(sa.func.count()).select_from(some)
 
 
 def stats_sample(status: JobStatus, size: int, now: Now = None) -> sa.Select[Any]:
