@@ -65,6 +65,7 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 import cli_start  # noqa: E402
+import dashboard  # noqa: E402
 import orm_enqueue  # noqa: E402
 import peers  # noqa: E402
 from _db import scratch_database  # noqa: E402
@@ -79,6 +80,21 @@ from sqla_jobs.sql import lease, locks  # noqa: E402
 
 #: Extra options every benchmark worker gets (none: the defaults are what we measure).
 WORKER_ARGS: tuple[str, ...] = ()
+#: Statements run in every scratch database of ours after its migration (none: the
+#: schema as migrated). ``_schema_changed`` sets them for one measurement.
+SCHEMA_CHANGES: tuple[str, ...] = ()
+
+
+@contextmanager
+def _schema_changed(*statements: str) -> Iterator[None]:
+    """Every database ``_ours`` makes meanwhile gets ``statements`` after its migration
+    (the dashboard section drops its indexes to price them)."""
+    global SCHEMA_CHANGES
+    before, SCHEMA_CHANGES = SCHEMA_CHANGES, statements
+    try:
+        yield
+    finally:
+        SCHEMA_CHANGES = before
 
 
 @dataclass(frozen=True)
@@ -178,6 +194,8 @@ def _ours(prefix: str) -> Iterator[str]:
             from benchapp import SETUP_SQL
 
             conn.execute(SETUP_SQL)
+            for statement in SCHEMA_CHANGES:
+                conn.execute(statement)
         yield url
 
 
@@ -494,11 +512,16 @@ def ours_drain(
     kind: str = "noop",
     processes: int = 1,
     app: str = "benchapp:registry",
+    beside: Callable[[str], Any] | None = None,
 ) -> float:
     """Drain rate of ``processes`` worker processes (timed from the last one's start, and
-    counting only the jobs done from then on)."""
-    with _ours("bench_drain") as url:
+    counting only the jobs done from then on). ``beside``: a context manager factory
+    given the database URL, entered after the fill and left after the drain (an open
+    dashboard tab)."""
+    with _ours("bench_drain") as url, ExitStack() as stack:
         _fill(url, kind, n_jobs)
+        if beside is not None:
+            stack.enter_context(beside(url))
         workers = [
             WorkerProcess(url, "--concurrency", str(concurrency), app=app) for _ in range(processes)
         ]
@@ -1194,6 +1217,177 @@ def _explain_claims(url: str) -> None:
 # --- the table -------------------------------------------------------------------------
 
 
+# --- the dashboard (#22) ------------------------------------------------------------------
+
+
+def dashboard_rows(
+    quick: bool,
+    sizes: Sizes,
+    explain: bool,
+    step: Callable[[str], None],
+    interleaved: Callable[..., list[float | None]],
+) -> list[Row]:
+    """Pages at 1,000,000 live + 1,000,000 archived rows (200,000 each with --quick); the
+    write cost of the dashboard's indexes; a drain with one tab open beside it."""
+    n = 200_000 if quick else 1_000_000
+    requests = 7 if quick else 15
+    step(f"dashboard: loading {n:,} jobs and {n:,} archived jobs")
+    with _ours("bench_dash") as url:
+        dashboard.load(url, n, n)
+        step("dashboard: timing pages")
+        timings = dashboard.page_times(url, _sa_url(url), requests)
+        if explain:
+            for case in dashboard.cases(url):
+                for newest in (True, False):
+                    print(f"-- {case.name}, {'newest' if newest else 'oldest'} first")
+                    print(dashboard.explain(url, case, newest))
+    print(f"\ndashboard pages, {n:,} jobs + {n:,} archived, {requests} requests each:")
+    print("| page | median | p95 | target | met |\n|---|---|---|---|---|")
+    for t in timings:
+        met = "yes" if t.median < t.target_ms and t.p95 < t.target_ms else "NO"
+        print(f"| {t.name} | {t.median:.1f} ms | {t.p95:.1f} ms | < {t.target_ms:g} ms | {met} |")
+    print()
+    size = f"{n // 1000:,}k + {n // 1000:,}k archived"
+    rows: list[Row] = []
+    overview = next(t for t in timings if t.name == "overview")
+    pages = [t for t in timings if t.name != "overview"]
+    worst = max(pages, key=lambda t: t.p95)
+    for name, t, target in (
+        ("overview, p95", overview, 50.0),
+        (f"worst page p95 ({worst.name})", worst, 100.0),
+    ):
+        rows.append(
+            Row(
+                "dashboard",
+                f"{size}: {name}",
+                t.p95,
+                "ms",
+                "",
+                None,
+                f"< {target:g} ms",
+                t.p95 < target,
+            )
+        )
+    missed = sum(1 for t in timings if not (t.p95 < t.target_ms))
+    rows.append(
+        Row(
+            "dashboard",
+            f"{size}: pages over target (p95)",
+            missed,
+            "jobs",
+            "",
+            None,
+            "0",
+            missed == 0,
+        )
+    )
+
+    step("dashboard: write cost of its indexes (with / without, in turn)")
+    drop = tuple(f"DROP INDEX {name}" for name in dashboard.INDEXES)
+
+    def without(fn: Callable[[], float]) -> Callable[[], float]:
+        def run() -> float:
+            with _schema_changed(*drop):
+                return fn()
+
+        return run
+
+    single = sizes.enqueue_single
+    enq_with, enq_without = interleaved(
+        lambda: ours_enqueue_single(single, 1, "on"),
+        without(lambda: ours_enqueue_single(single, 1, "on")),
+    )
+    drain_n = sizes.drain
+    drain_with, drain_without = interleaved(
+        lambda: ours_drain(drain_n, 4), without(lambda: ours_drain(drain_n, 4))
+    )
+    step("dashboard: server-side index maintenance (with / without, in turn)")
+    server_rows = 20_000 if quick else 100_000
+    server: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
+    with _ours("bench_dash_write") as url:
+        for _ in range(max(3, sizes.repeats)):
+            for dropped in (False, True):
+                server[dropped].append(dashboard.server_write_cost(url, server_rows, dropped))
+                if dropped:  # put them back for the next "with" run
+                    with psycopg.connect(url, autocommit=True) as conn:
+                        for statement in _index_definitions():
+                            conn.execute(statement)
+    peer = "same without the dashboard indexes"
+    for i, what in ((0, "INSERT ... SELECT"), (1, "UPDATE queued->running->done")):
+        with_s = _median([r[i] for r in server[False]])
+        without_s = _median([r[i] for r in server[True]])
+        rows.append(
+            Row(
+                "dashboard",
+                f"server only: {what}, {server_rows:,} rows",
+                server_rows / with_s,
+                "/s",
+                peer,
+                server_rows / without_s,
+            )
+        )
+    assert enq_with is not None and drain_with is not None
+    rows.append(
+        Row(
+            "dashboard",
+            f"enqueue 1 job/txn, 1 producer ({single:,})",
+            enq_with,
+            "/s",
+            peer,
+            enq_without,
+        )
+    )
+    rows.append(
+        Row(
+            "dashboard",
+            f"drain {drain_n:,} no-op, concurrency 4",
+            drain_with,
+            "/s",
+            peer,
+            drain_without,
+        )
+    )
+
+    step("dashboard: a drain with one tab open on the overview (without / with, in turn)")
+    tab_n = 30_000 if quick else 100_000
+    path = os.pathsep.join([str(HERE), os.getcwd()])
+
+    def tab(url: str) -> Any:
+        return dashboard.open_tab(_sa_url(url), path)
+
+    no_tab, with_tab = interleaved(
+        lambda: ours_drain(tab_n, 4), lambda: ours_drain(tab_n, 4, beside=tab)
+    )
+    assert with_tab is not None
+    rows.append(
+        Row(
+            "dashboard",
+            f"drain {tab_n:,} no-op, c=4, one overview tab open",
+            with_tab,
+            "/s",
+            "no tab open",
+            no_tab,
+            ">= 0.95x",
+            None if no_tab is None else with_tab >= 0.95 * no_tab,
+        )
+    )
+    return rows
+
+
+def _index_definitions() -> list[str]:
+    """Revision 0010's ``CREATE INDEX`` statements, from the revision itself."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / (
+        "sqla_jobs/migrations/versions/0010_dashboard_indexes.py"
+    )
+    spec = importlib.util.spec_from_file_location("revision_0010", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return [f"CREATE INDEX {name} ON jobs {d}" for name, d in module.INDEXES.items()]
+
+
 def _fmt(value: float | None, unit: str) -> str:
     if value is None:
         return "-"
@@ -1301,10 +1495,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="smaller sizes, one repeat")
     parser.add_argument(
         "--only",
-        default="enqueue,orm,drain,backlog,tx,procs,async,pickup,claim,limits,cli",
+        default="enqueue,orm,drain,backlog,tx,procs,async,pickup,claim,limits,cli,dashboard",
         help="comma-separated sections to run (default: all)",
     )
-    parser.add_argument("--explain", action="store_true", help="print the claim plans")
+    parser.add_argument(
+        "--explain", action="store_true", help="print the claim plans (and the dashboard's)"
+    )
     args = parser.parse_args(argv)
     sizes = QUICK if args.quick else FULL
     only = set(args.only.split(","))
@@ -1817,6 +2013,9 @@ def main(argv: list[str] | None = None) -> int:
                     "ms",
                 )
             )
+
+    if "dashboard" in only:
+        rows.extend(dashboard_rows(args.quick, sizes, args.explain, step, interleaved))
 
     step("done")
     print()

@@ -15,6 +15,12 @@ Two partial indexes keep the hot paths small no matter how many finished rows pi
   (revision 0002): "done in the last hour", "how many dead" and "finished before the
   archive cut-off" are range scans on it, never a scan of millions of finished rows.
 
+Revision 0010 adds what the dashboard's jobs page filters by, each giving one page in id
+order from a keyset cursor: ``jobs_status_id_idx (status, id)``, ``jobs_kind_id_idx
+(kind, id)``, ``jobs_queue_id_idx (queue, id)`` and ``jobs_payload_idx`` (GIN,
+``jsonb_path_ops``, for ``payload @> ...``). Each is written by every insert and status
+change (see benchmarks/README.md for the cost).
+
 Finished rows are moved to ``jobs_archive`` (:class:`JobArchive`, same columns plus
 ``archived_at``) by :func:`sqla_jobs.ops.archive`, so the live table stays small.
 
@@ -196,6 +202,16 @@ class Job(Base):
             "status",
             "finished_at",
             postgresql_where=sa.text("status IN ('done', 'dead', 'cancelled')"),
+        ),
+        # Revision 0010: the dashboard's jobs page, one page of one filter in id order.
+        sa.Index("jobs_status_id_idx", "status", "id"),
+        sa.Index("jobs_kind_id_idx", "kind", "id"),
+        sa.Index("jobs_queue_id_idx", "queue", "id"),
+        sa.Index(
+            "jobs_payload_idx",
+            "payload",
+            postgresql_using="gin",
+            postgresql_ops={"payload": "jsonb_path_ops"},
         ),
     )
 

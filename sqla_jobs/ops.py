@@ -47,6 +47,7 @@ its transaction's start); durations are :class:`~datetime.timedelta`.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -235,6 +236,9 @@ class Stats:
     unserved_jobs: tuple[UnservedJobs, ...] = ()
     controls: tuple[ControlState, ...] = ()
     workers: tuple[WorkerInfo, ...] = ()
+    #: The figures (``ready``, ``scheduled``, ``oldest_ready``, ``dead``, ``cancelled``)
+    #: that are estimates, not counts (``stats(exact_up_to=...)``); empty: all exact.
+    estimated: frozenset[str] = frozenset()
 
     @property
     def paused_queues(self) -> tuple[str, ...]:
@@ -252,6 +256,7 @@ class Stats:
         data["table"]["dead_tuple_ratio"] = self.table.dead_tuple_ratio
         data["paused_queues"] = list(self.paused_queues)
         data["paused_kinds"] = list(self.paused_kinds)
+        data["estimated"] = sorted(self.estimated)
         return _jsonable(data)  # type: ignore[no-any-return]
 
 
@@ -271,15 +276,38 @@ _COUNTS = (
 )
 
 
+#: The families of counts :func:`stats` can estimate: their statuses, their exact
+#: statement (without ``exact_up_to``), the figures they give.
+_ESTIMABLE = (
+    ((JobStatus.QUEUED,), stats_sql.stats_queued, ("ready", "scheduled", "oldest_ready")),
+    ((JobStatus.DEAD, JobStatus.CANCELLED), stats_sql.stats_dead, ("dead", "cancelled")),
+)
+_STATUS_OF = {"ready": "queued", "scheduled": "queued", "dead": "dead", "cancelled": "cancelled"}
+
+
 @_sessions.sync_form
-def stats(session: Session, registry: Registry | None = None) -> Stats:
-    """Read the queue's state in one read-only snapshot (five index-backed queries).
+def stats(
+    session: Session, registry: Registry | None = None, *, exact_up_to: int | None = None
+) -> Stats:
+    """Read the queue's state in one read-only snapshot (index-backed queries).
 
     Reads on a connection of its own from the session's engine, in one REPEATABLE READ
     transaction, every figure as of the same instant (``taken_at``); the session's
     own transaction, if any, is not touched.
+
+    Every count is exact unless ``exact_up_to`` is given (the dashboard's overview):
+    then queued, dead and cancelled jobs are read from the newest ``exact_up_to + 1``
+    of each status. A status with no more than ``exact_up_to`` jobs is counted exactly
+    so; above that, counting it per (queue, kind) would read every row, and its figures
+    are estimates instead: the shares of each (queue, kind) among those newest jobs,
+    scaled to the planner's total for the status (``pg_stats``, as of the last ANALYZE,
+    never less than the jobs seen), and for queued jobs the oldest ready among them (a
+    lower bound of the age). :attr:`Stats.estimated` names those figures.
     """
+    if exact_up_to is not None:
+        exact_up_to = _positive_int("exact_up_to", exact_up_to)
     rows: dict[tuple[str, str], dict[str, Any]] = {}
+    estimated: set[str] = set()
 
     def merge(result: sa.Result[Any], names: Sequence[str]) -> None:
         for row in result:
@@ -287,24 +315,42 @@ def stats(session: Session, registry: Registry | None = None) -> Stats:
             for name in names:
                 entry[name] = getattr(row, name)
 
+    def merge_sample(status: JobStatus, names: Sequence[str], sample: Sequence[Any]) -> None:
+        # The newest exact_up_to + 1 rows of one status: all of them (exact) or a sample
+        # whose shares are scaled to the planner's total for the status (an estimate).
+        counts = [n for n in names if _STATUS_OF.get(n) == status.value]
+        seen = sum(getattr(r, n) for r in sample for n in counts)
+        scale = 1.0
+        if exact_up_to is not None and seen > exact_up_to:
+            scale = max(table.estimated_by_status.get(status.value, 0), seen) / seen
+            estimated.update(n for n in names if _STATUS_OF.get(n, status.value) == status.value)
+        for row in sample:
+            entry = rows.setdefault((row.queue, row.kind), {})
+            for name in counts:
+                entry[name] = entry.get(name, 0) + round(getattr(row, name) * scale)
+            if "oldest_ready" in names and row.oldest_ready is not None:
+                entry["oldest_ready"] = row.oldest_ready
+
     bind = session.get_bind()
     engine = bind if isinstance(bind, sa.Engine) else bind.engine
     try:
         with engine.connect() as conn:
             conn.exec_driver_sql("SET TRANSACTION READ ONLY, ISOLATION LEVEL REPEATABLE READ")
             taken_at = conn.execute(stats_sql.stats_now()).scalar_one()
+            table = _table_stats(conn)
             # Every figure as of taken_at (each statement's own time would differ).
-            merge(
-                conn.execute(stats_sql.stats_queued(taken_at)),
-                ("ready", "scheduled", "oldest_ready"),
-            )
+            for statuses, exact, names in _ESTIMABLE:
+                if exact_up_to is None:
+                    merge(conn.execute(exact(taken_at)), names)
+                    continue
+                for status in statuses:
+                    sample = stats_sql.stats_sample(status, exact_up_to + 1, taken_at)
+                    merge_sample(status, names, conn.execute(sample).all())
             merge(conn.execute(stats_sql.stats_running(taken_at)), ("running", "expired"))
-            merge(conn.execute(stats_sql.stats_dead(taken_at)), ("dead", "cancelled"))
             merge(
                 conn.execute(stats_sql.stats_done_recent(taken_at)),
                 ("done_last_minute", "done_last_hour"),
             )
-            table = _table_stats(conn)
             controls_ = tuple(_control(r) for r in conn.execute(control_sql.controls()))
             workers_ = tuple(_worker(r) for r in conn.execute(workers_sql.live()))
             conn.rollback()
@@ -347,6 +393,7 @@ def stats(session: Session, registry: Registry | None = None) -> Stats:
         controls=controls_,
         workers=workers_,
         unserved_jobs=_unserved_jobs(by_kind, workers_),
+        estimated=frozenset(estimated),
     )
 
 
@@ -521,7 +568,8 @@ def list_jobs(
     ``after_id``.
     """
     statuses = _statuses(status)
-    stmt = admin.list_jobs(
+    page = functools.partial(
+        admin.list_jobs,
         statuses=statuses,
         kind=kind,
         queue=queue,
@@ -535,7 +583,11 @@ def list_jobs(
         payload=None if payload is None else _payload_match(payload),
         newest_first=bool(newest_first),
     )
-    return [_record(row) for row in session.execute(stmt)]
+    found = session.execute(page(payload_scan=admin.NEAR)).all()
+    if len(found) < limit and admin.payload_in_two_steps(statuses, kind, queue, payload):
+        # Not a page among the ids near the cursor: every match, from the GIN index.
+        found = session.execute(page(payload_scan=admin.MATCHES)).all()
+    return [_record(row) for row in found]
 
 
 def _text_filter(name: str, value: str | None) -> str | None:

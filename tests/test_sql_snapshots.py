@@ -41,6 +41,7 @@ NOT_BUILDERS = {
     "schema.missing_jobs_table",
     "schema.no_schema_error",
     "control.lock_key",
+    "admin.payload_in_two_steps",
 }
 
 LEASES = [(1, 1), (2, 3)]
@@ -75,6 +76,15 @@ CASES: dict[str, Callable[[], Any]] = {
     "lease.rescue_expired": lambda: lease.rescue_expired(),
     "admin.list_jobs": lambda: admin.list_jobs(
         statuses=[JobStatus.DEAD], kind="a", queue="q", older_than=60, limit=50, after_id=7
+    ),
+    "admin.list_jobs_status": lambda: admin.list_jobs(
+        statuses=[JobStatus.QUEUED], limit=50, after_id=7, newest_first=True
+    ),
+    "admin.list_jobs_payload_near": lambda: admin.list_jobs(
+        payload='{"user": 7}', limit=50, newest_first=True, payload_scan=admin.NEAR
+    ),
+    "admin.list_jobs_payload_matches": lambda: admin.list_jobs(
+        payload='{"user": 7}', limit=50, after_id=15, payload_scan=admin.MATCHES
     ),
     "admin.list_jobs_search": lambda: admin.list_jobs(
         key="k",
@@ -121,6 +131,7 @@ CASES: dict[str, Callable[[], Any]] = {
     "stats.stats_done_recent": lambda: stats.stats_done_recent(),
     "stats.stats_table": lambda: stats.stats_table(),
     "stats.stats_status_estimates": lambda: stats.stats_status_estimates(),
+    "stats.stats_sample": lambda: stats.stats_sample(JobStatus.QUEUED, 500),
     "stats.unserved_ready": lambda: stats.unserved_ready(["a", "b"], ["default"]),
     "locks.try_advisory_lock": lambda: locks.try_advisory_lock(locks.ARCHIVE_LOCK_KEY),
     "locks.advisory_unlock": lambda: locks.advisory_unlock(locks.ARCHIVE_LOCK_KEY),
@@ -224,6 +235,9 @@ def test_every_statement_builder_has_a_snapshot_case() -> None:
         "lease.claim_in_room",
         "enqueue.insert_job_with_defaults",
         "admin.list_jobs_search",
+        "admin.list_jobs_status",
+        "admin.list_jobs_payload_near",
+        "admin.list_jobs_payload_matches",
     }
     assert _builders() == set(CASES) - variants
 

@@ -60,6 +60,10 @@ APPLICATION_NAME = "sqla_jobs dashboard"
 MAX_WATCHED = 100
 #: The largest bigint: a larger id would fail the shared round's query for every tab.
 MAX_ID = 2**63 - 1
+#: The overview counts queued (and dead) jobs exactly up to this many; above it, an
+#: exact count per queue and kind would read every such row, and the figures are
+#: estimates (``ops.stats(exact_up_to=...)``), marked so on the page.
+EXACT_UP_TO = 500
 
 
 @dataclass(eq=False)
@@ -276,7 +280,7 @@ class Hub:
 
     def _read(self, counts: bool, ids: list[int]) -> Snapshot:
         with Session(self.engine) as session:
-            found = counts_of(ops.stats(session)) if counts else None
+            found = counts_of(ops.stats(session, exact_up_to=EXACT_UP_TO)) if counts else None
             states: dict[int, dict[str, Any]] = {}
             for chunk in _chunks(ids, ops.MAX_STATE_IDS):
                 states.update({i: state_of(s) for i, s in ops.job_states(session, chunk).items()})

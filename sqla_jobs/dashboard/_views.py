@@ -248,7 +248,7 @@ class Views:
 
         def load(session: Session) -> dict[str, Any]:
             return {
-                "stats": ops.stats(session, registry),
+                "stats": ops.stats(session, registry, exact_up_to=_live.EXACT_UP_TO),
                 "chart": _render.chart(ops.throughput(session, 60)),
                 "audit": ops.audit_log(session, limit=AUDIT_ROWS // 2),
             }
@@ -262,6 +262,7 @@ class Views:
             nav="overview",
             **data,
             queues=_by_queue(data["stats"]),
+            exact_up_to=_live.EXACT_UP_TO,
         )
 
     async def queues(self, request: Request, viewer: Viewer) -> Response:

@@ -15,6 +15,12 @@ from sqla_jobs.models import JobStatus, jobs
 from sqla_jobs.sql import _common, locks
 from sqla_jobs.sql._common import Now
 
+#: ``list_jobs(payload_scan=...)``: the ids near the cursor, or every match.
+NEAR = "near"
+MATCHES = "matches"
+#: How many ids after the cursor the first step of a payload filter reads.
+PAYLOAD_WINDOW = 5_000
+
 
 def _job_filters(
     *,
@@ -55,6 +61,7 @@ def list_jobs(
     newer_than: float | None = None,
     payload: str | None = None,
     newest_first: bool = False,
+    payload_scan: str = NEAR,
 ) -> sa.Select[Any]:
     """One page of jobs in id order; the next page starts after the last id (keyset).
 
@@ -62,13 +69,28 @@ def list_jobs(
     (the next page of a newest-first listing). ``key`` is the idempotency key (its unique
     index), ``min_id``/``max_id`` an inclusive range on the primary key, ``newer_than``
     the age bound opposite ``older_than``, and ``payload`` JSON text the payload must
-    contain (``payload @> :payload_match``). Every page walks the primary key in order
-    and stops at ``limit`` rows; the filters other than status, key and ids have no index
-    of their own, so a rare match is found by reading further along the primary key.
+    contain (``payload @> :payload_match``).
+
+    A page reads one index in its order and stops at ``limit`` rows (revision 0010):
+    the first of kind, queue and a single status given leads, on its ``(column, id)``
+    index; otherwise the primary key. A payload filter without a leading one is asked
+    in two steps (:func:`sqla_jobs.ops.list_jobs`): ``payload_scan=NEAR`` reads the
+    ``PAYLOAD_WINDOW`` ids after the cursor on the primary key (a common value fills
+    the page there); if that is not a page, ``payload_scan=MATCHES`` reads every match
+    from ``jobs_payload_idx`` and sorts them (a rare value has few). The age filters
+    have no index: ``created_at`` follows ``id``, so the primary key reaches them, after
+    skipping the rows on the other side of the bound.
     """
+    lead, lead_condition = _leading_filter(statuses, kind, queue)
     conditions = _job_filters(
-        statuses=statuses, kind=kind, queue=queue, older_than=older_than, now=now
+        statuses=None if lead is jobs.c.status else statuses,
+        kind=None if lead is jobs.c.kind else kind,
+        queue=None if lead is jobs.c.queue else queue,
+        older_than=older_than,
+        now=now,
     )
+    if lead_condition is not None:
+        conditions.append(lead_condition)
     if key is not None:
         conditions.append(jobs.c.idempotency_key == sa.bindparam("key", key, sa.Text))
     if min_id is not None:
@@ -84,12 +106,72 @@ def list_jobs(
     if after_id is not None:
         cursor = sa.bindparam("after_id", after_id, sa.BigInteger)
         conditions.append(jobs.c.id < cursor if newest_first else jobs.c.id > cursor)
+    order: list[sa.ColumnElement[Any]] = [jobs.c.id] if lead is None else [lead, jobs.c.id]
+    if payload is not None and lead is None:
+        if payload_scan == NEAR:
+            conditions.append(_near(after_id, newest_first))
+        elif payload_scan == MATCHES:
+            # Not the id itself: no index yields this order, so the planner cannot walk
+            # the primary key hoping a match comes soon; it reads the GIN index.
+            order = [jobs.c.id + 0]
+        else:
+            raise ValueError(f"payload_scan is {NEAR!r} or {MATCHES!r}, got {payload_scan!r}")
     return (
         sa.select(*jobs.c)
         .where(*conditions)
-        .order_by(jobs.c.id.desc() if newest_first else jobs.c.id)
+        .order_by(*(c.desc() for c in order) if newest_first else order)
         .limit(sa.bindparam("limit", limit, sa.Integer))
     )
+
+
+def payload_in_two_steps(
+    statuses: Sequence[JobStatus] | None,
+    kind: str | None,
+    queue: str | None,
+    payload: Any,
+) -> bool:
+    """Whether :func:`list_jobs` with these filters is asked NEAR, then MATCHES."""
+    return payload is not None and _leading_filter(statuses, kind, queue)[0] is None
+
+
+def _near(after_id: int | None, newest_first: bool) -> sa.ColumnElement[bool]:
+    """The ``PAYLOAD_WINDOW`` ids after the cursor (from the first or last id without one)."""
+    window = sa.bindparam("window", PAYLOAD_WINDOW, sa.BigInteger)
+    if after_id is not None:
+        start: sa.ColumnElement[Any] = sa.bindparam("after_id", after_id, sa.BigInteger)
+    else:
+        edge = sa.func.max(jobs.c.id) if newest_first else sa.func.min(jobs.c.id)
+        # One past the edge, so the window holds the edge row itself.
+        start = sa.select(edge).scalar_subquery() + (1 if newest_first else -1)
+    return jobs.c.id >= start - window if newest_first else jobs.c.id <= start + window
+
+
+def _leading_filter(
+    statuses: Sequence[JobStatus] | None, kind: str | None, queue: str | None
+) -> tuple[sa.ColumnElement[Any] | None, sa.ColumnElement[bool] | None]:
+    """The column whose ``(column, id)`` index drives a page, and its condition.
+
+    Written ``column = ANY(ARRAY[value])`` and ordered by ``(column, id)``: the same rows
+    in the same order as ``column = value ORDER BY id``, but only that index yields
+    this order, and the primary key would have to sort every match first. With
+    ``column = value`` the planner drops the constant column from the order; then,
+    under statistics that say every row has the value (taken before a backlog of one
+    kind drained, say), it walks the primary key expecting a page in the first rows,
+    and reads the whole table when the value has become rare.
+    """
+    if kind is not None:
+        value = sa.bindparam("kind", [kind], ARRAY(sa.Text))
+        return jobs.c.kind, jobs.c.kind == sa.any_(value)
+    if queue is not None:
+        value = sa.bindparam("queue", [queue], ARRAY(sa.Text))
+        return jobs.c.queue, jobs.c.queue == sa.any_(value)
+    if statuses is not None and len(statuses) == 1:
+        # The status as SQL text, as everywhere (see _common.status).
+        literal: sa.ColumnElement[Any] = sa.literal_column(
+            f"ARRAY['{statuses[0].value}'::job_status]"
+        )
+        return jobs.c.status, jobs.c.status == sa.any_(literal)
+    return None, None
 
 
 def get_job(job_id: int) -> sa.Select[Any]:

@@ -1,9 +1,14 @@
 """Statements behind ``sqla_jobs.stats``.
 
-Stats read the three partial indexes only: jobs_claim_idx (queued), jobs_lease_idx
-(running) and jobs_finished_idx (done/dead/cancelled, by status then finished_at). No
-statement here counts all finished rows; their total comes from planner estimates
-(pg_class.reltuples, pg_stats), so the cost does not grow with the history.
+Stats read indexes only: the three partial ones, jobs_claim_idx (queued),
+jobs_lease_idx (running) and jobs_finished_idx (done/dead/cancelled, by status then
+finished_at), and (revision 0010) jobs_status_id_idx, which the planner may take for one
+status's rows. No statement here counts all finished rows; their total comes from
+planner estimates (pg_class.reltuples, pg_stats), so the cost does not grow with the
+history. The exact per-(queue, kind) counts of queued and of dead jobs do grow with
+the backlog and the dead jobs kept; ``stats_sample`` lets ``ops.stats(exact_up_to=n)``
+count them from the newest ``n + 1`` rows of each status instead, exactly when there
+are no more, as an estimate when there are (the dashboard).
 """
 
 from __future__ import annotations
@@ -218,3 +223,38 @@ def throughput(minutes: int, now: Now = None) -> sa.Select[Any]:
         .group_by(minute)
         .order_by(minute)
     )
+
+
+def stats_sample(status: JobStatus, size: int, now: Now = None) -> sa.Select[Any]:
+    """Per (queue, kind): ready, scheduled, dead and cancelled among the newest ``size``
+    rows of ``status``, and the oldest ready among them: the shares an estimate scales
+    to the planner's total for the status.
+
+    Read backwards on jobs_status_id_idx (revision 0010), written as the jobs page's
+    statement is (``status = ANY(ARRAY[...])`` ordered by ``(status, id)``, see
+    :func:`sqla_jobs.sql.admin.list_jobs`): ``ORDER BY id`` alone lets the planner walk
+    the primary key back through every newer row of other statuses.
+    """
+    literal: sa.ColumnElement[Any] = sa.literal_column(f"ARRAY['{status.value}'::job_status]")
+    newest = (
+        sa.select(jobs.c.queue, jobs.c.kind, jobs.c.status, jobs.c.run_at)
+        .where(jobs.c.status == sa.any_(literal))
+        .order_by(jobs.c.status.desc(), jobs.c.id.desc())
+        .limit(sa.bindparam("size", size, sa.Integer))
+        .subquery("newest")
+    )
+    queued = newest.c.status == _common.status(JobStatus.QUEUED)
+    ready = sa.and_(queued, newest.c.run_at <= _common.clock(now))
+    return sa.select(
+        newest.c.queue,
+        newest.c.kind,
+        sa.func.count().filter(ready).label("ready"),
+        sa.func.count().filter(sa.and_(queued, sa.not_(ready))).label("scheduled"),
+        sa.func.count().filter(newest.c.status == _common.status(JobStatus.DEAD)).label("dead"),
+        sa.func.count()
+        .filter(newest.c.status == _common.status(JobStatus.CANCELLED))
+        .label("cancelled"),
+        _common.epoch(_common.clock(now) - sa.func.min(newest.c.run_at).filter(ready)).label(
+            "oldest_ready"
+        ),
+    ).group_by(newest.c.queue, newest.c.kind)

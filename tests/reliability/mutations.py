@@ -727,6 +727,28 @@ MUTATIONS: list[Mutation] = [
         "            pass  # MUTATION\n",
         ("tests/test_processes.py::test_sigterm_before_the_worker_processes_started_exits_zero",),
     ),
+    # --- the dashboard at size (#22) -----------------------------------------------------
+    Mutation(
+        "jobs_page_led_by_its_filter_index",
+        "a jobs page filtered by kind, queue or status is ordered by (column, id), so only "
+        "that column's index gives its order (statistics cannot send it down the primary key)",
+        "sqla_jobs/sql/admin.py",
+        "    order: list[sa.ColumnElement[Any]] = "
+        "[jobs.c.id] if lead is None else [lead, jobs.c.id]\n",
+        "    order: list[sa.ColumnElement[Any]] = [jobs.c.id]  # MUTATION\n",
+        (
+            "tests/test_dashboard_plans.py::"
+            "test_each_jobs_page_filter_reads_its_index_whatever_the_statistics",
+        ),
+    ),
+    Mutation(
+        "overview_estimates_above_its_bound",
+        "the overview counts a family exactly up to its bound and estimates it above",
+        "sqla_jobs/ops.py",
+        "        if exact_up_to is not None and seen > exact_up_to:\n",
+        "        if False:  # MUTATION\n",
+        ("tests/test_dashboard_estimates.py",),
+    ),
 ]
 
 

@@ -19,9 +19,10 @@ SELECT jobs.id,
        jobs.cancel_requested_at
 FROM jobs
 WHERE jobs.status IN ('dead'::job_status)
-  AND jobs.kind = %(kind)s::VARCHAR
   AND jobs.queue = %(queue)s::VARCHAR
   AND jobs.created_at < statement_timestamp() - interval '1 second' * %(older_than)s
+  AND jobs.kind = ANY (%(kind)s::TEXT[])
   AND jobs.id > %(after_id)s::BIGINT
-ORDER BY jobs.id
+ORDER BY jobs.kind,
+         jobs.id
 LIMIT %(limit)s::INTEGER;

@@ -24,5 +24,6 @@ WHERE jobs.idempotency_key = %(key)s::VARCHAR
   AND jobs.created_at >= statement_timestamp() - interval '1 second' * %(newer_than)s
   AND jobs.payload @> CAST(%(payload_match)s::VARCHAR AS JSONB)
   AND jobs.id < %(after_id)s::BIGINT
+  AND jobs.id >= %(after_id)s::BIGINT - %(window)s::BIGINT
 ORDER BY jobs.id DESC
 LIMIT %(limit)s::INTEGER;

@@ -1,0 +1,26 @@
+SELECT jobs.id,
+       jobs.kind,
+       jobs.queue,
+       jobs.priority,
+       jobs.payload,
+       jobs.status,
+       jobs.run_at,
+       jobs.locked_until,
+       jobs.attempts,
+       jobs.max_attempts,
+       jobs.idempotency_key,
+       jobs.worker,
+       jobs.last_error,
+       jobs.created_at,
+       jobs.finished_at,
+       jobs.result,
+       jobs.timeout,
+       jobs.snoozes,
+       jobs.cancel_requested_at
+FROM jobs
+WHERE jobs.payload @> CAST(%(payload_match)s::VARCHAR AS JSONB)
+  AND jobs.id >= (
+                    (SELECT max(jobs.id) AS max_1
+                     FROM jobs) + %(param_1)s::BIGINT) - %(window)s::BIGINT
+ORDER BY jobs.id DESC
+LIMIT %(limit)s::INTEGER;

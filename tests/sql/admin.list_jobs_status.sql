@@ -1,0 +1,25 @@
+SELECT jobs.id,
+       jobs.kind,
+       jobs.queue,
+       jobs.priority,
+       jobs.payload,
+       jobs.status,
+       jobs.run_at,
+       jobs.locked_until,
+       jobs.attempts,
+       jobs.max_attempts,
+       jobs.idempotency_key,
+       jobs.worker,
+       jobs.last_error,
+       jobs.created_at,
+       jobs.finished_at,
+       jobs.result,
+       jobs.timeout,
+       jobs.snoozes,
+       jobs.cancel_requested_at
+FROM jobs
+WHERE jobs.status = ANY (ARRAY['queued'::job_status])
+  AND jobs.id < %(after_id)s::BIGINT
+ORDER BY jobs.status DESC,
+         jobs.id DESC
+LIMIT %(limit)s::INTEGER;
