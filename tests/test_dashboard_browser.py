@@ -283,12 +283,25 @@ def test_markup_from_the_database_stays_text_in_the_dom(
     attack = (
         "\"><img src=x onerror=\"document.title='pwned'\"><script>document.title='pwned'</script>"
     )
+    # The attempt history (revision 0010) too: an earlier attempt's worker, outcome and
+    # error, and the last attempt's worker.
+    earlier = {
+        "attempt": 1,
+        "worker": attack,
+        "claimed_at": "2026-12-01T10:00:00+00:00",
+        "at": "2026-12-01T10:00:01+00:00",
+        "outcome": "failed" + attack,
+        "then": attack,
+        "error": attack,
+    }
     job_id = insert(
         db,
-        "INSERT INTO jobs (kind, queue, payload, status, finished_at, last_error) VALUES "
-        "(:a, 'default', CAST(:p AS jsonb), 'dead', now(), :a) RETURNING id",
+        "INSERT INTO jobs (kind, queue, payload, status, attempts, finished_at, last_error, "
+        "worker, attempted_at, errors) VALUES (:a, 'default', CAST(:p AS jsonb), 'dead', 2, "
+        "now(), :a, :a, now(), CAST(:e AS jsonb)) RETURNING id",
         a=attack,
         p=json.dumps({"note": attack}),
+        e=json.dumps([earlier]),
     )
     for path in (f"/jobs/{job_id}", "/dead", "/"):
         driver.get(base_url + path)
@@ -300,6 +313,12 @@ def test_markup_from_the_database_stays_text_in_the_dom(
     assert driver.find_element(By.CSS_SELECTOR, "h1 small").text == attack
     assert attack in driver.find_element(By.CSS_SELECTOR, "pre.error-text").text
     assert json.loads(driver.find_element(By.CSS_SELECTOR, "pre.json").text) == {"note": attack}
+    attempt = driver.find_element(By.CSS_SELECTOR, "li.attempt[data-attempt='1']")
+    assert attempt.find_element(By.TAG_NAME, "code").text == attack  # its worker
+    assert attempt.find_element(By.CSS_SELECTOR, ".outcome").text == "failed" + attack
+    assert attempt.find_element(By.CSS_SELECTOR, ".then").text == attack
+    error = attempt.find_element(By.CSS_SELECTOR, "pre.attempt-error")
+    assert error.get_attribute("textContent") == attack  # in a closed <details>
 
 
 @contextmanager

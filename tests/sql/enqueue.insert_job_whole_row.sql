@@ -16,4 +16,6 @@ VALUES (%(kind)s::VARCHAR, CAST(%(payload)s::VARCHAR AS JSONB), %(idempotency_ke
                                                                                                                                                  jobs.result,
                                                                                                                                                  jobs.timeout,
                                                                                                                                                  jobs.snoozes,
-                                                                                                                                                 jobs.cancel_requested_at;
+                                                                                                                                                 jobs.cancel_requested_at,
+                                                                                                                                                 jobs.attempted_at,
+                                                                                                                                                 jobs.errors;
