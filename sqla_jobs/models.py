@@ -179,6 +179,10 @@ class Job(Base):
     timeout: Mapped[float | None] = mapped_column(sa.Float)
     snoozes: Mapped[int] = mapped_column(sa.Integer, server_default="0")
     cancel_requested_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
+    # Revision 0011 (attempt history): when the latest attempt was claimed, and one
+    # object per attempt that ended other than done (see sqla_jobs.sql.lease).
+    attempted_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
+    errors: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONB)
 
     __table_args__ = (
         sa.CheckConstraint(
@@ -298,6 +302,8 @@ class JobArchive(Base):
     timeout: Mapped[float | None] = mapped_column(sa.Float)
     snoozes: Mapped[int] = mapped_column(sa.Integer, server_default="0")
     cancel_requested_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
+    attempted_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
+    errors: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONB)
     archived_at: Mapped[datetime] = mapped_column(
         sa.DateTime(timezone=True), server_default=_statement_time()
     )

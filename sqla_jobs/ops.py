@@ -480,6 +480,47 @@ def _table_stats(conn: sa.Connection) -> TableStats:
 
 
 @dataclass(frozen=True)
+class AttemptRecord:
+    """One attempt of a job (revision 0011), as :attr:`JobRecord.history` tells it.
+
+    ``attempt`` is its number: a snoozed attempt is not spent, so the next claim has
+    the same number; a retry by hand starts again at 1. ``claimed_at`` is when its
+    worker claimed it (the handler starts then, or after the jobs ahead of it in the
+    worker's prefetch buffer); ``ended_at`` is None while it runs. ``outcome`` is one of
+    ``running``, ``done``, ``failed``, ``snoozed``, ``lease expired`` or ``cancelled``;
+    ``then`` the status it left the job in (``queued`` again, ``dead``, ...). ``error``
+    is the beginning of its error, at most 2,000 characters (``last_error`` holds the latest
+    one in full).
+    """
+
+    attempt: int
+    worker: str | None
+    claimed_at: datetime | None
+    ended_at: datetime | None
+    outcome: str
+    then: str | None = None
+    error: str | None = None
+
+    @classmethod
+    def from_entry(cls, entry: Mapping[str, Any]) -> AttemptRecord:
+        """An object of ``jobs.errors``, as :mod:`sqla_jobs.sql.lease` writes them."""
+        return cls(
+            attempt=int(entry.get("attempt") or 0),
+            worker=entry.get("worker"),
+            claimed_at=_instant(entry.get("claimed_at")),
+            ended_at=_instant(entry.get("at")),
+            outcome=str(entry.get("outcome", "")),
+            then=entry.get("then"),
+            error=entry.get("error"),
+        )
+
+
+def _instant(value: Any) -> datetime | None:
+    """A timestamp as ``to_jsonb(timestamptz)`` writes it (ISO 8601 with its offset)."""
+    return datetime.fromisoformat(value) if isinstance(value, str) else None
+
+
+@dataclass(frozen=True)
 class JobRecord:
     """A job as read by :func:`list_jobs` / :func:`get_job`: a snapshot, not an ORM object.
 
@@ -509,11 +550,37 @@ class JobRecord:
     timeout: float | None = None
     snoozes: int = 0
     cancel_requested_at: datetime | None = None
+    #: When the latest attempt was claimed (revision 0011; None before its first claim).
+    attempted_at: datetime | None = None
+    #: The attempts that ended other than done, as stored (revision 0011): see :attr:`history`.
+    errors: list[dict[str, Any]] | None = None
     archived_at: datetime | None = None
 
     @property
     def archived(self) -> bool:
         return self.archived_at is not None
+
+    @property
+    def history(self) -> tuple[AttemptRecord, ...]:
+        """Every attempt recorded, oldest first: those that ended other than done (from
+        ``errors``), then the latest one if it runs or ended done (from ``attempted_at``,
+        ``worker`` and ``finished_at``). Empty for a job written before revision 0011."""
+        ended = tuple(AttemptRecord.from_entry(e) for e in self.errors or ())
+        latest = self._latest_attempt(ended)
+        return ended if latest is None else (*ended, latest)
+
+    def _latest_attempt(self, ended: tuple[AttemptRecord, ...]) -> AttemptRecord | None:
+        if self.attempted_at is None:
+            return None
+        if ended and ended[-1].claimed_at == self.attempted_at:
+            return None  # the latest claim's attempt ended with an entry in ``errors``
+        if self.status is JobStatus.RUNNING:
+            return AttemptRecord(self.attempts, self.worker, self.attempted_at, None, "running")
+        if self.status is JobStatus.DONE:
+            return AttemptRecord(
+                self.attempts, self.worker, self.attempted_at, self.finished_at, "done", "done"
+            )
+        return None
 
     @property
     def current_error(self) -> str | None:

@@ -595,24 +595,50 @@ IMG = '"><img src=x onerror=alert(1)>'
 
 
 @pytest.mark.parametrize("attack", [SCRIPT, IMG], ids=["script", "img"])
-@pytest.mark.parametrize("field", ["payload", "kind", "queue", "error", "result"])
+@pytest.mark.parametrize(
+    "field",
+    [
+        "payload",
+        "kind",
+        "queue",
+        "error",
+        "result",
+        "worker",
+        "attempt_worker",
+        "attempt_error",
+        "attempt_outcome",
+    ],
+)
 def test_every_database_value_renders_as_text(
     engine: sa.Engine, make_client: MakeClient, field: str, attack: str
 ) -> None:
+    # One earlier attempt in the history (revision 0011), then the job's last one.
+    earlier = {
+        "attempt": 1,
+        "worker": attack if field == "attempt_worker" else "w-1",
+        "claimed_at": "2026-12-01T10:00:00+00:00",
+        "at": "2026-12-01T10:00:01+00:00",
+        "outcome": attack if field == "attempt_outcome" else "failed",
+        "then": "queued",
+        "error": attack if field == "attempt_error" else "boom",
+    }
     values = {
         "kind": attack if field == "kind" else "noop",
         "queue": attack if field == "queue" else "default",
         "payload": json.dumps({"v": attack} if field == "payload" else {}),
         "err": attack if field == "error" else "boom",
         "result": json.dumps({"v": attack} if field == "result" else None),
+        "worker": attack if field == "worker" else "w-2",
+        "errors": json.dumps([earlier]),
     }
     status = "done" if field == "result" else "dead"
     job_id = int(
         sql(
             engine,
             "INSERT INTO jobs (kind, queue, payload, status, attempts, finished_at, last_error, "
-            "result) VALUES (:kind, :queue, CAST(:payload AS jsonb), "
-            f"'{status}', 1, now(), :err, CAST(:result AS jsonb)) RETURNING id",
+            "result, worker, attempted_at, errors) VALUES (:kind, :queue, "
+            f"CAST(:payload AS jsonb), '{status}', 2, now(), :err, CAST(:result AS jsonb), "
+            ":worker, now(), CAST(:errors AS jsonb)) RETURNING id",
             **values,
         )
     )

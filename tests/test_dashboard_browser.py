@@ -283,12 +283,25 @@ def test_markup_from_the_database_stays_text_in_the_dom(
     attack = (
         "\"><img src=x onerror=\"document.title='pwned'\"><script>document.title='pwned'</script>"
     )
+    # The attempt history (revision 0011) too: an earlier attempt's worker, outcome and
+    # error, and the last attempt's worker.
+    earlier = {
+        "attempt": 1,
+        "worker": attack,
+        "claimed_at": "2026-12-01T10:00:00+00:00",
+        "at": "2026-12-01T10:00:01+00:00",
+        "outcome": "failed" + attack,
+        "then": attack,
+        "error": attack,
+    }
     job_id = insert(
         db,
-        "INSERT INTO jobs (kind, queue, payload, status, finished_at, last_error) VALUES "
-        "(:a, 'default', CAST(:p AS jsonb), 'dead', now(), :a) RETURNING id",
+        "INSERT INTO jobs (kind, queue, payload, status, attempts, finished_at, last_error, "
+        "worker, attempted_at, errors) VALUES (:a, 'default', CAST(:p AS jsonb), 'dead', 2, "
+        "now(), :a, :a, now(), CAST(:e AS jsonb)) RETURNING id",
         a=attack,
         p=json.dumps({"note": attack}),
+        e=json.dumps([earlier]),
     )
     for path in (f"/jobs/{job_id}", "/dead", "/"):
         driver.get(base_url + path)
@@ -300,6 +313,12 @@ def test_markup_from_the_database_stays_text_in_the_dom(
     assert driver.find_element(By.CSS_SELECTOR, "h1 small").text == attack
     assert attack in driver.find_element(By.CSS_SELECTOR, "pre.error-text").text
     assert json.loads(driver.find_element(By.CSS_SELECTOR, "pre.json").text) == {"note": attack}
+    attempt = driver.find_element(By.CSS_SELECTOR, "li.attempt[data-attempt='1']")
+    assert attempt.find_element(By.TAG_NAME, "code").text == attack  # its worker
+    assert attempt.find_element(By.CSS_SELECTOR, ".outcome").text == "failed" + attack
+    assert attempt.find_element(By.CSS_SELECTOR, ".then").text == attack
+    error = attempt.find_element(By.CSS_SELECTOR, "pre.attempt-error")
+    assert error.get_attribute("textContent") == attack  # in a closed <details>
 
 
 @contextmanager
@@ -508,3 +527,160 @@ def test_the_jobs_list_shows_a_job_run_by_the_worker_without_a_reload(
     )
     assert text_of(driver, f"[data-job-attempts='{job_id}']") == "1"
     assert not_reloaded(driver)
+
+
+# --- security in the browser: CSRF from another origin, read-only, permissions ----------
+
+
+def dead_job(db: sa.Engine) -> int:
+    return insert(
+        db,
+        "INSERT INTO jobs (kind, payload, status, attempts, finished_at, last_error) VALUES "
+        "('noop', '{}', 'dead', 8, now(), 'ConnectionError: smtp down') RETURNING id",
+    )
+
+
+def audit_entries(db: sa.Engine, target: str) -> int:
+    with db.connect() as conn:
+        found = conn.execute(
+            sa.text("SELECT count(*) FROM jobs_audit WHERE target = :t"), {"t": target}
+        )
+        return int(found.scalar_one())
+
+
+def hostile_app(dashboard: str, forms: dict[str, tuple[str, dict[str, str]]]) -> Any:
+    """Another site's pages, each a form that submits itself to the dashboard on load."""
+    from starlette.applications import Starlette
+    from starlette.responses import HTMLResponse
+    from starlette.routing import Route
+
+    def page(action: str, fields: dict[str, str]) -> Any:
+        inputs = "".join(
+            f'<input type="hidden" name="{name}" value="{value}">' for name, value in fields.items()
+        )
+        html = (
+            "<!doctype html><title>Win a prize</title>"
+            f'<form method="post" action="{dashboard}{action}">{inputs}</form>'
+            "<script>document.forms[0].submit()</script>"
+        )
+
+        async def endpoint(request: Any) -> HTMLResponse:
+            return HTMLResponse(html)
+
+        return endpoint
+
+    return Starlette(routes=[Route(f"/{name}", page(*form)) for name, form in forms.items()])
+
+
+def craft_post(driver: Any, action: str, fields: dict[str, str]) -> None:
+    """Post a form the page does not offer, from the dashboard's own origin, with this
+    browser's real CSRF token (read from its cookie): only the permission can refuse it."""
+    token = driver.get_cookie("sqla_jobs_csrf")["value"]
+    driver.execute_script(
+        "const form = document.createElement('form');"
+        "form.method = 'post'; form.action = arguments[0];"
+        "for (const [name, value] of Object.entries(arguments[1])) {"
+        "  const input = document.createElement('input');"
+        "  input.type = 'hidden'; input.name = name; input.value = value;"
+        "  form.appendChild(input);"
+        "}"
+        "document.body.appendChild(form); form.submit();",
+        action,
+        {**fields, "csrf": token},
+    )
+
+
+def refusal(driver: Any, text: str) -> str:
+    """The dashboard's 403 page an action led to, saying ``text``."""
+
+    def said() -> str:
+        shown = text_of(driver, "main")
+        return shown if text in shown else ""
+
+    return wait_for(said, message=f"the refusal {text!r}")
+
+
+def post_forms(driver: Any) -> list[str]:
+    """The actions of the page's POST forms (its buttons that act)."""
+    return [
+        f.get_attribute("action")
+        for f in driver.find_elements(By.CSS_SELECTOR, "main form[method='post']")
+    ]
+
+
+def test_a_form_from_another_origin_does_not_act(driver: Any, base_url: str, db: sa.Engine) -> None:
+    dead = dead_job(db)
+    queue = f"q{uuid.uuid4().hex[:6]}"
+    # The browser holds the dashboard's CSRF cookie (an open tab of it, say). The other
+    # origin is 127.0.0.1 on another port: the same site, so even the SameSite=Strict
+    # cookie goes with its POST; the Origin check and the token it cannot read refuse it.
+    driver.get(base_url + "/")
+    assert driver.get_cookie("sqla_jobs_csrf")
+    forms = {
+        "retry": (f"/jobs/{dead}/retry", {}),
+        "pause": ("/queues/pause", {"scope": "queue", "name": queue}),
+        "guess": (f"/jobs/{dead}/delete", {"csrf": "x" * 43}),
+    }
+    with serve_in_thread(hostile_app(base_url, forms), name="hostile") as hostile:
+        for name in forms:
+            driver.get(f"{hostile}/{name}")
+            refusal(driver, "Refused: the form was sent from another site.")
+            assert driver.current_url.startswith(base_url), name  # the POST reached us
+    assert status_of(db, dead) == "dead"
+    with Session(db) as session:
+        assert queue not in ops.stats(session).paused_queues
+    assert audit_entries(db, str(dead)) == 0 and audit_entries(db, queue) == 0
+
+
+def test_a_read_only_viewer_sees_no_action_and_a_crafted_post_is_refused(
+    driver: Any, db: sa.Engine
+) -> None:
+    dead = dead_job(db)
+    app = create_app(db, registry=app_registry, auth=lambda request: "read-only")
+    with serve_in_thread(app, name="dashboard-read-only") as base:
+        for path in (f"/jobs/{dead}", "/dead", "/jobs", "/queues"):
+            driver.get(base + path)
+            assert post_forms(driver) == [], path
+            assert driver.find_elements(By.CSS_SELECTOR, "input[type='checkbox']") == [], path
+        driver.get(f"{base}/jobs/{dead}")
+        craft_post(driver, f"{base}/jobs/{dead}/retry", {})
+        refusal(driver, "You may not retry here")
+        driver.get(base + "/queues")
+        craft_post(driver, f"{base}/queues/pause", {"scope": "queue", "name": "default"})
+        refusal(driver, "You may not pause here")
+    assert status_of(db, dead) == "dead"
+    with Session(db) as session:
+        assert "default" not in ops.stats(session).paused_queues
+    assert audit_entries(db, str(dead)) == 0
+
+
+def test_a_rule_denying_delete_hides_and_refuses_it_and_allows_the_rest(
+    driver: Any, db: sa.Engine
+) -> None:
+    dead = dead_job(db)
+
+    def no_delete(request: Any, action: str) -> bool:
+        return action != "delete"
+
+    app = create_app(db, registry=app_registry, permissions=no_delete)
+    with serve_in_thread(app, name="dashboard-no-delete") as base:
+        driver.get(f"{base}/jobs/{dead}")
+        assert post_forms(driver) == [f"{base}/jobs/{dead}/retry"]
+        driver.get(f"{base}/dead")
+        ops_offered = [
+            o.get_attribute("value")
+            for o in driver.find_elements(By.CSS_SELECTOR, "select[name='op'] option")
+        ]
+        assert "retry" in ops_offered and "delete" not in ops_offered
+        craft_post(driver, f"{base}/jobs/{dead}/delete", {})
+        refusal(driver, "You may not delete here")
+        assert status_of(db, dead) == "dead"
+        craft_post(driver, f"{base}/jobs/bulk", {"op": "delete", "id": str(dead), "page": "dead"})
+        refusal(driver, "You may not delete here")
+        assert status_of(db, dead) == "dead"
+        # The actions the rule allows still work from the page.
+        driver.get(f"{base}/jobs/{dead}")
+        driver.find_element(By.XPATH, "//button[text()='Retry']").click()
+        assert flash(driver, "put back") == "1 job(s) put back in the queue."
+    assert status_of(db, dead) != "dead"
+    assert audit_entries(db, str(dead)) == 1

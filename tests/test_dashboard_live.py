@@ -15,12 +15,13 @@ import httpx
 import pytest
 import sqlalchemy as sa
 from dashboard_client import Client
-from helpers import serve_in_thread, wait_for
+from helpers import running_jobs, serve_in_thread, start_worker, stop, wait_for
+from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 from starlette.applications import Starlette
 from starlette.routing import Mount
 
-from sqla_jobs import ConfigError, enqueue, ops
+from sqla_jobs import ConfigError, NewJob, enqueue, enqueue_many, ops
 from sqla_jobs.dashboard import create_app
 
 Events = Iterator[tuple[str, Any]]
@@ -83,6 +84,12 @@ def listeners(engine: sa.Engine) -> list[int]:
             )
         )
         return [int(pid) for pid in found.scalars()]
+
+
+def done_jobs(engine: sa.Engine) -> int:
+    with engine.connect() as conn:
+        found = conn.execute(sa.text("SELECT count(*) FROM jobs WHERE status = 'done'"))
+        return int(found.scalar_one())
 
 
 def add_job(engine: sa.Engine, kind: str = "mail") -> int:
@@ -204,3 +211,38 @@ def test_pages_name_their_event_stream_and_the_script_is_the_only_one(
 def test_refresh_below_one_second_is_refused(engine: sa.Engine) -> None:
     with pytest.raises(ConfigError, match="refresh must be at least 1 second"):
         create_app(engine, refresh=0.2)
+
+
+def test_running_counts_the_handlers_at_work_and_claimed_counts_the_buffered_jobs_too(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    """A real worker with 2 handler slots and a prefetch buffer of 5 holds 7 long jobs:
+    2 run, 5 wait in its buffer, all 7 with status running. The overview says 2 running
+    (from the worker's heartbeat) and 7 claimed, on the page and in its live counts."""
+    worker = start_worker(db_url, "--concurrency", "2", "--prefetch", "5", "--lock-seconds", "1.5")
+    try:
+        with Session(engine) as session:
+            enqueue_many(session, [NewJob("noop", {}) for _ in range(20)])
+            session.commit()
+        # Short jobs first: at their pace the buffer is sized to its full 5 jobs.
+        wait_for(lambda: done_jobs(engine) == 20, message="the short jobs to run")
+        with Session(engine) as session:
+            enqueue_many(session, [NewJob("until_cancelled", {}) for _ in range(10)])
+            session.commit()
+        wait_for(lambda: running_jobs(engine) == 7, message="2 running and 5 buffered jobs")
+        with serve(engine) as url, stream(url + "/events?counts=1") as events:
+            counts = next_event(events, "counts", lambda c: c["running"] == 2)
+            assert counts["claimed"] == 7 and counts["workers"] == 1
+            assert counts["queues"]["default"]["claimed"] == 7
+            assert "running" not in counts["queues"]["default"]  # unknown per queue
+        client = Client(create_app(engine))
+        try:
+            page = client.get("/").text
+            queues = client.get("/queues").text
+        finally:
+            client.close()
+        assert 'data-count="running">2<' in page and 'data-count="claimed">7<' in page
+        assert 'data-field="claimed">7<' in page
+        assert "Claimed</abbr>" in queues and ">Running<" not in queues
+    finally:
+        stop(worker)

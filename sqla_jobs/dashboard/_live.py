@@ -16,8 +16,9 @@ LISTEN is impossible (``listen=False``, behind PgBouncer in transaction mode, or
 connection fails or is lost) the hub simply polls, and tries to LISTEN again later.
 
 A stream sends an event only when what its tab shows changed: ``counts`` (the
-overview's figures) and ``jobs`` (``{id: {status, attempts, stopping}}``), and a comment
-now and then so proxies keep the connection open. The browser's ``EventSource``
+overview's figures; :func:`counts_of` says running from claimed) and ``jobs``
+(``{id: {status, attempts, stopping}}``), and a comment now and then so proxies keep
+the connection open. The browser's ``EventSource``
 reconnects by itself after a lost connection (the ``retry`` field sets its delay).
 """
 
@@ -99,28 +100,43 @@ def parse_watch(counts: str | None, ids: str | None) -> Watch:
 
 
 def counts_of(stats: ops.Stats) -> dict[str, Any]:
-    """The overview's figures, as the page prints them."""
+    """The overview's figures, as the page prints them.
+
+    ``running``: handlers at work, as the live workers last reported (their heartbeats);
+    ``claimed``: jobs whose status is running, those waiting in a worker's prefetch
+    buffer included (per queue, only this one is known: a worker reports one total).
+    """
     total = stats.total
     queues: dict[str, dict[str, Any]] = {}
     for k in stats.by_kind:
         q = queues.setdefault(
             k.queue,
-            {"ready": 0, "scheduled": 0, "running": 0, "expired": 0, "dead": 0, "done": 0},
+            {"ready": 0, "scheduled": 0, "claimed": 0, "expired": 0, "dead": 0, "done": 0},
         )
-        for name in ("ready", "scheduled", "running", "expired", "dead"):
+        for name in ("ready", "scheduled", "expired", "dead"):
             q[name] += getattr(k, name)
+        q["claimed"] += k.running
         q["done"] += k.done_last_hour
     return {
         "taken_at": _render.moment(stats.taken_at),
         "ready": total.ready,
         "scheduled": total.scheduled,
-        "running": total.running,
+        "running": running_handlers(stats),
+        "workers": len(stats.workers),
+        "claimed": total.running,
         "expired": total.expired,
         "dead": total.dead,
         "done": total.done_last_hour,
         "oldest": _render.age(total.oldest_ready_seconds),
         "queues": queues,
     }
+
+
+def running_handlers(stats: ops.Stats) -> int:
+    """Jobs the live workers' handlers run, summed from their last heartbeats: a job
+    claimed into a buffer has status running but no handler yet, so the table's count
+    of running jobs says how many are claimed, not how many run."""
+    return sum(w.running for w in stats.workers)
 
 
 def state_of(state: ops.JobState) -> dict[str, Any]:

@@ -263,6 +263,7 @@ class Views:
             **data,
             queues=_by_queue(data["stats"]),
             exact_up_to=_live.EXACT_UP_TO,
+            running=_live.running_handlers(data["stats"]),
         )
 
     async def queues(self, request: Request, viewer: Viewer) -> Response:
@@ -562,12 +563,13 @@ def _job_id(request: Request) -> int:
 
 @dataclass(frozen=True)
 class QueueRow:
-    """A queue's counts summed over its kinds (the overview's table)."""
+    """A queue's counts summed over its kinds (the overview's table). ``claimed``: status
+    running, jobs in a worker's prefetch buffer included."""
 
     name: str
     ready: int
     scheduled: int
-    running: int
+    claimed: int
     expired: int
     dead: int
     done_last_hour: int
@@ -586,7 +588,7 @@ def _by_queue(stats: ops.Stats) -> list[QueueRow]:
                 name=name,
                 ready=sum(k.ready for k in kinds),
                 scheduled=sum(k.scheduled for k in kinds),
-                running=sum(k.running for k in kinds),
+                claimed=sum(k.running for k in kinds),
                 expired=sum(k.expired for k in kinds),
                 dead=sum(k.dead for k in kinds),
                 done_last_hour=sum(k.done_last_hour for k in kinds),
@@ -599,12 +601,13 @@ def _by_queue(stats: ops.Stats) -> list[QueueRow]:
 
 @dataclass(frozen=True)
 class ScopeRow:
-    """One queue or kind on the queues page: its counts and its control state."""
+    """One queue or kind on the queues page: its counts (``claimed``: status running,
+    buffered jobs included) and its control state."""
 
     scope: str
     name: str
     ready: int
-    running: int
+    claimed: int
     dead: int
     control: ops.ControlState | None
 
@@ -629,7 +632,7 @@ def _scopes(stats: ops.Stats, registry: Registry | None) -> list[ScopeRow]:
                     scope=scope,
                     name=name,
                     ready=sum(k.ready for k in mine),
-                    running=sum(k.running for k in mine),
+                    claimed=sum(k.running for k in mine),
                     dead=sum(k.dead for k in mine),
                     control=controls.get((scope, name)),
                 )

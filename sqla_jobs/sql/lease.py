@@ -4,6 +4,12 @@ Fencing: every statement that finishes, retries, extends or releases a claimed j
 matches ``status = 'running' AND worker = :worker AND attempts = :attempt``. A worker
 whose lease expired and whose job was taken over updates zero rows instead of
 overwriting the new run (the seed finished jobs by id alone).
+
+Attempt history (revision 0011): the claim writes ``attempted_at`` (it writes the row
+anyway); every statement that ends an attempt other than done (a failure, a snooze, a
+cancel, an expired lease) appends one object to ``errors`` (:func:`_attempt_ended`).
+The done-marks, the hottest statements, write neither: ``finished_at`` says when the
+done attempt ended.
 """
 
 from __future__ import annotations
@@ -19,6 +25,15 @@ from sqla_jobs import models, validation
 from sqla_jobs.models import JobStatus, jobs
 from sqla_jobs.sql import _common, control
 from sqla_jobs.sql._common import Now
+
+#: Most characters of one attempt's error kept in ``errors``: its beginning, where the
+#: worker writes the exception before its traceback (``last_error`` keeps the latest
+#: error in full).
+ERROR_CHARS = 2000
+#: Most attempts kept in ``errors``, the latest (a job retried by hand again and again).
+MAX_ERRORS = 50
+#: What ended an attempt, as ``errors[].outcome`` says.
+FAILED, SNOOZED, LEASE_EXPIRED, CANCELLED = "failed", "snoozed", "lease expired", "cancelled"
 
 
 def _limit(limit: int) -> sa.BindParameter[int]:
@@ -137,6 +152,7 @@ def claim(
             attempts=jobs.c.attempts + 1,
             worker=sa.bindparam("worker", worker, sa.Text),
             max_attempts=_resolved_max_attempts(max_attempts or {}),
+            attempted_at=_common.clock(now),
         )
         .returning(*_common.CLAIMED_COLUMNS, jobs.c.run_at)
         .cte("claimed")
@@ -176,6 +192,52 @@ def _resolved_max_attempts(by_kind: Mapping[str, int]) -> sa.ColumnElement[Any]:
         sa.cast(handlers.op("->>")(jobs.c.kind), sa.Integer),
         sa.literal_column(str(models.DEFAULT_MAX_ATTEMPTS), sa.Integer),
     )
+
+
+def _text(value: str) -> sa.ColumnElement[str]:
+    """A constant written into the statement's text (no parameter: a fixed text)."""
+    return sa.literal_column("'" + value.replace("'", "''") + "'", sa.Text)
+
+
+def _attempt_ended(
+    outcome: str, error: sa.ColumnElement[Any], then: sa.ColumnElement[Any], now: Now
+) -> sa.ColumnElement[Any]:
+    """``errors`` with one more object: the attempt this UPDATE ends (``outcome``), the
+    status it leaves the job in (``then``) and its ``error``, cut to its first
+    :data:`ERROR_CHARS` characters; the latest :data:`MAX_ERRORS` objects are kept.
+
+    In an UPDATE's SET every column reads the row as it was: ``attempts``, ``worker``
+    and ``attempted_at`` are those of the attempt that ends, whatever else is set.
+    """
+    short = sa.case(
+        (sa.func.char_length(error) <= sa.literal_column(str(ERROR_CHARS)), error),
+        else_=sa.func.concat(
+            sa.func.left(error, sa.literal_column(str(ERROR_CHARS - 1))), _text("…")
+        ),
+    )
+    entry = sa.func.jsonb_build_object(
+        _text("attempt"),
+        jobs.c.attempts,
+        _text("worker"),
+        jobs.c.worker,
+        _text("claimed_at"),
+        jobs.c.attempted_at,
+        _text("at"),
+        _common.clock(now),
+        _text("outcome"),
+        _text(outcome),
+        _text("then"),
+        sa.cast(then, sa.Text),
+        _text("error"),
+        short,
+    )
+    added = sa.func.coalesce(jobs.c.errors, sa.literal_column("'[]'::jsonb", JSONB)).op("||")(
+        sa.func.jsonb_build_array(entry)
+    )
+    keep: sa.ColumnElement[Any] = sa.literal_column(
+        f"'$[last - {MAX_ERRORS - 1} to last]'::jsonpath"
+    )
+    return sa.func.jsonb_path_query_array(added, keep, type_=JSONB)
 
 
 def _fence(worker: str, leases: Sequence[tuple[int, int]]) -> list[sa.ColumnElement[bool]]:
@@ -284,11 +346,13 @@ def record_failure(
     """
     conditions = _fence(worker, [(job_id, attempt)])
     ends = _ends_now()
+    error_text = sa.bindparam("error", error, sa.Text)
     return (
         sa.update(jobs)
         .where(*conditions)
         .values(
             status=_failed_status(),
+            errors=_attempt_ended(FAILED, error_text, _failed_status(), now),
             # A job that ends here (dead, or cancelled by an operator) keeps the run_at
             # of its last attempt: no retry is coming.
             run_at=sa.case(
@@ -297,7 +361,7 @@ def record_failure(
                 + _common.seconds(sa.bindparam("delay", delay_seconds, sa.Float)),
             ),
             locked_until=None,
-            last_error=sa.bindparam("error", error, sa.Text),
+            last_error=error_text,
             finished_at=sa.case((ends, _common.clock(now)), else_=None),
         )
         .returning(jobs.c.id, jobs.c.status)
@@ -335,21 +399,25 @@ def snooze(
     """
     conditions = _fence(worker, [(job_id, attempt)])
     cancelled = jobs.c.cancel_requested_at.is_not(None)
+    status = sa.case(
+        (cancelled, _common.status(JobStatus.CANCELLED)),
+        else_=_common.status(JobStatus.QUEUED),
+    )
+    note_text = sa.bindparam("error", note, sa.Text)
     return (
         sa.update(jobs)
         .where(*conditions)
         .values(
-            status=sa.case(
-                (cancelled, _common.status(JobStatus.CANCELLED)),
-                else_=_common.status(JobStatus.QUEUED),
-            ),
+            status=status,
+            # The snoozed attempt is not spent: the next claim has its number again.
+            errors=_attempt_ended(SNOOZED, note_text, status, now),
             attempts=sa.case((cancelled, jobs.c.attempts), else_=jobs.c.attempts - 1),
             snoozes=jobs.c.snoozes + 1,
             run_at=_common.clock(now)
             + _common.seconds(sa.bindparam("delay", delay_seconds, sa.Float)),
             locked_until=None,
             worker=sa.case((cancelled, jobs.c.worker), else_=None),
-            last_error=sa.bindparam("error", note, sa.Text),
+            last_error=note_text,
             finished_at=sa.case((cancelled, _common.clock(now)), else_=None),
         )
         .returning(jobs.c.id, jobs.c.status)
@@ -364,13 +432,16 @@ def cancel_running(
     RETURNING ``id, status``; no row: the claim was lost (or the job already finished).
     """
     conditions = _fence(worker, [(job_id, attempt)])
+    reason_text = sa.bindparam("error", reason, sa.Text)
+    cancelled = _common.status(JobStatus.CANCELLED)
     return (
         sa.update(jobs)
         .where(*conditions)
         .values(
-            status=_common.status(JobStatus.CANCELLED),
+            status=cancelled,
+            errors=_attempt_ended(CANCELLED, reason_text, cancelled, now),
             locked_until=None,
-            last_error=sa.bindparam("error", reason, sa.Text),
+            last_error=reason_text,
             finished_at=_common.clock(now),
         )
         .returning(jobs.c.id, jobs.c.status)
@@ -444,6 +515,8 @@ def release(*, worker: str, leases: Sequence[tuple[int, int]]) -> sa.Update:
             attempts=jobs.c.attempts - 1,
             locked_until=None,
             worker=None,
+            # Claimed, never started: no attempt to show in the job's history.
+            attempted_at=None,
             finished_at=sa.case((cancelled, _common.clock(None)), else_=None),
         )
         .returning(jobs.c.id)
@@ -489,6 +562,7 @@ def rescue_expired(*, limit: int = 1000, now: Now = None) -> sa.Update:
         .where(jobs.c.id == sa.any_(expired_ids))
         .values(
             status=_failed_status(),
+            errors=_attempt_ended(LEASE_EXPIRED, message, _failed_status(), now),
             run_at=_common.clock(now),
             locked_until=None,
             last_error=message,

@@ -749,6 +749,18 @@ MUTATIONS: list[Mutation] = [
         "        if False:  # MUTATION\n",
         ("tests/test_dashboard_estimates.py",),
     ),
+    # --- the attempt history (revision 0011) ---------------------------------------------
+    Mutation(
+        "attempt_errors_kept",
+        "each failed attempt's error is kept in the job's history (lease.record_failure)",
+        LEASE,
+        "            errors=_attempt_ended(FAILED, error_text, _failed_status(), now),\n",
+        "            # MUTATION: the failed attempt leaves no entry\n",
+        (
+            "tests/test_attempt_history.py::"
+            "test_a_dead_job_keeps_the_error_of_every_attempt_and_a_long_one_is_cut_to_its_end",
+        ),
+    ),
 ]
 
 

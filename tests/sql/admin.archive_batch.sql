@@ -28,8 +28,10 @@ WITH picked AS MATERIALIZED
                                        jobs.result,
                                        jobs.timeout,
                                        jobs.snoozes,
-                                       jobs.cancel_requested_at)
-INSERT INTO jobs_archive (id, kind, queue, priority, payload, status, run_at, locked_until, attempts, max_attempts, idempotency_key, worker, last_error, created_at, finished_at, result, timeout, snoozes, cancel_requested_at, archived_at)
+                                       jobs.cancel_requested_at,
+                                       jobs.attempted_at,
+                                       jobs.errors)
+INSERT INTO jobs_archive (id, kind, queue, priority, payload, status, run_at, locked_until, attempts, max_attempts, idempotency_key, worker, last_error, created_at, finished_at, result, timeout, snoozes, cancel_requested_at, attempted_at, errors, archived_at)
 SELECT moved.id,
        moved.kind,
        moved.queue,
@@ -49,5 +51,7 @@ SELECT moved.id,
        moved.timeout,
        moved.snoozes,
        moved.cancel_requested_at,
+       moved.attempted_at,
+       moved.errors,
        statement_timestamp() AS statement_timestamp_1
 FROM moved RETURNING jobs_archive.id;

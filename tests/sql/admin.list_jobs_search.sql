@@ -16,7 +16,9 @@ SELECT jobs.id,
        jobs.result,
        jobs.timeout,
        jobs.snoozes,
-       jobs.cancel_requested_at
+       jobs.cancel_requested_at,
+       jobs.attempted_at,
+       jobs.errors
 FROM jobs
 WHERE jobs.idempotency_key = %(key)s::VARCHAR
   AND jobs.id >= %(min_id)s::BIGINT

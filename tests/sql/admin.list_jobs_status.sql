@@ -16,7 +16,9 @@ SELECT jobs.id,
        jobs.result,
        jobs.timeout,
        jobs.snoozes,
-       jobs.cancel_requested_at
+       jobs.cancel_requested_at,
+       jobs.attempted_at,
+       jobs.errors
 FROM jobs
 WHERE jobs.status = ANY (ARRAY['queued'::job_status])
   AND jobs.id < %(after_id)s::BIGINT

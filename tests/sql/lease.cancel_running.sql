@@ -8,7 +8,11 @@ UPDATE jobs
 SET status='cancelled'::job_status,
     locked_until=%(locked_until)s::TIMESTAMP WITH TIME ZONE,
                                                        last_error=%(error)s::VARCHAR,
-                                                       finished_at=statement_timestamp()
+                                                       finished_at=statement_timestamp(),
+                                                       errors=jsonb_path_query_array(coalesce(jobs.errors, '[]'::jsonb) || jsonb_build_array(jsonb_build_object('attempt', jobs.attempts, 'worker', jobs.worker, 'claimed_at', jobs.attempted_at, 'at', statement_timestamp(), 'outcome', 'cancelled', 'then', CAST('cancelled'::job_status AS TEXT), 'error', CASE
+                                                                                                                                                                                                                                                                                                                                                                   WHEN (char_length(%(error)s::VARCHAR) <= 2000) THEN %(error)s::VARCHAR
+                                                                                                                                                                                                                                                                                                                                                                   ELSE concat(left(%(error)s::VARCHAR, 1999), '…')
+                                                                                                                                                                                                                                                                                                                                                               END)), '$[last - 49 to last]'::jsonpath)
 WHERE jobs.id = ANY (%(fence_ids)s::BIGINT[])
   AND jobs.attempts = ANY (
                              (SELECT fence.attempts

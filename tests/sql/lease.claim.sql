@@ -35,7 +35,8 @@ WITH picked AS MATERIALIZED
        attempts=(jobs.attempts + %(attempts_1)s::INTEGER),
        max_attempts=coalesce(jobs.max_attempts, CAST(
                                                        (SELECT CAST(%(handler_max_attempts)s::VARCHAR AS JSONB) AS anon_1) ->> jobs.kind AS INTEGER), 8),
-       worker=%(worker)s::VARCHAR
+       worker=%(worker)s::VARCHAR,
+       attempted_at=statement_timestamp()
    WHERE jobs.id = ANY (CAST(
                                (SELECT array_agg(picked.id) AS array_agg_1
                                 FROM picked) AS BIGINT[])) RETURNING jobs.id,

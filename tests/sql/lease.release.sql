@@ -14,7 +14,8 @@ SET status=CASE
                                                               worker=%(worker)s::VARCHAR,
                                                               finished_at=CASE
                                                                               WHEN (jobs.cancel_requested_at IS NOT NULL) THEN statement_timestamp()
-                                                                          END
+                                                                          END,
+                                                                          attempted_at=%(attempted_at)s::TIMESTAMP WITH TIME ZONE
 WHERE jobs.id = ANY (%(fence_ids)s::BIGINT[])
   AND jobs.attempts = ANY (
                              (SELECT fence.attempts

@@ -17,6 +17,8 @@ SELECT jobs_archive.id,
        jobs_archive.timeout,
        jobs_archive.snoozes,
        jobs_archive.cancel_requested_at,
+       jobs_archive.attempted_at,
+       jobs_archive.errors,
        jobs_archive.archived_at
 FROM jobs_archive
 LIMIT %(param_1)s::INTEGER;

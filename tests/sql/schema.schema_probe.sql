@@ -16,6 +16,8 @@ SELECT jobs.id,
        jobs.result,
        jobs.timeout,
        jobs.snoozes,
-       jobs.cancel_requested_at
+       jobs.cancel_requested_at,
+       jobs.attempted_at,
+       jobs.errors
 FROM jobs
 LIMIT %(param_1)s::INTEGER;
