@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
+import psycopg
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
@@ -76,3 +78,14 @@ def engine(db_url: URL) -> Iterator[sa.Engine]:
 def session(engine: sa.Engine) -> Iterator[Session]:
     with Session(engine) as s:
         yield s
+
+
+@pytest.fixture
+def driver(engine: sa.Engine) -> Iterator[psycopg.Connection[Any]]:
+    """The raw psycopg connection under a pooled one (for EXPLAIN with bound values);
+    rolled back afterwards."""
+    with engine.connect() as conn:
+        raw = conn.connection.driver_connection
+        assert isinstance(raw, psycopg.Connection)
+        yield raw
+        raw.rollback()

@@ -22,7 +22,6 @@ follows ``id``, and a page of them walks the primary key (see the README).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -101,15 +100,6 @@ def _load(engine: sa.Engine, name: str, stats: str) -> None:
             f"UPDATE jobs SET {rare} WHERE id %% (%(n)s / %(rare)s) = 0",
             {"n": _rows(name), "rare": RARE},
         )
-
-
-@pytest.fixture
-def driver(engine: sa.Engine) -> Iterator[psycopg.Connection[Any]]:
-    with engine.connect() as conn:
-        raw = conn.connection.driver_connection
-        assert isinstance(raw, psycopg.Connection)
-        yield raw
-        raw.rollback()
 
 
 def _assert_uses(plan: Any, index: str) -> None:

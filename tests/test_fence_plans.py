@@ -72,15 +72,6 @@ def leases(request: pytest.FixtureRequest, engine: sa.Engine) -> list[tuple[int,
     return _load(engine, request.param)
 
 
-@pytest.fixture
-def driver(engine: sa.Engine) -> Iterator[psycopg.Connection[Any]]:
-    with engine.connect() as conn:
-        raw = conn.connection.driver_connection
-        assert isinstance(raw, psycopg.Connection)
-        yield raw
-        raw.rollback()
-
-
 def _plans(conn: psycopg.Connection[Any], stmt: sa.ClauseElement) -> dict[str, Any]:
     """The custom plan and the generic plan (``PREPARE`` under ``force_generic_plan``)."""
     compiled = stmt.compile(dialect=DIALECT)
