@@ -26,6 +26,9 @@ Scenarios:
   ``asyncio.sleep`` jobs at ``--async-concurrency 200`` vs ``time.sleep`` jobs at
   ``--concurrency 16``; the worker's resident memory (peak RSS) with 200 such jobs at
   once, next to its RSS when started;
+* slots: 10 ms jobs of kinds and queues limited to 1 and 4, drained by 1, 2 and 4
+  worker processes at concurrency 8: the share of the time the limit's slots ran a
+  handler (``slots.py``), with the limit checked on the handlers' own log;
 * claim: one claim statement (LIMIT 1, rolled back) with 1,000,000 done rows and 100,000
   future jobs in the table vs an empty table, for our claim and the seed's
   ``OR (status = 'running' AND locked_until < now())`` form (on its own index, same data),
@@ -1203,6 +1206,8 @@ def _fmt(value: float | None, unit: str) -> str:
         return f"{value:,.1f} MiB"
     if unit == "jobs":
         return f"{value:,.0f}"
+    if unit == "%":
+        return f"{value:.0%}"
     return f"{value:,.0f}/s"
 
 
@@ -1269,7 +1274,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="smaller sizes, one repeat")
     parser.add_argument(
         "--only",
-        default="enqueue,drain,backlog,tx,procs,async,pickup,claim,limits",
+        default="enqueue,drain,backlog,tx,procs,async,pickup,claim,limits,slots",
         help="comma-separated sections to run (default: all)",
     )
     parser.add_argument("--explain", action="store_true", help="print the claim plans")
@@ -1637,6 +1642,12 @@ def main(argv: list[str] | None = None) -> int:
                 0.8,
             )
         )
+
+    if "slots" in only:
+        # How busy limited kinds and queues keep their slots (#23): see slots.py.
+        import slots
+
+        rows += slots.section(args.quick, step)
 
     if "async" in only:
         n = sizes.drain

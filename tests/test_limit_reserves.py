@@ -90,10 +90,8 @@ def _running_rows(engine: sa.Engine, worker: str) -> int:
 
 @pytest.fixture
 def jobs(session: Session, monkeypatch: pytest.MonkeyPatch) -> None:
-    # The pace a reserve is sized by is measured between two claims at least this far
-    # apart; these claims follow each other at once. And a reserve as large as the
-    # pool's prefetch (``ahead``) however slow the machine: the sizes below are exact.
-    monkeypatch.setattr(_limits, "PACE_SECONDS", 0.0)
+    # A reserve as large as the pool's prefetch (``ahead``) however slow the machine:
+    # the sizes below are exact.
     monkeypatch.setattr(_limits, "RESERVE_AHEAD_SECONDS", 1e6)
     enqueue_many(session, [NewJob("a", {}) for _ in range(40)])
     session.commit()

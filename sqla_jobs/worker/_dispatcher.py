@@ -167,7 +167,12 @@ class Dispatcher:
         """
         with self._timers_lock:
             heapq.heappush(self._timers, (when, poke))
-        self.wake()  # the loop recomputes its timeout
+            # The loop waits until the earliest timer at the latest: only an earlier one
+            # needs it to compute its timeout again. (Woken for every timer, a group
+            # that set one on each look kept the loop spinning until it came due.)
+            earliest = self._timers[0][0] == when
+        if earliest:
+            self._wake.set()
 
     def job_took(self, seconds: float) -> None:
         """A handler of the first pool ran for ``seconds`` (see :meth:`Pool.job_took`)."""
@@ -211,6 +216,7 @@ class Dispatcher:
             # Cleared before looking at the table, so a wake-up that arrives while we
             # claim is not lost: the wait below then returns at once.
             self._wake.clear()
+            self._pop_due_timers()
             woken, self._woken, look_again = self._woken or look_again, False, False
             now = time.monotonic()
             # Per pool: (room for a claim, whether the table had fewer ready jobs).
@@ -228,10 +234,14 @@ class Dispatcher:
                     free = self.ledger.room(pool.capacity, min_claim, pool.number)
                     has_room = free >= min_claim
                     claimed = self._claim(pool, free) if has_room else []
+                    if not has_room and pool.limits is not None:
+                        # Held-back jobs of limited groups are in the buffer: they may
+                        # fill it, and still need their limits read again to start.
+                        claimed = pool.limits.look_at_reserves(self._run_claim)
                     if look and not has_room:
                         # A full buffer (or one the pace now says is too full) would
                         # keep a more urgent job waiting until its jobs ran.
-                        claimed = self._claim_more_urgent(pool)
+                        claimed += self._claim_more_urgent(pool)
                         pool.look_at = now + BUSY_LOOK_SECONDS
                     for job in claimed:
                         pool.buffer.put(job)
@@ -288,8 +298,9 @@ class Dispatcher:
 
     def _timeout(self) -> float:
         """The poll interval, or less if a retry's timer or a busy pool's next look
-        (BUSY_LOOK_SECONDS) comes due sooner."""
-        self._pop_due_timers()
+        (BUSY_LOOK_SECONDS) comes due sooner; none if a timer came due since the round."""
+        if self._pop_due_timers():
+            return 0.0
         now = time.monotonic()
         # A look that is due already waits for room instead (the ledger wakes us).
         looks = [pool.look_at - now for pool in self.pools if pool.look_at > now]
@@ -299,16 +310,21 @@ class Dispatcher:
                 return min(timeout, self._timers[0][0] - now)
         return timeout
 
-    def _pop_due_timers(self) -> None:
+    def _pop_due_timers(self) -> bool:
+        """Take the timers that came due; whether any did. One that pokes (a retry, a
+        scheduled job) is a wake-up that may bring jobs (see _loop)."""
         now = time.monotonic()
-        fired = False
+        due = poke = False
         with self._timers_lock:
             while self._timers and self._timers[0][0] <= now:
-                fired = heapq.heappop(self._timers)[1] or fired
-        if fired:
+                due = True
+                poke = heapq.heappop(self._timers)[1] or poke
+        if poke:
+            self._woken = True
             for pool in self.pools:
                 if pool.limits is not None:
                     pool.limits.poke()  # a retry came due: the claims look at every kind again
+        return due
 
     def _size_buffer(self, pool: Pool) -> None:
         """Buffer PREFETCH_SECONDS of work at the pool's handlers' recent pace."""
