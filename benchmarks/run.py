@@ -29,6 +29,8 @@ Scenarios:
 * slots: 10 ms jobs of kinds and queues limited to 1 and 4, drained by 1, 2 and 4
   worker processes at concurrency 8: the share of the time the limit's slots ran a
   handler (``slots.py``), with the limit checked on the handlers' own log;
+* scheduled: jobs enqueued with ``delay=`` 0.05-5 s on an idle worker: how late each
+  handler starts after its ``run_at`` (``scheduled.py``);
 * claim: one claim statement (LIMIT 1, rolled back) with 1,000,000 done rows and 100,000
   future jobs in the table vs an empty table, for our claim and the seed's
   ``OR (status = 'running' AND locked_until < now())`` form (on its own index, same data),
@@ -1274,7 +1276,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="smaller sizes, one repeat")
     parser.add_argument(
         "--only",
-        default="enqueue,drain,backlog,tx,procs,async,pickup,claim,limits,slots",
+        default="enqueue,drain,backlog,tx,procs,async,pickup,claim,limits,slots,scheduled",
         help="comma-separated sections to run (default: all)",
     )
     parser.add_argument("--explain", action="store_true", help="print the claim plans")
@@ -1648,6 +1650,12 @@ def main(argv: list[str] | None = None) -> int:
         import slots
 
         rows += slots.section(args.quick, step)
+
+    if "scheduled" in only:
+        # How late an idle worker starts jobs scheduled ahead (#23): see scheduled.py.
+        import scheduled
+
+        rows += scheduled.section(args.quick, step)
 
     if "async" in only:
         n = sizes.drain

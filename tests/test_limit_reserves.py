@@ -91,8 +91,10 @@ def _running_rows(engine: sa.Engine, worker: str) -> int:
 @pytest.fixture
 def jobs(session: Session, monkeypatch: pytest.MonkeyPatch) -> None:
     # A reserve as large as the pool's prefetch (``ahead``) however slow the machine:
-    # the sizes below are exact.
+    # the sizes below are exact. And a view of the limits that stays fresh however long
+    # the steps between take on a loaded machine (the pause test ages it on purpose).
     monkeypatch.setattr(_limits, "RESERVE_AHEAD_SECONDS", 1e6)
+    monkeypatch.setattr(_limits, "RESERVE_SECONDS", 60.0)
     enqueue_many(session, [NewJob("a", {}) for _ in range(40)])
     session.commit()
 

@@ -59,6 +59,10 @@ BUSY_LOOK_SECONDS = 0.02
 #: IDLE_RECHECK_SECONDS, for at most the poll interval.
 IN_FLIGHT_RETRY_SECONDS = 0.002
 IDLE_RECHECK_SECONDS = 0.05
+#: A scheduled job is claimed this long after its ``run_at`` by the timer an idle worker
+#: sets (see _look_for_next_due): the claim compares with the server's clock, and a
+#: timer that fires first finds nothing.
+DUE_MARGIN_SECONDS = 0.001
 
 
 class Buffer(Protocol):
@@ -120,6 +124,9 @@ class Dispatcher:
         self.buffer = buffer
         #: With no pools given, one pool of ``concurrency`` threads for every kind.
         self.pools = pools or [Pool(SYNC_POOL, tuple(kinds), config.concurrency, buffer)]
+        self._next_due_sql = _db.compile_statement(
+            engine, lease.next_due(queues=config.served_queues, kinds=kinds)
+        )
         for pool in self.pools:
             pool.capacity = pool.slots
             pool.claim_sql = _db.compile_statement(
@@ -136,6 +143,7 @@ class Dispatcher:
             )
         self._wake = threading.Event()
         self._woken = False  # a wake-up that may bring jobs (not only a freed slot)
+        self._timer_fired = False  # a timer that may bring jobs came due (see _loop)
         # Monotonic times to wake at (a heap), each with whether it pokes the limits.
         self._timers: list[tuple[float, bool]] = []
         self._timers_lock = threading.Lock()
@@ -212,15 +220,22 @@ class Dispatcher:
         retry_in: float | None = None
         give_up_at = 0.0
         look_again = False  # the next round claims for every pool, resting or not
+        timed_out = True  # the last wait ended by its timeout (the poll); first round too
         while not draining.is_set():
             # Cleared before looking at the table, so a wake-up that arrives while we
             # claim is not lost: the wait below then returns at once.
             self._wake.clear()
             self._pop_due_timers()
+            # A notification, a timer or the poll (not a freed slot, nor a recheck of
+            # commits in flight): if it finds nothing, look for the next scheduled job.
+            called = self._woken or timed_out
+            # A timer brought a scheduled job: the next one's time is not known yet.
+            timer, self._timer_fired = self._timer_fired, False
             woken, self._woken, look_again = self._woken or look_again, False, False
             now = time.monotonic()
             # Per pool: (room for a claim, whether the table had fewer ready jobs).
             rounds: list[tuple[bool, bool]] = []
+            claimed_any = False
             try:
                 for pool in self.pools:
                     if pool.rest_until > now and not woken and len(self.pools) > 1:
@@ -243,6 +258,7 @@ class Dispatcher:
                         # keep a more urgent job waiting until its jobs ran.
                         claimed += self._claim_more_urgent(pool)
                         pool.look_at = now + BUSY_LOOK_SECONDS
+                    claimed_any = claimed_any or bool(claimed)
                     for job in claimed:
                         pool.buffer.put(job)
                     ran_out = has_room and len(claimed) < free
@@ -254,6 +270,9 @@ class Dispatcher:
                     rest = ran_out and not limited
                     pool.rest_until = now + self.config.poll_interval if rest else 0.0
                     rounds.append((has_room, ran_out))
+                drained = all(ran_out for _, ran_out in rounds)
+                if drained and (timer or (called and not claimed_any)):
+                    self._look_for_next_due()
                 errors = 0
             except sa_exc.SQLAlchemyError as exc:  # incl. pool timeouts
                 errors += 1
@@ -294,7 +313,9 @@ class Dispatcher:
                 if retry_in is not None:
                     retry_in = min(IDLE_RECHECK_SECONDS, max(IN_FLIGHT_RETRY_SECONDS, 2 * retry_in))
                     timeout = min(timeout, retry_in)
-                self._wake.wait(timeout)
+                timed_out = not self._wake.wait(timeout)
+            else:
+                timed_out = False
 
     def _timeout(self) -> float:
         """The poll interval, or less if a retry's timer or a busy pool's next look
@@ -320,7 +341,7 @@ class Dispatcher:
                 due = True
                 poke = heapq.heappop(self._timers)[1] or poke
         if poke:
-            self._woken = True
+            self._woken = self._timer_fired = True
             for pool in self.pools:
                 if pool.limits is not None:
                     pool.limits.poke()  # a retry came due: the claims look at every kind again
@@ -359,6 +380,22 @@ class Dispatcher:
                 limit - len(jobs), self._run_claim, ahead=pool.capacity - pool.slots
             )
         return jobs
+
+    def _look_for_next_due(self) -> None:
+        """Nothing was ready: set the wake-up timer for the next scheduled job, if it
+        comes due before the poll would find it.
+
+        Only when a wake-up found nothing (one indexed query per idle spell, never while
+        claims come back full): a job enqueued with ``delay=`` notifies when it is
+        inserted, not when it comes due, and another worker's retry or snooze notifies
+        no one; without this they waited for the poll (up to ``poll_interval`` late).
+        """
+        sql, params = self._next_due_sql
+        with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            found = _db.rows(conn, sql, params, prepare=self.config.prepared_statements)
+        seconds = found[0][0] if found else None
+        if seconds is not None and float(seconds) < self.config.poll_interval:
+            self.wake_at(time.monotonic() + float(seconds) + DUE_MARGIN_SECONDS)
 
     def _claim_more_urgent(self, pool: Pool) -> list[Claimed]:
         """No room, but a look is due: claim up to ``slots`` jobs more urgent than every
