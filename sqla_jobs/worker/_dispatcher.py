@@ -144,6 +144,7 @@ class Dispatcher:
         self._wake = threading.Event()
         self._woken = False  # a wake-up that may bring jobs (not only a freed slot)
         self._timer_fired = False  # a timer that may bring jobs came due (see _loop)
+        self._look_for_due = True  # look up the next due time once nothing is ready
         # Monotonic times to wake at (a heap), each with whether it pokes the limits.
         self._timers: list[tuple[float, bool]] = []
         self._timers_lock = threading.Lock()
@@ -227,15 +228,16 @@ class Dispatcher:
             self._wake.clear()
             self._pop_due_timers()
             # A notification, a timer or the poll (not a freed slot, nor a recheck of
-            # commits in flight): if it finds nothing, look for the next scheduled job.
-            called = self._woken or timed_out
-            # A timer brought a scheduled job: the next one's time is not known yet.
-            timer, self._timer_fired = self._timer_fired, False
+            # commits in flight) may bring scheduled jobs, and a timer that brought one
+            # leaves the next one's time unknown: once the table has nothing more ready
+            # (this round or a later one), look up when the next job comes due.
+            if self._woken or timed_out or self._timer_fired:
+                self._look_for_due = True
+            self._timer_fired = False
             woken, self._woken, look_again = self._woken or look_again, False, False
             now = time.monotonic()
             # Per pool: (room for a claim, whether the table had fewer ready jobs).
             rounds: list[tuple[bool, bool]] = []
-            claimed_any = False
             try:
                 for pool in self.pools:
                     if pool.rest_until > now and not woken and len(self.pools) > 1:
@@ -258,7 +260,6 @@ class Dispatcher:
                         # keep a more urgent job waiting until its jobs ran.
                         claimed += self._claim_more_urgent(pool)
                         pool.look_at = now + BUSY_LOOK_SECONDS
-                    claimed_any = claimed_any or bool(claimed)
                     for job in claimed:
                         pool.buffer.put(job)
                     ran_out = has_room and len(claimed) < free
@@ -270,8 +271,8 @@ class Dispatcher:
                     rest = ran_out and not limited
                     pool.rest_until = now + self.config.poll_interval if rest else 0.0
                     rounds.append((has_room, ran_out))
-                drained = all(ran_out for _, ran_out in rounds)
-                if drained and (timer or (called and not claimed_any)):
+                if self._look_for_due and all(ran_out for _, ran_out in rounds):
+                    self._look_for_due = False
                     self._look_for_next_due()
                 errors = 0
             except sa_exc.SQLAlchemyError as exc:  # incl. pool timeouts
