@@ -6,6 +6,9 @@ when at least half the buffer is free, so a short job never waits for a claim ro
 trip and a batch of jobs costs one claim. It sleeps when nothing is ready, until a
 wake-up: a notification (the listener), a freed slot (the ledger), a short retry coming
 due (:meth:`wake_at`: one timer for all of them), the lease rescuer, or the poll interval.
+Once a wake-up that may bring jobs leaves nothing ready, it looks up when the next
+queued job comes due and sets the timer for it (a scheduled job starts at its
+``run_at``, not at the next poll).
 
 Each pool of handler slots (the handler threads for ``def`` handlers, the event loop
 for ``async def`` ones) has its own buffer, its own pace and its own claim, of its own

@@ -20,8 +20,8 @@ A group with a rate limit records its starts (``jobs_rate_starts``) in the claim
 transaction, so its claim is sent once steps 1-2 are back (two round trips).
 Other workers claiming the same scope wait at step 1 and see this claim at step 2.
 
-A group of one limited scope (concurrency only) may claim beyond its limit while no
-other worker runs its jobs (a *reserve*, sized to about :data:`RESERVE_AHEAD_SECONDS`
+A group of one limited scope (concurrency only) may claim beyond its limit while other
+workers leave it room (a *reserve*, sized to about :data:`RESERVE_AHEAD_SECONDS`
 of its jobs) and start them through the worker's *gate*, as its own jobs end: see
 "reserves" below for why the limit still holds.
 
@@ -510,11 +510,13 @@ class Limits:
     # A no-op job limited to 16 ends long before the next claim's round trip returns:
     # claiming only the room left, the handlers waited for the claims (0.13x the
     # unlimited drain). A group of one limited scope (concurrency only), on a worker
-    # whose pool could run the whole limit, claims beyond it while no other worker runs
-    # its jobs, about RESERVE_AHEAD_SECONDS of them at the pace they have been ending
-    # (none before that pace is known, none beyond the pool's prefetch buffer), and
-    # holds them back. Each job of the scope that ends starts the next one, on its own
-    # thread (job_ended), so the claims overlap the handlers. A reserve is started from
+    # whose pool could run the whole limit, claims beyond it while other workers leave
+    # it room under the limit: what its limit's worth of slots finish within
+    # RESERVE_AHEAD_SECONDS (or RESERVE_CLAIMS of its claims' round trips, when longer)
+    # at the time the group's jobs have been taking here (none before that is known,
+    # none beyond the pool's prefetch buffer), and holds them back. Each job of the
+    # scope that ends starts the next one, on its own thread (job_ended), so the claims
+    # overlap the handlers. A reserve is started from
     # only while its group's last claim is at most RESERVE_SECONDS old, so a pause or a
     # lower limit applies within that; the claim after a pause gives the reserve back.
     #
@@ -527,6 +529,12 @@ class Limits:
     # have only shrunk since that claim saw them, so its gate plus their rows (bounding
     # what they run) is at most N. Held-back jobs are rows too: other workers find no
     # room while one holds a reserve, and claim again once its rows leave them room.
+    # The gate is read by a capacity statement after the claim's own (same transaction,
+    # under the lock: other rows have only shrunk since the claim's snapshot), so a job
+    # the claim took because it saw another worker's job end may start at once. While
+    # other workers run part of the limit (the gate below it), their rows shrink as
+    # their jobs end and are not claimed again past this reserve: each job that ends
+    # here looks again (a claim, of nothing if there is no room) to take up that room.
 
     def job_ended(self, job: Claimed, pool: int) -> None:
         """A job's handler slot freed up (the ledger's ``on_end``, on that job's thread):
