@@ -28,6 +28,10 @@ registry = Registry()
 SETUP_SQL = """
 CREATE TABLE IF NOT EXISTS bench_effects (job_id bigint PRIMARY KEY, n int NOT NULL);
 CREATE TABLE IF NOT EXISTS bench_pickup (job_id bigint PRIMARY KEY, started float8 NOT NULL);
+CREATE TABLE IF NOT EXISTS bench_slots (
+  job_id bigint PRIMARY KEY, scope text NOT NULL, worker text NOT NULL,
+  started float8 NOT NULL, ended float8 NOT NULL
+);
 """
 
 _WRITE = sa.text("INSERT INTO bench_effects (job_id, n) VALUES (:j, :n)")
@@ -89,3 +93,34 @@ async def async_noop(session: AsyncSession, payload: dict[str, Any]) -> None:
 @async_registry.handler("sleep")
 async def async_sleep(session: AsyncSession, payload: dict[str, Any]) -> None:
     await asyncio.sleep(SLEEP_SECONDS)
+
+
+#: Limited kinds and queues with 10 ms jobs that log when they ran (``benchapp:slots``),
+#: for how busy a limit's slots are kept: ``one`` and ``four`` are kinds limited to 1
+#: and 4 fleet-wide; ``q1work`` and ``q4work`` unlimited kinds in queues limited to 1
+#: and 4. ``SLOT_SECONDS`` of work each; the run's marks go in ``bench_slots``.
+slots = Registry()
+slot_queues = Registry()
+slot_queues.limit_queue("q1", limit=1)
+slot_queues.limit_queue("q4", limit=4)
+
+#: Seconds of work in each ``slots`` job.
+SLOT_SECONDS = 0.010
+
+_SLOT = sa.text(
+    "INSERT INTO bench_slots (job_id, scope, worker, started, ended) VALUES (:j, :s, :w, :t0, :t1)"
+)
+
+
+def _slot(session: Session, payload: dict[str, Any], job: JobContext) -> None:
+    started = time.time()
+    time.sleep(SLOT_SECONDS)
+    ended = time.time()
+    scope = job.kind if job.kind in ("one", "four") else job.queue
+    session.execute(_SLOT, {"j": job.id, "s": scope, "w": job.worker, "t0": started, "t1": ended})
+
+
+slots.register("one", _slot, limit=1)
+slots.register("four", _slot, limit=4)
+slot_queues.register("q1work", _slot, queue="q1")
+slot_queues.register("q4work", _slot, queue="q4")

@@ -26,6 +26,11 @@ Scenarios:
   ``asyncio.sleep`` jobs at ``--async-concurrency 200`` vs ``time.sleep`` jobs at
   ``--concurrency 16``; the worker's resident memory (peak RSS) with 200 such jobs at
   once, next to its RSS when started;
+* slots: 10 ms jobs of kinds and queues limited to 1 and 4, drained by 1, 2 and 4
+  worker processes at concurrency 8: the share of the time the limit's slots ran a
+  handler (``slots.py``), with the limit checked on the handlers' own log;
+* scheduled: jobs enqueued with ``delay=`` 0.05-5 s on an idle worker: how late each
+  handler starts after its ``run_at`` (``scheduled.py``);
 * claim: one claim statement (LIMIT 1, rolled back) with 1,000,000 done rows and 100,000
   future jobs in the table vs an empty table, for our claim and the seed's
   ``OR (status = 'running' AND locked_until < now())`` form (on its own index, same data),
@@ -1399,6 +1404,8 @@ def _fmt(value: float | None, unit: str) -> str:
         return f"{value:,.1f} MiB"
     if unit == "jobs":
         return f"{value:,.0f}"
+    if unit == "%":
+        return f"{value:.0%}"
     return f"{value:,.0f}/s"
 
 
@@ -1495,7 +1502,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="smaller sizes, one repeat")
     parser.add_argument(
         "--only",
-        default="enqueue,orm,drain,backlog,tx,procs,async,pickup,claim,limits,cli,dashboard",
+        default=(
+            "enqueue,orm,drain,backlog,tx,procs,async,pickup,claim,limits,slots,scheduled,"
+            "cli,dashboard"
+        ),
         help="comma-separated sections to run (default: all)",
     )
     parser.add_argument(
@@ -1881,6 +1891,18 @@ def main(argv: list[str] | None = None) -> int:
                 0.8,
             )
         )
+
+    if "slots" in only:
+        # How busy limited kinds and queues keep their slots (#23): see slots.py.
+        import slots
+
+        rows += slots.section(args.quick, step)
+
+    if "scheduled" in only:
+        # How late an idle worker starts jobs scheduled ahead (#23): see scheduled.py.
+        import scheduled
+
+        rows += scheduled.section(args.quick, step)
 
     if "async" in only:
         n = sizes.drain

@@ -90,11 +90,11 @@ def _running_rows(engine: sa.Engine, worker: str) -> int:
 
 @pytest.fixture
 def jobs(session: Session, monkeypatch: pytest.MonkeyPatch) -> None:
-    # The pace a reserve is sized by is measured between two claims at least this far
-    # apart; these claims follow each other at once. And a reserve as large as the
-    # pool's prefetch (``ahead``) however slow the machine: the sizes below are exact.
-    monkeypatch.setattr(_limits, "PACE_SECONDS", 0.0)
+    # A reserve as large as the pool's prefetch (``ahead``) however slow the machine:
+    # the sizes below are exact. And a view of the limits that stays fresh however long
+    # the steps between take on a loaded machine (the pause test ages it on purpose).
     monkeypatch.setattr(_limits, "RESERVE_AHEAD_SECONDS", 1e6)
+    monkeypatch.setattr(_limits, "RESERVE_SECONDS", 60.0)
     enqueue_many(session, [NewJob("a", {}) for _ in range(40)])
     session.commit()
 
@@ -179,3 +179,42 @@ def test_a_stopping_worker_gives_its_held_back_jobs_back_unspent(
     )
     assert set(counts) == {"done", "queued"} and sum(counts.values()) == 2_000
     assert scalar(engine, "SELECT max(attempts) FROM jobs WHERE status = 'queued'") == 0
+
+
+def test_a_worker_keeps_a_reserve_while_another_runs_part_of_the_limit_and_takes_up_its_room(
+    engine: sa.Engine, db_url: URL, jobs: None
+) -> None:
+    other = Worker(engine, db_url, "other")
+    taken = other.claim()
+    assert len(taken) == LIMIT
+    _done(engine, other, taken[0])  # the other worker still runs one job of the limit
+    one = Worker(engine, db_url, "one")
+    first = one.claim()
+    assert len(first) == LIMIT - 1  # no reserve before its jobs' pace is known
+    _done(engine, one, first[0])
+    # The limit is shared, but leaves this worker room: it holds jobs back beyond it
+    # (a slot freed here starts the next one without a claim's round trip) and starts
+    # only what its gate (the limit minus the other's running job) lets through.
+    now = one.claim()
+    assert len(now) == LIMIT - 1
+    assert _running_rows(engine, "one") > LIMIT - 1
+    assert other.claim() == []  # the held-back rows leave the other worker no room
+    # The other worker's job ends; this worker's next look takes up the room it left.
+    _done(engine, other, taken[1])
+    before = len(one.started)
+    one.claim()
+    assert len(one.started) == before + 1
+    assert len(one.started) - 1 == LIMIT  # the one that ended runs no more
+
+
+def _done(engine: sa.Engine, worker: Worker, job: Claimed) -> None:
+    """The handler returned and its done-mark committed (as the completer would)."""
+    worker.finish(job)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE jobs SET status = 'done', finished_at = now(), locked_until = NULL"
+                " WHERE id = :id"
+            ),
+            {"id": job.id},
+        )

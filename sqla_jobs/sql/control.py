@@ -213,7 +213,7 @@ def room(*, worker: str, scopes: Sequence[tuple[str, str]]) -> sa.ScalarSelect[A
         (s.scope == KIND, sa.bindparam("mine_kind", 0, sa.Integer)),
         else_=sa.bindparam("mine_queue", 0, sa.Integer),
     )
-    reserve = sa.case((s.running == 0, sa.bindparam("reserve", 0, sa.Integer)), else_=0)
+    reserve = sa.case((s.running < s.concurrency, sa.bindparam("reserve", 0, sa.Integer)), else_=0)
     left = sa.case(
         (s.paused, 0),
         (s.rate_count.is_not(None), 0),

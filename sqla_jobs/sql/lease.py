@@ -170,6 +170,41 @@ def claim(
     )
 
 
+def next_due(*, queues: Sequence[str], kinds: Sequence[str], now: Now = None) -> sa.Select[Any]:
+    """Seconds until the next queued job of ``queues`` and ``kinds`` comes due (NULL if
+    none is scheduled): what an idle worker sets its wake-up timer by (issue #23).
+
+    Walked as the claim walks ``jobs_claim_idx``: per priority level, the first row
+    after now in ``run_at`` order (an index range scan stopped at its first match),
+    then the earliest of the ten. Paused and limited scopes are not left out: waking
+    for one costs a claim that finds nothing.
+    """
+    levels = (
+        sa.func.generate_series(
+            sa.literal_column(str(validation.MIN_PRIORITY)),
+            sa.literal_column(str(validation.MAX_PRIORITY)),
+        )
+        .table_valued("level")
+        .render_derived(name="levels")
+    )
+    first = (
+        sa.select(jobs.c.run_at)
+        .where(
+            jobs.c.status == _common.status(JobStatus.QUEUED),
+            jobs.c.priority == levels.c.level,
+            jobs.c.run_at > _common.clock(now),
+            jobs.c.queue == sa.any_(sa.bindparam("queues", list(queues), ARRAY(sa.Text))),
+            jobs.c.kind == sa.any_(sa.bindparam("kinds", list(kinds), ARRAY(sa.Text))),
+        )
+        .order_by(jobs.c.run_at)
+        .limit(1)
+        .lateral("next")
+    )
+    return sa.select(_common.epoch(sa.func.min(first.c.run_at) - _common.clock(now))).select_from(
+        levels.join(first, sa.true())
+    )
+
+
 def _resolved_max_attempts(by_kind: Mapping[str, int]) -> sa.ColumnElement[Any]:
     """``coalesce(max_attempts, the handler's, 8)`` for a row being claimed.
 

@@ -6,6 +6,9 @@ when at least half the buffer is free, so a short job never waits for a claim ro
 trip and a batch of jobs costs one claim. It sleeps when nothing is ready, until a
 wake-up: a notification (the listener), a freed slot (the ledger), a short retry coming
 due (:meth:`wake_at`: one timer for all of them), the lease rescuer, or the poll interval.
+Once a wake-up that may bring jobs leaves nothing ready, it looks up when the next
+queued job comes due and sets the timer for it (a scheduled job starts at its
+``run_at``, not at the next poll).
 
 Each pool of handler slots (the handler threads for ``def`` handlers, the event loop
 for ``async def`` ones) has its own buffer, its own pace and its own claim, of its own
@@ -59,6 +62,10 @@ BUSY_LOOK_SECONDS = 0.02
 #: IDLE_RECHECK_SECONDS, for at most the poll interval.
 IN_FLIGHT_RETRY_SECONDS = 0.002
 IDLE_RECHECK_SECONDS = 0.05
+#: A scheduled job is claimed this long after its ``run_at`` by the timer an idle worker
+#: sets (see _look_for_next_due): the claim compares with the server's clock, and a
+#: timer that fires first finds nothing.
+DUE_MARGIN_SECONDS = 0.001
 
 
 class Buffer(Protocol):
@@ -120,6 +127,9 @@ class Dispatcher:
         self.buffer = buffer
         #: With no pools given, one pool of ``concurrency`` threads for every kind.
         self.pools = pools or [Pool(SYNC_POOL, tuple(kinds), config.concurrency, buffer)]
+        self._next_due_sql = _db.compile_statement(
+            engine, lease.next_due(queues=config.served_queues, kinds=kinds)
+        )
         for pool in self.pools:
             pool.capacity = pool.slots
             pool.claim_sql = _db.compile_statement(
@@ -136,6 +146,8 @@ class Dispatcher:
             )
         self._wake = threading.Event()
         self._woken = False  # a wake-up that may bring jobs (not only a freed slot)
+        self._timer_fired = False  # a timer that may bring jobs came due (see _loop)
+        self._look_for_due = True  # look up the next due time once nothing is ready
         # Monotonic times to wake at (a heap), each with whether it pokes the limits.
         self._timers: list[tuple[float, bool]] = []
         self._timers_lock = threading.Lock()
@@ -167,7 +179,12 @@ class Dispatcher:
         """
         with self._timers_lock:
             heapq.heappush(self._timers, (when, poke))
-        self.wake()  # the loop recomputes its timeout
+            # The loop waits until the earliest timer at the latest: only an earlier one
+            # needs it to compute its timeout again. (Woken for every timer, a group
+            # that set one on each look kept the loop spinning until it came due.)
+            earliest = self._timers[0][0] == when
+        if earliest:
+            self._wake.set()
 
     def job_took(self, seconds: float) -> None:
         """A handler of the first pool ran for ``seconds`` (see :meth:`Pool.job_took`)."""
@@ -207,10 +224,19 @@ class Dispatcher:
         retry_in: float | None = None
         give_up_at = 0.0
         look_again = False  # the next round claims for every pool, resting or not
+        timed_out = True  # the last wait ended by its timeout (the poll); first round too
         while not draining.is_set():
             # Cleared before looking at the table, so a wake-up that arrives while we
             # claim is not lost: the wait below then returns at once.
             self._wake.clear()
+            self._pop_due_timers()
+            # A notification, a timer or the poll (not a freed slot, nor a recheck of
+            # commits in flight) may bring scheduled jobs, and a timer that brought one
+            # leaves the next one's time unknown: once the table has nothing more ready
+            # (this round or a later one), look up when the next job comes due.
+            if self._woken or timed_out or self._timer_fired:
+                self._look_for_due = True
+            self._timer_fired = False
             woken, self._woken, look_again = self._woken or look_again, False, False
             now = time.monotonic()
             # Per pool: (room for a claim, whether the table had fewer ready jobs).
@@ -228,10 +254,14 @@ class Dispatcher:
                     free = self.ledger.room(pool.capacity, min_claim, pool.number)
                     has_room = free >= min_claim
                     claimed = self._claim(pool, free) if has_room else []
+                    if not has_room and pool.limits is not None:
+                        # Held-back jobs of limited groups are in the buffer: they may
+                        # fill it, and still need their limits read again to start.
+                        claimed = pool.limits.look_at_reserves(self._run_claim)
                     if look and not has_room:
                         # A full buffer (or one the pace now says is too full) would
                         # keep a more urgent job waiting until its jobs ran.
-                        claimed = self._claim_more_urgent(pool)
+                        claimed += self._claim_more_urgent(pool)
                         pool.look_at = now + BUSY_LOOK_SECONDS
                     for job in claimed:
                         pool.buffer.put(job)
@@ -244,6 +274,9 @@ class Dispatcher:
                     rest = ran_out and not limited
                     pool.rest_until = now + self.config.poll_interval if rest else 0.0
                     rounds.append((has_room, ran_out))
+                if self._look_for_due and all(ran_out for _, ran_out in rounds):
+                    self._look_for_due = False
+                    self._look_for_next_due()
                 errors = 0
             except sa_exc.SQLAlchemyError as exc:  # incl. pool timeouts
                 errors += 1
@@ -284,12 +317,15 @@ class Dispatcher:
                 if retry_in is not None:
                     retry_in = min(IDLE_RECHECK_SECONDS, max(IN_FLIGHT_RETRY_SECONDS, 2 * retry_in))
                     timeout = min(timeout, retry_in)
-                self._wake.wait(timeout)
+                timed_out = not self._wake.wait(timeout)
+            else:
+                timed_out = False
 
     def _timeout(self) -> float:
         """The poll interval, or less if a retry's timer or a busy pool's next look
-        (BUSY_LOOK_SECONDS) comes due sooner."""
-        self._pop_due_timers()
+        (BUSY_LOOK_SECONDS) comes due sooner; none if a timer came due since the round."""
+        if self._pop_due_timers():
+            return 0.0
         now = time.monotonic()
         # A look that is due already waits for room instead (the ledger wakes us).
         looks = [pool.look_at - now for pool in self.pools if pool.look_at > now]
@@ -299,16 +335,21 @@ class Dispatcher:
                 return min(timeout, self._timers[0][0] - now)
         return timeout
 
-    def _pop_due_timers(self) -> None:
+    def _pop_due_timers(self) -> bool:
+        """Take the timers that came due; whether any did. One that pokes (a retry, a
+        scheduled job) is a wake-up that may bring jobs (see _loop)."""
         now = time.monotonic()
-        fired = False
+        due = poke = False
         with self._timers_lock:
             while self._timers and self._timers[0][0] <= now:
-                fired = heapq.heappop(self._timers)[1] or fired
-        if fired:
+                due = True
+                poke = heapq.heappop(self._timers)[1] or poke
+        if poke:
+            self._woken = self._timer_fired = True
             for pool in self.pools:
                 if pool.limits is not None:
                     pool.limits.poke()  # a retry came due: the claims look at every kind again
+        return due
 
     def _size_buffer(self, pool: Pool) -> None:
         """Buffer PREFETCH_SECONDS of work at the pool's handlers' recent pace."""
@@ -343,6 +384,22 @@ class Dispatcher:
                 limit - len(jobs), self._run_claim, ahead=pool.capacity - pool.slots
             )
         return jobs
+
+    def _look_for_next_due(self) -> None:
+        """Nothing was ready: set the wake-up timer for the next scheduled job, if it
+        comes due before the poll would find it.
+
+        Only when a wake-up found nothing (one indexed query per idle spell, never while
+        claims come back full): a job enqueued with ``delay=`` notifies when it is
+        inserted, not when it comes due, and another worker's retry or snooze notifies
+        no one; without this they waited for the poll (up to ``poll_interval`` late).
+        """
+        sql, params = self._next_due_sql
+        with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            found = _db.rows(conn, sql, params, prepare=self.config.prepared_statements)
+        seconds = found[0][0] if found else None
+        if seconds is not None and float(seconds) < self.config.poll_interval:
+            self.wake_at(time.monotonic() + float(seconds) + DUE_MARGIN_SECONDS)
 
     def _claim_more_urgent(self, pool: Pool) -> list[Claimed]:
         """No room, but a look is due: claim up to ``slots`` jobs more urgent than every

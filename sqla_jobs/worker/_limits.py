@@ -20,8 +20,8 @@ A group with a rate limit records its starts (``jobs_rate_starts``) in the claim
 transaction, so its claim is sent once steps 1-2 are back (two round trips).
 Other workers claiming the same scope wait at step 1 and see this claim at step 2.
 
-A group of one limited scope (concurrency only) may claim beyond its limit while no
-other worker runs its jobs (a *reserve*, sized to about :data:`RESERVE_AHEAD_SECONDS`
+A group of one limited scope (concurrency only) may claim beyond its limit while other
+workers leave it room (a *reserve*, sized to about :data:`RESERVE_AHEAD_SECONDS`
 of its jobs) and start them through the worker's *gate*, as its own jobs end: see
 "reserves" below for why the limit still holds.
 
@@ -67,11 +67,13 @@ RATE_MARGIN_SECONDS = 0.25
 #: last claim read are at most this old; then the next claim reads them again (a pause
 #: or a lower limit is obeyed within this time).
 RESERVE_SECONDS = 0.25
-#: A group holds back about this many seconds of its jobs (at the pace they have been
-#: ending), within the pool's prefetch buffer: as the dispatcher's PREFETCH_SECONDS.
+#: A group holds back about this many seconds of its jobs (at the pace its limit lets
+#: this worker run them, from how long they have been taking here), within the pool's
+#: prefetch buffer: as the dispatcher's PREFETCH_SECONDS.
 RESERVE_AHEAD_SECONDS = 0.05
-#: The pace a reserve is sized by is measured over at least this long.
-PACE_SECONDS = 0.01
+#: ... or, when longer, this many of its claims' round trips (the time a slot would wait
+#: for a claim of the next job: on a loaded machine, tens of milliseconds).
+RESERVE_CLAIMS = 2
 
 
 @dataclass(frozen=True)
@@ -195,11 +197,13 @@ class Limits:
         self._ahead = 0  # the pool's prefetch buffer, at the last claim
         # The group of each reserve's scope (a job that ends finds its group by it).
         self._reserve_of: dict[tuple[str, str], Group] = {}
-        # The pace its jobs end at: a count (job_ended), the count and time at the last
-        # look (a claim), and the jobs per second between looks (a moving average).
-        self._ended: collections.Counter[Group] = collections.Counter()
-        self._paced: dict[Group, tuple[int, float]] = {}
-        self._pace: dict[Group, float] = {}
+        # How long a gated group's jobs take here, from their hand-off to a handler to
+        # the end of their slot (a moving average): what a reserve is sized by. Per
+        # group, not counted per second: a limit's jobs shared by several workers end
+        # on each at a fraction of their pace, however short they are.
+        self._handed: dict[tuple[int, int], float] = {}  # lease -> when handed off
+        self._took: dict[Group, float] = {}
+        self._claim_seconds = 0.0  # a claim's round trip (a moving average)
         self._unlimited_empty_until = 0.0
 
     def refresh(self) -> None:
@@ -268,6 +272,23 @@ class Limits:
             claimed += self._claim_group(group, free - len(claimed), run)
         return claimed
 
+    def look_at_reserves(self, run: Callable[..., list[Claimed]]) -> list[Claimed]:
+        """With no room in the pool for a claim: read the limits again (a claim of
+        nothing) for each reserve whose view of them is old, or that other workers'
+        jobs kept below the limit; return the held-back jobs that may start now.
+
+        A reserve is jobs in the pool's buffer: when the pool's pace slows, its buffer
+        shrinks below them, the dispatcher stops claiming, and a stale reserve would
+        never be looked at again (nor started, nor given back) without this.
+        """
+        started: list[Claimed] = []
+        for group in self.groups:
+            with self._lock:
+                held = bool(self._reserves.get(group))
+            if held and (not self._fresh(group) or self._sharing(group)):
+                started += self._claim_again(group, 0, run, [])
+        return started
+
     def poke(self) -> None:
         """New jobs may be ready (a notification, the rescuer, a retry's timer): look at
         every group, and the unlimited kinds, again."""
@@ -311,6 +332,11 @@ class Limits:
                 # Read the limits again (a claim, of nothing if there is no room) before
                 # starting any of them: a pause or a lower limit may have come since.
                 return self._claim_again(group, free, run, [])
+            if self._sharing(group):
+                # Other workers ran some of the limit at the last look: their jobs end
+                # and, while this reserve is held, are not claimed again. Look again to
+                # take up the room they leave (the claim sets the gate anew).
+                return self._claim_again(group, free - len(started), run, started)
             if started or reserve >= self._gate(group):
                 # Enough held back: they start as running ones end (job_ended). Running
                 # low: claim more on the next round, once these are with the handlers.
@@ -331,10 +357,11 @@ class Limits:
         # This worker's own jobs of the group's scopes, read once: the room the claim
         # computes and the room computed here must agree.
         mine = {scope: self.ledger.holding(scope, name) for scope, name in group.scopes}
-        self._measure_pace(group)
         if group not in self._rated:
             since = time.monotonic()  # the claims' leases run from here at the latest
             rows, room, found = self._claim_in_one_trip(group, free, mine)
+            trip = time.monotonic() - since
+            self._claim_seconds = 0.8 * self._claim_seconds + 0.2 * trip
             if found or not _rates(rows):
                 return started + self._claimed(group, rows, room, found, since)
             # A rate was set since we last looked (the claim took nothing): claim again
@@ -361,15 +388,15 @@ class Limits:
             "reserve": reserve,
         }
         with self.engine.begin() as conn:
-            rows, found = _db.pipelined(
+            rows, found, after = _db.pipelined(
                 conn,
                 sql.locks,
-                (sql.capacity, (sql.claim_in_room[0], params)),
+                (sql.capacity, (sql.claim_in_room[0], params), sql.capacity),
                 commit=True,
                 prepare=self.config.prepared_statements,
                 json_loads=_db.load_payload,
             )
-        room = self._room(rows, free, mine, reserve)
+        room = self._room(rows, free, mine, reserve, gates=after)
         return rows, room, [Claimed(*r) for r in found]
 
     def _claim_counting_starts(
@@ -400,7 +427,14 @@ class Limits:
                     )
         return rows, room, found
 
-    def _room(self, rows: list[Any], free: int, mine: dict[str, int], reserve: int = 0) -> Room:
+    def _room(
+        self,
+        rows: list[Any],
+        free: int,
+        mine: dict[str, int],
+        reserve: int = 0,
+        gates: list[Any] | None = None,
+    ) -> Room:
         """The room :func:`sqla_jobs.sql.control.capacity`'s rows leave for a claim (as
         :func:`sqla_jobs.sql.control.room` computes it); the scopes' gates."""
         room = Room(free)
@@ -410,10 +444,8 @@ class Limits:
                 room.paused = True
             if r.concurrency is not None:
                 self._known[(r.scope, r.name)] = r.concurrency
-                with self._lock:  # before the claimed jobs are held: they start by it
-                    self._gates[(r.scope, r.name)] = r.concurrency - r.running
                 left = r.concurrency - r.running - mine.get(r.scope, 0)
-                if r.running == 0:
+                if r.running < r.concurrency:
                     left += reserve
                 if left <= room.size:
                     room.size = left
@@ -428,6 +460,10 @@ class Limits:
                     # The window frees a start when its oldest one leaves it.
                     due = max(0.001, float(r.next_start_in or 0.0))
                     room.wait = due if room.wait is None else min(room.wait, due)
+        with self._lock:  # before the claimed jobs are held: they start by it
+            for r in rows if gates is None else gates:
+                if r.concurrency is not None:
+                    self._gates[(r.scope, r.name)] = r.concurrency - r.running
         return room
 
     def _claimed(
@@ -474,11 +510,13 @@ class Limits:
     # A no-op job limited to 16 ends long before the next claim's round trip returns:
     # claiming only the room left, the handlers waited for the claims (0.13x the
     # unlimited drain). A group of one limited scope (concurrency only), on a worker
-    # whose pool could run the whole limit, claims beyond it while no other worker runs
-    # its jobs, about RESERVE_AHEAD_SECONDS of them at the pace they have been ending
-    # (none before that pace is known, none beyond the pool's prefetch buffer), and
-    # holds them back. Each job of the scope that ends starts the next one, on its own
-    # thread (job_ended), so the claims overlap the handlers. A reserve is started from
+    # whose pool could run the whole limit, claims beyond it while other workers leave
+    # it room under the limit: what its limit's worth of slots finish within
+    # RESERVE_AHEAD_SECONDS (or RESERVE_CLAIMS of its claims' round trips, when longer)
+    # at the time the group's jobs have been taking here (none before that is known,
+    # none beyond the pool's prefetch buffer), and holds them back. Each job of the
+    # scope that ends starts the next one, on its own thread (job_ended), so the claims
+    # overlap the handlers. A reserve is started from
     # only while its group's last claim is at most RESERVE_SECONDS old, so a pause or a
     # lower limit applies within that; the claim after a pause gives the reserve back.
     #
@@ -491,10 +529,17 @@ class Limits:
     # have only shrunk since that claim saw them, so its gate plus their rows (bounding
     # what they run) is at most N. Held-back jobs are rows too: other workers find no
     # room while one holds a reserve, and claim again once its rows leave them room.
+    # The gate is read by a capacity statement after the claim's own (same transaction,
+    # under the lock: other rows have only shrunk since the claim's snapshot), so a job
+    # the claim took because it saw another worker's job end may start at once. While
+    # other workers run part of the limit (the gate below it), their rows shrink as
+    # their jobs end and are not claimed again past this reserve: each job that ends
+    # here looks again (a claim, of nothing if there is no room) to take up that room.
 
     def job_ended(self, job: Claimed, pool: int) -> None:
         """A job's handler slot freed up (the ledger's ``on_end``, on that job's thread):
         start a held-back job of its scope in its place, if the gate lets it."""
+        handed = self._handed.pop(job.lease, None)
         if pool != self.pool or not self._reserve_of:
             return
         group = self._reserve_of.get((KIND, job.kind)) or self._reserve_of.get((QUEUE, job.queue))
@@ -502,7 +547,10 @@ class Limits:
             return
         started: list[Claimed] = []
         with self._lock:
-            self._ended[group] += 1
+            if handed is not None:
+                took = time.monotonic() - handed
+                average = self._took.get(group)
+                self._took[group] = took if average is None else 0.5 * average + 0.5 * took
             reserve = self._reserves.get(group)
             if not reserve:
                 return
@@ -510,26 +558,16 @@ class Limits:
             if fresh:
                 started = self._release(group)
             # Claim more (or read the limits again) while these run.
-            wake = not fresh or len(reserve) < self._gate(group)
+            # And while other workers' jobs keep the gate below the limit: they are not
+            # claimed again while this reserve is held, so the next look finds the room
+            # they leave.
+            wake = not fresh or len(reserve) < self._gate(group) or self._sharing(group)
             wake = wake and self._empty.get(group, 0.0) <= time.monotonic()
         if self.start is not None:
             for held in started:
                 self.start(held)
         if wake and self.wake is not None:
             self.wake()
-
-    def _measure_pace(self, group: Group) -> None:
-        """Jobs of the group ended per second since the last look (before each claim)."""
-        now = time.monotonic()
-        with self._lock:
-            ended = self._ended[group]
-        last = self._paced.get(group)
-        if last is None or now - last[1] >= PACE_SECONDS:
-            self._paced[group] = (ended, now)
-        if last is not None and now - last[1] >= PACE_SECONDS:
-            pace = (ended - last[0]) / (now - last[1])
-            average = self._pace.get(group)
-            self._pace[group] = pace if average is None else 0.5 * average + 0.5 * pace
 
     def _gated(self, group: Group) -> bool:
         """Whether the group's claims go through a reserve (single scope, concurrency
@@ -541,15 +579,23 @@ class Limits:
 
     def _reserve_size(self, group: Group) -> int:
         """How many a claim of ``group`` may take beyond its limit (0: none)."""
-        pace = self._pace.get(group)
-        if pace is None or not self._gated(group):
-            return 0  # not before its pace is known
-        # Within the pool's prefetch buffer, so held-back jobs never take the handler
-        # slots of other kinds (none for jobs slow enough to need no buffer at all).
-        return min(self._ahead, int(pace * RESERVE_AHEAD_SECONDS))
+        took = self._took.get(group)
+        if took is None or not self._gated(group):
+            return 0  # not before its jobs' pace is known
+        # The limit's worth of jobs run at once, each taking ``took``: the jobs that end
+        # here within RESERVE_AHEAD_SECONDS. Within the pool's prefetch buffer, so
+        # held-back jobs never take the handler slots of other kinds (none for jobs slow
+        # enough to need no buffer at all).
+        pace = self._known.get(group.scopes[0], 0) / max(took, 1e-6)
+        ahead = max(RESERVE_AHEAD_SECONDS, RESERVE_CLAIMS * self._claim_seconds)
+        return min(self._ahead, int(pace * ahead))
 
     def _gate(self, group: Group) -> int:
         return self._gates.get(group.scopes[0], 0)
+
+    def _sharing(self, group: Group) -> bool:
+        """Whether other workers ran some of the limit at the group's last look."""
+        return self._gate(group) < self._known.get(group.scopes[0], 0)
 
     def _fresh(self, group: Group) -> bool:
         return time.monotonic() - self._read_group_at.get(group, 0.0) <= RESERVE_SECONDS
@@ -564,7 +610,11 @@ class Limits:
         # added to the ledger before the reserve (a stale count can only be higher).
         running = self.ledger.holding_unlocked(scope, name) - len(reserve)
         count = min(len(reserve), self._gate(group) - running)
-        return [reserve.popleft() for _ in range(max(0, count))]
+        started = [reserve.popleft() for _ in range(max(0, count))]
+        now = time.monotonic()
+        for job in started:
+            self._handed[job.lease] = now
+        return started
 
     def _watch_reserve(self, group: Group) -> None:
         """Held-back jobs start as this worker's running ones end (job_ended); with none

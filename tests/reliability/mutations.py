@@ -117,6 +117,13 @@ OPERATOR_LIMIT = (
     f"{QUEUE_CONTROL}::test_an_operator_lowering_a_declared_limit_at_run_time_binds_every_claim"
 )
 KIND_LIMIT = f"{QUEUE_CONTROL}::test_a_kind_limit_holds_across_four_workers_and_every_job_runs_once"
+HELD_BACK = (
+    f"{QUEUE_CONTROL}::test_short_limited_jobs_held_back_beyond_the_limit_never_overlap_past_it"
+)
+RESERVE_GATE = (
+    "tests/test_limit_reserves.py::"
+    "test_a_worker_holds_jobs_back_beyond_the_limit_and_starts_one_per_job_that_ends"
+)
 RATE = f"{QUEUE_CONTROL}::test_a_rate_of_ten_per_second_puts_no_more_than_ten_claims_in_any_second"
 PAUSE = (
     f"{QUEUE_CONTROL}::test_pause_lets_running_jobs_finish_starts_nothing_survives_a_restart_"
@@ -476,6 +483,14 @@ MUTATIONS: list[Mutation] = [
         "                _limited(),\n",
         "                sa.false(),  # MUTATION\n",
         (LIMIT_CLAIM, KIND_LIMIT),
+    ),
+    Mutation(
+        "reserve_gate",
+        "a worker starts held-back jobs of a limit only within its gate (the limit holds)",
+        LIMITS,
+        "        count = min(len(reserve), self._gate(group) - running)\n",
+        "        count = len(reserve)  # MUTATION\n",
+        (RESERVE_GATE, HELD_BACK),
     ),
     Mutation(
         "rate_counts_starts",

@@ -6,7 +6,7 @@ SELECT
                                                                                                                                       WHEN (per_scope.scope = %(scope_1)s::VARCHAR) THEN %(mine_kind)s::INTEGER
                                                                                                                                       ELSE %(mine_queue)s::INTEGER
                                                                                                                                   END) + CASE
-                                                                                                                                             WHEN (per_scope.running = %(running_1)s::INTEGER) THEN %(reserve)s::INTEGER
+                                                                                                                                             WHEN (per_scope.running < per_scope.concurrency) THEN %(reserve)s::INTEGER
                                                                                                                                              ELSE %(param_3)s::INTEGER
                                                                                                                                          END
                                                                           END))) AS greatest_1

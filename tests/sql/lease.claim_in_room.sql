@@ -36,7 +36,7 @@ WITH picked AS MATERIALIZED
                                                                                                                                          WHEN (per_scope.scope = %(scope_1)s::VARCHAR) THEN %(mine_kind)s::INTEGER
                                                                                                                                          ELSE %(mine_queue)s::INTEGER
                                                                                                                                      END) + CASE
-                                                                                                                                                WHEN (per_scope.running = %(running_1)s::INTEGER) THEN %(reserve)s::INTEGER
+                                                                                                                                                WHEN (per_scope.running < per_scope.concurrency) THEN %(reserve)s::INTEGER
                                                                                                                                                 ELSE %(param_5)s::INTEGER
                                                                                                                                             END
                                                                              END))) AS greatest_1

@@ -1,0 +1,89 @@
+"""An idle worker starts a scheduled job at its ``run_at``, not at its next poll (#23).
+
+Real worker processes with the poll interval set long (5 s): a job that starts well
+within it was started by the worker's own timer, set from the next due time it looked
+up when a wake-up found nothing ready.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from helpers import scalar, wait_for
+from queuecontrolapp import SETUP_SQL
+from reliability.support import spawn, stop_all
+from sqlalchemy.engine import URL
+from sqlalchemy.orm import Session
+
+from sqla_jobs import NewJob, enqueue, enqueue_many
+
+POLL = "5"
+
+
+@pytest.fixture
+def worker(engine: sa.Engine, db_url: URL, tmp_path: Path) -> Iterator[Path]:
+    with engine.begin() as conn:
+        conn.exec_driver_sql(SETUP_SQL)
+    log = tmp_path / "w.log"
+    procs: list[subprocess.Popen[bytes]] = [
+        spawn(db_url, log, "--poll-interval", POLL, app="queuecontrolapp:registry")
+    ]
+    wait_for(lambda: "started" in log.read_text(), message="the worker to start")
+    try:
+        yield log
+    finally:
+        stop_all(procs)
+
+
+def _late(engine: sa.Engine) -> float:
+    """Seconds from the latest job's ``run_at`` to its handler's start (the log's clock)."""
+    return float(
+        scalar(
+            engine,
+            "SELECT extract(epoch FROM r.started_at - j.run_at) FROM control_runs r"
+            " JOIN jobs j ON j.id = r.job_id ORDER BY j.run_at DESC LIMIT 1",
+        )
+    )
+
+
+def _ran(engine: sa.Engine, n: int) -> bool:
+    return bool(scalar(engine, "SELECT count(*) FROM control_runs") == n)
+
+
+def test_a_delayed_job_starts_at_its_run_at_not_at_the_next_poll(
+    engine: sa.Engine, worker: Path
+) -> None:
+    # The notification of its insert finds nothing ready; the worker then looks up when
+    # the next job comes due and wakes for it.
+    with Session(engine) as s:
+        enqueue(s, "plain", {}, delay=timedelta(seconds=1.5))
+        s.commit()
+    wait_for(lambda: _ran(engine, 1), timeout=30, message="the delayed job to run")
+    assert 0.0 <= _late(engine) < 2.5  # the poll (5 s) would be 3.5 s late or more
+
+
+def test_each_of_several_delayed_jobs_starts_on_time_after_the_one_before(
+    engine: sa.Engine, worker: Path
+) -> None:
+    # The timer that brought one scheduled job looks up the next one's time.
+    with Session(engine) as s:
+        enqueue_many(s, [NewJob("plain", {}, delay=1.0 + 1.5 * i) for i in range(3)])
+        s.commit()
+    wait_for(lambda: _ran(engine, 3), timeout=30, message="the delayed jobs to run")
+    lateness = [
+        float(r)
+        for r in engine.connect()
+        .execute(
+            sa.text(
+                "SELECT extract(epoch FROM r.started_at - j.run_at) FROM control_runs r"
+                " JOIN jobs j ON j.id = r.job_id ORDER BY j.run_at"
+            )
+        )
+        .scalars()
+    ]
+    assert all(0.0 <= late < 1.4 for late in lateness), lateness
