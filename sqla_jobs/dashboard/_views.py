@@ -71,10 +71,16 @@ class Settings:
 
 
 class HttpProblem(Exception):
-    def __init__(self, status: int, message: str) -> None:
+    """An error page: its status, message, and where its link leads back (a path of the
+    dashboard and the link's words; the overview by default)."""
+
+    def __init__(
+        self, status: int, message: str, back: tuple[str, str] = ("/", "Back to the overview")
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.back = back
 
 
 class Views:
@@ -213,10 +219,17 @@ class Views:
             problem = _security.csrf_problem(request, form.get(_security.CSRF_FIELD))
             if problem is not None:
                 raise HttpProblem(403, f"Refused: {problem}.")
-            asked = _bulk.Asked.from_form(form)
-            if not viewer.can(asked.op):
-                raise HttpProblem(403, f"You may not {asked.op} here (read-only or not permitted).")
-            return await fn(request, viewer, asked, form)
+            # A bad form's error page links back to the list it came from.
+            back = (_list_path(form), "Back to the list")
+            try:
+                asked = _bulk.Asked.from_form(form)
+                if not viewer.can(asked.op):
+                    raise HttpProblem(
+                        403, f"You may not {asked.op} here (read-only or not permitted).", back
+                    )
+                return await fn(request, viewer, asked, form)
+            except ConfigError as exc:
+                raise HttpProblem(400, str(exc), back) from None
 
         checked.__name__ = fn.__name__
         return self.page(checked)
@@ -415,7 +428,8 @@ class Views:
             more=chosen.more,
             limit=_bulk.MAX_BULK,
             upto=max(chosen.ids, default=0),
-            applies_to=[s.value for s in _bulk.APPLIES_TO[asked.op]],
+            applies_to=_bulk.APPLIES_TEXT[asked.op],
+            everything_field=_bulk.EVERYTHING_FIELD,
             back_query=form.get("filter", ""),
         )
 
@@ -425,6 +439,7 @@ class Views:
         """Step two: act on the jobs reviewed (no job newer than the review's)."""
         if asked.upto is None:
             raise ConfigError("review the bulk action first: its confirmation names the jobs")
+        _bulk.check_everything(asked, form)
 
         def act(session: Session) -> dict[str, int]:
             chosen = _bulk.select(session, asked)
@@ -546,6 +561,17 @@ def _record(
 def _page(form: dict[str, str]) -> str:
     """The list a bulk form came from: ``dead`` or ``jobs``."""
     return "dead" if form.get("page") == "dead" else "jobs"
+
+
+def _list_path(form: dict[str, str]) -> str:
+    """The address of the list a bulk form came from, with its filter."""
+    chosen = _forms.JobFilter.from_query(QueryParams(form.get("filter", "")))
+    if _page(form) == "dead":
+        # The dead page fixes the status itself: its own links do not repeat it.
+        query = _forms.JobFilter.from_query(QueryParams(chosen.query()), status="").query()
+        return "/dead" + (f"?{query}" if query else "")
+    query = chosen.query()
+    return "/jobs" + (f"?{query}" if query else "")
 
 
 def _not_this_method(request: Request) -> str:
