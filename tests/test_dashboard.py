@@ -4,6 +4,7 @@ every action, the permissions, CSRF, escaping, and mounting under a prefix."""
 from __future__ import annotations
 
 import asyncio
+import html
 import json
 import logging
 import os
@@ -674,12 +675,54 @@ def test_create_app_refuses_what_it_cannot_use(engine: sa.Engine, db_url: Any) -
     with pytest.raises(ConfigError, match="not the string"):
         create_app(engine, permissions="retry")
     assert set(ACTIONS) == {"retry", "cancel", "delete", "pause", "limit"}
-    client = Client(create_app(engine, auth=lambda request: True))  # type: ignore[arg-type,return-value]
-    try:
-        with pytest.raises(ConfigError, match="auth hook returned True"):
-            client.get("/")
-    finally:
-        client.close()
+
+
+def broken_permissions(request: Request, action: str) -> bool:
+    raise KeyError("role")
+
+
+async def vague_permissions(request: Request, action: str) -> Any:
+    return "yes"
+
+
+@pytest.mark.parametrize(
+    ("options", "error"),
+    [
+        ({"auth": lambda request: True}, "the dashboard's auth hook returned True: return"),
+        ({"auth": lambda request: "admin"}, "the dashboard's auth hook returned 'admin'"),
+        (
+            {"auth": lambda request: Decision("root")},
+            "the dashboard's auth hook failed: ConfigError: auth decision 'root' is not one of",
+        ),
+        (
+            {"permissions": broken_permissions},
+            "the dashboard's permissions hook failed: KeyError: 'role'",
+        ),
+        (
+            {"permissions": vague_permissions},
+            "the dashboard's permissions hook returned 'yes' for 'retry': return True or False",
+        ),
+    ],
+)
+def test_a_failing_auth_or_permissions_hook_refuses_on_the_error_page_and_logs_why(
+    engine: sa.Engine,
+    make_client: MakeClient,
+    caplog: pytest.LogCaptureFixture,
+    options: dict[str, Any],
+    error: str,
+) -> None:
+    dead = dead_job(engine)
+    client = make_client(**options)
+    for path in ("/", "/jobs", f"/jobs/{dead}", "/no-such-page"):
+        page = client.get(path)
+        assert page.status_code == 500, path
+        assert error in html.unescape(page.text) and 'class="error"' in page.text
+        assert "Overview</h1>" not in page.text
+    refused = client.post(f"/jobs/{dead}/retry", {"csrf": "x" * 43})
+    assert refused.status_code == 500 and status_of(engine, dead) == "dead"
+    assert client.get("/events?counts=1").status_code == 500
+    logged = [r for r in caplog.records if r.name == "sqla_jobs.dashboard"]
+    assert logged and error in logged[0].getMessage() and logged[0].exc_info is not None
 
 
 def test_readme_fastapi_example_mounts_the_dashboard_behind_its_auth_hook(

@@ -12,6 +12,7 @@ would not, nor claim an action nobody took.
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -37,6 +38,8 @@ from sqla_jobs.exceptions import ConfigError, JobNotFoundError, SchemaNotReadyEr
 from sqla_jobs.models import JobStatus
 from sqla_jobs.tasks import Registry
 
+log = logging.getLogger("sqla_jobs.dashboard")
+
 T = TypeVar("T")
 Endpoint = Callable[[Request], Awaitable[Response]]
 
@@ -55,6 +58,8 @@ MESSAGES = {
     "clear": "Operator's limits cleared: the code's limits apply.",
 }
 AUDIT_ROWS = 20
+#: Who a request is when the app's hooks failed: nobody, allowed nothing (fail closed).
+NOBODY = Viewer(_security.DENY, "unknown", frozenset())
 #: A bulk action's audit entry lists the ids it touched when there are at most this many.
 BULK_AUDIT_IDS = 100
 
@@ -161,7 +166,10 @@ class Views:
 
         @functools.wraps(fn)
         async def endpoint(request: Request) -> Response:
-            viewer = await self._viewer(request)
+            try:
+                viewer = await self._viewer(request)
+            except _security.HookFailed as exc:
+                return self._problem(request, NOBODY, HttpProblem(500, str(exc)))
             if viewer.access == _security.DENY:
                 return self._problem(request, viewer, HttpProblem(403, "Access denied."))
             try:
@@ -235,8 +243,15 @@ class Views:
         return self.page(checked)
 
     async def _viewer(self, request: Request) -> Viewer:
+        """Who is asking; HookFailed (its traceback logged here) if a hook failed."""
         s = self.settings
-        return await _security.resolve(request, s.auth, s.permissions, s.read_only)
+        try:
+            return await _security.resolve(request, s.auth, s.permissions, s.read_only)
+        except _security.HookFailed as exc:
+            log.error(
+                "%s (request refused: %s %s)", exc, request.method, request.url.path, exc_info=exc
+            )
+            raise
 
     def _problem(self, request: Request, viewer: Viewer, exc: HttpProblem) -> HTMLResponse:
         return self.render(request, viewer, "problem.html", status=exc.status, problem=exc)
@@ -245,7 +260,10 @@ class Views:
         """The styled error page for a path no route serves, or a method it does not take
         (Starlette's plain-text 404 and 405 otherwise)."""
         status = exc.status_code if isinstance(exc, HTTPException) else 500
-        viewer = await self._viewer(request)
+        try:
+            viewer = await self._viewer(request)
+        except _security.HookFailed as failed:
+            return self._problem(request, NOBODY, HttpProblem(500, str(failed)))
         if viewer.access == _security.DENY:
             return self._problem(request, viewer, HttpProblem(403, "Access denied."))
         if status == 405:
@@ -395,7 +413,10 @@ class Views:
 
     async def events(self, request: Request) -> Response:
         """The live view's server-sent events for one tab (see :mod:`._live`)."""
-        viewer = await self._viewer(request)
+        try:
+            viewer = await self._viewer(request)
+        except _security.HookFailed as exc:
+            return PlainTextResponse(str(exc), status_code=500)
         if viewer.access == _security.DENY:
             return PlainTextResponse("Access denied.", status_code=403)
         query = request.query_params
