@@ -447,7 +447,7 @@ def test_pause_resume_and_limits_of_queues_and_kinds(
         ("clear-limits", "kind", "effect"),
     ]
     bad = client.post("/queues/limit", {"scope": "kind", "name": "effect", "rate": "fast"})
-    assert bad.status_code == 400 and "rate" in bad.text
+    assert bad.status_code == 400 and "Rate must be a count" in bad.text
     assert client.post("/queues/pause", {"scope": "table", "name": "x"}).status_code == 400
 
 
@@ -754,3 +754,33 @@ def test_readme_fastapi_example_mounts_the_dashboard_behind_its_auth_hook(
     finally:
         client.close()
         namespace["engine"].dispose()
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "0", "1.5", "1000001", "99999999999999"])
+def test_limit_form_gives_one_message_with_the_real_range_for_every_bad_concurrency(
+    engine: sa.Engine, make_client: MakeClient, value: str
+) -> None:
+    client = make_client()
+    client.get("/queues")
+    bad = client.post("/queues/limit", {"scope": "queue", "name": "mail", "concurrency": value})
+    assert bad.status_code == 400
+    assert f"Concurrency must be a whole number from 1 to 1000000, got {value!r}" in html.unescape(
+        bad.text
+    )
+    assert '<a href="/queues">Back to the queues</a>' in bad.text
+    assert audit(engine) == []
+
+
+@pytest.mark.parametrize("value", ["fast", "0/min", "-1/min", "2000000/s", "5/0s"])
+def test_limit_form_gives_one_message_with_the_real_range_for_every_bad_rate(
+    engine: sa.Engine, make_client: MakeClient, value: str
+) -> None:
+    client = make_client()
+    client.get("/queues")
+    bad = client.post("/queues/limit", {"scope": "queue", "name": "mail", "rate": value})
+    assert bad.status_code == 400
+    assert (
+        "Rate must be a count from 1 to 1000000, '/', an optional number and a unit s, min, h "
+        f"or day (like 100/min or 5/10s), got {value!r}" in html.unescape(bad.text)
+    )
+    assert audit(engine) == []

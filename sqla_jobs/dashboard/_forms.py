@@ -183,5 +183,34 @@ def job_id(text: str) -> int:
     return _integer("A job id", text.strip(), minimum=1)
 
 
+def concurrency(text: str) -> int | None:
+    """The limit form's concurrency (None when empty), in the range ``ops.set_limit``
+    takes; every bad value gets the same message."""
+    if not text:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or not 1 <= value <= validation.MAX_LIMIT:
+        raise ConfigError(
+            f"Concurrency must be a whole number from 1 to {validation.MAX_LIMIT}, got {text!r}"
+        )
+    return value
+
+
+def rate(text: str) -> validation.Rate | None:
+    """The limit form's rate (None when empty); one message for every bad value."""
+    if not text:
+        return None
+    try:
+        return validation.check_rate("Rate", text, ConfigError)
+    except ConfigError:
+        raise ConfigError(
+            f"Rate must be a count from 1 to {validation.MAX_LIMIT}, '/', an optional number "
+            f"and a unit s, min, h or day (like 100/min or 5/10s), got {text!r}"
+        ) from None
+
+
 def optional_int(label: str, text: str | None) -> int | None:
     return _integer(label, text) if text else None

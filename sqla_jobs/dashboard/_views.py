@@ -527,8 +527,12 @@ class Views:
         return await self._control(request, viewer, form, "resume", ops.resume)
 
     async def limit(self, request: Request, viewer: Viewer, form: dict[str, str]) -> Response:
-        concurrency = _forms.optional_int("Concurrency", form.get("concurrency", "").strip())
-        rate = form.get("rate", "").strip() or None
+        rate_text = form.get("rate", "").strip()
+        try:
+            concurrency = _forms.concurrency(form.get("concurrency", "").strip())
+            rate = _forms.rate(rate_text)
+        except ConfigError as exc:
+            raise HttpProblem(400, str(exc), ("/queues", "Back to the queues")) from None
         if concurrency is None and rate is None:
             raise ConfigError(
                 "Give a concurrency, a rate or both before pressing Set limit (Clear limits "
@@ -538,7 +542,7 @@ class Views:
         def change(session: Session, **scope: Any) -> None:
             ops.set_limit(session, **scope, concurrency=concurrency, rate=rate)
 
-        detail = {"concurrency": concurrency, "rate": rate}
+        detail = {"concurrency": concurrency, "rate": rate_text or None}
         return await self._control(request, viewer, form, "limit", change, detail)
 
     async def clear(self, request: Request, viewer: Viewer, form: dict[str, str]) -> Response:
