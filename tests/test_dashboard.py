@@ -784,3 +784,25 @@ def test_limit_form_gives_one_message_with_the_real_range_for_every_bad_rate(
         f"or day (like 100/min or 5/10s), got {value!r}" in html.unescape(bad.text)
     )
     assert audit(engine) == []
+
+
+def test_a_job_without_max_attempts_shows_the_limit_its_worker_will_use_never_none(
+    engine: sa.Engine, make_client: MakeClient
+) -> None:
+    ids = {
+        kind: sql(
+            engine,
+            "INSERT INTO jobs (kind, queue, payload) VALUES (:kind, 'default', '{}') RETURNING id",
+            kind=kind,
+        )
+        for kind in ("fail", "noop", "nobody_serves")
+    }
+    client = make_client()  # the registry of tests/jobapp.py: fail declares 3
+    listed = client.get("/jobs").text
+    assert "None" not in listed
+    for kind, shown in (("fail", "3"), ("noop", "8"), ("nobody_serves", "handler's")):
+        assert f'data-job-attempts="{ids[kind]}">0</span>/{shown}</td>' in html.unescape(listed)
+    page = html.unescape(client.get(f"/jobs/{ids['fail']}").text)
+    assert "0</span> of 3 (its handler's, set when a worker claims it)" in page
+    page = html.unescape(make_client(registry=None).get(f"/jobs/{ids['noop']}").text)
+    assert "0</span> of the handler's (else 8), set when a worker claims it" in page

@@ -31,7 +31,7 @@ from starlette.responses import (
     StreamingResponse,
 )
 
-from sqla_jobs import exceptions, ops
+from sqla_jobs import exceptions, models, ops
 from sqla_jobs.dashboard import _bulk, _flash, _forms, _live, _render, _security
 from sqla_jobs.dashboard._security import Viewer
 from sqla_jobs.exceptions import ConfigError, JobNotFoundError, SchemaNotReadyError
@@ -136,6 +136,7 @@ class Views:
             read_only=self.settings.read_only,
             message=message,
             live=f"{prefix}/events?{live}" if live else None,
+            max_attempts=self.max_attempts,
             **context,
         )
         response = HTMLResponse(html, status_code=status)
@@ -150,6 +151,21 @@ class Views:
                 secure=request.url.scheme == "https",
             )
         return response
+
+    def max_attempts(self, job: ops.JobRecord, short: bool = False) -> str:
+        """A job's attempt limit as the worker will use it: its own, else its handler's
+        (from ``registry``) or the default; never "None" (a job enqueued without one gets
+        its handler's when a worker claims it)."""
+        if job.max_attempts is not None:
+            return str(job.max_attempts)
+        registry = self.settings.registry
+        if registry is not None and job.kind in registry.kinds:
+            declared = registry[job.kind].max_attempts
+            found = declared if declared is not None else models.DEFAULT_MAX_ATTEMPTS
+            return f"{found}" if short else f"{found} (its handler's, set when a worker claims it)"
+        if short:
+            return "handler's"
+        return f"the handler's (else {models.DEFAULT_MAX_ATTEMPTS}), set when a worker claims it"
 
     def back(
         self, request: Request, path: str, did: str, n: int | None = None, query: str = ""
