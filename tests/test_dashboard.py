@@ -426,17 +426,21 @@ def test_pause_resume_and_limits_of_queues_and_kinds(
     state = ops.stats(session)
     assert state.paused_queues == ("mail",) and state.paused_kinds == ("effect",)
     page = client.get(paused.headers["location"]).text
-    assert flash(page) == "Paused: no worker starts its jobs until it is resumed."
+    assert flash(page) == "Paused kind effect: no worker starts its jobs until it is resumed."
     assert "Resume" in page
-    client.post("/queues/resume", {"scope": "queue", "name": "mail"})
+    resumed = client.post("/queues/resume", {"scope": "queue", "name": "mail"})
+    assert said(client, resumed) == "Resumed queue mail."
     response = client.post(
         "/queues/limit", {"scope": "kind", "name": "effect", "concurrency": "3", "rate": "10/min"}
     )
-    assert landing(response) == "/queues" and said(client, response) == "Limit set."
+    assert landing(response) == "/queues" and said(client, response) == "Limit of kind effect set."
     limits = {c.name: c for c in ops.controls(session)}
     assert limits["effect"].concurrency == 3 and limits["effect"].rate == "10/min"
     assert "10/min" in client.get("/queues").text
-    client.post("/queues/clear", {"scope": "kind", "name": "effect"})
+    cleared = client.post("/queues/clear", {"scope": "kind", "name": "effect"})
+    assert html.unescape(said(client, cleared) or "") == (
+        "Operator's limits of kind effect cleared: the code's limits apply."
+    )
     session.rollback()
     assert ops.controls(session)[0].concurrency is None
     assert [a[1:] for a in audit(engine)] == [
@@ -806,3 +810,30 @@ def test_a_job_without_max_attempts_shows_the_limit_its_worker_will_use_never_no
     assert "0</span> of 3 (its handler's, set when a worker claims it)" in page
     page = html.unescape(make_client(registry=None).get(f"/jobs/{ids['noop']}").text)
     assert "0</span> of the handler's (else 8), set when a worker claims it" in page
+
+
+def test_an_action_that_does_nothing_to_a_job_says_why(
+    engine: sa.Engine, session: Session, make_client: MakeClient
+) -> None:
+    queued = new_job(session, "noop", {})
+    done = dead_job(engine)
+    sql(engine, "UPDATE jobs SET status = 'done' WHERE id = :id", id=done)
+    session.commit()
+    client = make_client()
+    client.get("/")
+    retried = client.post(f"/jobs/{queued}/retry")
+    assert landing(retried) == f"/jobs/{queued}"
+    assert said(client, retried) == (
+        f"Job {queued} is queued: only jobs that are dead or cancelled can be retried."
+    )
+    cancelled = client.post(f"/jobs/{done}/cancel")
+    assert said(client, cancelled) == (
+        f"Job {done} is done: only jobs that are queued or running can be cancelled."
+    )
+    assert client.post(f"/jobs/{queued}/delete").status_code == 303
+    again = client.post(f"/jobs/{queued}/delete")
+    assert landing(again) == "/jobs"
+    assert said(client, again) == (
+        f"Job {queued} is already gone (deleted, or archived): nothing to do."
+    )
+    assert status_of(engine, done) == "done"

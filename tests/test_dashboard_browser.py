@@ -273,7 +273,7 @@ def test_pause_and_resume_a_queue_from_the_page(
     driver.find_element(By.XPATH, f"{row}//span[text()='paused']")
     shoot(driver, "queues-paused")
     driver.find_element(By.XPATH, f"{row}//button[text()='Resume']").click()
-    assert flash(driver, "Resumed") == "Resumed."
+    assert flash(driver, "Resumed") == "Resumed queue default."
     wait_for(lambda: status_of(db, held) == "done", message="the resumed queue's job to run")
 
 

@@ -43,7 +43,8 @@ log = logging.getLogger("sqla_jobs.dashboard")
 T = TypeVar("T")
 Endpoint = Callable[[Request], Awaitable[Response]]
 
-#: Message codes an action redirects with, and what the page then says ({n}: a count).
+#: Message codes an action redirects with, and what the page then says ({n}: a count,
+#: or the job's id; {name}: the queue or kind, as "queue mail").
 MESSAGES = {
     "retry": "{n} job(s) put back in the queue.",
     "cancel": "{n} job(s) cancelled.",
@@ -52,11 +53,27 @@ MESSAGES = {
     "bulk-retry": "{n} job(s) put back in the queue.",
     "bulk-cancel": "{n} job(s) cancelled or asked to stop.",
     "bulk-delete": "{n} job(s) deleted.",
-    "pause": "Paused: no worker starts its jobs until it is resumed.",
-    "resume": "Resumed.",
-    "limit": "Limit set.",
-    "clear": "Operator's limits cleared: the code's limits apply.",
+    "pause": "Paused {name}: no worker starts its jobs until it is resumed.",
+    "resume": "Resumed {name}.",
+    "limit": "Limit of {name} set.",
+    "clear": "Operator's limits of {name} cleared: the code's limits apply.",
+    "gone": "Job {n} is already gone (deleted, or archived): nothing to do.",
 }
+#: Why an action on one job did nothing: the job is in a status the action does not
+#: apply to ("retry-queued": retrying a queued job).
+_CAN = {
+    "retry": ("dead or cancelled", "retried"),
+    "cancel": ("queued or running", "cancelled"),
+    "delete": ("in any state but running", "deleted"),
+}
+MESSAGES.update(
+    {
+        f"{action}-{status.value}": f"Job {{n}} is {status.value}: only jobs that are "
+        f"{applies} can be {done}."
+        for action, (applies, done) in _CAN.items()
+        for status in JobStatus
+    }
+)
 AUDIT_ROWS = 20
 #: Who a request is when the app's hooks failed: nobody, allowed nothing (fail closed).
 NOBODY = Viewer(_security.DENY, "unknown", frozenset())
@@ -126,7 +143,7 @@ class Views:
         done = _flash.read(request)
         message = None
         if done is not None and done[0] in MESSAGES:
-            message = MESSAGES[done[0]].format(n=done[1] or 0)
+            message = MESSAGES[done[0]].format(n=done[1] or 0, name=done[2])
         html = self.templates.get_template(name).render(
             url=lambda path: prefix + path,
             static=lambda file: f"{prefix}/static/{file}",
@@ -168,13 +185,20 @@ class Views:
         return f"the handler's (else {models.DEFAULT_MAX_ATTEMPTS}), set when a worker claims it"
 
     def back(
-        self, request: Request, path: str, did: str, n: int | None = None, query: str = ""
+        self,
+        request: Request,
+        path: str,
+        did: str,
+        n: int | None = None,
+        query: str = "",
+        name: str = "",
     ) -> Response:
         """303 to ``path`` (with ``query``, a page's own), saying what was done (signed:
         see :mod:`._flash`)."""
         prefix = request.scope.get("root_path", "").rstrip("/")
         token = request.cookies.get(_security.CSRF_COOKIE, "")  # checked by the action
-        query = (f"{query}&" if query else "") + f"{_flash.PARAM}={_flash.sign(token, did, n)}"
+        signed = _flash.sign(token, did, n, name=name)
+        query = (f"{query}&" if query else "") + f"{_flash.PARAM}={signed}"
         return RedirectResponse(f"{prefix}{path}?{query}", status_code=303)
 
     def page(self, fn: Callable[[Request, Viewer], Awaitable[Response]]) -> Endpoint:
@@ -502,37 +526,50 @@ class Views:
     async def retry(self, request: Request, viewer: Viewer, form: dict[str, str]) -> Response:
         job_id = _job_id(request)
 
-        def act(session: Session) -> int:
+        def act(session: Session) -> tuple[int, str | None]:
             n = ops.retry_jobs(session, [job_id], status=[JobStatus.DEAD, JobStatus.CANCELLED])
             _record(session, viewer, "retry", "job", job_id, {"retried": n})
-            return n
+            return n, None if n else _why_not(session, "retry", job_id)
 
-        return self.back(request, f"/jobs/{job_id}", "retry", await self.write(act))
+        n, why = await self.write(act)
+        return self._after(request, job_id, why, "retry", n)
 
     async def cancel(self, request: Request, viewer: Viewer, form: dict[str, str]) -> Response:
         job_id = _job_id(request)
 
-        def act(session: Session) -> ops.CancelResult:
+        def act(session: Session) -> tuple[ops.CancelResult, str | None]:
             done = ops.cancel(session, [job_id])
             detail = {"cancelled": len(done.cancelled), "asked_to_stop": len(done.stopping)}
             _record(session, viewer, "cancel", "job", job_id, detail)
-            return done
+            acted = done.cancelled or done.stopping
+            return done, None if acted else _why_not(session, "cancel", job_id)
 
-        done = await self.write(act)
+        done, why = await self.write(act)
         if done.stopping:
             return self.back(request, f"/jobs/{job_id}", "stop", len(done.stopping))
-        return self.back(request, f"/jobs/{job_id}", "cancel", len(done.cancelled))
+        return self._after(request, job_id, why, "cancel", len(done.cancelled))
 
     async def delete(self, request: Request, viewer: Viewer, form: dict[str, str]) -> Response:
         job_id = _job_id(request)
 
-        def act(session: Session) -> int:
+        def act(session: Session) -> tuple[int, str | None]:
             n = ops.delete_jobs(session, [job_id])
             _record(session, viewer, "delete", "job", job_id, {"deleted": n})
-            return n
+            return n, None if n else _why_not(session, "delete", job_id)
 
-        n = await self.write(act)
-        return self.back(request, f"/jobs/{job_id}" if n == 0 else "/jobs", "delete", n)
+        n, why = await self.write(act)
+        if n:
+            return self.back(request, "/jobs", "delete", n)
+        return self._after(request, job_id, why, "delete", n)
+
+    def _after(self, request: Request, job_id: int, why: str | None, did: str, n: int) -> Response:
+        """Back to the job's page saying what was done, or why nothing was (a job that is
+        gone: back to the list, saying so)."""
+        if why == "gone":
+            return self.back(request, "/jobs", "gone", job_id)
+        if why is not None:
+            return self.back(request, f"/jobs/{job_id}", why, job_id)
+        return self.back(request, f"/jobs/{job_id}", did, n)
 
     # --- actions on a queue or kind ------------------------------------------------
 
@@ -583,7 +620,7 @@ class Views:
             _record(session, viewer, action, scope, name, detail)
 
         await self.write(act)
-        return self.back(request, "/queues", verb)
+        return self.back(request, "/queues", verb, name=f"{scope} {name}")
 
 
 def _record(
@@ -597,6 +634,13 @@ def _record(
     ops.record_action(
         session, actor=viewer.actor, action=action, scope=scope, target=target, detail=detail
     )
+
+
+def _why_not(session: Session, action: str, job_id: int) -> str:
+    """The message code saying why ``action`` did nothing to this job: its status, or
+    ``gone``."""
+    state = ops.job_states(session, [job_id]).get(job_id)
+    return "gone" if state is None else f"{action}-{state.status.value}"
 
 
 def _page(form: dict[str, str]) -> str:
