@@ -326,6 +326,25 @@ def test_jobs_page_says_which_query_parameters_it_does_not_know(
         assert "Unknown filter" not in client.get(known).text, known
 
 
+def test_jobs_pages_say_which_repeated_or_inapplicable_parameters_they_ignore(
+    engine: sa.Engine, make_client: MakeClient
+) -> None:
+    dead_job(engine)
+    client = make_client()
+    twice = html.unescape(client.get("/jobs?status=dead&status=done").text)
+    assert (
+        "status is given 2 times: only the last, 'done', applies (one value per filter)."
+    ) in twice
+    other = html.unescape(client.get("/dead?status=done").text)
+    assert (
+        "status=done does not apply here: this page lists dead jobs only (the Jobs page "
+        "filters by any status)."
+    ) in other
+    for fine in ("/jobs?status=dead", "/dead?status=dead&kind=fail", "/dead"):
+        assert "does not apply" not in client.get(fine).text, fine
+        assert "times: only the last" not in client.get(fine).text, fine
+
+
 def test_overview_says_the_table_size_is_not_estimated_before_analyze(
     engine: sa.Engine, make_client: MakeClient
 ) -> None:

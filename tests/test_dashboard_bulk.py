@@ -145,6 +145,10 @@ def test_bulk_delete_from_the_dead_page_deletes_the_filtered_dead_jobs_only(
         {"op": "delete", "scope": "matching", "filter": "status=dead&kind=a", "page": "dead"},
     )
     assert "<h1>Delete 2 job(s)?</h1>" in review.text
+    back = re.findall(r'<a href="([^"]+)">Back to the list, doing nothing</a>', review.text)
+    assert [html.unescape(b) for b in back] == ["/dead?status=dead&kind=a"]
+    back_page = client.get(html.unescape(back[0])).text
+    assert "does not apply" not in back_page and 'value="a"' in back_page
 
     done = client.post("/jobs/bulk/apply", hidden_fields(review.text))
 

@@ -139,6 +139,26 @@ def unknown_filters(query: QueryParams) -> list[str]:
     return [name for name in dict.fromkeys(query.keys()) if name not in known]
 
 
+def ignored_values(query: QueryParams, page: str) -> list[str]:
+    """What the query says that the page does not use, in words: a filter given several
+    times (the last applies), and on the dead page a status other than dead."""
+    notes = []
+    for name in [f.name for f in fields(JobFilter)] + ["after"]:
+        given = query.getlist(name)
+        if len(given) > 1:
+            notes.append(
+                f"{name} is given {len(given)} times: only the last, {given[-1]!r}, applies "
+                "(one value per filter)"
+            )
+    status = query.get("status", "").strip()
+    if page == "dead" and status and status != JobStatus.DEAD.value:
+        notes.append(
+            f"status={status} does not apply here: this page lists dead jobs only (the Jobs "
+            "page filters by any status)"
+        )
+    return notes
+
+
 def _text(name: str, text: str) -> str:
     if "\x00" in text:
         raise ConfigError(f"{_label(name)} must not contain a NUL character")

@@ -392,6 +392,7 @@ class Views:
             statuses=[s.value for s in JobStatus],
             bulk_ops=[op for op in _bulk.APPLIES_TO if viewer.can(op)],
             unknown=_forms.unknown_filters(request.query_params),
+            ignored=_forms.ignored_values(request.query_params, nav),
             filter_names=list(_forms.LABELS),
         )
 
