@@ -856,3 +856,27 @@ def test_an_action_that_does_nothing_to_a_job_says_why(
         f"Job {queued} is already gone (deleted, or archived): nothing to do."
     )
     assert status_of(engine, done) == "done"
+
+
+def test_audit_page_filters_by_scope_and_target_and_names_unknown_parameters(
+    engine: sa.Engine, make_client: MakeClient
+) -> None:
+    client = make_client()
+    client.get("/")
+    client.post("/queues/pause", {"scope": "queue", "name": "mail"})
+    client.post("/queues/pause", {"scope": "kind", "name": "effect"})
+    everything = client.get("/audit").text
+    assert "mail" in everything and "effect" in everything
+    mail = client.get("/audit?scope=queue&target=mail").text
+    assert "Only the actions on queue <code>mail</code>" in mail and "effect" not in mail
+    typo = client.get("/audit?actor=olga").text
+    assert (
+        "Unknown parameter actor, ignored: the entries below are not filtered by it. The "
+        "filters are scope (job, jobs, queue or kind) and target."
+    ) in typo
+    for path, error in (
+        ("/audit?target=mail", "target needs its scope: ?scope=queue&amp;target=mail"),
+        ("/audit?scope=table", "unknown scope &#39;table&#39;: use one of job, jobs, queue"),
+    ):
+        refused = client.get(path)
+        assert refused.status_code == 400 and error in refused.text, path

@@ -16,6 +16,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
+from urllib.parse import urlencode
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
@@ -75,6 +76,8 @@ MESSAGES.update(
     }
 )
 AUDIT_ROWS = 20
+#: The audit page's query parameters: its two filters, its page cursor and the flash.
+AUDIT_PARAMETERS = ("scope", "target", "before", _flash.PARAM)
 #: Who a request is when the app's hooks failed: nobody, allowed nothing (fail closed).
 NOBODY = Viewer(_security.DENY, "unknown", frozenset())
 #: A bulk action's audit entry lists the ids it touched when there are at most this many.
@@ -445,12 +448,33 @@ class Views:
         return self.render(request, viewer, "workers.html", nav="workers", **data)
 
     async def audit(self, request: Request, viewer: Viewer) -> Response:
-        before = _forms.optional_int("The page link's before", request.query_params.get("before"))
+        query = request.query_params
+        before = _forms.optional_int("The page link's before", query.get("before"))
+        scope = query.get("scope", "").strip() or None
+        target = query.get("target", "").strip() or None
+        if target is not None and scope is None:
+            raise ConfigError("target needs its scope: ?scope=queue&target=mail")
+        if scope is not None and scope not in models.AUDIT_SCOPES:
+            names = ", ".join(models.AUDIT_SCOPES)
+            raise ConfigError(f"unknown scope {scope!r}: use one of {names}")
         entries = await self.read(
-            lambda s: ops.audit_log(s, limit=_forms.PAGE_SIZE, before_id=before)
+            lambda s: ops.audit_log(
+                s, scope=scope, target=target, limit=_forms.PAGE_SIZE, before_id=before
+            )
         )
         more = entries[-1].id if len(entries) == _forms.PAGE_SIZE else None
-        return self.render(request, viewer, "audit.html", nav="audit", entries=entries, more=more)
+        kept = {k: v for k, v in (("scope", scope), ("target", target)) if v}
+        return self.render(
+            request,
+            viewer,
+            "audit.html",
+            nav="audit",
+            entries=entries,
+            more=more,
+            kept=kept,
+            older_query=urlencode({**kept, "before": more}) if more else None,
+            unknown=[n for n in dict.fromkeys(query.keys()) if n not in AUDIT_PARAMETERS],
+        )
 
     async def events(self, request: Request) -> Response:
         """The live view's server-sent events for one tab (see :mod:`._live`)."""
