@@ -228,6 +228,18 @@ def test_jobs_page_filters_and_pages_by_keyset(
     assert next_link is not None
     second = listed(next_link.group(1).replace("&amp;", "&"))
     assert second == made[9::-1]
+    assert 'rel="prev">Newer jobs</a>' not in first
+    back = re.search(
+        r'<a href="\?([^"]+)" rel="prev">Newer jobs</a>',
+        client.get("/jobs?" + next_link.group(1).replace("&amp;", "&")).text,
+    )
+    assert back is not None and back.group(1).replace("&amp;", "&") == f"kind=noop&above={made[9]}"
+    assert listed(back.group(1).replace("&amp;", "&")) == made[:-51:-1]
+    newest = client.get("/jobs?" + back.group(1).replace("&amp;", "&")).text
+    assert "Newer jobs" not in newest  # nothing above the newest page
+    assert f'href="?kind=noop&amp;after={made[10]}" rel="next">Older jobs' in newest
+    assert listed(f"kind=noop&above={made[40]}") == made[:40:-1]
+    assert 'rel="prev">Newer jobs' not in client.get(f"/jobs?kind=noop&above={made[40]}").text
 
 
 @pytest.mark.parametrize(

@@ -119,9 +119,9 @@ LABELS = {
     "newer_than": "Newer than",
     "payload": "Payload contains",
 }
-#: Query parameters of the jobs pages that are not filters: the next page's cursor, and
-#: the signed message after an action (``_flash``).
-PAGE_PARAMETERS = ("after", "done")
+#: Query parameters of the jobs pages that are not filters: the older and newer pages'
+#: cursors, and the signed message after an action (``_flash``).
+PAGE_PARAMETERS = ("after", "above", "done")
 #: The largest id PostgreSQL's bigint holds: a larger number is no job's.
 MAX_ID = 2**63 - 1
 #: The longest age a filter takes (about 100 years): PostgreSQL's timestamps end
@@ -143,7 +143,7 @@ def ignored_values(query: QueryParams, page: str) -> list[str]:
     """What the query says that the page does not use, in words: a filter given several
     times (the last applies), and on the dead page a status other than dead."""
     notes = []
-    for name in [f.name for f in fields(JobFilter)] + ["after"]:
+    for name in [f.name for f in fields(JobFilter)] + ["after", "above"]:
         given = query.getlist(name)
         if len(given) > 1:
             notes.append(
@@ -191,11 +191,11 @@ def _payload(text: str) -> dict[str, Any]:
     return validation.json_object(_label("payload"), text, ConfigError)
 
 
-def cursor(text: str | None) -> int | None:
-    """The ``after`` id of a page link; ConfigError when it is not a job id."""
+def cursor(text: str | None, name: str = "after") -> int | None:
+    """The ``after`` (or ``above``) id of a page link; ConfigError when it is not a job id."""
     if not text:
         return None
-    return _integer("The page link's after", text)
+    return _integer(f"The page link's {name}", text)
 
 
 def job_id(text: str) -> int:

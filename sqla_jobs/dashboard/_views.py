@@ -366,20 +366,37 @@ class Views:
     ) -> Response:
         error = None
         page: list[ops.JobRecord] = []
-        after = None
+        after = above = None
+        size = _forms.PAGE_SIZE
         try:
             args = chosen.arguments()
             after = _forms.cursor(request.query_params.get("after"))
-            page = await self.read(
-                lambda s: ops.list_jobs(
-                    s, **args, after_id=after, limit=_forms.PAGE_SIZE + 1, newest_first=True
+            above = _forms.cursor(request.query_params.get("above"), "above")
+            if above is not None:
+                # "Newer jobs": the page of ids just above ``above``, read upwards by
+                # keyset, then shown newest first like every page.
+                page = await self.read(
+                    lambda s: ops.list_jobs(s, **args, after_id=above, limit=size + 1)
                 )
-            )
+                newer = len(page) > size
+                page = page[:size][::-1]
+            else:
+                page = await self.read(
+                    lambda s: ops.list_jobs(
+                        s, **args, after_id=after, limit=size + 1, newest_first=True
+                    )
+                )
+                newer = after is not None
         except ConfigError as exc:
             error = str(exc)
-        more = len(page) > _forms.PAGE_SIZE
-        page = page[: _forms.PAGE_SIZE]
-        next_query = chosen.query(after=page[-1].id) if more and page else None
+            newer = False
+        if above is not None:
+            older = bool(page)
+        else:
+            older = len(page) > size
+            page = page[:size]
+        next_query = chosen.query(after=page[-1].id) if older and page else None
+        newer_query = chosen.query(above=page[0].id) if newer and page else None
         return self.render(
             request,
             viewer,
@@ -390,8 +407,9 @@ class Views:
             filter=chosen,
             jobs=page,
             error=error,
-            first_page=after is None,
+            first_page=after is None and above is None,
             next_query=next_query,
+            newer_query=newer_query,
             statuses=[s.value for s in JobStatus],
             bulk_ops=[op for op in _bulk.APPLIES_TO if viewer.can(op)],
             unknown=_forms.unknown_filters(request.query_params),
