@@ -791,6 +791,33 @@ def test_readme_fastapi_example_mounts_the_dashboard_behind_its_auth_hook(
         namespace["engine"].dispose()
 
 
+def test_readme_cookie_auth_hook_lets_in_the_signed_cookie_only(
+    engine: sa.Engine, db_url: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    readme = (TESTS.parent / "README.md").read_text()
+    section = readme.split("## Dashboard", 1)[1].split("\n## ", 1)[0]
+    first, cookie = re.findall(r"```python\n(.*?)```", section, re.S)[:2]
+    monkeypatch.setenv("DATABASE_URL", url_text(db_url))
+    monkeypatch.setenv("SECRET_KEY", "s3cret")
+    namespace: dict[str, Any] = {"__name__": "readme_dashboard"}
+    exec(compile(first + cookie, "README.md", "exec"), namespace)
+    namespace["engine"].dispose()
+    import hashlib
+    import hmac
+
+    mac = hmac.new(b"s3cret", b"alice", hashlib.sha256).hexdigest()
+    client = Client(create_app(engine, auth=namespace["staff_by_cookie"]))
+    try:
+        assert client.get("/").status_code == 403
+        client.http.cookies.set("staff_session", f"alice.{mac}")
+        page = client.get("/")
+        assert page.status_code == 200 and "alice" in page.text
+        client.http.cookies.set("staff_session", f"bob.{mac}")
+        assert client.get("/").status_code == 403
+    finally:
+        client.close()
+
+
 @pytest.mark.parametrize("value", ["abc", "-1", "0", "1.5", "1000001", "99999999999999"])
 def test_limit_form_gives_one_message_with_the_real_range_for_every_bad_concurrency(
     engine: sa.Engine, make_client: MakeClient, value: str

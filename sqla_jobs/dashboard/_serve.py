@@ -205,7 +205,7 @@ def serve(
                 print(chosen.notice, flush=True)
 
         async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-            app.state.close_streams()
+            _app.close_streams(app)
             await super().shutdown(sockets=sockets)
 
     app = _app.create_app(
