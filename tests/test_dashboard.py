@@ -4,6 +4,7 @@ every action, the permissions, CSRF, escaping, and mounting under a prefix."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import html
 import json
 import logging
@@ -461,6 +462,9 @@ def test_pause_resume_and_limits_of_queues_and_kinds(
     assert "Resume" in page
     resumed = client.post("/queues/resume", {"scope": "queue", "name": "mail"})
     assert said(client, resumed) == "Resumed queue mail."
+    code, n, made, _, signature = resumed.headers["location"].partition("done=")[2].split(".")
+    forged = f"{code}.{n}.{made}.{base64.urlsafe_b64encode(b'queue evil').decode()}.{signature}"
+    assert flash(client.get(f"/queues?done={forged}").text) is None  # the name is signed too
     response = client.post(
         "/queues/limit", {"scope": "kind", "name": "effect", "concurrency": "3", "rate": "10/min"}
     )
