@@ -390,15 +390,17 @@ def run_dashboard(args: argparse.Namespace) -> int:
         engine = sa.create_engine(config_mod.database_url(_url_arg(args)), pool_pre_ping=True)
         with Session(engine) as session:
             ops.check_schema(session)
+        sock = _serve.listen(chosen)
     except SqlaJobsError as exc:
         return _fail(str(exc))
     except sa_exc.OperationalError as exc:
         return _fail(f"cannot connect to the database: {exceptions.db_error_text(exc)}")
     try:
-        _serve.serve(engine, chosen, read_only=args.read_only, registry=registry)
+        _serve.serve(engine, chosen, read_only=args.read_only, registry=registry, sock=sock)
     except KeyboardInterrupt:
         pass
     finally:
+        sock.close()
         engine.dispose()
     return 0
 

@@ -4,6 +4,8 @@ every action, the permissions, CSRF, escaping, and mounting under a prefix."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import html
 import json
 import logging
 import os
@@ -227,6 +229,18 @@ def test_jobs_page_filters_and_pages_by_keyset(
     assert next_link is not None
     second = listed(next_link.group(1).replace("&amp;", "&"))
     assert second == made[9::-1]
+    assert 'rel="prev">Newer jobs</a>' not in first
+    back = re.search(
+        r'<a href="\?([^"]+)" rel="prev">Newer jobs</a>',
+        client.get("/jobs?" + next_link.group(1).replace("&amp;", "&")).text,
+    )
+    assert back is not None and back.group(1).replace("&amp;", "&") == f"kind=noop&above={made[9]}"
+    assert listed(back.group(1).replace("&amp;", "&")) == made[:-51:-1]
+    newest = client.get("/jobs?" + back.group(1).replace("&amp;", "&")).text
+    assert "Newer jobs" not in newest  # nothing above the newest page
+    assert f'href="?kind=noop&amp;after={made[10]}" rel="next">Older jobs' in newest
+    assert listed(f"kind=noop&above={made[40]}") == made[:40:-1]
+    assert 'rel="prev">Newer jobs' not in client.get(f"/jobs?kind=noop&above={made[40]}").text
 
 
 @pytest.mark.parametrize(
@@ -323,6 +337,25 @@ def test_jobs_page_says_which_query_parameters_it_does_not_know(
     assert "Unknown filters colour, size, ignored" in client.get("/dead?colour=1&size=2").text
     for known in ("/jobs?status=dead&after=99", "/dead?status=dead&kind=fail"):
         assert "Unknown filter" not in client.get(known).text, known
+
+
+def test_jobs_pages_say_which_repeated_or_inapplicable_parameters_they_ignore(
+    engine: sa.Engine, make_client: MakeClient
+) -> None:
+    dead_job(engine)
+    client = make_client()
+    twice = html.unescape(client.get("/jobs?status=dead&status=done").text)
+    assert (
+        "status is given 2 times: only the last, 'done', applies (one value per filter)."
+    ) in twice
+    other = html.unescape(client.get("/dead?status=done").text)
+    assert (
+        "status=done does not apply here: this page lists dead jobs only (the Jobs page "
+        "filters by any status)."
+    ) in other
+    for fine in ("/jobs?status=dead", "/dead?status=dead&kind=fail", "/dead"):
+        assert "does not apply" not in client.get(fine).text, fine
+        assert "times: only the last" not in client.get(fine).text, fine
 
 
 def test_overview_says_the_table_size_is_not_estimated_before_analyze(
@@ -425,17 +458,24 @@ def test_pause_resume_and_limits_of_queues_and_kinds(
     state = ops.stats(session)
     assert state.paused_queues == ("mail",) and state.paused_kinds == ("effect",)
     page = client.get(paused.headers["location"]).text
-    assert flash(page) == "Paused: no worker starts its jobs until it is resumed."
+    assert flash(page) == "Paused kind effect: no worker starts its jobs until it is resumed."
     assert "Resume" in page
-    client.post("/queues/resume", {"scope": "queue", "name": "mail"})
+    resumed = client.post("/queues/resume", {"scope": "queue", "name": "mail"})
+    assert said(client, resumed) == "Resumed queue mail."
+    code, n, made, _, signature = resumed.headers["location"].partition("done=")[2].split(".")
+    forged = f"{code}.{n}.{made}.{base64.urlsafe_b64encode(b'queue evil').decode()}.{signature}"
+    assert flash(client.get(f"/queues?done={forged}").text) is None  # the name is signed too
     response = client.post(
         "/queues/limit", {"scope": "kind", "name": "effect", "concurrency": "3", "rate": "10/min"}
     )
-    assert landing(response) == "/queues" and said(client, response) == "Limit set."
+    assert landing(response) == "/queues" and said(client, response) == "Limit of kind effect set."
     limits = {c.name: c for c in ops.controls(session)}
     assert limits["effect"].concurrency == 3 and limits["effect"].rate == "10/min"
     assert "10/min" in client.get("/queues").text
-    client.post("/queues/clear", {"scope": "kind", "name": "effect"})
+    cleared = client.post("/queues/clear", {"scope": "kind", "name": "effect"})
+    assert html.unescape(said(client, cleared) or "") == (
+        "Operator's limits of kind effect cleared: the code's limits apply."
+    )
     session.rollback()
     assert ops.controls(session)[0].concurrency is None
     assert [a[1:] for a in audit(engine)] == [
@@ -446,7 +486,7 @@ def test_pause_resume_and_limits_of_queues_and_kinds(
         ("clear-limits", "kind", "effect"),
     ]
     bad = client.post("/queues/limit", {"scope": "kind", "name": "effect", "rate": "fast"})
-    assert bad.status_code == 400 and "rate" in bad.text
+    assert bad.status_code == 400 and "Rate must be a count" in bad.text
     assert client.post("/queues/pause", {"scope": "table", "name": "x"}).status_code == 400
 
 
@@ -700,12 +740,54 @@ def test_create_app_refuses_what_it_cannot_use(engine: sa.Engine, db_url: Any) -
     with pytest.raises(ConfigError, match="not the string"):
         create_app(engine, permissions="retry")
     assert set(ACTIONS) == {"retry", "cancel", "delete", "pause", "limit"}
-    client = Client(create_app(engine, auth=lambda request: True))  # type: ignore[arg-type,return-value]
-    try:
-        with pytest.raises(ConfigError, match="auth hook returned True"):
-            client.get("/")
-    finally:
-        client.close()
+
+
+def broken_permissions(request: Request, action: str) -> bool:
+    raise KeyError("role")
+
+
+async def vague_permissions(request: Request, action: str) -> Any:
+    return "yes"
+
+
+@pytest.mark.parametrize(
+    ("options", "error"),
+    [
+        ({"auth": lambda request: True}, "the dashboard's auth hook returned True: return"),
+        ({"auth": lambda request: "admin"}, "the dashboard's auth hook returned 'admin'"),
+        (
+            {"auth": lambda request: Decision("root")},
+            "the dashboard's auth hook failed: ConfigError: auth decision 'root' is not one of",
+        ),
+        (
+            {"permissions": broken_permissions},
+            "the dashboard's permissions hook failed: KeyError: 'role'",
+        ),
+        (
+            {"permissions": vague_permissions},
+            "the dashboard's permissions hook returned 'yes' for 'retry': return True or False",
+        ),
+    ],
+)
+def test_a_failing_auth_or_permissions_hook_refuses_on_the_error_page_and_logs_why(
+    engine: sa.Engine,
+    make_client: MakeClient,
+    caplog: pytest.LogCaptureFixture,
+    options: dict[str, Any],
+    error: str,
+) -> None:
+    dead = dead_job(engine)
+    client = make_client(**options)
+    for path in ("/", "/jobs", f"/jobs/{dead}", "/no-such-page"):
+        page = client.get(path)
+        assert page.status_code == 500, path
+        assert error in html.unescape(page.text) and 'class="error"' in page.text
+        assert "Overview</h1>" not in page.text
+    refused = client.post(f"/jobs/{dead}/retry", {"csrf": "x" * 43})
+    assert refused.status_code == 500 and status_of(engine, dead) == "dead"
+    assert client.get("/events?counts=1").status_code == 500
+    logged = [r for r in caplog.records if r.name == "sqla_jobs.dashboard"]
+    assert logged and error in logged[0].getMessage() and logged[0].exc_info is not None
 
 
 def test_readme_fastapi_example_mounts_the_dashboard_behind_its_auth_hook(
@@ -737,3 +819,133 @@ def test_readme_fastapi_example_mounts_the_dashboard_behind_its_auth_hook(
     finally:
         client.close()
         namespace["engine"].dispose()
+
+
+def test_readme_cookie_auth_hook_lets_in_the_signed_cookie_only(
+    engine: sa.Engine, db_url: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    readme = (TESTS.parent / "README.md").read_text()
+    section = readme.split("## Dashboard", 1)[1].split("\n## ", 1)[0]
+    first, cookie = re.findall(r"```python\n(.*?)```", section, re.S)[:2]
+    monkeypatch.setenv("DATABASE_URL", url_text(db_url))
+    monkeypatch.setenv("SECRET_KEY", "s3cret")
+    namespace: dict[str, Any] = {"__name__": "readme_dashboard"}
+    exec(compile(first + cookie, "README.md", "exec"), namespace)
+    namespace["engine"].dispose()
+    import hashlib
+    import hmac
+
+    mac = hmac.new(b"s3cret", b"alice", hashlib.sha256).hexdigest()
+    client = Client(create_app(engine, auth=namespace["staff_by_cookie"]))
+    try:
+        assert client.get("/").status_code == 403
+        client.http.cookies.set("staff_session", f"alice.{mac}")
+        page = client.get("/")
+        assert page.status_code == 200 and "alice" in page.text
+        client.http.cookies.set("staff_session", f"bob.{mac}")
+        assert client.get("/").status_code == 403
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "0", "1.5", "1000001", "99999999999999"])
+def test_limit_form_gives_one_message_with_the_real_range_for_every_bad_concurrency(
+    engine: sa.Engine, make_client: MakeClient, value: str
+) -> None:
+    client = make_client()
+    client.get("/queues")
+    bad = client.post("/queues/limit", {"scope": "queue", "name": "mail", "concurrency": value})
+    assert bad.status_code == 400
+    assert f"Concurrency must be a whole number from 1 to 1000000, got {value!r}" in html.unescape(
+        bad.text
+    )
+    assert '<a href="/queues">Back to the queues</a>' in bad.text
+    assert audit(engine) == []
+
+
+@pytest.mark.parametrize("value", ["fast", "0/min", "-1/min", "2000000/s", "5/0s"])
+def test_limit_form_gives_one_message_with_the_real_range_for_every_bad_rate(
+    engine: sa.Engine, make_client: MakeClient, value: str
+) -> None:
+    client = make_client()
+    client.get("/queues")
+    bad = client.post("/queues/limit", {"scope": "queue", "name": "mail", "rate": value})
+    assert bad.status_code == 400
+    assert (
+        "Rate must be a count from 1 to 1000000, '/', an optional number and a unit s, min, h "
+        f"or day (like 100/min or 5/10s), got {value!r}" in html.unescape(bad.text)
+    )
+    assert audit(engine) == []
+
+
+def test_a_job_without_max_attempts_shows_the_limit_its_worker_will_use_never_none(
+    engine: sa.Engine, make_client: MakeClient
+) -> None:
+    ids = {
+        kind: sql(
+            engine,
+            "INSERT INTO jobs (kind, queue, payload) VALUES (:kind, 'default', '{}') RETURNING id",
+            kind=kind,
+        )
+        for kind in ("fail", "noop", "nobody_serves")
+    }
+    client = make_client()  # the registry of tests/jobapp.py: fail declares 3
+    listed = client.get("/jobs").text
+    assert "None" not in listed
+    for kind, shown in (("fail", "3"), ("noop", "8"), ("nobody_serves", "handler's")):
+        assert f'data-job-attempts="{ids[kind]}">0</span>/{shown}</td>' in html.unescape(listed)
+    page = html.unescape(client.get(f"/jobs/{ids['fail']}").text)
+    assert "0</span> of 3 (its handler's, set when a worker claims it)" in page
+    page = html.unescape(make_client(registry=None).get(f"/jobs/{ids['noop']}").text)
+    assert "0</span> of the handler's (else 8), set when a worker claims it" in page
+
+
+def test_an_action_that_does_nothing_to_a_job_says_why(
+    engine: sa.Engine, session: Session, make_client: MakeClient
+) -> None:
+    queued = new_job(session, "noop", {})
+    done = dead_job(engine)
+    sql(engine, "UPDATE jobs SET status = 'done' WHERE id = :id", id=done)
+    session.commit()
+    client = make_client()
+    client.get("/")
+    retried = client.post(f"/jobs/{queued}/retry")
+    assert landing(retried) == f"/jobs/{queued}"
+    assert said(client, retried) == (
+        f"Job {queued} is queued: only jobs that are dead or cancelled can be retried."
+    )
+    cancelled = client.post(f"/jobs/{done}/cancel")
+    assert said(client, cancelled) == (
+        f"Job {done} is done: only jobs that are queued or running can be cancelled."
+    )
+    assert client.post(f"/jobs/{queued}/delete").status_code == 303
+    again = client.post(f"/jobs/{queued}/delete")
+    assert landing(again) == "/jobs"
+    assert said(client, again) == (
+        f"Job {queued} is already gone (deleted, or archived): nothing to do."
+    )
+    assert status_of(engine, done) == "done"
+
+
+def test_audit_page_filters_by_scope_and_target_and_names_unknown_parameters(
+    engine: sa.Engine, make_client: MakeClient
+) -> None:
+    client = make_client()
+    client.get("/")
+    client.post("/queues/pause", {"scope": "queue", "name": "mail"})
+    client.post("/queues/pause", {"scope": "kind", "name": "effect"})
+    everything = client.get("/audit").text
+    assert "mail" in everything and "effect" in everything
+    mail = client.get("/audit?scope=queue&target=mail").text
+    assert "Only the actions on queue <code>mail</code>" in mail and "effect" not in mail
+    typo = client.get("/audit?actor=olga").text
+    assert (
+        "Unknown parameter actor, ignored: the entries below are not filtered by it. The "
+        "filters are scope (job, jobs, queue or kind) and target."
+    ) in typo
+    for path, error in (
+        ("/audit?target=mail", "target needs its scope: ?scope=queue&amp;target=mail"),
+        ("/audit?scope=table", "unknown scope &#39;table&#39;: use one of job, jobs, queue"),
+    ):
+        refused = client.get(path)
+        assert refused.status_code == 400 and error in refused.text, path

@@ -210,13 +210,23 @@ def test_every_page_loads_under_its_policy_at_desktop_and_phone_width(
     assert driver.switch_to.active_element.text == "Skip to content"
     driver.set_window_size(390, 844)
     try:
-        for name in ("overview", "jobs", "job"):
+        for name in ("overview", "jobs", "job", "queues"):
             driver.get(base_url + pages[name][0])
             overflow = driver.execute_script(
                 "return document.documentElement.scrollWidth - window.innerWidth"
             )
             assert overflow <= 0, (name, overflow)
             shoot(driver, f"{name}-phone")
+        # The queues page's tables stack at phone width: their Actions (pause, limits)
+        # need no sideways scrolling.
+        driver.get(base_url + "/queues")
+        hidden = driver.execute_script(
+            "return [...document.querySelectorAll('.scroll')]"
+            ".map(e => e.scrollWidth - e.clientWidth)"
+        )
+        assert hidden and max(hidden) <= 0, hidden
+        for button in driver.find_elements(By.XPATH, "//button[text()='Set limit']"):
+            assert button.rect["x"] + button.rect["width"] <= 390, button.rect
     finally:
         driver.set_window_size(1280, 900)
 
@@ -273,7 +283,7 @@ def test_pause_and_resume_a_queue_from_the_page(
     driver.find_element(By.XPATH, f"{row}//span[text()='paused']")
     shoot(driver, "queues-paused")
     driver.find_element(By.XPATH, f"{row}//button[text()='Resume']").click()
-    assert flash(driver, "Resumed") == "Resumed."
+    assert flash(driver, "Resumed") == "Resumed queue default."
     wait_for(lambda: status_of(db, held) == "done", message="the resumed queue's job to run")
 
 

@@ -145,6 +145,10 @@ def test_bulk_delete_from_the_dead_page_deletes_the_filtered_dead_jobs_only(
         {"op": "delete", "scope": "matching", "filter": "status=dead&kind=a", "page": "dead"},
     )
     assert "<h1>Delete 2 job(s)?</h1>" in review.text
+    back = re.findall(r'<a href="([^"]+)">Back to the list, doing nothing</a>', review.text)
+    assert [html.unescape(b) for b in back] == ["/dead?status=dead&kind=a"]
+    back_page = client.get(html.unescape(back[0])).text
+    assert "does not apply" not in back_page and 'value="a"' in back_page
 
     done = client.post("/jobs/bulk/apply", hidden_fields(review.text))
 
@@ -219,3 +223,57 @@ def test_bulk_apply_without_a_review_is_refused(engine: sa.Engine, make_client: 
     )
     assert refused.status_code == 400 and "review the bulk action first" in refused.text
     assert statuses(engine, dead) == ["dead"]
+
+
+def test_bulk_action_without_a_filter_says_it_is_every_job_and_needs_a_second_tick(
+    engine: sa.Engine, make_client: MakeClient
+) -> None:
+    waiting = [job(engine, "queued", queue="mail"), job(engine, "queued", queue="other")]
+    client = make_client()
+    page = client.get("/jobs?staus=dead").text  # a typo: ignored, so no filter applies
+    assert 'name="filter" value=""' in page
+    review = client.post("/jobs/bulk", {"op": "cancel", "scope": "matching", "filter": ""})
+    text = html.unescape(review.text)
+    assert '<p class="count"><strong>2 job(s)</strong> to cancel.</p>' in text
+    assert (
+        f"Every job in the table (no filter) that is queued or running, up to job {waiting[1]}."
+        in text
+    )
+    assert 'name="everything" value="yes" required' in text
+
+    refused = client.post("/jobs/bulk/apply", hidden_fields(review.text))
+    assert refused.status_code == 400
+    assert (
+        'this acts on every job in the table (no filter): tick "Yes, every job in the table" '
+        "on the confirmation page to do it" in html.unescape(refused.text)
+    )
+    assert statuses(engine, *waiting) == ["queued", "queued"]
+
+    done = client.post("/jobs/bulk/apply", {**hidden_fields(review.text), "everything": "yes"})
+    assert said(client, done) == "2 job(s) cancelled or asked to stop."
+    assert statuses(engine, *waiting) == ["cancelled", "cancelled"]
+
+
+def test_bulk_review_says_delete_applies_to_any_state_but_running(
+    engine: sa.Engine, make_client: MakeClient
+) -> None:
+    job(engine, kind="a")
+    review = make_client().post(
+        "/jobs/bulk", {"op": "delete", "scope": "matching", "filter": "kind=a"}
+    )
+    assert "that is in any state but running, up to job" in review.text
+
+
+@pytest.mark.parametrize(
+    ("fields", "back"),
+    [
+        ({"op": "retry", "scope": "selected", "filter": "kind=a"}, "/jobs?kind=a"),
+        ({"op": "retry", "scope": "selected", "filter": "status=dead", "page": "dead"}, "/dead"),
+    ],
+)
+def test_a_refused_bulk_form_links_back_to_the_list_it_came_from(
+    make_client: MakeClient, fields: dict[str, str], back: str
+) -> None:
+    refused = make_client().post("/jobs/bulk", fields)
+    assert refused.status_code == 400 and "no job selected" in refused.text
+    assert f'<a href="{back}">Back to the list</a>' in refused.text

@@ -218,3 +218,51 @@ def test_dashboard_command_stops_at_once_and_quietly_with_a_live_stream_open(
     # Not the graceful-shutdown timeout (3 s), after which uvicorn cancels the stream.
     assert stopped_after < _serve.SHUTDOWN_GRACE
     assert "ERROR" not in output and "Traceback" not in output, output
+
+
+def test_dashboard_command_says_where_it_is_only_once_it_answers(db_url: URL) -> None:
+    port = free_port()
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+        "DATABASE_URL": url_text(db_url),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sqla_jobs", "dashboard", "--port", str(port)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith(f"sqla_jobs dashboard on http://127.0.0.1:{port}/"), line
+        # No retry: the line comes once the server answers.
+        page = httpx.get(f"http://127.0.0.1:{port}/static/dashboard.css", timeout=10)
+        assert page.status_code == 200
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
+
+
+def test_dashboard_command_on_a_port_in_use_says_so_in_one_line_and_exits_2(
+    db_url: URL,
+) -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "sqla_jobs", "dashboard", "--port", str(port)],
+            env={**os.environ, "DATABASE_URL": url_text(db_url)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert done.returncode == 2, done
+    assert done.stdout == ""
+    assert done.stderr == (
+        f"sqla_jobs: error: cannot listen on 127.0.0.1:{port}: the port is already in use "
+        "(another server?): choose another with --port\n"
+    )

@@ -246,3 +246,26 @@ def test_running_counts_the_handlers_at_work_and_claimed_counts_the_buffered_job
         assert "Claimed</abbr>" in queues and ">Running<" not in queues
     finally:
         stop(worker)
+def test_close_streams_ends_the_open_streams_of_a_mounted_dashboard(engine: sa.Engine) -> None:
+    from starlette.requests import Request
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    from sqla_jobs.dashboard import close_streams
+
+    dashboard = create_app(engine, refresh=1.0)
+
+    async def stopping(request: Request) -> PlainTextResponse:
+        close_streams(dashboard)  # on the server's loop, as a shutdown hook would be
+        return PlainTextResponse("closed")
+
+    app = Starlette(routes=[Route("/stop", stopping), Mount("/admin/jobs", dashboard)])
+    with serve_in_thread(app) as base, stream(base + "/admin/jobs/events?counts=1") as events:
+        assert next_event(events, "counts", lambda c: True) is not None
+        assert httpx.get(base + "/stop", timeout=10).text == "closed"
+        started = time.monotonic()
+        for _ in events:  # to its end, cleanly: an abrupt close would raise here
+            pass
+        assert time.monotonic() - started < 5
+    with pytest.raises(TypeError, match=r"takes an app made by sqla_jobs\.dashboard\.create_app"):
+        close_streams(Starlette())

@@ -43,7 +43,7 @@ Routes (:mod:`._views`) are named, and every link is built from the request's
 
 from __future__ import annotations
 
-from sqla_jobs.dashboard._app import create_app
+from sqla_jobs.dashboard._app import close_streams, create_app
 from sqla_jobs.dashboard._security import ACTIONS, CONTENT_SECURITY_POLICY, Decision
 
-__all__ = ["ACTIONS", "CONTENT_SECURITY_POLICY", "Decision", "create_app"]
+__all__ = ["ACTIONS", "CONTENT_SECURITY_POLICY", "Decision", "close_streams", "create_app"]

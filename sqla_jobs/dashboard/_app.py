@@ -93,6 +93,23 @@ def create_app(
         middleware=[Middleware(_security.SecurityHeaders)],
         exception_handlers={HTTPException: views.no_route},
     )
-    # For the standalone server (``_serve``): it ends the live streams when it stops.
+    # For close_streams(): the standalone server (``_serve``) calls it when it stops.
     app.state.close_streams = views.hub.close
     return app
+
+
+def close_streams(app: Starlette) -> None:
+    """End the open tabs' live streams of ``app`` (made by :func:`create_app`) and refuse
+    new ones, so a stopping server need not wait for them: call it on the server's event
+    loop as the server *begins* to stop. A tab reconnects by itself to the next server.
+
+    An ASGI lifespan's shutdown runs only after the server's graceful-shutdown wait, so
+    it comes too late for this; see the README ("Live updates") for where to call it.
+    """
+    close = getattr(getattr(app, "state", None), "close_streams", None)
+    if close is None:
+        raise TypeError(
+            f"close_streams() takes an app made by sqla_jobs.dashboard.create_app, got "
+            f"{type(app).__name__}"
+        )
+    close()

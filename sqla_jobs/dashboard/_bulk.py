@@ -35,6 +35,25 @@ APPLIES_TO: dict[str, tuple[JobStatus, ...]] = {
     "delete": (JobStatus.QUEUED, JobStatus.DONE, JobStatus.DEAD, JobStatus.CANCELLED),
 }
 VERBS = {"retry": "Retry", "cancel": "Cancel", "delete": "Delete"}
+#: The same statuses in words, as the README says them.
+APPLIES_TEXT = {
+    "retry": "dead or cancelled",
+    "cancel": "queued or running",
+    "delete": "in any state but running",
+}
+#: The confirmation form's check box that an action on every job of the table (no
+#: filter) needs ticked: one button press is too little for that.
+EVERYTHING_FIELD = "everything"
+
+
+def check_everything(asked: Asked, form: dict[str, str]) -> None:
+    """ConfigError unless an unfiltered "every job" action was explicitly confirmed."""
+    unfiltered = asked.filter is not None and not asked.filter.active
+    if unfiltered and form.get(EVERYTHING_FIELD) != "yes":
+        raise ConfigError(
+            'this acts on every job in the table (no filter): tick "Yes, every job in the '
+            'table" on the confirmation page to do it'
+        )
 
 
 @dataclass(frozen=True)

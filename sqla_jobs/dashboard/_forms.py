@@ -119,9 +119,9 @@ LABELS = {
     "newer_than": "Newer than",
     "payload": "Payload contains",
 }
-#: Query parameters of the jobs pages that are not filters: the next page's cursor, and
-#: the signed message after an action (``_flash``).
-PAGE_PARAMETERS = ("after", "done")
+#: Query parameters of the jobs pages that are not filters: the older and newer pages'
+#: cursors, and the signed message after an action (``_flash``).
+PAGE_PARAMETERS = ("after", "above", "done")
 #: The largest id PostgreSQL's bigint holds: a larger number is no job's.
 MAX_ID = 2**63 - 1
 #: The longest age a filter takes (about 100 years): PostgreSQL's timestamps end
@@ -137,6 +137,26 @@ def unknown_filters(query: QueryParams) -> list[str]:
     """The query's parameters that are neither a filter nor the page's own, in order."""
     known = {f.name for f in fields(JobFilter)} | set(PAGE_PARAMETERS)
     return [name for name in dict.fromkeys(query.keys()) if name not in known]
+
+
+def ignored_values(query: QueryParams, page: str) -> list[str]:
+    """What the query says that the page does not use, in words: a filter given several
+    times (the last applies), and on the dead page a status other than dead."""
+    notes = []
+    for name in [f.name for f in fields(JobFilter)] + ["after", "above"]:
+        given = query.getlist(name)
+        if len(given) > 1:
+            notes.append(
+                f"{name} is given {len(given)} times: only the last, {given[-1]!r}, applies "
+                "(one value per filter)"
+            )
+    status = query.get("status", "").strip()
+    if page == "dead" and status and status != JobStatus.DEAD.value:
+        notes.append(
+            f"status={status} does not apply here: this page lists dead jobs only (the Jobs "
+            "page filters by any status)"
+        )
+    return notes
 
 
 def _text(name: str, text: str) -> str:
@@ -171,16 +191,45 @@ def _payload(text: str) -> dict[str, Any]:
     return validation.json_object(_label("payload"), text, ConfigError)
 
 
-def cursor(text: str | None) -> int | None:
-    """The ``after`` id of a page link; ConfigError when it is not a job id."""
+def cursor(text: str | None, name: str = "after") -> int | None:
+    """The ``after`` (or ``above``) id of a page link; ConfigError when it is not a job id."""
     if not text:
         return None
-    return _integer("The page link's after", text)
+    return _integer(f"The page link's {name}", text)
 
 
 def job_id(text: str) -> int:
     """A job's id, as a path or the "open by id" field gives it; ConfigError if it is none."""
     return _integer("A job id", text.strip(), minimum=1)
+
+
+def concurrency(text: str) -> int | None:
+    """The limit form's concurrency (None when empty), in the range ``ops.set_limit``
+    takes; every bad value gets the same message."""
+    if not text:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or not 1 <= value <= validation.MAX_LIMIT:
+        raise ConfigError(
+            f"Concurrency must be a whole number from 1 to {validation.MAX_LIMIT}, got {text!r}"
+        )
+    return value
+
+
+def rate(text: str) -> validation.Rate | None:
+    """The limit form's rate (None when empty); one message for every bad value."""
+    if not text:
+        return None
+    try:
+        return validation.check_rate("Rate", text, ConfigError)
+    except ConfigError:
+        raise ConfigError(
+            f"Rate must be a count from 1 to {validation.MAX_LIMIT}, '/', an optional number "
+            f"and a unit s, min, h or day (like 100/min or 5/10s), got {text!r}"
+        ) from None
 
 
 def optional_int(label: str, text: str | None) -> int | None:

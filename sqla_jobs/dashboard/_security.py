@@ -76,6 +76,12 @@ PermissionHook: TypeAlias = Callable[[Request, str], "bool | Awaitable[bool]"]
 Permissions: TypeAlias = "Collection[str] | PermissionHook"
 
 
+class HookFailed(Exception):
+    """The app's ``auth`` or ``permissions`` hook raised, or answered something it may not:
+    the request is refused (fail closed) on the dashboard's error page, its traceback
+    logged."""
+
+
 @dataclass(frozen=True)
 class Viewer:
     """The person behind one request: what they may see and do, and their name."""
@@ -108,6 +114,16 @@ async def _maybe_await(value: object) -> object:
     return await value if inspect.isawaitable(value) else value
 
 
+async def _ask(name: str, hook: Callable[..., object], *args: object) -> object:
+    """What ``hook`` answers; HookFailed (naming the hook) if it raises."""
+    try:
+        return await _maybe_await(hook(*args))
+    except Exception as exc:
+        raise HookFailed(
+            f"the dashboard's {name} hook failed: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
 async def resolve(
     request: Request,
     auth: AuthHook | None,
@@ -116,11 +132,11 @@ async def resolve(
 ) -> Viewer:
     """Ask the hooks about this request: its access level, actor name and allowed actions."""
     client = request.client.host if request.client else "unknown"
-    answer = await _maybe_await(auth(request)) if auth is not None else ALLOW
-    if isinstance(answer, str):
+    answer = await _ask("auth", auth, request) if auth is not None else ALLOW
+    if isinstance(answer, str) and answer in ACCESS_LEVELS:
         answer = Decision(answer)
     if not isinstance(answer, Decision):
-        raise ConfigError(
+        raise HookFailed(
             f"the dashboard's auth hook returned {answer!r}: return 'allow', 'read-only', "
             "'deny' or a sqla_jobs.dashboard.Decision"
         )
@@ -130,9 +146,17 @@ async def resolve(
     if permissions is None:
         allowed = frozenset(ACTIONS)
     elif callable(permissions):
-        allowed = frozenset(
-            [a for a in ACTIONS if await _maybe_await(permissions(request, a)) is True]
-        )
+        granted = []
+        for action in ACTIONS:
+            said = await _ask("permissions", permissions, request, action)
+            if not isinstance(said, bool):
+                raise HookFailed(
+                    f"the dashboard's permissions hook returned {said!r} for {action!r}: "
+                    "return True or False"
+                )
+            if said:
+                granted.append(action)
+        allowed = frozenset(granted)
     else:
         allowed = frozenset(permissions)
     return Viewer(ALLOW, actor, allowed)

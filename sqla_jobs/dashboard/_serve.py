@@ -10,6 +10,7 @@ but a loopback one (``localhost``, 127.0.0.0/8, ``::1`` or ``[::1]``) unless
 
 from __future__ import annotations
 
+import errno
 import importlib
 import ipaddress
 import signal
@@ -154,13 +155,43 @@ def plan(
 SHUTDOWN_GRACE = 3
 
 
+def listen(chosen: Plan) -> socket.socket:
+    """The server's socket, bound to its address before anything else starts; ConfigError
+    in one line when it cannot be (a port in use, an address of no interface)."""
+    shown = f"[{chosen.host}]" if ":" in chosen.host else chosen.host
+    where = f"{shown}:{chosen.port}"
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            chosen.host, chosen.port, type=socket.SOCK_STREAM
+        )[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on {where}: {exc.strerror or exc}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen()
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise ConfigError(
+                f"cannot listen on {where}: the port is already in use (another "
+                "server?): choose another with --port"
+            ) from None
+        raise ConfigError(f"cannot listen on {where}: {exc.strerror or exc}") from None
+    return sock
+
+
 def serve(
     engine: sa.Engine,
     chosen: Plan,
     *,
     read_only: bool,
     registry: Registry | None,
+    sock: socket.socket,
 ) -> None:
+    """Serve the dashboard on ``sock`` (from :func:`listen`) until stopped; says where
+    once it accepts connections."""
     import uvicorn
 
     class Server(uvicorn.Server):
@@ -168,8 +199,13 @@ def serve(
         a stream never ends by itself, so a graceful shutdown (Ctrl-C, SIGTERM) would
         wait for its timeout, then cancel the stream's task with an error logged."""
 
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started:  # only now does a browser get an answer
+                print(chosen.notice, flush=True)
+
         async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-            app.state.close_streams()
+            _app.close_streams(app)
             await super().shutdown(sockets=sockets)
 
     app = _app.create_app(
@@ -179,7 +215,6 @@ def serve(
         read_only=read_only,
         registry=registry,
     )
-    print(chosen.notice, flush=True)
     config = uvicorn.Config(
         app,
         host=chosen.host,
@@ -190,4 +225,4 @@ def serve(
     # uvicorn raises the signal that stopped it again once stopped: SIGTERM then ends
     # the command as Ctrl-C does (KeyboardInterrupt, exit status 0), not killed by it.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    Server(config).run()
+    Server(config).run(sockets=[sock])

@@ -12,9 +12,11 @@ would not, nor claim an action nobody took.
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
+from urllib.parse import urlencode
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
@@ -30,17 +32,20 @@ from starlette.responses import (
     StreamingResponse,
 )
 
-from sqla_jobs import exceptions, ops
+from sqla_jobs import exceptions, models, ops
 from sqla_jobs.dashboard import _bulk, _flash, _forms, _live, _render, _security
 from sqla_jobs.dashboard._security import Viewer
 from sqla_jobs.exceptions import ConfigError, JobNotFoundError, SchemaNotReadyError
 from sqla_jobs.models import JobStatus
 from sqla_jobs.tasks import Registry
 
+log = logging.getLogger("sqla_jobs.dashboard")
+
 T = TypeVar("T")
 Endpoint = Callable[[Request], Awaitable[Response]]
 
-#: Message codes an action redirects with, and what the page then says ({n}: a count).
+#: Message codes an action redirects with, and what the page then says ({n}: a count,
+#: or the job's id; {name}: the queue or kind, as "queue mail").
 MESSAGES = {
     "retry": "{n} job(s) put back in the queue.",
     "cancel": "{n} job(s) cancelled.",
@@ -49,12 +54,32 @@ MESSAGES = {
     "bulk-retry": "{n} job(s) put back in the queue.",
     "bulk-cancel": "{n} job(s) cancelled or asked to stop.",
     "bulk-delete": "{n} job(s) deleted.",
-    "pause": "Paused: no worker starts its jobs until it is resumed.",
-    "resume": "Resumed.",
-    "limit": "Limit set.",
-    "clear": "Operator's limits cleared: the code's limits apply.",
+    "pause": "Paused {name}: no worker starts its jobs until it is resumed.",
+    "resume": "Resumed {name}.",
+    "limit": "Limit of {name} set.",
+    "clear": "Operator's limits of {name} cleared: the code's limits apply.",
+    "gone": "Job {n} is already gone (deleted, or archived): nothing to do.",
 }
+#: Why an action on one job did nothing: the job is in a status the action does not
+#: apply to ("retry-queued": retrying a queued job).
+_CAN = {
+    "retry": ("dead or cancelled", "retried"),
+    "cancel": ("queued or running", "cancelled"),
+    "delete": ("in any state but running", "deleted"),
+}
+MESSAGES.update(
+    {
+        f"{action}-{status.value}": f"Job {{n}} is {status.value}: only jobs that are "
+        f"{applies} can be {done}."
+        for action, (applies, done) in _CAN.items()
+        for status in JobStatus
+    }
+)
 AUDIT_ROWS = 20
+#: The audit page's query parameters: its two filters, its page cursor and the flash.
+AUDIT_PARAMETERS = ("scope", "target", "before", _flash.PARAM)
+#: Who a request is when the app's hooks failed: nobody, allowed nothing (fail closed).
+NOBODY = Viewer(_security.DENY, "unknown", frozenset())
 #: A bulk action's audit entry lists the ids it touched when there are at most this many.
 BULK_AUDIT_IDS = 100
 
@@ -71,10 +96,16 @@ class Settings:
 
 
 class HttpProblem(Exception):
-    def __init__(self, status: int, message: str) -> None:
+    """An error page: its status, message, and where its link leads back (a path of the
+    dashboard and the link's words; the overview by default)."""
+
+    def __init__(
+        self, status: int, message: str, back: tuple[str, str] = ("/", "Back to the overview")
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.back = back
 
 
 class Views:
@@ -115,7 +146,7 @@ class Views:
         done = _flash.read(request)
         message = None
         if done is not None and done[0] in MESSAGES:
-            message = MESSAGES[done[0]].format(n=done[1] or 0)
+            message = MESSAGES[done[0]].format(n=done[1] or 0, name=done[2])
         html = self.templates.get_template(name).render(
             url=lambda path: prefix + path,
             static=lambda file: f"{prefix}/static/{file}",
@@ -125,6 +156,7 @@ class Views:
             read_only=self.settings.read_only,
             message=message,
             live=f"{prefix}/events?{live}" if live else None,
+            max_attempts=self.max_attempts,
             **context,
         )
         response = HTMLResponse(html, status_code=status)
@@ -140,14 +172,36 @@ class Views:
             )
         return response
 
+    def max_attempts(self, job: ops.JobRecord, short: bool = False) -> str:
+        """A job's attempt limit as the worker will use it: its own, else its handler's
+        (from ``registry``) or the default; never "None" (a job enqueued without one gets
+        its handler's when a worker claims it)."""
+        if job.max_attempts is not None:
+            return str(job.max_attempts)
+        registry = self.settings.registry
+        if registry is not None and job.kind in registry.kinds:
+            declared = registry[job.kind].max_attempts
+            found = declared if declared is not None else models.DEFAULT_MAX_ATTEMPTS
+            return f"{found}" if short else f"{found} (its handler's, set when a worker claims it)"
+        if short:
+            return "handler's"
+        return f"the handler's (else {models.DEFAULT_MAX_ATTEMPTS}), set when a worker claims it"
+
     def back(
-        self, request: Request, path: str, did: str, n: int | None = None, query: str = ""
+        self,
+        request: Request,
+        path: str,
+        did: str,
+        n: int | None = None,
+        query: str = "",
+        name: str = "",
     ) -> Response:
         """303 to ``path`` (with ``query``, a page's own), saying what was done (signed:
         see :mod:`._flash`)."""
         prefix = request.scope.get("root_path", "").rstrip("/")
         token = request.cookies.get(_security.CSRF_COOKIE, "")  # checked by the action
-        query = (f"{query}&" if query else "") + f"{_flash.PARAM}={_flash.sign(token, did, n)}"
+        signed = _flash.sign(token, did, n, name=name)
+        query = (f"{query}&" if query else "") + f"{_flash.PARAM}={signed}"
         return RedirectResponse(f"{prefix}{path}?{query}", status_code=303)
 
     def page(self, fn: Callable[[Request, Viewer], Awaitable[Response]]) -> Endpoint:
@@ -155,7 +209,10 @@ class Views:
 
         @functools.wraps(fn)
         async def endpoint(request: Request) -> Response:
-            viewer = await self._viewer(request)
+            try:
+                viewer = await self._viewer(request)
+            except _security.HookFailed as exc:
+                return self._problem(request, NOBODY, HttpProblem(500, str(exc)))
             if viewer.access == _security.DENY:
                 return self._problem(request, viewer, HttpProblem(403, "Access denied."))
             try:
@@ -213,17 +270,31 @@ class Views:
             problem = _security.csrf_problem(request, form.get(_security.CSRF_FIELD))
             if problem is not None:
                 raise HttpProblem(403, f"Refused: {problem}.")
-            asked = _bulk.Asked.from_form(form)
-            if not viewer.can(asked.op):
-                raise HttpProblem(403, f"You may not {asked.op} here (read-only or not permitted).")
-            return await fn(request, viewer, asked, form)
+            # A bad form's error page links back to the list it came from.
+            back = (_list_path(form), "Back to the list")
+            try:
+                asked = _bulk.Asked.from_form(form)
+                if not viewer.can(asked.op):
+                    raise HttpProblem(
+                        403, f"You may not {asked.op} here (read-only or not permitted).", back
+                    )
+                return await fn(request, viewer, asked, form)
+            except ConfigError as exc:
+                raise HttpProblem(400, str(exc), back) from None
 
         checked.__name__ = fn.__name__
         return self.page(checked)
 
     async def _viewer(self, request: Request) -> Viewer:
+        """Who is asking; HookFailed (its traceback logged here) if a hook failed."""
         s = self.settings
-        return await _security.resolve(request, s.auth, s.permissions, s.read_only)
+        try:
+            return await _security.resolve(request, s.auth, s.permissions, s.read_only)
+        except _security.HookFailed as exc:
+            log.error(
+                "%s (request refused: %s %s)", exc, request.method, request.url.path, exc_info=exc
+            )
+            raise
 
     def _problem(self, request: Request, viewer: Viewer, exc: HttpProblem) -> HTMLResponse:
         return self.render(request, viewer, "problem.html", status=exc.status, problem=exc)
@@ -232,7 +303,10 @@ class Views:
         """The styled error page for a path no route serves, or a method it does not take
         (Starlette's plain-text 404 and 405 otherwise)."""
         status = exc.status_code if isinstance(exc, HTTPException) else 500
-        viewer = await self._viewer(request)
+        try:
+            viewer = await self._viewer(request)
+        except _security.HookFailed as failed:
+            return self._problem(request, NOBODY, HttpProblem(500, str(failed)))
         if viewer.access == _security.DENY:
             return self._problem(request, viewer, HttpProblem(403, "Access denied."))
         if status == 405:
@@ -294,20 +368,37 @@ class Views:
     ) -> Response:
         error = None
         page: list[ops.JobRecord] = []
-        after = None
+        after = above = None
+        size = _forms.PAGE_SIZE
         try:
             args = chosen.arguments()
             after = _forms.cursor(request.query_params.get("after"))
-            page = await self.read(
-                lambda s: ops.list_jobs(
-                    s, **args, after_id=after, limit=_forms.PAGE_SIZE + 1, newest_first=True
+            above = _forms.cursor(request.query_params.get("above"), "above")
+            if above is not None:
+                # "Newer jobs": the page of ids just above ``above``, read upwards by
+                # keyset, then shown newest first like every page.
+                page = await self.read(
+                    lambda s: ops.list_jobs(s, **args, after_id=above, limit=size + 1)
                 )
-            )
+                newer = len(page) > size
+                page = page[:size][::-1]
+            else:
+                page = await self.read(
+                    lambda s: ops.list_jobs(
+                        s, **args, after_id=after, limit=size + 1, newest_first=True
+                    )
+                )
+                newer = after is not None
         except ConfigError as exc:
             error = str(exc)
-        more = len(page) > _forms.PAGE_SIZE
-        page = page[: _forms.PAGE_SIZE]
-        next_query = chosen.query(after=page[-1].id) if more and page else None
+            newer = False
+        if above is not None:
+            older = bool(page)
+        else:
+            older = len(page) > size
+            page = page[:size]
+        next_query = chosen.query(after=page[-1].id) if older and page else None
+        newer_query = chosen.query(above=page[0].id) if newer and page else None
         return self.render(
             request,
             viewer,
@@ -318,11 +409,13 @@ class Views:
             filter=chosen,
             jobs=page,
             error=error,
-            first_page=after is None,
+            first_page=after is None and above is None,
             next_query=next_query,
+            newer_query=newer_query,
             statuses=[s.value for s in JobStatus],
             bulk_ops=[op for op in _bulk.APPLIES_TO if viewer.can(op)],
             unknown=_forms.unknown_filters(request.query_params),
+            ignored=_forms.ignored_values(request.query_params, nav),
             filter_names=list(_forms.LABELS),
         )
 
@@ -375,16 +468,40 @@ class Views:
         return self.render(request, viewer, "workers.html", nav="workers", **data)
 
     async def audit(self, request: Request, viewer: Viewer) -> Response:
-        before = _forms.optional_int("The page link's before", request.query_params.get("before"))
+        query = request.query_params
+        before = _forms.optional_int("The page link's before", query.get("before"))
+        scope = query.get("scope", "").strip() or None
+        target = query.get("target", "").strip() or None
+        if target is not None and scope is None:
+            raise ConfigError("target needs its scope: ?scope=queue&target=mail")
+        if scope is not None and scope not in models.AUDIT_SCOPES:
+            names = ", ".join(models.AUDIT_SCOPES)
+            raise ConfigError(f"unknown scope {scope!r}: use one of {names}")
         entries = await self.read(
-            lambda s: ops.audit_log(s, limit=_forms.PAGE_SIZE, before_id=before)
+            lambda s: ops.audit_log(
+                s, scope=scope, target=target, limit=_forms.PAGE_SIZE, before_id=before
+            )
         )
         more = entries[-1].id if len(entries) == _forms.PAGE_SIZE else None
-        return self.render(request, viewer, "audit.html", nav="audit", entries=entries, more=more)
+        kept = {k: v for k, v in (("scope", scope), ("target", target)) if v}
+        return self.render(
+            request,
+            viewer,
+            "audit.html",
+            nav="audit",
+            entries=entries,
+            more=more,
+            kept=kept,
+            older_query=urlencode({**kept, "before": more}) if more else None,
+            unknown=[n for n in dict.fromkeys(query.keys()) if n not in AUDIT_PARAMETERS],
+        )
 
     async def events(self, request: Request) -> Response:
         """The live view's server-sent events for one tab (see :mod:`._live`)."""
-        viewer = await self._viewer(request)
+        try:
+            viewer = await self._viewer(request)
+        except _security.HookFailed as exc:
+            return PlainTextResponse(str(exc), status_code=500)
         if viewer.access == _security.DENY:
             return PlainTextResponse("Access denied.", status_code=403)
         query = request.query_params
@@ -417,7 +534,8 @@ class Views:
             more=chosen.more,
             limit=_bulk.MAX_BULK,
             upto=max(chosen.ids, default=0),
-            applies_to=[s.value for s in _bulk.APPLIES_TO[asked.op]],
+            applies_to=_bulk.APPLIES_TEXT[asked.op],
+            everything_field=_bulk.EVERYTHING_FIELD,
             back_query=form.get("filter", ""),
         )
 
@@ -427,6 +545,7 @@ class Views:
         """Step two: act on the jobs reviewed (no job newer than the review's)."""
         if asked.upto is None:
             raise ConfigError("review the bulk action first: its confirmation names the jobs")
+        _bulk.check_everything(asked, form)
 
         def act(session: Session) -> dict[str, int]:
             chosen = _bulk.select(session, asked)
@@ -452,37 +571,50 @@ class Views:
     async def retry(self, request: Request, viewer: Viewer, form: dict[str, str]) -> Response:
         job_id = _job_id(request)
 
-        def act(session: Session) -> int:
+        def act(session: Session) -> tuple[int, str | None]:
             n = ops.retry_jobs(session, [job_id], status=[JobStatus.DEAD, JobStatus.CANCELLED])
             _record(session, viewer, "retry", "job", job_id, {"retried": n})
-            return n
+            return n, None if n else _why_not(session, "retry", job_id)
 
-        return self.back(request, f"/jobs/{job_id}", "retry", await self.write(act))
+        n, why = await self.write(act)
+        return self._after(request, job_id, why, "retry", n)
 
     async def cancel(self, request: Request, viewer: Viewer, form: dict[str, str]) -> Response:
         job_id = _job_id(request)
 
-        def act(session: Session) -> ops.CancelResult:
+        def act(session: Session) -> tuple[ops.CancelResult, str | None]:
             done = ops.cancel(session, [job_id])
             detail = {"cancelled": len(done.cancelled), "asked_to_stop": len(done.stopping)}
             _record(session, viewer, "cancel", "job", job_id, detail)
-            return done
+            acted = done.cancelled or done.stopping
+            return done, None if acted else _why_not(session, "cancel", job_id)
 
-        done = await self.write(act)
+        done, why = await self.write(act)
         if done.stopping:
             return self.back(request, f"/jobs/{job_id}", "stop", len(done.stopping))
-        return self.back(request, f"/jobs/{job_id}", "cancel", len(done.cancelled))
+        return self._after(request, job_id, why, "cancel", len(done.cancelled))
 
     async def delete(self, request: Request, viewer: Viewer, form: dict[str, str]) -> Response:
         job_id = _job_id(request)
 
-        def act(session: Session) -> int:
+        def act(session: Session) -> tuple[int, str | None]:
             n = ops.delete_jobs(session, [job_id])
             _record(session, viewer, "delete", "job", job_id, {"deleted": n})
-            return n
+            return n, None if n else _why_not(session, "delete", job_id)
 
-        n = await self.write(act)
-        return self.back(request, f"/jobs/{job_id}" if n == 0 else "/jobs", "delete", n)
+        n, why = await self.write(act)
+        if n:
+            return self.back(request, "/jobs", "delete", n)
+        return self._after(request, job_id, why, "delete", n)
+
+    def _after(self, request: Request, job_id: int, why: str | None, did: str, n: int) -> Response:
+        """Back to the job's page saying what was done, or why nothing was (a job that is
+        gone: back to the list, saying so)."""
+        if why == "gone":
+            return self.back(request, "/jobs", "gone", job_id)
+        if why is not None:
+            return self.back(request, f"/jobs/{job_id}", why, job_id)
+        return self.back(request, f"/jobs/{job_id}", did, n)
 
     # --- actions on a queue or kind ------------------------------------------------
 
@@ -493,8 +625,12 @@ class Views:
         return await self._control(request, viewer, form, "resume", ops.resume)
 
     async def limit(self, request: Request, viewer: Viewer, form: dict[str, str]) -> Response:
-        concurrency = _forms.optional_int("Concurrency", form.get("concurrency", "").strip())
-        rate = form.get("rate", "").strip() or None
+        rate_text = form.get("rate", "").strip()
+        try:
+            concurrency = _forms.concurrency(form.get("concurrency", "").strip())
+            rate = _forms.rate(rate_text)
+        except ConfigError as exc:
+            raise HttpProblem(400, str(exc), ("/queues", "Back to the queues")) from None
         if concurrency is None and rate is None:
             raise ConfigError(
                 "Give a concurrency, a rate or both before pressing Set limit (Clear limits "
@@ -504,7 +640,7 @@ class Views:
         def change(session: Session, **scope: Any) -> None:
             ops.set_limit(session, **scope, concurrency=concurrency, rate=rate)
 
-        detail = {"concurrency": concurrency, "rate": rate}
+        detail = {"concurrency": concurrency, "rate": rate_text or None}
         return await self._control(request, viewer, form, "limit", change, detail)
 
     async def clear(self, request: Request, viewer: Viewer, form: dict[str, str]) -> Response:
@@ -529,7 +665,7 @@ class Views:
             _record(session, viewer, action, scope, name, detail)
 
         await self.write(act)
-        return self.back(request, "/queues", verb)
+        return self.back(request, "/queues", verb, name=f"{scope} {name}")
 
 
 def _record(
@@ -545,9 +681,27 @@ def _record(
     )
 
 
+def _why_not(session: Session, action: str, job_id: int) -> str:
+    """The message code saying why ``action`` did nothing to this job: its status, or
+    ``gone``."""
+    state = ops.job_states(session, [job_id]).get(job_id)
+    return "gone" if state is None else f"{action}-{state.status.value}"
+
+
 def _page(form: dict[str, str]) -> str:
     """The list a bulk form came from: ``dead`` or ``jobs``."""
     return "dead" if form.get("page") == "dead" else "jobs"
+
+
+def _list_path(form: dict[str, str]) -> str:
+    """The address of the list a bulk form came from, with its filter."""
+    chosen = _forms.JobFilter.from_query(QueryParams(form.get("filter", "")))
+    if _page(form) == "dead":
+        # The dead page fixes the status itself: its own links do not repeat it.
+        query = _forms.JobFilter.from_query(QueryParams(chosen.query()), status="").query()
+        return "/dead" + (f"?{query}" if query else "")
+    query = chosen.query()
+    return "/jobs" + (f"?{query}" if query else "")
 
 
 def _not_this_method(request: Request) -> str:
