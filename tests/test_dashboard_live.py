@@ -246,6 +246,8 @@ def test_running_counts_the_handlers_at_work_and_claimed_counts_the_buffered_job
         assert "Claimed</abbr>" in queues and ">Running<" not in queues
     finally:
         stop(worker)
+
+
 def test_close_streams_ends_the_open_streams_of_a_mounted_dashboard(engine: sa.Engine) -> None:
     from starlette.requests import Request
     from starlette.responses import PlainTextResponse
