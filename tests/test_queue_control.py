@@ -364,7 +364,8 @@ def test_an_operator_lowering_a_declared_limit_at_run_time_binds_every_claim(
     workers(db_url, log, procs, 2, "--concurrency", "4")
     wait_for(lambda: scalar(engine, "SELECT count(*) FROM jobs_workers") == 2, message="started")
     declared = "SELECT declared_concurrency FROM jobs_controls WHERE scope = 'kind' AND name = :k"
-    assert scalar(engine, declared, k="limited") == 3  # the code's limit=3
+    # Registered first, then the code's limit=3 declared at the dispatcher's first look.
+    wait_for(lambda: scalar(engine, declared, k="limited") == 3, message="limit=3 declared")
 
     lowered = cli(db_url, "limit", "--kind", "limited", "--concurrency", "1")
     assert lowered.returncode == 0, lowered.stderr
