@@ -18,7 +18,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
-from sqla_jobs import models
+from sqla_jobs import models, validation
 from sqla_jobs.models import JobStatus, jobs
 
 Now = datetime | None
@@ -88,3 +88,18 @@ def ago(amount: float | sa.ColumnElement[Any], now: Now = None) -> sa.ColumnElem
 
 def epoch(value: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
     return sa.func.extract("epoch", value)
+
+
+def priority_levels(top: sa.ColumnElement[Any] | None = None) -> Any:
+    """``levels(level)``: one row per priority, most urgent first, up to ``top`` (a bound
+    value) or the least urgent. A statement joined to it reads jobs_claim_idx one
+    priority's ``run_at`` range at a time, as a claim does, instead of sorting the rows
+    of every priority (the claim, the next due time, the unserved-jobs look)."""
+    return (
+        sa.func.generate_series(
+            sa.literal_column(str(validation.MIN_PRIORITY)),
+            sa.literal_column(str(validation.MAX_PRIORITY)) if top is None else top,
+        )
+        .table_valued("level")
+        .render_derived(name="levels")
+    )

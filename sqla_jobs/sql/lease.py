@@ -98,15 +98,10 @@ def claim(
     machine, several ms when others write). When nothing is claimed nothing is written,
     and there is no commit to wait for.
     """
-    levels = (
-        sa.func.generate_series(
-            sa.literal_column(str(validation.MIN_PRIORITY)),
-            # Claims only jobs at least this urgent: a worker whose buffer is full looks
-            # for jobs more urgent than any it holds (see the dispatcher's busy look).
-            sa.bindparam("max_priority", validation.MAX_PRIORITY, sa.Integer),
-        )
-        .table_valued("level")
-        .render_derived(name="levels")
+    # Claims only jobs at least this urgent: a worker whose buffer is full looks for jobs
+    # more urgent than any it holds (see the dispatcher's busy look).
+    levels = _common.priority_levels(
+        sa.bindparam("max_priority", validation.MAX_PRIORITY, sa.Integer)
     )
     per_level = (
         sa.select(jobs.c.id)
@@ -179,14 +174,7 @@ def next_due(*, queues: Sequence[str], kinds: Sequence[str], now: Now = None) ->
     then the earliest of the ten. Paused and limited scopes are not left out: waking
     for one costs a claim that finds nothing.
     """
-    levels = (
-        sa.func.generate_series(
-            sa.literal_column(str(validation.MIN_PRIORITY)),
-            sa.literal_column(str(validation.MAX_PRIORITY)),
-        )
-        .table_valued("level")
-        .render_derived(name="levels")
-    )
+    levels = _common.priority_levels()
     first = (
         sa.select(jobs.c.run_at)
         .where(

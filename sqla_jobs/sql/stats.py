@@ -19,7 +19,6 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import ARRAY, REGCLASS
 
-from sqla_jobs import validation
 from sqla_jobs.models import JobStatus, jobs
 from sqla_jobs.sql import _common
 from sqla_jobs.sql._common import Now
@@ -165,14 +164,7 @@ def unserved_ready(
     as the jobs around it are claimed, and the cost stays that of reading at most
     ``10 * look`` index entries however large the backlog.
     """
-    levels = (
-        sa.func.generate_series(
-            sa.literal_column(str(validation.MIN_PRIORITY)),
-            sa.literal_column(str(validation.MAX_PRIORITY)),
-        )
-        .table_valued("level")
-        .render_derived(name="levels")
-    )
+    levels = _common.priority_levels()
     oldest = (
         sa.select(jobs.c.kind, jobs.c.queue)
         .where(
