@@ -623,8 +623,9 @@ def _stats_text(s: Any) -> str:
     vacuum = t.last_autovacuum.isoformat(timespec="seconds") if t.last_autovacuum else "never"
     lines += [
         "",
-        f"jobs table: ~{t.estimated_rows:,} rows"
-        + (f" ({split})" if split else " (not analyzed yet)"),
+        f"jobs table: ~{t.estimated_rows:,} rows" + (f" ({split})" if split else "")
+        if t.rows_estimated
+        else "jobs table: row count not estimated yet (the planner counts at the first ANALYZE)",
         f"bloat: {t.dead_tuples:,} dead tuples / {t.live_tuples:,} live "
         f"({t.dead_tuple_ratio:.1%}); last autovacuum {vacuum}",
     ]
@@ -1158,3 +1159,7 @@ _OPS_COMMANDS: dict[str, Callable[[Any, argparse.Namespace], int]] = {
     "limits": _cmd_limits,
     "workers": _cmd_workers,
 }
+
+
+if __name__ == "__main__":  # ``python -m sqla_jobs.cli``, like ``python -m sqla_jobs``
+    raise SystemExit(main())

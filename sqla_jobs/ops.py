@@ -174,6 +174,13 @@ class TableStats:
         total = self.live_tuples + self.dead_tuples
         return self.dead_tuples / total if total else 0.0
 
+    @property
+    def rows_estimated(self) -> bool:
+        """Whether the planner has counted the table yet (an ANALYZE or VACUUM ran):
+        before that ``estimated_rows`` reads 0 whatever the table holds."""
+        seen = self.last_autoanalyze or self.last_autovacuum or self.last_vacuum
+        return bool(self.estimated_rows or self.estimated_by_status or seen)
+
 
 @dataclass(frozen=True)
 class ScheduleStatus:
@@ -669,7 +676,7 @@ def _payload_match(value: Mapping[str, Any]) -> str:
             f"payload must be a JSON object (a dict) the payload contains, got {value!r}"
         )
     try:
-        return json.dumps(dict(value))
+        return json.dumps(dict(value), allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"payload is not JSON: {exc}") from None
 

@@ -172,6 +172,13 @@ def test_list_jobs_filters_and_pages_by_keyset(session: Session, engine: sa.Engi
         ops.list_jobs(session, limit=0)
 
 
+def test_list_jobs_refuses_a_payload_filter_that_is_not_json(session: Session) -> None:
+    with pytest.raises(ConfigError, match="payload is not JSON: Out of range float values"):
+        ops.list_jobs(session, payload={"score": float("nan")})
+    with pytest.raises(ConfigError, match="payload must be a JSON object"):
+        ops.list_jobs(session, payload=[1])  # type: ignore[arg-type]
+
+
 def test_get_job_returns_everything_or_raises_not_found(session: Session) -> None:
     job_id = enqueue(session, "noop", {"a": 1}, key="k1", priority=3)
     session.commit()

@@ -73,6 +73,31 @@ def test_stats_prints_a_table_and_json(engine: sa.Engine, db_url: URL) -> None:
     assert {(k["queue"], k["kind"]) for k in data["by_kind"]} >= {("other", "ghost")}
 
 
+def test_stats_says_the_row_count_is_not_estimated_before_the_first_analyze(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    seed_states(engine)
+    before = ok(db_url, "stats")
+    not_yet = "jobs table: row count not estimated yet (the planner counts at the first ANALYZE)"
+    assert not_yet in before
+    assert "~0 rows" not in before
+    with engine.begin() as conn:
+        conn.execute(sa.text("ANALYZE jobs"))
+    after = ok(db_url, "stats")
+    assert re.search(r"jobs table: ~\d+ rows \(", after), after
+
+
+def test_the_cli_module_runs_as_a_script_like_the_package() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "sqla_jobs.cli", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: sqla-jobs")
+
+
 def test_stats_watch_refreshes_until_interrupted(engine: sa.Engine, db_url: URL) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "sqla_jobs", "stats", "--json", "--watch", "0.1"],

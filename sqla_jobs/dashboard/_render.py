@@ -68,8 +68,7 @@ def age(seconds: float | None) -> str:
 def table_size(table: ops.TableStats) -> str:
     """The jobs table's planner estimate of its rows, or that there is none yet: before
     its first ANALYZE (or VACUUM) ``reltuples`` is -1, which ``ops`` reports as 0."""
-    seen = table.last_autoanalyze or table.last_autovacuum or table.last_vacuum
-    if table.estimated_rows or table.estimated_by_status or seen:
+    if table.rows_estimated:
         return f"about {table.estimated_rows:,} rows (planner estimate)"
     return "row count not estimated yet (the planner counts at the first ANALYZE)"
 
