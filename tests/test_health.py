@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -238,9 +238,9 @@ def test_health_async_reads_the_same_on_an_async_session(db_url: URL, held: int)
     assert str(held) in {f.subject.removeprefix("pid ") for f in found.findings}
 
 
-HISTORY_PLANS = {
+HISTORY_PLANS: dict[str, tuple[Callable[[], sa.Select[Any]], str]] = {
     "expired_leases": (lambda: health_sql.expired_leases(60.0), "jobs_lease_idx"),
-    "oldest_ready": (health_sql.oldest_ready, "jobs_claim_idx"),
+    "oldest_ready": (lambda: health_sql.oldest_ready(), "jobs_claim_idx"),
 }
 
 
