@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 from test_ops import insert
 from test_ops_cli import cli
 
-from sqla_jobs import ConfigError, ops
+from sqla_jobs import ConfigError, config, ops, testing
 from sqla_jobs.sql import health as health_sql
 
 
@@ -96,29 +96,57 @@ def test_health_command_exits_1_naming_the_pid_and_age_and_0_when_healthy(
     assert data["thresholds"]["max_transaction_age"] == 0.0
 
 
-def test_health_finds_a_prepared_transaction(
-    session: Session, engine: sa.Engine, db_url: URL
-) -> None:
-    allowed = scalar(engine, "SELECT current_setting('max_prepared_transactions')::int")
-    if not allowed:
+@pytest.fixture
+def prepared_url(
+    engine: sa.Engine, db_url: URL, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[URL]:
+    """A migrated database on a server that allows prepared transactions: the shared one
+    if its max_prepared_transactions > 0, else a private embedded server started with 4
+    (the setting needs a restart, which a shared server must not get)."""
+    if scalar(engine, "SELECT current_setting('max_prepared_transactions')::int"):
+        yield db_url
+        return
+    try:
+        import pgserver
+    except ImportError:
         pytest.skip(
-            "the server has max_prepared_transactions = 0: PREPARE TRANSACTION is refused, "
-            "so no prepared transaction can hold the horizon there"
+            "the server has max_prepared_transactions = 0 and the embedded server "
+            "(pip install 'sqla-jobs[embedded]') is missing to start one that allows them"
         )
+    data = tmp_path_factory.mktemp("prepared") / "data"
+    first = pgserver.get_server(str(data), cleanup_mode="stop")  # type: ignore[attr-defined]
+    first.psql("ALTER SYSTEM SET max_prepared_transactions = 4;")
+    first.cleanup()  # stopped: the setting takes effect at the next start
+    server = pgserver.get_server(str(data), cleanup_mode="delete")  # type: ignore[attr-defined]
+    try:
+        admin = config.database_url(server.get_uri())
+        url = testing.create_database(admin, "health_prepared")
+        testing.migrate(url)
+        yield url
+    finally:
+        server.cleanup()
+
+
+def test_health_finds_a_prepared_transaction(prepared_url: URL) -> None:
+    engine = sa.create_engine(prepared_url, poolclass=sa.NullPool)
     with engine.connect() as conn:
         conn.exec_driver_sql("BEGIN")
         conn.exec_driver_sql("SELECT txid_current()")
         conn.exec_driver_sql("PREPARE TRANSACTION 'forgotten-2pc'")
     try:
-        found = ops.health(session, max_transaction_age=timedelta(0))
+        with Session(engine) as session:
+            found = ops.health(session, max_transaction_age=timedelta(0))
         holder = next(h for h in found.horizon if h.holder == "prepared")
         assert holder.name == "forgotten-2pc" and holder.xid_age is not None
         finding = next(f for f in found.findings if f.check == "prepared")
         assert "ROLLBACK PREPARED 'forgotten-2pc'" in finding.advice
-        assert cli(db_url, "health", "--max-transaction-age", "0s").returncode == 1
+        result = cli(prepared_url, "health", "--max-transaction-age", "0s")
+        assert result.returncode == 1, result.stdout + result.stderr
+        assert "PROBLEM [prepared] prepared transaction 'forgotten-2pc'" in result.stdout
     finally:
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             conn.exec_driver_sql("ROLLBACK PREPARED 'forgotten-2pc'")
+        engine.dispose()
 
 
 def test_health_reports_expired_leases_waiting_jobs_and_stale_workers(
