@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -97,9 +100,7 @@ def test_health_command_exits_1_naming_the_pid_and_age_and_0_when_healthy(
 
 
 @pytest.fixture
-def prepared_url(
-    engine: sa.Engine, db_url: URL, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[URL]:
+def prepared_url(engine: sa.Engine, db_url: URL) -> Iterator[URL]:
     """A migrated database on a server that allows prepared transactions: the shared one
     if its max_prepared_transactions > 0, else a private embedded server started with 4
     (the setting needs a restart, which a shared server must not get)."""
@@ -113,7 +114,10 @@ def prepared_url(
             "the server has max_prepared_transactions = 0 and the embedded server "
             "(pip install 'sqla-jobs[embedded]') is missing to start one that allows them"
         )
-    data = tmp_path_factory.mktemp("prepared") / "data"
+    # Run as root, pgserver starts the server as its own user, which must reach the
+    # directory: a fresh one under /tmp (pgserver opens it up), not pytest's tmp_path.
+    parent = Path(tempfile.mkdtemp(prefix="sqla_jobs_prepared_"))
+    data = parent / "data"
     first = pgserver.get_server(str(data), cleanup_mode="stop")  # type: ignore[attr-defined]
     first.psql("ALTER SYSTEM SET max_prepared_transactions = 4;")
     first.cleanup()  # stopped: the setting takes effect at the next start
@@ -125,6 +129,7 @@ def prepared_url(
         yield url
     finally:
         server.cleanup()
+        shutil.rmtree(parent, ignore_errors=True)
 
 
 def test_health_finds_a_prepared_transaction(prepared_url: URL) -> None:
