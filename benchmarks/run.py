@@ -1504,7 +1504,7 @@ def main(argv: list[str] | None = None) -> int:
         "--only",
         default=(
             "enqueue,orm,drain,backlog,tx,procs,async,pickup,claim,limits,slots,scheduled,"
-            "cli,dashboard"
+            "cli,dashboard,horizon,history"
         ),
         help="comma-separated sections to run (default: all)",
     )
@@ -1897,6 +1897,20 @@ def main(argv: list[str] | None = None) -> int:
         import slots
 
         rows += slots.section(args.quick, step)
+
+    if "history" in only:
+        # Every operation with an empty history beside 10M (--quick: 1M) finished jobs
+        # (#25): see history.py.
+        import history as history_bench
+
+        rows += history_bench.section(args.quick, step)
+
+    if "horizon" in only:
+        # A steady flow with an app's REPEATABLE READ transaction held open beside the
+        # same flow without it (#25): see horizon.py.
+        import horizon
+
+        rows += horizon.section(args.quick, step)
 
     if "scheduled" in only:
         # How late an idle worker starts jobs scheduled ahead (#23): see scheduled.py.

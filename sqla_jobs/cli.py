@@ -28,6 +28,9 @@ if TYPE_CHECKING:
 # time (issue #23; tests/test_cli_start.py).
 
 EXIT_USAGE = 2
+#: ``sqla-jobs health``: a check crossed its threshold (0: none did; 2: bad usage or
+#: the database could not be read).
+EXIT_UNHEALTHY = 1
 #: ``sqla-jobs list | head``: the reader left before the output ended (128 + SIGPIPE, as
 #: a shell reports a tool the signal stopped).
 EXIT_BROKEN_PIPE = 141
@@ -452,6 +455,11 @@ def _add_ops_commands(sub: Any) -> None:
     p.add_argument("--watch", type=float, metavar="SECONDS", help="refresh every SECONDS")
     p.add_argument("--app", help="'module:registry' to report kinds it has no handler for")
 
+    p = command("health", "what pins the horizon, bloat, stalls; exit 1 when a check fails")
+    p.add_argument("--json", action="store_true", help="one JSON document")
+    for flag, metavar, text in _HEALTH_FLAGS:
+        p.add_argument(flag, metavar=metavar, help=text)
+
     p = command("periodic", "periodic schedules: next tick, last tick, its job's status")
     p.add_argument("--app", required=True, help="'module:registry' that declares the schedules")
     p.add_argument("--json", action="store_true")
@@ -539,6 +547,100 @@ def _add_ops_commands(sub: Any) -> None:
 
     p = command("workers", "list live workers (the registry their heartbeats refresh)")
     p.add_argument("--json", action="store_true")
+
+
+#: ``sqla-jobs health`` threshold flags: each overrides one field of
+#: ``ops.HealthThresholds`` (its default in the help).
+_HEALTH_FLAGS = (
+    ("--max-transaction-age", "DURATION", "open transaction or prepared one (default 5m)"),
+    ("--max-slot-xid-age", "N", "xids a replication slot holds back (default 1000000)"),
+    ("--max-dead-tuples", "N", "dead tuples of a queue table (default 50000)"),
+    ("--max-dead-ratio", "R", "...when also over this share of its rows (default 0.2)"),
+    ("--max-vacuum-age", "DURATION", "since a table with dead tuples was vacuumed (1d)"),
+    ("--max-jobs-table-bytes", "N", "jobs table with indexes (default 2147483648)"),
+    ("--max-expired-leases", "N", "leases expired over a minute ago (default 0)"),
+    ("--max-ready-age", "DURATION", "wait of the oldest ready job (default 5m)"),
+    ("--max-heartbeat-age", "DURATION", "since a registered worker beat (default 1m)"),
+)
+
+
+def _health_thresholds(args: argparse.Namespace) -> dict[str, Any]:
+    from sqla_jobs import ops
+
+    given: dict[str, Any] = {}
+    for flag, metavar, _text in _HEALTH_FLAGS:
+        name = flag.removeprefix("--").replace("-", "_")
+        raw = getattr(args, name)
+        if raw is None:
+            continue
+        try:
+            if metavar == "DURATION":
+                given[name] = ops.parse_duration(raw)
+            else:
+                given[name] = float(raw) if metavar == "R" else int(raw)
+                ops.HealthThresholds(**{name: given[name]})
+        except (ValueError, ConfigError) as exc:
+            detail = str(exc) if isinstance(exc, ConfigError) else f"not a number: {raw!r}"
+            raise ConfigError(f"{flag} {raw!r}: {detail}") from None
+    return given
+
+
+def _health_text(h: Any) -> str:
+    lines = [f"sqla_jobs health at {h.taken_at.isoformat(timespec='seconds')}", ""]
+    if h.horizon:
+        rows = [
+            (
+                x.holder,
+                x.name,
+                _age(x.age_seconds),
+                "-" if x.xid_age is None else x.xid_age,
+                x.detail.get("application_name") or x.detail.get("owner") or "-",
+                x.detail.get("state") or ("active" if x.detail.get("active") else "-"),
+            )
+            for x in h.horizon
+        ]
+        lines.append("Holding the xmin horizon (oldest first):")
+        lines += _table(("HOLDER", "NAME", "AGE", "XIDS", "APP/OWNER", "STATE"), rows, {2, 3})
+    else:
+        lines.append("Nothing holds the xmin horizon back.")
+    tables = [
+        (
+            t.name,
+            t.live_tuples,
+            t.dead_tuples,
+            f"{t.dead_ratio:.0%}",
+            f"{t.hot_updates}/{t.updates}",
+            _when(t.last_vacuumed),
+            _when(max((m for m in (t.last_analyze, t.last_autoanalyze) if m), default=None)),
+            t.table_bytes,
+            t.index_bytes,
+        )
+        for t in h.tables
+    ]
+    header = ("TABLE", "LIVE", "DEAD", "DEAD%", "HOT/UPD", "VACUUMED", "ANALYZED")
+    lines += ["", *_table((*header, "TABLE B", "INDEX B"), tables, {1, 2, 3, 4, 7, 8})]
+    lines += [
+        "",
+        f"expired leases: {h.expired_leases}   oldest ready job: {_age(h.oldest_ready_seconds)}"
+        f"   stale workers: {len(h.stale_workers)}",
+        "",
+    ]
+    if h.ok:
+        lines.append("OK: every check is within its threshold.")
+    for f in h.findings:
+        lines += [f"PROBLEM [{f.check}] {f.message}", f"  what to do: {f.advice}"]
+    return "\n".join(lines)
+
+
+def _cmd_health(session: Any, args: argparse.Namespace) -> int:
+    from sqla_jobs import ops
+
+    snapshot = ops.health(session, **_health_thresholds(args))
+    if args.json:
+        _print_json(snapshot.to_dict())
+    else:
+        print(_health_text(snapshot), flush=True)
+    return 0 if snapshot.ok else EXIT_UNHEALTHY
 
 
 def _duration(text: str | None) -> timedelta | None:
@@ -674,7 +776,8 @@ def _cmd_stats(session: Any, args: argparse.Namespace) -> int:
     while True:
         snapshot = ops.stats(session, registry)
         if args.json:
-            print(json.dumps(snapshot.to_dict()), flush=True)
+            data = {**snapshot.to_dict(), "health": ops.health(session).to_dict()}
+            print(json.dumps(data), flush=True)
         else:
             if args.watch is not None and sys.stdout.isatty():
                 print("\x1b[H\x1b[2J", end="")
@@ -1145,6 +1248,7 @@ def _cmd_workers(session: Any, args: argparse.Namespace) -> int:
 
 _OPS_COMMANDS: dict[str, Callable[[Any, argparse.Namespace], int]] = {
     "stats": _cmd_stats,
+    "health": _cmd_health,
     "periodic": _cmd_periodic,
     "list": _cmd_list,
     "show": _cmd_show,

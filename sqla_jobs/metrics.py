@@ -19,7 +19,17 @@ not ``sum``), refreshed every ``--metrics-refresh`` seconds from
 ``sqla_jobs_expired_leases``, ``sqla_jobs_dead``, ``sqla_jobs_oldest_ready_age_seconds``;
 and ``sqla_jobs_table_dead_tuples`` / ``sqla_jobs_table_live_tuples`` for bloat.
 
-The alert that matters: ``max(sqla_jobs_dead) > 0`` (see docs/operations.md).
+From :func:`sqla_jobs.ops.health` on the same refresh (issue #25):
+``sqla_jobs_horizon_age_seconds`` (the oldest transaction or prepared transaction of
+this database holding the xmin horizon; 0 when none), ``sqla_jobs_horizon_xid_age``
+(how many transactions back any session, slot or prepared transaction holds it),
+``sqla_jobs_stale_workers``, per queue table (label ``table``)
+``sqla_jobs_table_dead_tuples_by_table``, ``sqla_jobs_table_bytes`` and
+``sqla_jobs_table_index_bytes``, and ``sqla_jobs_health_findings`` (label ``check``:
+how many findings over their default thresholds).
+
+The alerts that matter: ``max(sqla_jobs_dead) > 0`` (see docs/operations.md) and
+``max(sqla_jobs_health_findings) > 0`` (run ``sqla-jobs health`` to see what to do).
 """
 
 from __future__ import annotations
@@ -104,6 +114,53 @@ class Metrics:
             "sqla_jobs_table_live_tuples", "n_live_tup of the jobs table.", registry=self.registry
         )
 
+        self._health_gauges(client)
+
+    def _health_gauges(self, client: Any) -> None:
+        def gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> Any:
+            return client.Gauge(name, doc, labels, registry=self.registry)
+
+        self.horizon_age = gauge(
+            "sqla_jobs_horizon_age_seconds",
+            "Age of the oldest transaction of this database holding the xmin horizon.",
+        )
+        self.horizon_xids = gauge(
+            "sqla_jobs_horizon_xid_age",
+            "Transactions the oldest session, slot or prepared transaction holds back.",
+        )
+        self.stale_workers = gauge(
+            "sqla_jobs_stale_workers", "Registered workers whose heartbeat is late."
+        )
+        table = ("table",)
+        self.tables_dead = gauge(
+            "sqla_jobs_table_dead_tuples_by_table", "n_dead_tup of a queue table.", table
+        )
+        self.tables_bytes = gauge("sqla_jobs_table_bytes", "Size of a queue table.", table)
+        self.index_bytes = gauge(
+            "sqla_jobs_table_index_bytes", "Size of a queue table's indexes.", table
+        )
+        self.findings = gauge(
+            "sqla_jobs_health_findings",
+            "Health checks over their default threshold (sqla-jobs health).",
+            ("check",),
+        )
+
+    def refresh_health(self, session: Session) -> None:
+        """Set the health gauges from one :func:`sqla_jobs.ops.health` look."""
+        found = ops.health(session)
+        ages = [h.age_seconds for h in found.horizon if h.age_seconds is not None]
+        xids = [h.xid_age for h in found.horizon if h.xid_age is not None]
+        self.horizon_age.set(max(ages, default=0.0))
+        self.horizon_xids.set(max(xids, default=0))
+        self.stale_workers.set(len(found.stale_workers))
+        for t in found.tables:
+            self.tables_dead.labels(t.name).set(t.dead_tuples)
+            self.tables_bytes.labels(t.name).set(t.table_bytes)
+            self.index_bytes.labels(t.name).set(t.index_bytes)
+        self.findings.clear()  # a check that recovered must read 0, not its last count
+        for check in ops.HEALTH_CHECKS:
+            self.findings.labels(check).set(sum(f.check == check for f in found.findings))
+
     def on_event(self, event: WorkerEvent) -> None:
         """Subscribed to the worker's events (``Worker.subscribe``)."""
         outcome = event.outcome.value  # a str enum: no import of the worker needed here
@@ -128,6 +185,7 @@ class Metrics:
             self.oldest_ready.labels(k.queue, k.kind).set(k.oldest_ready_seconds or 0.0)
         self.table_dead.set(snapshot.table.dead_tuples)
         self.table_live.set(snapshot.table.live_tuples)
+        self.refresh_health(session)
 
 
 def serve(

@@ -59,7 +59,10 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session
 
-from sqla_jobs import _sessions, exceptions, models, validation
+from sqla_jobs import _health, _sessions, exceptions, models, validation
+from sqla_jobs._health import Finding as Finding
+from sqla_jobs._health import Health as Health
+from sqla_jobs._health import HealthThresholds as HealthThresholds
 from sqla_jobs.exceptions import (
     ConfigError,
     InvalidJobError,
@@ -481,6 +484,29 @@ def _table_stats(conn: sa.Connection) -> TableStats:
         last_autovacuum=row.last_autovacuum if row is not None else None,
         last_autoanalyze=row.last_autoanalyze if row is not None else None,
     )
+
+
+# --- health (issue #25) ----------------------------------------------------------------
+
+
+#: Every health check's name (:attr:`Finding.check`).
+HEALTH_CHECKS = _health.CHECKS
+
+
+@_sessions.sync_form
+def health(session: Session, /, **thresholds: Any) -> Health:
+    """What pins the MVCC horizon, bloat, expired leases, waits and silent workers.
+
+    ``thresholds`` override :class:`HealthThresholds` (``max_transaction_age``,
+    ``max_slot_xid_age``, ``max_dead_tuples``, ``max_dead_ratio``, ``max_vacuum_age``,
+    ``max_jobs_table_bytes``, ``max_expired_leases``, ``max_ready_age``,
+    ``max_heartbeat_age``; defaults in :mod:`sqla_jobs._health`). Each figure over
+    its threshold is a :class:`Finding` that says what to do; :attr:`Health.ok` is
+    True when there is none. Reads catalog views and the live-job partial indexes on
+    a connection of its own: cheap however long the history. Raises ConfigError for
+    an unknown or bad threshold.
+    """
+    return _health.health(session, **thresholds)
 
 
 # --- looking at jobs ----------------------------------------------------------------
@@ -1337,6 +1363,7 @@ def audit_log(
 
 check_schema_async = _sessions.async_form(check_schema)
 stats_async = _sessions.async_form(stats)
+health_async = _sessions.async_form(health)
 periodic_statuses_async = _sessions.async_form(periodic_statuses)
 list_jobs_async = _sessions.async_form(list_jobs)
 get_job_async = _sessions.async_form(get_job)

@@ -258,3 +258,27 @@ def test_readme_async_handlers_example_runs(engine: sa.Engine, db_url: URL) -> N
     assert isinstance(registry, sqla_jobs.Registry)
     testing.drain(db_url, registry)
     assert scalar(engine, "SELECT count(*) FROM jobs WHERE status = 'done'") == 11
+
+
+def test_readme_running_for_years_health_example_names_the_open_transaction(
+    engine: sa.Engine, db_url: URL, capsys: pytest.CaptureFixture[str]
+) -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Running for years", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S)
+    assert code is not None
+    with engine.connect() as held:
+        held.exec_driver_sql("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        held.exec_driver_sql("SELECT count(*) FROM jobs").scalar_one()
+        pid = held.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+        os.environ["DATABASE_URL"] = url_text(db_url)
+        namespace: dict[str, object] = {"__name__": "readme_health"}
+        try:
+            exec(compile(code.group(1), "README.md", "exec"), namespace)
+        finally:
+            del os.environ["DATABASE_URL"]
+            held.rollback()
+    out = capsys.readouterr().out
+    assert f"session {pid} holds the horizon" in out
+    # Seconds old, under the example's two minutes: listed, not a finding.
+    assert "what to do" not in out

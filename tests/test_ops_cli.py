@@ -441,6 +441,10 @@ def test_metrics_port_serves_counters_histogram_and_queue_gauges(
     assert 'sqla_jobs_jobs_failed_total{kind="fail",queue="default"} 3.0' in text
     assert "sqla_jobs_oldest_ready_age_seconds" in text
     assert "sqla_jobs_table_dead_tuples" in text
+    # ops.health on the same refresh (issue #25): no finding on a fresh queue.
+    assert "sqla_jobs_horizon_age_seconds " in text and "sqla_jobs_stale_workers 0.0" in text
+    assert 'sqla_jobs_table_bytes{table="jobs"}' in text
+    assert 'sqla_jobs_health_findings{check="transaction"} 0.0' in text
 
 
 def test_metrics_port_without_prometheus_client_is_a_clear_error(

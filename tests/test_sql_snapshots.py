@@ -25,6 +25,7 @@ from sqla_jobs.sql import (
     audit,
     control,
     enqueue,
+    health,
     lease,
     locks,
     periodic,
@@ -34,7 +35,10 @@ from sqla_jobs.sql import (
 )
 
 SNAPSHOTS = Path(__file__).with_name("sql")
-MODULES = (enqueue, lease, admin, stats, locks, schema, periodic, control, workers, audit)
+MODULES = (
+    *(enqueue, lease, admin, stats, locks, schema, periodic, control, workers, audit),
+    health,
+)
 #: Functions in the statement modules that run statements instead of building one.
 NOT_BUILDERS = {
     "schema.check_schema",
@@ -204,6 +208,13 @@ CASES: dict[str, Callable[[], Any]] = {
     "workers.forget_expired": lambda: workers.forget_expired(),
     "workers.retire": lambda: workers.retire("w"),
     "workers.live": lambda: workers.live(),
+    "health.horizon_sessions": lambda: health.horizon_sessions(),
+    "health.horizon_slots": lambda: health.horizon_slots(),
+    "health.horizon_prepared": lambda: health.horizon_prepared(),
+    "health.tables": lambda: health.tables(["jobs", "jobs_archive"]),
+    "health.expired_leases": lambda: health.expired_leases(60.0),
+    "health.oldest_ready": lambda: health.oldest_ready(),
+    "health.stale_workers": lambda: health.stale_workers(60.0),
     "stats.throughput": lambda: stats.throughput(60),
     "audit.record": lambda: audit.record(
         actor="alice", action="retry", scope="job", target="1", detail='{"n": 1}'

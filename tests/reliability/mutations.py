@@ -776,6 +776,38 @@ MUTATIONS: list[Mutation] = [
             "test_a_dead_job_keeps_the_error_of_every_attempt_and_a_long_one_is_cut_to_its_end",
         ),
     ),
+    # --- health (issue #25) ----------------------------------------------------------------
+    Mutation(
+        "health_names_the_horizon_holder",
+        "health names the session whose snapshot holds the horizon (sql.health)",
+        "sqla_jobs/sql/health.py",
+        "            sa.or_(activity.c.backend_xmin.is_not(None), "
+        "activity.c.backend_xid.is_not(None)),\n",
+        "            activity.c.backend_xid.is_not(None),  # MUTATION: snapshots not seen\n",
+        (
+            "tests/test_health.py::"
+            "test_health_names_the_repeatable_read_transaction_holding_the_horizon",
+        ),
+    ),
+    Mutation(
+        "health_fails_over_a_threshold",
+        "a check over its threshold is a finding and `sqla-jobs health` exits 1 (cli)",
+        "sqla_jobs/cli.py",
+        "    return 0 if snapshot.ok else EXIT_UNHEALTHY\n",
+        "    return 0  # MUTATION\n",
+        (
+            "tests/test_health.py::"
+            "test_health_command_exits_1_naming_the_pid_and_age_and_0_when_healthy",
+        ),
+    ),
+    Mutation(
+        "health_leaves_itself_out",
+        "health does not report its own connection as a horizon holder (sql.health)",
+        "sqla_jobs/sql/health.py",
+        "            activity.c.pid != sa.func.pg_backend_pid(),\n",
+        "            sa.true(),  # MUTATION\n",
+        ("tests/test_health.py::test_health_leaves_out_its_own_connection_and_committed_sessions",),
+    ),
 ]
 
 

@@ -1,0 +1,292 @@
+"""Every operation with an empty history beside the same with a long one (issue #25, part 3).
+
+Two scratch databases with the same live queue; each operation timed (median of its
+repeats, ms) in both, in turns (three rounds, the median of the rounds), one of them
+with ``history`` finished jobs added in SQL
+(``generate_series``) the way the product stores them: half as done rows in ``jobs``
+finished 1 hour to 6 days ago (not yet archivable at ``--older-than 7d``), half in
+``jobs_archive`` finished 10 to 80 days ago (not yet prunable at 90 days), then
+``VACUUM ANALYZE`` (both). The ratio long/empty is compared with the issue's 1.2x. The
+live part is the same in both: queued jobs to claim, a few dead, expired and done ones.
+
+Measurement first: this section changes nothing in the product. Not measured here yet:
+the periodic enqueuer (its statements read ``jobs_periodic`` and insert with a key).
+Full size 10,000,000 (``--quick``: 1,000,000).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import statistics
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from sqla_jobs import enqueue, ops
+from sqla_jobs.models import JobStatus
+from sqla_jobs.sql import admin, lease
+from sqla_jobs.sql import stats as stats_sql
+
+TARGET = 1.2
+_LIVE_SQL = """
+INSERT INTO jobs (kind, payload) SELECT 'noop', '{}' FROM generate_series(1, 2000);
+INSERT INTO jobs (kind, payload, status, attempts, finished_at, last_error)
+  SELECT 'noop', '{}', 'dead', 8, now() - interval '1 hour', 'boom'
+  FROM generate_series(1, 200);
+INSERT INTO jobs (kind, payload, status, attempts, locked_until, worker)
+  SELECT 'noop', '{}', 'running', 1, now() - interval '1 hour', 'gone:1'
+  FROM generate_series(1, 20);
+INSERT INTO jobs (kind, payload, status, attempts, finished_at, result)
+  SELECT 'noop', '{}', 'done', 1, now() - interval '1 minute', '{"ok": true}'
+  FROM generate_series(1, 200);
+INSERT INTO jobs_archive (id, kind, queue, priority, payload, status, run_at, attempts,
+                          created_at, finished_at, result)
+  VALUES (900000000, 'noop', 'default', 0, '{}', 'done', now(), 1,
+          now() - interval '30 days', now() - interval '30 days', '{"ok": true}');
+"""
+_HISTORY_SQL = """
+INSERT INTO jobs (kind, payload, status, attempts, worker, run_at, created_at, finished_at,
+                  result)
+  SELECT 'noop', '{"n": 1}', 'done', 1, 'old:1',
+         now() - interval '6 days' + g * (interval '6 days' / %(half)s),
+         now() - interval '6 days' + g * (interval '6 days' / %(half)s),
+         now() - interval '6 days' + g * (interval '6 days' / %(half)s) - interval '1 hour',
+         '{"ok": true}'
+  FROM generate_series(1, %(half)s) AS g;
+INSERT INTO jobs_archive (id, kind, queue, priority, payload, status, run_at, attempts,
+                          worker, created_at, finished_at, result)
+  SELECT 1000000000 + g, 'noop', 'default', 0, '{"n": 1}', 'done',
+         now() - interval '80 days' + g * (interval '70 days' / %(half)s), 1, 'old:1',
+         now() - interval '80 days' + g * (interval '70 days' / %(half)s),
+         now() - interval '80 days' + g * (interval '70 days' / %(half)s), '{"ok": true}'
+  FROM generate_series(1, %(half)s) AS g;
+"""
+_ARCHIVABLE = """
+INSERT INTO jobs (kind, payload, status, attempts, finished_at)
+  SELECT 'noop', '{}', 'done', 1, now() - interval '8 days' FROM generate_series(1, 1000)
+"""
+_PRUNABLE = """
+INSERT INTO jobs_archive (id, kind, queue, priority, payload, status, run_at, attempts,
+                          created_at, finished_at)
+  SELECT 3000000000 + g + %(offset)s, 'noop', 'default', 0, '{}', 'done', now(), 1,
+         now() - interval '100 days', now() - interval '100 days'
+  FROM generate_series(1, 1000) AS g
+"""
+
+
+def _ms(fn: Callable[[], Any], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(times)
+
+
+def _ids(engine: sa.Engine, sql: str) -> list[int]:
+    with engine.connect() as conn:
+        return [int(r[0]) for r in conn.exec_driver_sql(sql)]
+
+
+def measure(engine: sa.Engine, repeats: int) -> dict[str, float]:
+    """Milliseconds per operation on the database as it stands."""
+    import run
+
+    out: dict[str, float] = {}
+    claim_sql, claim_params = run._claim_sql()
+    dead = _ids(engine, "SELECT id FROM jobs WHERE status = 'dead' LIMIT 1")[0]
+    done = _ids(engine, "SELECT id FROM jobs WHERE status = 'done' ORDER BY id DESC LIMIT 1")[0]
+    archived = 900_000_000  # the live part's one archived job
+    with Session(engine) as s:
+
+        def enqueue_one() -> None:
+            enqueue(s, "noop", {})
+            s.commit()
+
+        def rolled_back(stmt: Any, params: Any = None) -> Callable[[], None]:
+            def call() -> None:
+                with engine.connect() as conn:
+                    if isinstance(stmt, str):
+                        conn.exec_driver_sql(stmt, params).all()
+                    else:
+                        conn.execute(stmt)
+                    conn.rollback()
+
+            return call
+
+        out["enqueue (one job, commit)"] = _ms(enqueue_one, repeats)
+        out["claim (1 job, rolled back)"] = _ms(rolled_back(claim_sql, claim_params), repeats)
+        out["done-mark (complete_one)"] = _done_mark_ms(engine, claim_sql, claim_params, repeats)
+
+        def retry_one() -> None:
+            ops.retry_jobs(s, ids=[dead])
+            s.rollback()
+
+        out["retry (one dead job, rolled back)"] = _ms(retry_one, repeats)
+        out["rescue (20 expired, rolled back)"] = _ms(rolled_back(lease.rescue_expired()), repeats)
+        out["stats"] = _ms(lambda: ops.stats(s), max(3, repeats // 3))
+        out["list (first page, all)"] = _ms(lambda: ops.list_jobs(s), repeats)
+        out["list (dead)"] = _ms(lambda: ops.list_jobs(s, status="dead"), repeats)
+        out["show (live job)"] = _ms(lambda: ops.get_job(s, done), repeats)
+        out["show (archived job)"] = _ms(lambda: ops.get_job(s, archived), repeats)
+        out["result"] = _ms(lambda: ops.result(s, done), repeats)
+        out["health"] = _ms(lambda: ops.health(s), max(3, repeats // 3))
+        s.rollback()
+        out["archive (1,000 rows)"] = _batch_op(
+            engine, _ARCHIVABLE, lambda: ops.archive(s, timedelta(days=7))
+        )
+        out["prune (1,000 rows)"] = _batch_op(
+            engine, _PRUNABLE, lambda: ops.prune(s, timedelta(days=90))
+        )
+    return out
+
+
+def _done_mark_ms(engine: sa.Engine, claim_sql: str, params: dict[str, Any], repeats: int) -> float:
+    """Median ms of the done-mark alone, each of a job claimed (and committed) just before."""
+    times = []
+    for _ in range(repeats):
+        with engine.connect() as conn:
+            row = conn.exec_driver_sql(claim_sql, params).mappings().first()
+            conn.commit()
+        assert row is not None, "no job to claim"
+        stmt = lease.complete_one(worker="bench:1", job_id=row["id"], attempt=row["attempts"])
+        t0 = time.perf_counter()
+        with engine.begin() as conn:
+            assert conn.execute(stmt).rowcount == 1
+        times.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(times)
+
+
+_batches = 0
+
+
+def _batch_op(engine: sa.Engine, seed: str, op: Callable[[], int]) -> float:
+    global _batches
+    times = []
+    for _ in range(3):
+        _batches += 1
+        with engine.begin() as conn:
+            conn.exec_driver_sql(seed, {"offset": _batches * 1000})
+        t0 = time.perf_counter()
+        moved = op()
+        times.append((time.perf_counter() - t0) * 1000)
+        assert moved == 1000, moved
+    return statistics.median(times)
+
+
+def _statements(engine: sa.Engine) -> dict[str, tuple[str, dict[str, Any]]]:
+    """The operations' statements, compiled with the values of this database's rows."""
+    import run
+
+    dead = _ids(engine, "SELECT id FROM jobs WHERE status = 'dead' LIMIT 1")[0]
+    done = _ids(engine, "SELECT id FROM jobs WHERE status = 'done' ORDER BY id DESC LIMIT 1")[0]
+    built: dict[str, Any] = {
+        "done-mark": lease.complete_one(worker="gone:1", job_id=done, attempt=1),
+        "retry": admin.retry_jobs(statuses=[JobStatus.DEAD], ids=[dead]),
+        "rescue": lease.rescue_expired(),
+        "stats queued": stats_sql.stats_queued(),
+        "stats running": stats_sql.stats_running(),
+        "stats dead": stats_sql.stats_dead(),
+        "stats done recent": stats_sql.stats_done_recent(),
+        "list (first page)": admin.list_jobs(limit=50),
+        "list (dead)": admin.list_jobs(statuses=[JobStatus.DEAD], limit=50),
+        "show": admin.get_job(done),
+        "show archived": admin.get_archived_job(900_000_000),
+        "result": admin.job_result(done),
+        "archive batch": admin.archive_batch(
+            done_older_than=7 * 86400.0, dead_older_than=None, batch=10_000
+        ),
+        "prune batch": admin.prune_batch(older_than=90 * 86400.0, batch=10_000),
+    }
+    out = {"claim": run._claim_sql()}
+    for name, stmt in built.items():
+        compiled = stmt.compile(dialect=engine.dialect)
+        out[name] = (str(compiled), dict(compiled.params))
+    return out
+
+
+def buffers(engine: sa.Engine) -> dict[str, tuple[int, str]]:
+    """Shared buffers (hit + read) each statement touches, and its plan's first scan line:
+    a count the host's load does not change (EXPLAIN ANALYZE, rolled back)."""
+    found: dict[str, tuple[int, str]] = {}
+    for name, (sql, params) in _statements(engine).items():
+        with engine.connect() as conn:
+            plan = [
+                str(r[0])
+                for r in conn.exec_driver_sql(
+                    f"EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {sql}", params
+                )
+            ]
+            conn.rollback()
+        total = 0
+        for line in plan:
+            if "Buffers:" in line and ("Planning" not in line):
+                hit = re.search(r"hit=(\d+)", line)
+                read = re.search(r"read=(\d+)", line)
+                total = int(hit.group(1) if hit else 0) + int(read.group(1) if read else 0)
+                break
+        scans = [line.strip() for line in plan if " Scan " in line or "Scan using" in line]
+        found[name] = (total, scans[0] if scans else "")
+    return found
+
+
+def _prepare(url: str, engine: sa.Engine, history: int) -> None:
+    with engine.begin() as conn:
+        conn.exec_driver_sql(_LIVE_SQL)
+        if history:
+            for statement in _HISTORY_SQL.split(";")[:2]:
+                conn.exec_driver_sql(statement, {"half": history // 2})
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.exec_driver_sql("VACUUM ANALYZE")
+
+
+def section(quick: bool, step: Callable[[str], None]) -> list[Any]:
+    """The ``history`` rows of ``run.py``'s table: two databases, measured in turns."""
+    import run
+
+    history = int(os.environ.get("SQLA_JOBS_BENCH_HISTORY", 1_000_000 if quick else 10_000_000))
+    repeats, rounds = (11, 3) if quick else (21, 3)
+    rows = []
+    with (
+        run._ours("bench_history_empty") as empty_url,
+        run._ours("bench_history_long") as long_url,
+        run._engine(empty_url) as empty_engine,
+        run._engine(long_url) as long_engine,
+    ):
+        _prepare(empty_url, empty_engine, 0)
+        step(f"history: adding {history:,} finished jobs (generate_series)")
+        t0 = time.perf_counter()
+        _prepare(long_url, long_engine, history)
+        step(f"history: generated and vacuumed in {time.perf_counter() - t0:.0f} s")
+        empty: dict[str, list[float]] = {}
+        long: dict[str, list[float]] = {}
+        sides = [(empty_engine, empty), (long_engine, long)]
+        for n in range(rounds):  # in turns, each side first in turn: load drift hits both
+            step(f"history: round {n + 1} of {rounds}")
+            for engine, into in sides if n % 2 == 0 else sides[::-1]:
+                for name, value in measure(engine, repeats).items():
+                    into.setdefault(name, []).append(value)
+        before, after = buffers(empty_engine), buffers(long_engine)
+        print("  buffers per statement (empty -> long history), and the long side's first scan:")
+        for name, (count, _scan) in before.items():
+            print(f"    {name:20} {count:7} -> {after[name][0]:7}  {after[name][1]}", flush=True)
+    for name, values in empty.items():
+        value = statistics.median(long[name])
+        rows.append(
+            run.Row(
+                "history",
+                f"{name}: {history:,} finished jobs of history vs none",
+                value,
+                "ms",
+                peer="empty history",
+                peer_value=statistics.median(values),
+                target=f"<= {TARGET}x",
+                met=value <= TARGET * statistics.median(values),
+            )
+        )
+    return rows

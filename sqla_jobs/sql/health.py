@@ -1,0 +1,225 @@
+"""Statements behind ``sqla_jobs.ops.health`` (issue #25): what pins the horizon, bloat, stalls.
+
+None of them reads the history: the horizon holders come from ``pg_stat_activity``,
+``pg_replication_slots`` and ``pg_prepared_xacts`` (one row per session, slot or
+prepared transaction, never per job); dead and live tuples, vacuum times and sizes
+from ``pg_stat_user_tables`` and the relation's files (``pg_relation_size`` stats a
+file, it does not read it); the queue's figures through the partial indexes that hold
+live jobs only: expired leases on ``jobs_lease_idx`` (running rows), the oldest ready
+job on ``jobs_claim_idx`` one priority at a time, as a claim reads it. The cost stays
+that of the live queue however many finished jobs the tables keep (``tests/test_health.py``
+checks the plans on a large history).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import ARRAY
+
+from sqla_jobs.models import JobStatus, jobs, worker_records
+from sqla_jobs.sql import _common
+from sqla_jobs.sql._common import Now
+
+_XID = sa.types.NullType()
+
+
+def _xid_age(column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
+    """Transactions begun since ``column`` (an xid): how far behind it holds the horizon."""
+    return sa.func.age(column, type_=sa.BigInteger)
+
+
+def horizon_sessions(*, limit: int = 3) -> sa.Select[Any]:
+    """The sessions of this database holding back the xmin horizon, oldest first.
+
+    A session holds it while it has a snapshot (``backend_xmin``: a REPEATABLE READ
+    transaction, a long statement) or a transaction id (``backend_xid``: it wrote).
+    The reading session itself is left out. Other users' sessions show no details
+    unless the reader is a superuser or has ``pg_read_all_stats``.
+    """
+    activity = sa.table(
+        "pg_stat_activity",
+        sa.column("pid", sa.Integer),
+        sa.column("datname", sa.Text),
+        sa.column("usename", sa.Text),
+        sa.column("application_name", sa.Text),
+        sa.column("backend_type", sa.Text),
+        sa.column("state", sa.Text),
+        sa.column("xact_start", sa.DateTime(timezone=True)),
+        sa.column("query_start", sa.DateTime(timezone=True)),
+        sa.column("backend_xmin", _XID),
+        sa.column("backend_xid", _XID),
+        sa.column("query", sa.Text),
+    )
+    xid_age = sa.func.greatest(_xid_age(activity.c.backend_xmin), _xid_age(activity.c.backend_xid))
+    now = sa.func.statement_timestamp()
+    return (
+        sa.select(
+            activity.c.pid,
+            activity.c.usename.label("user"),
+            activity.c.application_name,
+            activity.c.backend_type,
+            activity.c.state,
+            activity.c.xact_start,
+            activity.c.query_start,
+            _common.epoch(now - activity.c.xact_start).label("age_seconds"),
+            xid_age.label("xid_age"),
+            sa.func.left(activity.c.query, 200).label("query"),
+        )
+        .where(
+            activity.c.datname == sa.func.current_database(),
+            activity.c.pid != sa.func.pg_backend_pid(),
+            sa.or_(activity.c.backend_xmin.is_not(None), activity.c.backend_xid.is_not(None)),
+        )
+        .order_by(xid_age.desc(), activity.c.xact_start)
+        .limit(limit)
+    )
+
+
+def horizon_slots() -> sa.Select[Any]:
+    """Replication slots holding the horizon: physical ones (cluster-wide, e.g. with
+    ``hot_standby_feedback``) and this database's logical ones."""
+    slots = sa.table(
+        "pg_replication_slots",
+        sa.column("slot_name", sa.Text),
+        sa.column("slot_type", sa.Text),
+        sa.column("database", sa.Text),
+        sa.column("active", sa.Boolean),
+        sa.column("xmin", _XID),
+        sa.column("catalog_xmin", _XID),
+    )
+    xid_age = sa.func.greatest(_xid_age(slots.c.xmin), _xid_age(slots.c.catalog_xmin))
+    return (
+        sa.select(
+            slots.c.slot_name,
+            slots.c.slot_type,
+            slots.c.active,
+            _xid_age(slots.c.xmin).label("xmin_age"),
+            _xid_age(slots.c.catalog_xmin).label("catalog_xmin_age"),
+            xid_age.label("xid_age"),
+        )
+        .where(
+            sa.or_(slots.c.xmin.is_not(None), slots.c.catalog_xmin.is_not(None)),
+            sa.or_(slots.c.database.is_(None), slots.c.database == sa.func.current_database()),
+        )
+        .order_by(xid_age.desc())
+    )
+
+
+def horizon_prepared() -> sa.Select[Any]:
+    """Prepared transactions (two-phase commit) of this database, oldest first: each
+    holds the horizon, and its locks, until COMMIT PREPARED or ROLLBACK PREPARED."""
+    prepared = sa.table(
+        "pg_prepared_xacts",
+        sa.column("gid", sa.Text),
+        sa.column("transaction", _XID),
+        sa.column("prepared", sa.DateTime(timezone=True)),
+        sa.column("owner", sa.Text),
+        sa.column("database", sa.Text),
+    )
+    return (
+        sa.select(
+            prepared.c.gid,
+            prepared.c.owner,
+            prepared.c.prepared,
+            _common.epoch(sa.func.statement_timestamp() - prepared.c.prepared).label("age_seconds"),
+            _xid_age(prepared.c.transaction).label("xid_age"),
+        )
+        .where(prepared.c.database == sa.func.current_database())
+        .order_by(prepared.c.prepared)
+    )
+
+
+def tables(names: Sequence[str]) -> sa.Select[Any]:
+    """Tuples, vacuum and analyze times and sizes of the queue's tables (this schema)."""
+    user_tables = sa.table(
+        "pg_stat_user_tables",
+        sa.column("relid"),
+        sa.column("schemaname", sa.Text),
+        sa.column("relname", sa.Text),
+        sa.column("n_live_tup", sa.BigInteger),
+        sa.column("n_dead_tup", sa.BigInteger),
+        sa.column("n_tup_upd", sa.BigInteger),
+        sa.column("n_tup_hot_upd", sa.BigInteger),
+        sa.column("last_vacuum", sa.DateTime(timezone=True)),
+        sa.column("last_autovacuum", sa.DateTime(timezone=True)),
+        sa.column("last_analyze", sa.DateTime(timezone=True)),
+        sa.column("last_autoanalyze", sa.DateTime(timezone=True)),
+    )
+    t = user_tables.c
+    return (
+        sa.select(
+            t.relname.label("name"),
+            t.n_live_tup.label("live_tuples"),
+            t.n_dead_tup.label("dead_tuples"),
+            t.n_tup_upd.label("updates"),
+            t.n_tup_hot_upd.label("hot_updates"),
+            t.last_vacuum,
+            t.last_autovacuum,
+            t.last_analyze,
+            t.last_autoanalyze,
+            sa.func.pg_table_size(t.relid, type_=sa.BigInteger).label("table_bytes"),
+            sa.func.pg_indexes_size(t.relid, type_=sa.BigInteger).label("index_bytes"),
+        )
+        .where(
+            t.schemaname == sa.func.current_schema(),
+            t.relname == sa.any_(sa.literal(list(names), ARRAY(sa.Text))),
+        )
+        .order_by(t.relname)
+    )
+
+
+def expired_leases(grace_seconds: float, now: Now = None) -> sa.Select[Any]:
+    """Running jobs whose lease expired over ``grace_seconds`` ago, and the oldest
+    expiry (jobs_lease_idx): their worker died and no rescuer took them back yet."""
+    cutoff = _common.ago(sa.bindparam("grace", grace_seconds, sa.Float), now)
+    return sa.select(
+        sa.func.count().label("expired"),
+        _common.epoch(_common.clock(now) - sa.func.min(jobs.c.locked_until)).label(
+            "oldest_seconds"
+        ),
+    ).where(jobs.c.status == _common.status(JobStatus.RUNNING), jobs.c.locked_until < cutoff)
+
+
+def oldest_ready(now: Now = None) -> sa.Select[Any]:
+    """Seconds the oldest ready job has waited (NULL when none is ready).
+
+    Read like a claim: per priority level the first ready row in ``run_at`` order
+    (a range scan of jobs_claim_idx stopped at its first match), then the oldest of
+    those, so the cost does not grow with the backlog.
+    """
+    levels = _common.priority_levels()
+    first = (
+        sa.select(jobs.c.run_at)
+        .where(
+            jobs.c.status == _common.status(JobStatus.QUEUED),
+            jobs.c.priority == levels.c.level,
+            jobs.c.run_at <= _common.clock(now),
+        )
+        .order_by(jobs.c.run_at)
+        .limit(1)
+        .lateral("first")
+    )
+    return sa.select(_common.epoch(_common.clock(now) - sa.func.min(first.c.run_at))).select_from(
+        levels.join(first, sa.true())
+    )
+
+
+def stale_workers(max_age_seconds: float, now: Now = None) -> sa.Select[Any]:
+    """Registered workers whose last heartbeat is older than ``max_age_seconds``."""
+    w = worker_records.c
+    return (
+        sa.select(
+            w.id,
+            w.host,
+            w.pid,
+            w.heartbeat_at,
+            _common.epoch(_common.clock(now) - w.heartbeat_at).label("age_seconds"),
+        )
+        .where(
+            w.heartbeat_at < _common.ago(sa.bindparam("max_age", max_age_seconds, sa.Float), now)
+        )
+        .order_by(w.heartbeat_at)
+    )
