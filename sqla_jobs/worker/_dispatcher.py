@@ -369,10 +369,13 @@ class Dispatcher:
         slots of which one was free buffered four times the work one slot does in
         PREFETCH_SECONDS, and a slow job among them held the rest behind it for its
         whole run (fast jobs waited 25 s behind slow ones; tests/test_dispatcher.py).
+        At least one slot counts at the average, so a worker whose every slot runs a long
+        job still holds the next few jobs (and an urgent one claimed later still goes
+        first): the one that ends first finds work without a claim.
         """
         per_job = max(per_job, 1e-6)
         slow = [age for age in self.ledger.running_ages(pool.number) if age > per_job]
-        return max(0, pool.slots - len(slow)) / per_job + sum(1.0 / age for age in slow)
+        return max(1, pool.slots - len(slow)) / per_job + sum(1.0 / age for age in slow)
 
     def _claim(self, pool: Pool, limit: int) -> list[Claimed]:
         """Claim for ``pool``: its limited groups (revision 0006) first when due, then
