@@ -118,6 +118,8 @@ class Sizes:
     history: int = 1_000_000
     processes_drain: int = 5_000
     busy_seconds: float = 10.0
+    #: Issue #23 target 3: the no-op drains compared with the raw batched loop.
+    drain_targets: tuple[int, ...] = (50_000, 200_000)
 
 
 FULL = Sizes(3, 8_000, 100_000, 20_000, 2_000, 5_000, 500, 1_000_000, 100_000, 400)
@@ -136,6 +138,7 @@ QUICK = Sizes(
     200_000,
     2_000,
     5.0,
+    (50_000,),
 )
 
 
@@ -164,6 +167,22 @@ class Row:
         """A row whose target is ``value >= at_least * peer_value`` (unknown without a peer)."""
         met = None if peer_value is None else value >= at_least * peer_value
         return cls(section, name, value, unit, peer, peer_value, f">= {at_least:g}x", met)
+
+    @classmethod
+    def at_most(
+        cls,
+        section: str,
+        name: str,
+        value: float,
+        unit: str,
+        peer: str,
+        peer_value: float | None,
+        times: float,
+    ) -> Row:
+        """A row whose target is ``value <= times * peer_value`` (a latency against a peer's
+        in the same run; unknown without a peer)."""
+        met = None if peer_value is None else value <= times * peer_value
+        return cls(section, name, value, unit, peer, peer_value, f"<= {times:g}x", met)
 
     @property
     def ratio(self) -> float | None:
@@ -553,12 +572,12 @@ def ours_drain(
     return drained / (t1 - t0)
 
 
-def supervised_drain(n_jobs: int, processes: int, concurrency: int) -> float:
-    """Write-one-row drain by ONE command, ``--processes N`` (timed from the last child's
-    "started" line to the last done-mark, counting the jobs done meanwhile, as
-    ``ours_drain``)."""
+def supervised_drain(n_jobs: int, processes: int, concurrency: int, kind: str = "write") -> float:
+    """Drain by ONE command, ``--processes N`` (timed from the last child's "started"
+    line to the last done-mark, counting the jobs done meanwhile, as ``ours_drain``);
+    write-one-row jobs unless ``kind`` says otherwise."""
     with _ours("bench_procs") as url:
-        _fill(url, "write", n_jobs)
+        _fill(url, kind, n_jobs)
         worker = WorkerProcess(
             url,
             "--processes",
@@ -575,10 +594,11 @@ def supervised_drain(n_jobs: int, processes: int, concurrency: int) -> float:
         finally:
             worker.stop()
         peers._check_count(url, n_jobs, "done")
-        with psycopg.connect(url) as conn:
-            row = conn.execute("SELECT count(*) FROM bench_effects").fetchone()
-        if not row or row[0] != n_jobs:
-            raise RuntimeError(f"expected {n_jobs} effects, got {row}")
+        if kind == "write":
+            with psycopg.connect(url) as conn:
+                row = conn.execute("SELECT count(*) FROM bench_effects").fetchone()
+            if not row or row[0] != n_jobs:
+                raise RuntimeError(f"expected {n_jobs} effects, got {row}")
     return drained / (t1 - t0)
 
 
@@ -1051,6 +1071,15 @@ def _busy_rows(label: str, run: BusyPickup, raw: BusyPickup) -> list[Row]:
             target="<= 50 ms",
             met=max(busy) <= 50,
         ),
+        Row.at_most(  # issue #23 target 4
+            "pickup",
+            f"max, {scenario} (#23)",
+            max(busy),
+            "ms",
+            BUSY_PEER,
+            max(raw.latencies),
+            2.0,
+        ),
     ]
     rows.append(
         Row(
@@ -1379,6 +1408,40 @@ def dashboard_rows(
     return rows
 
 
+def drain_target_rows(
+    sizes: Sizes,
+    rows: list[Row],
+    interleaved: Callable[..., list[float | None]],
+    step: Callable[[str], None],
+) -> None:
+    """Issue #23 target 3: no-op drains of 50,000 and 200,000 jobs by one worker process
+    at concurrency 4 and by ONE command ``--processes 2 --concurrency 4``, each at least
+    0.8x the raw batched loop (100 per claim, one done statement), taken in turn."""
+    for n in sizes.drain_targets:
+        step(f"drain target: {n:,} no-op, raw batched / c=4 / --processes 2, in turn")
+        raw, one, two = interleaved(
+            lambda n=n: _peer(lambda u: peers.raw_batched_drain(u, n)),
+            lambda n=n: ours_drain(n, 4),
+            lambda n=n: supervised_drain(n, 2, 4, kind="noop"),
+        )
+        for label, rate in (
+            ("1 process, concurrency 4", one),
+            ("--processes 2 --concurrency 4", two),
+        ):
+            assert rate is not None
+            rows.append(
+                Row.versus(
+                    "drain",
+                    f"{n:,} no-op, {label}",
+                    rate,
+                    "/s",
+                    "raw batched (100/claim), same run",
+                    raw,
+                    0.8,
+                )
+            )
+
+
 def _index_definitions() -> list[str]:
     """Revision 0010's ``CREATE INDEX`` statements, from the revision itself."""
     import importlib.util
@@ -1703,6 +1766,9 @@ def main(argv: list[str] | None = None) -> int:
         if seed:
             rows.append(Row("drain", "seed loop, 1 connection (context)", seed, "/s"))
 
+    if "drain" in only:
+        drain_target_rows(sizes, rows, interleaved, step)
+
     if "backlog" in only:
         # Every rate is compared with the smallest backlog in an otherwise empty table.
         base = sizes.backlogs[0]
@@ -1988,6 +2054,17 @@ def main(argv: list[str] | None = None) -> int:
                     _percentile(raw_lat, q),
                     f"<= {target:g} ms",
                     value <= target,
+                )
+            )
+            rows.append(  # issue #23 target 4: beside the raw peer in the same run
+                Row.at_most(
+                    "pickup",
+                    f"{scenario} (#23)",
+                    value,
+                    "ms",
+                    "raw psycopg + notify trigger",
+                    _percentile(raw_lat, q),
+                    {"p50": 1.2, "p99": 1.5}[name],
                 )
             )
             rows.append(

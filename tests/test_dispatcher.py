@@ -16,6 +16,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
 from sqla_jobs import NewJob, WorkerConfig, enqueue_many
+from sqla_jobs.control import Control
 from sqla_jobs.worker._async_executor import LoopBuffer
 from sqla_jobs.worker._buffer import ThreadBuffer
 from sqla_jobs.worker._dispatcher import Dispatcher, Pool
@@ -28,18 +29,22 @@ PREFETCH = 20
 
 @contextmanager
 def dispatching(
-    engine: sa.Engine, db_url: URL, pool_number: int = SYNC_POOL
+    engine: sa.Engine,
+    db_url: URL,
+    pool_number: int = SYNC_POOL,
+    slots: int = 1,
+    prefetch: int = PREFETCH,
 ) -> Iterator[tuple[Dispatcher, Inflight]]:
-    """The dispatcher of one pool: the handler threads' (``SYNC_POOL``) or the event
-    loop's (``ASYNC_POOL``, with its own buffer, but no loop to hand jobs out)."""
+    """The dispatcher of one pool of ``slots``: the handler threads' (``SYNC_POOL``) or the
+    event loop's (``ASYNC_POOL``, with its own buffer, but no loop to hand jobs out)."""
     config = WorkerConfig(
-        database_url=url_text(db_url), concurrency=1, prefetch=PREFETCH, poll_interval=0.2
+        database_url=url_text(db_url), concurrency=slots, prefetch=prefetch, poll_interval=0.2
     )
     buffer = ThreadBuffer()
     holder: list[Dispatcher] = []
     ledger = Inflight(on_room=lambda: holder[0].room_freed())
     pool_buffer = buffer if pool_number == SYNC_POOL else LoopBuffer()
-    pool = Pool(pool_number, ("k",), 1, pool_buffer, job_seconds=0.001)
+    pool = Pool(pool_number, ("k",), slots, pool_buffer, job_seconds=0.001)
     dispatcher = Dispatcher(engine, config, ["k"], ledger, buffer, [pool])
     holder.append(dispatcher)
     stop = threading.Event()
@@ -120,3 +125,26 @@ def test_a_busy_dispatcher_claims_past_a_full_buffer_only_jobs_more_urgent_than_
         assert running_jobs(engine) == PREFETCH + 2
         first = dispatcher.pools[0].buffer.get_nowait()
         assert first is not None and first.priority == 5
+
+
+def test_slots_held_by_long_jobs_do_not_size_the_buffer_at_the_fast_jobs_pace(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    """At a worker's start its pace is the first job that ended, a fast one (1 ms here),
+    while slow jobs hold 3 of its 4 slots: the buffer holds what the one free slot runs
+    in 50 ms, not what four such slots would (there, fast jobs waited 25 s behind a slow
+    one taken from a buffer four times too large)."""
+    _enqueue(engine, 300, priority=9)
+    with dispatching(engine, db_url, slots=4, prefetch=500) as (dispatcher, ledger):
+        pool = dispatcher.pools[0]
+        # Before any job runs: 4 slots at 1 ms a job take 200 jobs in 50 ms.
+        wait_for(lambda: running_jobs(engine) == 4 + 200, message="the first claim")
+        for _ in range(3):  # three jobs, started 25 s ago, still run
+            job = pool.buffer.get_nowait()
+            assert job is not None and ledger.start(job)
+            ledger.watch(job, Control(None, started=time.monotonic() - 25))
+        # One slot at 1 ms a job and three at one job in 25 s or more: 50 jobs.
+        wait_for(lambda: pool.capacity <= 4 + 50, timeout=5, message="the buffer sized again")
+        _finish(dispatcher, ledger, 201)  # the buffered jobs ran: room for a claim
+        wait_for(lambda: ledger.taken() > 3, timeout=5, message="the next claim")
+        assert ledger.taken() <= 4 + 50

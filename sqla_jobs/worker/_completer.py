@@ -17,7 +17,6 @@ lost is logged here, in :meth:`_lost`, and nowhere else. Each outcome is emitted
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import queue
 import time
@@ -169,7 +168,7 @@ class Completer:
                 f"the job snoozed {job.snoozes} times, its handler's max_snoozes; one more "
                 f"snooze counts as a failed attempt ({exc})"
             )
-            attempt = dataclasses.replace(attempt, error=exc)
+            attempt = attempt._replace(error=exc)
         self.ledger.move(job, State.SETTLING)
         delay = 0.0
         try:
@@ -305,7 +304,8 @@ class Completer:
         for attempt in range(BATCH_TRIES):
             try:
                 with self.engine.begin() as conn:
-                    done = {r.id for r in _db.rows(conn, sql, params, prepare=False)}
+                    found = _db.rows(conn, sql, params, prepare=False, tuples=True)
+                    done = {r[0] for r in found}
                 break
             except sa_exc.SQLAlchemyError as exc:  # incl. pool timeouts
                 log.warning(

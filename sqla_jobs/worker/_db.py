@@ -14,7 +14,7 @@ from typing import Any, TypeVar, cast
 
 import psycopg
 import sqlalchemy as sa
-from psycopg.rows import namedtuple_row
+from psycopg.rows import namedtuple_row, tuple_row
 from psycopg.types.json import set_json_loads
 from sqlalchemy import exc as sa_exc
 
@@ -47,8 +47,12 @@ def rows(
     *,
     prepare: bool,
     json_loads: Callable[[str | bytes], Any] | None = None,
+    tuples: bool = False,
 ) -> list[Any]:
     """Run compiled SQL on the driver's cursor, choosing whether psycopg prepares it.
+
+    ``tuples``: plain tuples instead of named ones (a claim's rows become ``Claimed``
+    at once; building a named tuple first cost a microsecond per job).
 
     Never prepared: the fenced statements that take arrays of leases. A prepared
     statement gets a generic plan, and theirs is quadratic: the planner cannot see
@@ -57,7 +61,13 @@ def rows(
     for each: 100 ms to mark 900 jobs done.
     """
     return _on_cursor(
-        conn, sql, params, prepare, lambda c: c.fetchall() if c.description else [], json_loads
+        conn,
+        sql,
+        params,
+        prepare,
+        lambda c: c.fetchall() if c.description else [],
+        json_loads,
+        tuples,
     )
 
 
@@ -154,10 +164,11 @@ def _on_cursor(
     prepare: bool,
     result: Callable[[psycopg.Cursor[Any]], _T],
     json_loads: Callable[[str | bytes], Any] | None = None,
+    tuples: bool = False,
 ) -> _T:
     driver = cast("psycopg.Connection[Any]", conn.connection.driver_connection)
     try:
-        with driver.cursor(row_factory=namedtuple_row) as cursor:
+        with driver.cursor(row_factory=tuple_row if tuples else namedtuple_row) as cursor:
             if json_loads is not None:
                 set_json_loads(json_loads, cursor)
             cursor.execute(sql, params, prepare=prepare)

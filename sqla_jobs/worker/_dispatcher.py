@@ -356,10 +356,26 @@ class Dispatcher:
         per_job = pool.job_seconds
         target = 0
         if per_job is not None and self.config.prefetch:
-            pace = pool.slots / max(per_job, 1e-6)  # jobs per second
-            target = min(self.config.prefetch, int(pace * PREFETCH_SECONDS))
+            target = min(self.config.prefetch, int(self._pace(pool, per_job) * PREFETCH_SECONDS))
         pool.capacity = pool.slots + target
         pool.min_claim = max(1, target // 2)
+
+    def _pace(self, pool: Pool, per_job: float) -> float:
+        """Jobs per second the pool's handlers will take from the buffer: a slot whose job
+        has run longer than the average so far counts at the pace that job allows.
+
+        The average comes from jobs that ended. At a worker's start it is the first fast
+        job's time while slow ones still hold the other slots: counted at that pace, four
+        slots of which one was free buffered four times the work one slot does in
+        PREFETCH_SECONDS, and a slow job among them held the rest behind it for its
+        whole run (fast jobs waited 25 s behind slow ones; tests/test_dispatcher.py).
+        At least one slot counts at the average, so a worker whose every slot runs a long
+        job still holds the next few jobs (and an urgent one claimed later still goes
+        first): the one that ends first finds work without a claim.
+        """
+        per_job = max(per_job, 1e-6)
+        slow = [age for age in self.ledger.running_ages(pool.number) if age > per_job]
+        return max(1, pool.slots - len(slow)) / per_job + sum(1.0 / age for age in slow)
 
     def _claim(self, pool: Pool, limit: int) -> list[Claimed]:
         """Claim for ``pool``: its limited groups (revision 0006) first when due, then
@@ -451,7 +467,9 @@ class Dispatcher:
                 conn, sql, values, prepare=prepare, json_loads=_db.load_payload
             )
         else:
-            found = _db.rows(conn, sql, values, prepare=prepare, json_loads=_db.load_payload)
+            found = _db.rows(
+                conn, sql, values, prepare=prepare, json_loads=_db.load_payload, tuples=True
+            )
         # Columns: id, kind, queue, payload, attempts, max_attempts, timeout, snoozes,
         # priority (sql.lease.claim).
         return [Claimed(*r) for r in found]
