@@ -468,6 +468,17 @@ def _add_ops_commands(sub: Any) -> None:
         help="""a JSON object the payload contains, e.g. '{"user": 7}'""",
     )
     p.add_argument(
+        "--meta",
+        metavar="JSON",
+        help="""a JSON object the job's metadata contains, e.g. '{"tenant": 7}'""",
+    )
+    p.add_argument(
+        "--tag",
+        action="append",
+        metavar="TAG",
+        help="jobs with this tag (repeat: with every one of them)",
+    )
+    p.add_argument(
         "--newest-first",
         action="store_true",
         help="highest ids first (the next page, --after-id, holds lower ids)",
@@ -760,6 +771,10 @@ def _cmd_list(session: Any, args: argparse.Namespace) -> int:
         if args.payload is None
         else validation.json_object("--payload", args.payload, ConfigError),
         newest_first=args.newest_first,
+        tag=args.tag,
+        meta=None
+        if args.meta is None
+        else validation.json_object("--meta", args.meta, ConfigError),
     )
     next_id = jobs[-1].id if len(jobs) == args.limit else None
     if args.json:
@@ -833,7 +848,13 @@ def _cmd_show(session: Any, args: argparse.Namespace) -> int:
     print(f"{'snoozes:':<17}{job.snoozes}")
     if job.cancel_requested_at is not None:
         print(f"{'cancel asked at:':<17}{data['cancel_requested_at']}")
+    print(f"{'tags:':<17}{', '.join(job.tags) or '-'}")
     print(f"payload:\n{json.dumps(job.payload, indent=2, sort_keys=True)}")
+    print(
+        f"meta:\n{json.dumps(job.meta, indent=2, sort_keys=True)}"
+        if job.meta
+        else "meta:            -"
+    )
     if job.status.value == "done":
         print(f"result:\n{json.dumps(job.result, indent=2, sort_keys=True)}")
     if job.current_error:
