@@ -39,4 +39,3 @@ async def in_task(session: AsyncSession, payload: dict[str, Any], job: JobContex
 @registry.handler("meta.process", isolation="process")
 def in_process(session: Session, payload: dict[str, Any], job: JobContext) -> None:
     session.execute(_SEEN, _values(job))
-
