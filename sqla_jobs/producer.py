@@ -31,7 +31,7 @@ from sqlalchemy.orm import (
     make_transient_to_detached,
 )
 
-from sqla_jobs import validation
+from sqla_jobs import _otel, validation
 from sqla_jobs.exceptions import InvalidJobError
 from sqla_jobs.models import DelayedRunAt, Job, JobStatus
 from sqla_jobs.sql import enqueue as enqueue_sql
@@ -89,7 +89,8 @@ class NewJob:
         if self.max_attempts is not None:
             validation.check_max_attempts(self.max_attempts)
         object.__setattr__(self, "timeout", validation.check_timeout(self.timeout))
-        object.__setattr__(self, "meta_json", validation.dump_meta(self.meta))
+        meta = _otel.with_trace_context(self.meta, self.queue)
+        object.__setattr__(self, "meta_json", validation.dump_meta(meta))
         object.__setattr__(self, "tags", validation.check_tags(self.tags))
 
 

@@ -258,3 +258,29 @@ def test_readme_async_handlers_example_runs(engine: sa.Engine, db_url: URL) -> N
     assert isinstance(registry, sqla_jobs.Registry)
     testing.drain(db_url, registry)
     assert scalar(engine, "SELECT count(*) FROM jobs WHERE status = 'done'") == 11
+
+
+def test_readme_job_metadata_example_runs(engine: sa.Engine, db_url: URL) -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("### Job metadata: meta and tags", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S)
+    assert code is not None
+    os.environ["DATABASE_URL"] = url_text(db_url)
+    namespace: dict[str, object] = {"__name__": "readme_meta"}
+    try:
+        exec(compile(code.group(1), "README.md", "exec"), namespace)
+    finally:
+        del os.environ["DATABASE_URL"]
+        engine_in_readme = namespace.get("engine")
+        if isinstance(engine_in_readme, sa.Engine):
+            engine_in_readme.dispose()
+    registry = namespace["registry"]
+    assert isinstance(registry, sqla_jobs.Registry)
+    testing.drain(db_url, registry)
+    assert sorted(namespace["exported"]) == [  # type: ignore[call-overload]
+        (1, 7, ("vip", "nightly")),
+        (2, 8, ("nightly",)),
+        (3, 7, ()),
+        (4, None, ("backfill",)),
+        (5, None, ("backfill",)),
+    ]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -17,8 +17,18 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 from test_ops_cli import cli, ok
 
-from sqla_jobs import InvalidJobError, Job, NewJob, Registry, enqueue, enqueue_many, ops
-from sqla_jobs import enqueue_async, enqueue_many_async, periodic
+from sqla_jobs import (
+    InvalidJobError,
+    Job,
+    NewJob,
+    Registry,
+    enqueue,
+    enqueue_async,
+    enqueue_many,
+    enqueue_many_async,
+    ops,
+    periodic,
+)
 from sqla_jobs.validation import MAX_META_BYTES, MAX_TAG_LENGTH, MAX_TAGS
 
 META = {"tenant": 7, "request": "r-1"}
@@ -68,7 +78,7 @@ def test_a_schedule_with_bad_metadata_is_refused_naming_it() -> None:
     registry = Registry()
     handler = registry.handler("tick")(lambda session, payload: None)
     with pytest.raises(Exception, match="schedule 'tick': each tag must be a string"):
-        registry.schedule("tick", "@hourly", handler, tags=[1])
+        registry.schedule("tick", "@hourly", handler, tags=[1])  # type: ignore[list-item]
 
 
 def test_empty_metadata_is_stored_as_none_and_tags_keep_their_first_order(
@@ -147,7 +157,7 @@ def test_periodic_ticks_carry_their_schedules_metadata(engine: sa.Engine) -> Non
     registry.periodic(every=timedelta(minutes=1), meta={"source": "cron"}, tags=["periodic"])(
         registry.handler("meta.tick")(lambda session, payload: None)
     )
-    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
     periodic.enqueue_due(engine, registry, now=t0)
     periodic.enqueue_due(engine, registry, now=t0 + timedelta(minutes=1))
     found = rows(engine, "SELECT meta, tags FROM jobs WHERE kind = 'meta.tick'")
@@ -188,6 +198,7 @@ def test_list_jobs_filters_by_tag_and_meta_and_archived_jobs_keep_them(
     b = enqueue(session, "k", meta={"tenant": 8}, tags=["signup"])
     c = enqueue(session, "k")
     session.commit()
+    assert a is not None and c is not None
 
     def ids(**filters: Any) -> list[int]:
         return [j.id for j in ops.list_jobs(session, **filters)]

@@ -776,6 +776,49 @@ MUTATIONS: list[Mutation] = [
             "test_a_dead_job_keeps_the_error_of_every_attempt_and_a_long_one_is_cut_to_its_end",
         ),
     ),
+    # --- job metadata (revision 0013, #27) ---------------------------------------------
+    Mutation(
+        "meta_size_limit",
+        "a job's meta is at most MAX_META_BYTES as JSON, refused at enqueue",
+        "sqla_jobs/validation.py",
+        '    text = _dump_object("meta", meta, MAX_META_BYTES)\n',
+        '    text = _dump_object("meta", meta, MAX_PAYLOAD_BYTES)  # MUTATION\n',
+        (
+            "tests/test_job_meta.py::"
+            "test_bad_metadata_is_refused_at_enqueue_and_the_transaction_stays_usable",
+        ),
+    ),
+    Mutation(
+        "handler_sees_meta",
+        "the handler reads its job's meta (job.meta) in a worker",
+        INFLIGHT,
+        "            meta=self.meta or {},\n",
+        "            meta={},  # MUTATION\n",
+        ("tests/test_job_meta.py::test_handlers_read_meta_and_tags_in_a_real_worker",),
+    ),
+    Mutation(
+        "tags_filter",
+        "list_jobs(tag=...) keeps only the jobs with that tag",
+        "sqla_jobs/sql/admin.py",
+        '        conditions.append(jobs.c.tags.contains(sa.bindparam("tags", list(tags), '
+        "ARRAY(sa.Text))))\n",
+        "        pass  # MUTATION\n",
+        (
+            "tests/test_job_meta.py::"
+            "test_list_jobs_filters_by_tag_and_meta_and_archived_jobs_keep_them",
+        ),
+    ),
+    Mutation(
+        "meta_filter_reads_every_match",
+        "a meta filter that is not a page near the cursor reads every match from its index",
+        "sqla_jobs/sql/admin.py",
+        "        any(c is not None for c in contains) and _leading_filter(",
+        "        contains[0] is not None and _leading_filter(  # MUTATION\n       ",
+        (
+            "tests/test_dashboard_plans.py::"
+            "test_each_jobs_page_filter_reads_its_index_whatever_the_statistics",
+        ),
+    ),
 ]
 
 
