@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -284,3 +285,25 @@ def test_readme_job_metadata_example_runs(engine: sa.Engine, db_url: URL) -> Non
         (4, None, ("backfill",)),
         (5, None, ("backfill",)),
     ]
+
+
+def test_readme_tracing_example_draws_one_trace_from_request_to_handler(
+    db_url: URL, tmp_path: Path
+) -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Tracing and metadata", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S)
+    printed = re.search(r"```text\n(.*?)```", section, re.S)
+    assert code is not None and printed is not None
+    # A process of its own: the example sets the process's tracer provider.
+    script = tmp_path / "tracing_example.py"
+    script.write_text(code.group(1))
+    result = subprocess.run(
+        [sys.executable, str(script)],
+        env={**os.environ, "DATABASE_URL": url_text(db_url)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == printed.group(1)

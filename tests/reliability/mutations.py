@@ -819,6 +819,29 @@ MUTATIONS: list[Mutation] = [
             "test_each_jobs_page_filter_reads_its_index_whatever_the_statistics",
         ),
     ),
+    # --- OpenTelemetry tracing (#27) ---------------------------------------------------
+    Mutation(
+        "otel_nothing_without_a_span",
+        "an enqueue with no current span records no span and stores no trace context",
+        "sqla_jobs/_otel.py",
+        "    if not current.get_span_context().is_valid:\n        return meta\n",
+        "    pass  # MUTATION\n",
+        (
+            "tests/test_tracing.py::"
+            "test_no_trace_context_is_stored_without_a_current_span_as_for_a_periodic_tick",
+        ),
+    ),
+    Mutation(
+        "otel_process_span_continues_the_trace",
+        "the worker's process span is a child of the enqueuing request's trace",
+        "sqla_jobs/_otel.py",
+        "        context=parent,\n",
+        "        context=None,  # MUTATION\n",
+        (
+            "tests/test_tracing.py::"
+            "test_one_trace_runs_from_the_request_through_enqueue_to_the_handler_in_another_process",
+        ),
+    ),
 ]
 
 
