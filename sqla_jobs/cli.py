@@ -178,6 +178,12 @@ def worker_parser(prog: str = "python -m sqla_jobs.worker") -> argparse.Argument
     )
     p.add_argument("--metrics-addr", default="0.0.0.0", help="default %(default)s")
     p.add_argument(
+        "--otel-metrics",
+        action="store_true",
+        help="record the same figures as OpenTelemetry instruments on the global meter "
+        "provider your app configures (needs the 'otel' extra)",
+    )
+    p.add_argument(
         "--metrics-refresh",
         type=float,
         default=15.0,
@@ -264,6 +270,10 @@ def run_worker(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
             metrics.serve(
                 w, args.metrics_port, addr=args.metrics_addr, refresh=args.metrics_refresh
             )
+        if args.otel_metrics:
+            from sqla_jobs import metrics
+
+            metrics.instrument(w, refresh=args.metrics_refresh)
     except SqlaJobsError as exc:
         return _fail(str(exc))
     except sa_exc.OperationalError as exc:
