@@ -77,3 +77,8 @@ def traced_fail(session: Session, payload: dict[str, Any]) -> None:
 async def traced_async(session: AsyncSession, payload: dict[str, Any]) -> None:
     with tracer.start_as_current_span("async handler work"):
         pass
+
+
+@registry.handler("traced.isolated", isolation="process")
+def traced_isolated(session: Session, payload: dict[str, Any]) -> None:
+    pass

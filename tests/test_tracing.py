@@ -150,6 +150,19 @@ def test_an_async_handler_runs_in_the_process_span(
     assert work["parent_id"] == process["span_id"]
 
 
+def test_a_handler_in_a_child_process_runs_in_the_process_span_of_its_attempt(
+    engine: sa.Engine, db_url: URL, tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    tracer = trace.get_tracer("app")
+    with tracer.start_as_current_span("request") as request, Session(engine) as session:
+        enqueue(session, "traced.isolated")
+        session.commit()
+    found = run_worker(db_url, tmp_path / "spans.jsonl", 1)
+    process = next(s for s in found if s["kind"] == "CONSUMER")
+    assert process["trace_id"] == f"{request.get_span_context().trace_id:032x}"
+    assert process["attributes"]["sqla_jobs.job.outcome"] == "done"
+
+
 def test_link_mode_starts_a_trace_per_attempt_linked_to_the_enqueue(
     engine: sa.Engine, db_url: URL, tmp_path: Path, spans: InMemorySpanExporter
 ) -> None:

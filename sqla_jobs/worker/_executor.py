@@ -166,9 +166,15 @@ class ThreadExecutor:
         deadline or a cancel; this thread only waits for it (see _isolated)."""
         handler = self.registry[job.kind]
         try:
-            outcome, error = _isolated.run(
-                self.engine, self.config.worker_id, job, handler, control
-            )
+            # The span covers the child's run; spans the child itself records (none by
+            # default) would start traces of their own.
+            with _otel.process_span(
+                job_id=job.id, kind=job.kind, queue=job.queue, attempt=job.attempt, meta=job.meta
+            ) as span:
+                outcome, error = _isolated.run(
+                    self.engine, self.config.worker_id, job, handler, control
+                )
+                _otel.ended(span, error, _otel.outcome_of(error))
             control.finish()
             attempt = Attempt(job, time.monotonic() - control.started, error, control=control)
             self.job_took(attempt.duration)
