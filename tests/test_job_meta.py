@@ -58,7 +58,23 @@ BAD: list[tuple[dict[str, Any], str]] = [
 ]
 
 
-@pytest.mark.parametrize(("options", "error"), BAD)
+#: Test ids without spaces (the mutation script reads FAILED lines by id).
+BAD_IDS = [
+    "meta-list",
+    "meta-datetime",
+    "meta-nan",
+    "meta-int-key",
+    "meta-nul",
+    "meta-too-large",
+    "tags-string",
+    "tags-int",
+    "tags-empty",
+    "tags-too-long",
+    "tags-too-many",
+]
+
+
+@pytest.mark.parametrize(("options", "error"), BAD, ids=BAD_IDS)
 def test_bad_metadata_is_refused_at_enqueue_and_the_transaction_stays_usable(
     session: Session, options: dict[str, Any], error: str
 ) -> None:

@@ -44,11 +44,12 @@ def test_upgrade_on_a_table_with_jobs_reruns_after_a_failed_build_and_downgrades
             conn.exec_driver_sql("CREATE UNIQUE INDEX CONCURRENTLY jobs_tags_idx ON jobs (tags)")
         conn.exec_driver_sql("UPDATE jobs SET tags = NULL")
     engine.dispose()
-    assert dict(_read(empty_db_url, _INDEXES)) == {"jobs_tags_idx": False}
+    assert {r[0]: r[1] for r in _read(empty_db_url, _INDEXES)} == {"jobs_tags_idx": False}
 
     up = _alembic(["upgrade", "head"], REPO, empty_db_url)
     assert up.returncode == 0, up.stderr
-    assert dict(_read(empty_db_url, _INDEXES)) == {"jobs_meta_idx": True, "jobs_tags_idx": True}
+    found_indexes = {r[0]: r[1] for r in _read(empty_db_url, _INDEXES)}
+    assert found_indexes == {"jobs_meta_idx": True, "jobs_tags_idx": True}
     found = _read(empty_db_url, "SELECT count(*), count(meta), count(tags) FROM jobs")
     assert tuple(found[0]) == (100, 0, 0)
 
