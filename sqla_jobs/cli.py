@@ -181,6 +181,12 @@ def worker_parser(prog: str = "python -m sqla_jobs.worker") -> argparse.Argument
     )
     p.add_argument("--metrics-addr", default="0.0.0.0", help="default %(default)s")
     p.add_argument(
+        "--otel-metrics",
+        action="store_true",
+        help="record the same figures as OpenTelemetry instruments on the global meter "
+        "provider your app configures (needs the 'otel' extra)",
+    )
+    p.add_argument(
         "--metrics-refresh",
         type=float,
         default=15.0,
@@ -267,6 +273,10 @@ def run_worker(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
             metrics.serve(
                 w, args.metrics_port, addr=args.metrics_addr, refresh=args.metrics_refresh
             )
+        if args.otel_metrics:
+            from sqla_jobs import metrics
+
+            metrics.instrument(w, refresh=args.metrics_refresh)
     except SqlaJobsError as exc:
         return _fail(str(exc))
     except sa_exc.OperationalError as exc:
@@ -474,6 +484,17 @@ def _add_ops_commands(sub: Any) -> None:
         "--payload",
         metavar="JSON",
         help="""a JSON object the payload contains, e.g. '{"user": 7}'""",
+    )
+    p.add_argument(
+        "--meta",
+        metavar="JSON",
+        help="""a JSON object the job's metadata contains, e.g. '{"tenant": 7}'""",
+    )
+    p.add_argument(
+        "--tag",
+        action="append",
+        metavar="TAG",
+        help="jobs with this tag (repeat: with every one of them)",
     )
     p.add_argument(
         "--newest-first",
@@ -864,6 +885,10 @@ def _cmd_list(session: Any, args: argparse.Namespace) -> int:
         if args.payload is None
         else validation.json_object("--payload", args.payload, ConfigError),
         newest_first=args.newest_first,
+        tag=args.tag,
+        meta=None
+        if args.meta is None
+        else validation.json_object("--meta", args.meta, ConfigError),
     )
     next_id = jobs[-1].id if len(jobs) == args.limit else None
     if args.json:
@@ -937,7 +962,13 @@ def _cmd_show(session: Any, args: argparse.Namespace) -> int:
     print(f"{'snoozes:':<17}{job.snoozes}")
     if job.cancel_requested_at is not None:
         print(f"{'cancel asked at:':<17}{data['cancel_requested_at']}")
+    print(f"{'tags:':<17}{', '.join(job.tags) or '-'}")
     print(f"payload:\n{json.dumps(job.payload, indent=2, sort_keys=True)}")
+    print(
+        f"meta:\n{json.dumps(job.meta, indent=2, sort_keys=True)}"
+        if job.meta
+        else "meta:            -"
+    )
     if job.status.value == "done":
         print(f"result:\n{json.dumps(job.result, indent=2, sort_keys=True)}")
     if job.current_error:

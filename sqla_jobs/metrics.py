@@ -30,6 +30,9 @@ how many findings over their default thresholds).
 
 The alerts that matter: ``max(sqla_jobs_dead) > 0`` (see docs/operations.md) and
 ``max(sqla_jobs_health_findings) > 0`` (run ``sqla-jobs health`` to see what to do).
+
+The same figures as OpenTelemetry instruments: :func:`instrument` (``sqla-jobs worker
+--otel-metrics``), on the application's meter provider.
 """
 
 from __future__ import annotations
@@ -218,3 +221,101 @@ def serve(
     thread = threading.Thread(target=refresh_loop, name="sqla_jobs-metrics", daemon=True)
     thread.start()
     return metrics
+
+
+# --- the same figures as OpenTelemetry instruments (the ``otel`` extra, #27) ------------
+
+
+class OtelMetrics:
+    """The figures of :class:`Metrics` as OpenTelemetry instruments of one meter.
+
+    Counters ``sqla_jobs.jobs.succeeded``, ``.failed``, ``.retried``, ``.dead`` and the
+    histogram ``sqla_jobs.handler.duration`` (seconds), with attributes
+    ``messaging.destination.name`` (the queue) and ``sqla_jobs.job.kind``; observable
+    gauges ``sqla_jobs.queue.depth``, ``.scheduled``, ``.running``, ``.expired_leases``,
+    ``.dead`` and ``.oldest_ready_age`` read from one :func:`sqla_jobs.ops.stats` snapshot
+    per collection (no older than ``refresh`` seconds).
+    """
+
+    def __init__(
+        self, worker: Worker, meter_provider: Any = None, refresh: float = DEFAULT_REFRESH
+    ) -> None:
+        try:
+            from opentelemetry import metrics as otel_metrics
+        except ImportError:
+            raise ConfigError(
+                "OpenTelemetry metrics need opentelemetry-api: pip install 'sqla-jobs[otel]'"
+            ) from None
+        provider = meter_provider or otel_metrics.get_meter_provider()
+        meter = provider.get_meter("sqla_jobs")
+        self.worker = worker
+        self.refresh = refresh
+        self._snapshot: Any = None
+        self._taken = 0.0
+        self._lock = threading.Lock()
+        self.succeeded = meter.create_counter("sqla_jobs.jobs.succeeded", "{job}")
+        self.failed = meter.create_counter("sqla_jobs.jobs.failed", "{attempt}")
+        self.retried = meter.create_counter("sqla_jobs.jobs.retried", "{attempt}")
+        self.dead = meter.create_counter("sqla_jobs.jobs.dead", "{job}")
+        self.duration = meter.create_histogram(
+            "sqla_jobs.handler.duration", "s", "Handler run time."
+        )
+        for field, name in (
+            ("ready", "sqla_jobs.queue.depth"),
+            ("scheduled", "sqla_jobs.queue.scheduled"),
+            ("running", "sqla_jobs.queue.running"),
+            ("expired", "sqla_jobs.queue.expired_leases"),
+            ("dead", "sqla_jobs.queue.dead"),
+            ("oldest_ready_seconds", "sqla_jobs.queue.oldest_ready_age"),
+        ):
+            meter.create_observable_gauge(name, [self._observer(field, otel_metrics)])
+
+    def on_event(self, event: WorkerEvent) -> None:
+        """Subscribed to the worker's events, as :meth:`Metrics.on_event` is."""
+        outcome = event.outcome.value
+        if outcome not in ("done", "retry", "dead"):
+            return
+        labels = {"messaging.destination.name": event.queue, "sqla_jobs.job.kind": event.kind}
+        self.duration.record(event.duration, labels)
+        if outcome == "done":
+            self.succeeded.add(1, labels)
+            return
+        self.failed.add(1, labels)
+        (self.dead if outcome == "dead" else self.retried).add(1, labels)
+
+    def _stats(self) -> Any:
+        with self._lock:
+            if self._snapshot is None or time.monotonic() - self._taken > self.refresh:
+                with Session(self.worker.engine) as session:
+                    self._snapshot = ops.stats(session)
+                self._taken = time.monotonic()
+            return self._snapshot
+
+    def _observer(self, field: str, otel_metrics: Any) -> Any:
+        def observe(_options: Any) -> list[Any]:
+            try:
+                snapshot = self._stats()
+            except sa_exc.SQLAlchemyError as exc:
+                log.warning("could not read queue metrics: %s", exc)
+                return []
+            return [
+                otel_metrics.Observation(
+                    getattr(k, field) or 0,
+                    {"messaging.destination.name": k.queue, "sqla_jobs.job.kind": k.kind},
+                )
+                for k in snapshot.by_kind
+            ]
+
+        return observe
+
+
+def instrument(
+    worker: Worker, *, meter_provider: Any = None, refresh: float = DEFAULT_REFRESH
+) -> OtelMetrics:
+    """Record ``worker``'s figures as OpenTelemetry instruments (the global meter provider
+    unless given; the application configures its SDK and exporter). ConfigError without
+    opentelemetry-api."""
+    validation.number("metrics refresh", refresh, allow_minimum=False, error=ConfigError)
+    found = OtelMetrics(worker, meter_provider, refresh)
+    worker.subscribe(found.on_event)
+    return found

@@ -21,6 +21,10 @@ order from a keyset cursor: ``jobs_status_id_idx (status, id)``, ``jobs_kind_id_
 ``jsonb_path_ops``, for ``payload @> ...``). Each is written by every insert and status
 change (see benchmarks/README.md for the cost).
 
+Revision 0013 adds ``meta`` (jsonb) and ``tags`` (text[]), the application's metadata of
+a job, with GIN indexes ``jobs_meta_idx`` (``jsonb_path_ops``) and ``jobs_tags_idx`` for
+``meta @> ...`` and ``tags @> ARRAY[...]``; both columns are NULL for a job without any.
+
 Finished rows are moved to ``jobs_archive`` (:class:`JobArchive`, same columns plus
 ``archived_at``) by :func:`sqla_jobs.ops.archive`, so the live table stays small.
 
@@ -49,7 +53,7 @@ from sqlalchemy.orm import (
     validates,
 )
 
-from sqla_jobs import validation
+from sqla_jobs import _otel, validation
 from sqla_jobs.exceptions import InvalidJobError
 
 NAMING_CONVENTION = {
@@ -127,7 +131,8 @@ class Job(Base):
 
     It takes what :func:`~sqla_jobs.enqueue` takes: ``kind``, ``payload``, ``key`` (the
     ``idempotency_key`` column, either name), ``run_at`` or ``delay`` (seconds or a
-    timedelta, not both), ``queue``, ``priority``, ``max_attempts``, ``timeout``. Values
+    timedelta, not both), ``queue``, ``priority``, ``max_attempts``, ``timeout``,
+    ``meta`` and ``tags``. Values
     are checked when set (see :mod:`sqla_jobs.validation`), so a bad job raises
     :class:`~sqla_jobs.exceptions.InvalidJobError` before the session is flushed.
 
@@ -183,6 +188,10 @@ class Job(Base):
     # object per attempt that ended other than done (see sqla_jobs.sql.lease).
     attempted_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
     errors: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONB)
+    # Revision 0013 (job metadata): what the application says about the job (tenant,
+    # request id, trace context) and its labels; NULL when it said nothing.
+    meta: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    tags: Mapped[list[str] | None] = mapped_column(ARRAY(sa.Text))
 
     __table_args__ = (
         sa.CheckConstraint(
@@ -217,6 +226,14 @@ class Job(Base):
             postgresql_using="gin",
             postgresql_ops={"payload": "jsonb_path_ops"},
         ),
+        # Revision 0013: ``meta @> ...`` and ``tags @> ARRAY[...]`` (list_jobs' filters).
+        sa.Index(
+            "jobs_meta_idx",
+            "meta",
+            postgresql_using="gin",
+            postgresql_ops={"meta": "jsonb_path_ops"},
+        ),
+        sa.Index("jobs_tags_idx", "tags", postgresql_using="gin"),
     )
 
     @validates("kind")
@@ -253,6 +270,15 @@ class Job(Base):
     def _check_payload(self, _key: str, value: object) -> dict[str, Any]:
         return validation.check_payload(value)
 
+    @validates("meta")
+    def _check_meta(self, _key: str, value: object) -> dict[str, Any] | None:
+        return validation.check_meta(value)
+
+    @validates("tags")
+    def _check_tags(self, _key: str, value: object) -> list[str] | None:
+        tags = validation.check_tags(value)
+        return None if tags is None else list(tags)
+
     #: ``key=``, as ``enqueue`` spells it; the column is ``idempotency_key``.
     key: Mapped[str | None] = synonym("idempotency_key")
 
@@ -264,6 +290,10 @@ class Job(Base):
             if values.get("run_at") is not None:
                 raise InvalidJobError("give run_at or delay, not both")
             values["run_at"] = DelayedRunAt(seconds)
+        # Before the validator: the trace context counts towards meta's size limit.
+        meta = _otel.with_trace_context(values.get("meta"), values.get("queue"))
+        if meta is not None:
+            values["meta"] = meta
         super().__init__(**values)
 
     def __repr__(self) -> str:
@@ -304,6 +334,8 @@ class JobArchive(Base):
     cancel_requested_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
     attempted_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
     errors: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONB)
+    meta: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    tags: Mapped[list[str] | None] = mapped_column(ARRAY(sa.Text))
     archived_at: Mapped[datetime] = mapped_column(
         sa.DateTime(timezone=True), server_default=_statement_time()
     )

@@ -51,7 +51,7 @@ import functools
 import json
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -588,6 +588,9 @@ class JobRecord:
     #: The attempts that ended other than done, as stored (revision 0011): see :attr:`history`.
     errors: list[dict[str, Any]] | None = None
     archived_at: datetime | None = None
+    #: The job's metadata (revision 0013): ``{}`` and ``[]`` when it has none.
+    meta: dict[str, Any] = field(default_factory=dict)
+    tags: list[str] = field(default_factory=list)
 
     @property
     def archived(self) -> bool:
@@ -637,6 +640,8 @@ _RECORD_FIELDS = tuple(f.name for f in fields(JobRecord))
 def _record(row: Any) -> JobRecord:
     values: dict[str, Any] = {name: getattr(row, name, None) for name in _RECORD_FIELDS}
     values["status"] = JobStatus(values["status"])
+    values["meta"] = values["meta"] or {}
+    values["tags"] = list(values["tags"] or ())
     return JobRecord(**values)
 
 
@@ -656,13 +661,17 @@ def list_jobs(
     newer_than: timedelta | None = None,
     payload: Mapping[str, Any] | None = None,
     newest_first: bool = False,
+    tag: str | Sequence[str] | None = None,
+    meta: Mapping[str, Any] | None = None,
 ) -> list[JobRecord]:
     """One page of jobs, oldest id first, filtered by status, kind, queue and age.
 
     ``older_than`` keeps jobs created more than that long ago, ``newer_than`` those
     created since. ``key`` is an idempotency key; ``min_id`` and ``max_id`` bound the id
     (inclusive); ``payload`` keeps jobs whose payload contains it (``{"user": 7}``
-    matches ``{"user": 7, "plan": "pro"}``; PostgreSQL's ``@>``). Pages by keyset: pass
+    matches ``{"user": 7, "plan": "pro"}``; PostgreSQL's ``@>``), ``meta`` likewise for
+    the job's metadata, and ``tag`` keeps jobs with that tag (a list: with every one of
+    them). Pages by keyset: pass
     the last id of a page as ``after_id`` to get the next one (stable while rows change);
     with ``newest_first``, the highest ids come first and the next page holds ids below
     ``after_id``.
@@ -682,9 +691,12 @@ def list_jobs(
         newer_than=_seconds("newer_than", newer_than),
         payload=None if payload is None else _payload_match(payload),
         newest_first=bool(newest_first),
+        tags=_tags_filter(tag),
+        meta=None if meta is None else _payload_match(meta, "meta"),
     )
+    contains = (payload, meta, tag)
     found = session.execute(page(payload_scan=admin.NEAR)).all()
-    if len(found) < limit and admin.payload_in_two_steps(statuses, kind, queue, payload):
+    if len(found) < limit and admin.payload_in_two_steps(statuses, kind, queue, *contains):
         # Not a page among the ids near the cursor: every match, from the GIN index.
         found = session.execute(page(payload_scan=admin.MATCHES)).all()
     return [_record(row) for row in found]
@@ -696,15 +708,28 @@ def _text_filter(name: str, value: str | None) -> str | None:
     return value
 
 
-def _payload_match(value: Mapping[str, Any]) -> str:
+def _payload_match(value: Mapping[str, Any], name: str = "payload") -> str:
     if not isinstance(value, Mapping):
         raise ConfigError(
-            f"payload must be a JSON object (a dict) the payload contains, got {value!r}"
+            f"{name} must be a JSON object (a dict) the {name} contains, got {value!r}"
         )
     try:
         return json.dumps(dict(value), allow_nan=False)
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"payload is not JSON: {exc}") from None
+        raise ConfigError(f"{name} is not JSON: {exc}") from None
+
+
+def _tags_filter(tag: str | Sequence[str] | None) -> list[str] | None:
+    """``tag`` as the list of tags a job must have, or ConfigError."""
+    if tag is None:
+        return None
+    tags = [tag] if isinstance(tag, str) else tag
+    if not isinstance(tags, Sequence) or not tags:
+        raise ConfigError(f"tag must be a tag or a non-empty list of tags, got {tag!r}")
+    for one in tags:
+        if not isinstance(one, str) or not one:
+            raise ConfigError(f"each tag must be a non-empty string, got {one!r}")
+    return list(tags)
 
 
 def _non_negative_id(value: int, name: str = "after_id") -> int:

@@ -141,6 +141,9 @@ class Schedule:
     missed: Missed = "latest"
     catch_up: timedelta | int | None = None
     grace: timedelta = DEFAULT_GRACE
+    #: The metadata of every tick's job (``enqueue(..., meta=..., tags=...)``).
+    meta: Mapping[str, Any] | None = None
+    tags: Sequence[str] | None = None
     zone: ZoneInfo = field(init=False, repr=False, compare=False)
     _fields: str = field(init=False, repr=False, compare=False)
 
@@ -208,6 +211,8 @@ class Schedule:
             raise fail(f"payload key {SCHEDULED_FOR!r} is reserved for the tick's time")
         try:
             validation.dump_payload(self.payload)
+            object.__setattr__(self, "meta", validation.check_meta(self.meta))
+            object.__setattr__(self, "tags", validation.check_tags(self.tags))
         except InvalidJobError as exc:
             raise fail(str(exc)) from None
 
@@ -351,6 +356,8 @@ class Schedule:
             {**self.payload, SCHEDULED_FOR: local.isoformat()},
             key=tick_key(self.name, tick),
             run_at=tick,
+            meta=self.meta,
+            tags=self.tags,
         )
 
 

@@ -31,7 +31,7 @@ from sqlalchemy.orm import (
     make_transient_to_detached,
 )
 
-from sqla_jobs import validation
+from sqla_jobs import _otel, validation
 from sqla_jobs.exceptions import InvalidJobError
 from sqla_jobs.models import DelayedRunAt, Job, JobStatus
 from sqla_jobs.sql import enqueue as enqueue_sql
@@ -53,7 +53,10 @@ class NewJob:
     lower first); without ``max_attempts`` the job gets its handler's when a worker
     claims it, else 8. ``queue`` and ``priority`` cannot wait for the worker (they decide
     who claims the job, and when): ``Registry.new`` / ``Handler.new`` fill in the
-    handler's.
+    handler's. ``meta`` (a JSON object, at most 8 KiB) and ``tags`` (a list of at most 32
+    strings of 1 to 100 characters) are the application's metadata of the job: the
+    handler reads them (``job.meta``, ``job.tags``), operators filter by them
+    (``ops.list_jobs(meta=..., tag=...)``); an empty one is stored as none.
     """
 
     kind: str
@@ -65,7 +68,11 @@ class NewJob:
     priority: int | None = None
     max_attempts: int | None = None
     timeout: float | timedelta | None = None
+    meta: Mapping[str, Any] | None = None
+    tags: Sequence[str] | None = None
     payload_json: str = field(init=False, repr=False, compare=False)
+    #: ``meta`` as JSON text; None when the job has none (or an empty one).
+    meta_json: str | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         validation.check_kind(self.kind)
@@ -82,6 +89,9 @@ class NewJob:
         if self.max_attempts is not None:
             validation.check_max_attempts(self.max_attempts)
         object.__setattr__(self, "timeout", validation.check_timeout(self.timeout))
+        meta = _otel.with_trace_context(self.meta, self.queue)
+        object.__setattr__(self, "meta_json", validation.dump_meta(meta))
+        object.__setattr__(self, "tags", validation.check_tags(self.tags))
 
 
 _OPTIONAL_COLUMNS = (
@@ -90,6 +100,8 @@ _OPTIONAL_COLUMNS = (
     ("max_attempts", "max_attempts"),
     ("key", "idempotency_key"),
     ("timeout", "timeout"),
+    ("meta_json", "meta"),
+    ("tags", "tags"),
 )
 
 
@@ -103,7 +115,7 @@ def _single_insert(
         value = getattr(job, attr)
         if value is not None:
             columns.append(column)
-            params[column] = value
+            params[column] = list(value) if column == "tags" else value
     if job.run_at is not None:
         params["run_at"] = job.run_at
     if job.delay is not None:
@@ -211,6 +223,8 @@ def enqueue(
     priority: int | None = None,
     max_attempts: int | None = None,
     timeout: float | timedelta | None = None,
+    meta: Mapping[str, Any] | None = None,
+    tags: Sequence[str] | None = None,
 ) -> int | None:
     """Insert one job in the caller's transaction and return its id.
 
@@ -218,7 +232,8 @@ def enqueue(
     own ``timeout``; see the README's "Timeouts". Without ``max_attempts`` the job gets
     its handler's when a worker claims it (else 8); without ``queue`` or ``priority`` it
     gets ``"default"`` and 0, not its handler's: ``registry.enqueue`` and
-    ``handler.enqueue`` use the handler's.
+    ``handler.enqueue`` use the handler's. ``meta`` (a JSON object) and ``tags`` (a list
+    of strings) are the job's metadata, see :class:`NewJob`.
 
     Returns ``None`` when ``key`` is given and a job with that idempotency key already
     exists (``ON CONFLICT DO NOTHING``): the existing job is left as it is. If another
@@ -237,6 +252,8 @@ def enqueue(
         priority=priority,
         max_attempts=max_attempts,
         timeout=timeout,
+        meta=meta,
+        tags=tags,
     )
     return insert_one(session, job)
 
@@ -312,6 +329,8 @@ class _RowsWriter:
             and job.run_at is None
             and job.delay is None
             and job.timeout is None
+            and job.meta_json is None
+            and job.tags is None
         ):
             return head + "}", False
         parts = [head]
@@ -329,6 +348,10 @@ class _RowsWriter:
             parts.append(f',"d":{job.delay!r}')  # a float since __post_init__
         if job.timeout is not None:
             parts.append(f',"t":{job.timeout!r}')  # a float since __post_init__
+        if job.meta_json is not None:
+            parts.append(',"mt":' + job.meta_json)
+        if job.tags is not None:
+            parts.append(',"tg":[' + ",".join(self._text(t) for t in job.tags) + "]")
         parts.append("}")
         return "".join(parts), True
 
@@ -392,7 +415,18 @@ async def enqueue_many_async(session: AsyncExecutor, jobs: Iterable[NewJob]) -> 
 
 #: The columns a Job inserted as enqueue inserts it may set (NewJob's fields).
 _ENQUEUE_COLUMNS = frozenset(
-    ("kind", "payload", "idempotency_key", "run_at", "queue", "priority", "max_attempts", "timeout")
+    (
+        "kind",
+        "payload",
+        "idempotency_key",
+        "run_at",
+        "queue",
+        "priority",
+        "max_attempts",
+        "timeout",
+        "meta",
+        "tags",
+    )
 )
 _OTHER_COLUMNS = tuple(
     sorted(set(Job.__mapper__.columns.keys()) - _ENQUEUE_COLUMNS)  # status, attempts, ...
@@ -458,7 +492,8 @@ def _new_job(job: Job) -> NewJob:
     if extra:
         raise InvalidJobError(
             f"a Job with a key or a delay is inserted as enqueue() inserts it and sets only "
-            f"kind, payload, key, run_at or delay, queue, priority, max_attempts and timeout; "
+            f"kind, payload, key, run_at or delay, queue, priority, max_attempts, timeout, "
+            f"meta and tags; "
             f"this one also sets {', '.join(extra)}"
         )
     run_at = values.get("run_at")
@@ -473,6 +508,8 @@ def _new_job(job: Job) -> NewJob:
         priority=values.get("priority"),
         max_attempts=values.get("max_attempts"),
         timeout=values.get("timeout"),
+        meta=values.get("meta"),
+        tags=values.get("tags"),
     )
 
 

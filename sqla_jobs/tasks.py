@@ -33,7 +33,7 @@ import contextvars
 import dataclasses
 import importlib
 import inspect
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar, cast
@@ -75,6 +75,10 @@ class JobContext:
     scheduled_for: datetime | None = None
     #: The run's deadline and cancel flag (set by the worker; none in a plain call).
     control: Control | None = field(default=None, repr=False, compare=False)
+    #: The job's metadata as enqueued (``enqueue(..., meta=..., tags=...)``); empty
+    #: when it has none.
+    meta: Mapping[str, Any] = field(default_factory=dict)
+    tags: tuple[str, ...] = ()
 
     @property
     def deadline(self) -> float | None:
@@ -214,6 +218,8 @@ class Handler(Generic[R]):
         priority: int | None = None,
         max_attempts: int | None = None,
         timeout: float | timedelta | None = None,
+        meta: Mapping[str, Any] | None = None,
+        tags: Sequence[str] | None = None,
     ) -> producer.NewJob:
         """A :class:`NewJob` of this kind, with this handler's defaults, for enqueue_many."""
         return producer.NewJob(
@@ -226,6 +232,8 @@ class Handler(Generic[R]):
             priority=priority if priority is not None else self.priority,
             max_attempts=max_attempts if max_attempts is not None else self.max_attempts,
             timeout=timeout,
+            meta=meta,
+            tags=tags,
         )
 
     def enqueue(
@@ -406,6 +414,8 @@ class Registry:
         missed: _periodic.Missed = "latest",
         catch_up: timedelta | int | None = None,
         grace: timedelta = _periodic.DEFAULT_GRACE,
+        meta: Mapping[str, Any] | None = None,
+        tags: Sequence[str] | None = None,
     ) -> Callable[[Handler[R]], Handler[R]]:
         """Decorator adding a schedule to a registered handler; goes above ``@handler``::
 
@@ -434,6 +444,8 @@ class Registry:
                 missed=missed,
                 catch_up=catch_up,
                 grace=grace,
+                meta=meta,
+                tags=tags,
             )
             return handler
 
@@ -451,6 +463,8 @@ class Registry:
         missed: _periodic.Missed = "latest",
         catch_up: timedelta | int | None = None,
         grace: timedelta = _periodic.DEFAULT_GRACE,
+        meta: Mapping[str, Any] | None = None,
+        tags: Sequence[str] | None = None,
     ) -> _periodic.Schedule:
         """Enqueue a job of ``handler``'s kind at every tick of a schedule named ``name``.
 
@@ -458,7 +472,8 @@ class Registry:
         ``timezone`` (an IANA name); or ``cron=None`` and ``every=timedelta(...)``.
         ``payload``: the jobs' payload, plus ``"scheduled_for"`` (the tick). ``missed``:
         ``"latest"`` (default), ``"skip"`` or ``"all"`` (with ``catch_up``), applied when
-        a due tick is more than ``grace`` old (see :mod:`sqla_jobs.periodic`).
+        a due tick is more than ``grace`` old (see :mod:`sqla_jobs.periodic`). ``meta``
+        and ``tags``: the metadata of every tick's job.
         ``handler``: a registered :class:`Handler` or its kind. Raises RegistryError,
         naming the schedule, for anything that could not run.
         """
@@ -478,6 +493,8 @@ class Registry:
             missed=missed,
             catch_up=catch_up,
             grace=grace,
+            meta=meta,
+            tags=tags,
         )
         if found.name in self._schedules:
             raise RegistryError(

@@ -648,7 +648,16 @@ def _run_inline(
         savepoint = session.begin_nested()
         start = admin.inline_start(row.id, INLINE_WORKER, handler_max_attempts=handler_max)
         attempt, max_attempts = session.execute(start).one()
-        ctx = JobContext(row.id, row.kind, row.queue, attempt, max_attempts, INLINE_WORKER)
+        ctx = JobContext(
+            row.id,
+            row.kind,
+            row.queue,
+            attempt,
+            max_attempts,
+            INLINE_WORKER,
+            meta=row.meta or {},
+            tags=tuple(row.tags or ()),
+        )
         violated.clear()
         sa.event.listen(session, "before_commit", refuse_commit)
         try:

@@ -249,29 +249,87 @@ def dump_payload(payload: object) -> str:
             "payload must be a JSON object (a dict), got None; pass {} for a job that "
             "needs no payload"
         )
-    if type(payload) is not dict and not isinstance(payload, Mapping):
-        raise InvalidJobError(f"payload must be a JSON object (a dict), got {what(payload)}")
+    return _dump_object("payload", payload, MAX_PAYLOAD_BYTES)
+
+
+def _dump_object(label: str, value: object, max_bytes: int) -> str:
+    """``value``'s JSON text if it is a JSON object jsonb holds as it is, within
+    ``max_bytes``; else InvalidJobError naming ``label`` (``payload``, ``meta``)."""
+    if type(value) is not dict and not isinstance(value, Mapping):
+        raise InvalidJobError(f"{label} must be a JSON object (a dict), got {what(value)}")
     try:
-        text = _ENCODER.encode(payload) if _C_ENCODE is None else "".join(_C_ENCODE(payload, 0))
+        text = _ENCODER.encode(value) if _C_ENCODE is None else "".join(_C_ENCODE(value, 0))
     except (TypeError, ValueError):
         raise InvalidJobError(
-            f"payload is not JSON-serializable: {_not_json(payload, 'payload')}"
+            f"{label} is not JSON-serializable: {_not_json(value, label)}"
         ) from None
     except RecursionError:
         raise InvalidJobError(
-            "payload is not JSON-serializable: it refers to itself or is nested too deeply"
+            f"{label} is not JSON-serializable: it refers to itself or is nested too deeply"
         ) from None
     # json.dumps escapes every NUL (in keys and values) as \u0000, which jsonb refuses;
     # the text test is a cheap filter, the walk rules out an escaped backslash before it.
-    if "\\u0000" in text and _has_nul(payload):
-        raise InvalidJobError("payload must not contain NUL characters (jsonb refuses \\u0000)")
-    if len(text) > MAX_PAYLOAD_BYTES:
-        raise InvalidJobError(f"payload is larger than {MAX_PAYLOAD_BYTES} bytes as JSON")
-    # After the encoder: it has refused a payload that refers to itself, so this walk
+    if "\\u0000" in text and _has_nul(value):
+        raise InvalidJobError(f"{label} must not contain NUL characters (jsonb refuses \\u0000)")
+    if len(text) > max_bytes:
+        raise InvalidJobError(f"{label} is larger than {max_bytes} bytes as JSON")
+    # After the encoder: it has refused a value that refers to itself, so this walk
     # ends, and the size check bounds it.
-    if not _keys_are_strings(payload):
-        _check_keys(payload, "payload")  # finds the key and where it is, or passes
+    if not _keys_are_strings(value):
+        _check_keys(value, label)  # finds the key and where it is, or passes
     return text
+
+
+# --- job metadata (revision 0013) -----------------------------------------------------
+
+#: Largest ``meta`` object, as bytes of its JSON text: metadata is for short facts
+#: (tenant, request id, trace context) that filters and traces read, not for data.
+MAX_META_BYTES = 8_192
+#: Most tags on one job, and the longest tag (characters).
+MAX_TAGS = 32
+MAX_TAG_LENGTH = 100
+
+
+def dump_meta(meta: object) -> str | None:
+    """``meta``'s JSON text (None for None or an empty object: the column stays NULL),
+    or InvalidJobError: a JSON object of at most :data:`MAX_META_BYTES`."""
+    if meta is None:
+        return None
+    text = _dump_object("meta", meta, MAX_META_BYTES)
+    return None if text == "{}" else text
+
+
+def check_meta(meta: object) -> dict[str, Any] | None:
+    """``meta`` as a dict to store (None for None or empty), or InvalidJobError."""
+    return None if dump_meta(meta) is None else dict(meta)  # type: ignore[call-overload]
+
+
+def check_tags(tags: object) -> tuple[str, ...] | None:
+    """``tags`` as a tuple of distinct strings, in the order given (None for None or
+    empty: the column stays NULL), or InvalidJobError: a list (or tuple, set) of at
+    most :data:`MAX_TAGS` non-empty strings of at most :data:`MAX_TAG_LENGTH` characters.
+    A single string is refused: ``tags="vip"`` would otherwise read as three tags."""
+    if tags is None:
+        return None
+    if isinstance(tags, (str, bytes)) or not isinstance(tags, (list, tuple, set, frozenset)):
+        raise InvalidJobError(
+            f'tags must be a list of strings, e.g. ["vip", "signup"], got {what(tags)}'
+        )
+    found: dict[str, None] = {}
+    for tag in tags:
+        if not isinstance(tag, str):
+            raise InvalidJobError(f"each tag must be a string, got {what(tag)}")
+        if not tag or "\x00" in tag:
+            raise InvalidJobError(f"each tag must be a non-empty string without NUL, got {tag!r}")
+        if len(tag) > MAX_TAG_LENGTH:
+            raise InvalidJobError(
+                f"each tag must be at most {MAX_TAG_LENGTH} characters, got one of "
+                f"{len(tag)} ({tag[:20]!r}...)"
+            )
+        found[tag] = None
+    if len(found) > MAX_TAGS:
+        raise InvalidJobError(f"a job has at most {MAX_TAGS} tags, got {len(found)}")
+    return tuple(found) or None
 
 
 _CONTAINERS = (dict, list, tuple)

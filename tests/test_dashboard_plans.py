@@ -3,12 +3,13 @@
 The jobs page (``ops.list_jobs``, newest or oldest first, from a keyset cursor) once
 walked the primary key and tested each row against the filter: a kind that 30 jobs out
 of millions have was found by reading the whole table. Revision 0010 gives each filter
-an index in the page's order ((status, id), (kind, id), (queue, id), GIN on payload). An
+an index in the page's order ((status, id), (kind, id), (queue, id), GIN on payload;
+revision 0013, GIN on meta and on tags). An
 index only helps if the planner takes it, and statistics mislead it: taken when the
 table was empty, or when the filtered value was on every row (a backlog of one kind
 since drained, a night when everything failed). These tests build both on a table of
-20,000 jobs (100,000 for the payload: on fewer, reading the whole table is truly the
-cheapest way to find a payload) where the filtered value is on 30 of them, read the
+20,000 jobs (100,000 for the payload, meta and tags: on fewer, reading the whole table
+is truly the cheapest way to find a payload) where the filtered value is on 30 of them, read the
 plans (custom, and generic as a prepared statement gets) of the first page and of a page
 after a cursor, in both orders: the filter's index is used, ``jobs`` is never read by a
 sequential scan or by a walk of the primary key filtering rows. The pages are also read
@@ -63,11 +64,39 @@ FILTERS: dict[str, tuple[dict[str, Any], str, str, str]] = {
         """payload = '{"tenant": "common", "n": 1}'""",
         "jobs_payload_idx",
     ),
+    # Revision 0013: job metadata, filtered like the payload (GIN, in two steps); most
+    # jobs of a real table have none (NULL), or the same tenant.
+    "meta": (
+        {"meta": json.dumps({"tenant": "rare"})},
+        """meta = '{"tenant": "rare", "request": 1}'""",
+        """meta = '{"tenant": "common", "request": 1}'""",
+        "jobs_meta_idx",
+    ),
+    "meta, others none": (
+        {"meta": json.dumps({"tenant": "rare"})},
+        """meta = '{"tenant": "rare", "request": 1}'""",
+        "meta = NULL",
+        "jobs_meta_idx",
+    ),
+    "tag": (
+        {"tags": ["rare"]},
+        "tags = ARRAY['rare', 'signup']",
+        "tags = ARRAY['common', 'signup']",
+        "jobs_tags_idx",
+    ),
+    "tag, others none": (
+        {"tags": ["rare"]},
+        "tags = ARRAY['rare', 'signup']",
+        "tags = NULL",
+        "jobs_tags_idx",
+    ),
 }
+#: The filters asked in two steps (a window of the primary key, then the GIN index).
+CONTAINMENT = {"payload", "meta", "meta, others none", "tag", "tag, others none"}
 
 
 def _rows(name: str) -> int:
-    return PAYLOAD_ROWS if name == "payload" else ROWS
+    return PAYLOAD_ROWS if name in CONTAINMENT else ROWS
 
 
 def _other(status: str) -> str:
@@ -115,11 +144,11 @@ def _assert_uses(plan: Any, index: str) -> None:
 def _statements(name: str, newest_first: bool, after_id: int | None) -> list[Any]:
     """The statements of one page: one; for a payload filter, both steps."""
     args = dict(FILTERS[name][0], limit=51, after_id=after_id, newest_first=newest_first)
-    if name != "payload":
+    if name not in CONTAINMENT:
         return [(FILTERS[name][3], admin.list_jobs(**args))]
     return [
         ("jobs_pkey", admin.list_jobs(**args, payload_scan=admin.NEAR)),
-        ("jobs_payload_idx", admin.list_jobs(**args, payload_scan=admin.MATCHES)),
+        (FILTERS[name][3], admin.list_jobs(**args, payload_scan=admin.MATCHES)),
     ]
 
 
@@ -127,8 +156,11 @@ def _ops_arguments(name: str) -> dict[str, Any]:
     args = dict(FILTERS[name][0])
     if "statuses" in args:
         args["status"] = args.pop("statuses")[0]
-    if "payload" in args:
-        args["payload"] = json.loads(args["payload"])
+    for name in ("payload", "meta"):
+        if name in args:
+            args[name] = json.loads(args[name])
+    if "tags" in args:
+        args["tag"] = args.pop("tags")
     return args
 
 
@@ -144,7 +176,7 @@ STATS = ["empty-table", "value-on-every-row"]
         # A payload held by every row when the statistics were taken: the planner
         # believes any page is found at once, and no query shape changes its mind
         # (the README says so); its first step still reads a bounded window.
-        if (name, stats) != ("payload", "value-on-every-row")
+        if name not in CONTAINMENT or stats != "value-on-every-row"
     ],
 )
 def test_each_jobs_page_filter_reads_its_index_whatever_the_statistics(

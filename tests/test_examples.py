@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -282,3 +283,51 @@ def test_readme_running_for_years_health_example_names_the_open_transaction(
     assert f"session {pid} holds the horizon" in out
     # Seconds old, under the example's two minutes: listed, not a finding.
     assert "what to do" not in out
+
+
+def test_readme_job_metadata_example_runs(engine: sa.Engine, db_url: URL) -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("### Job metadata: meta and tags", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S)
+    assert code is not None
+    os.environ["DATABASE_URL"] = url_text(db_url)
+    namespace: dict[str, object] = {"__name__": "readme_meta"}
+    try:
+        exec(compile(code.group(1), "README.md", "exec"), namespace)
+    finally:
+        del os.environ["DATABASE_URL"]
+        engine_in_readme = namespace.get("engine")
+        if isinstance(engine_in_readme, sa.Engine):
+            engine_in_readme.dispose()
+    registry = namespace["registry"]
+    assert isinstance(registry, sqla_jobs.Registry)
+    testing.drain(db_url, registry)
+    assert sorted(namespace["exported"]) == [  # type: ignore[call-overload]
+        (1, 7, ("vip", "nightly")),
+        (2, 8, ("nightly",)),
+        (3, 7, ()),
+        (4, None, ("backfill",)),
+        (5, None, ("backfill",)),
+    ]
+
+
+def test_readme_tracing_example_draws_one_trace_from_request_to_handler(
+    db_url: URL, tmp_path: Path
+) -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Tracing and metadata", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S)
+    printed = re.search(r"```text\n(.*?)```", section, re.S)
+    assert code is not None and printed is not None
+    # A process of its own: the example sets the process's tracer provider.
+    script = tmp_path / "tracing_example.py"
+    script.write_text(code.group(1))
+    result = subprocess.run(
+        [sys.executable, str(script)],
+        env={**os.environ, "DATABASE_URL": url_text(db_url)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == printed.group(1)

@@ -91,6 +91,9 @@ CASES: dict[str, Callable[[], Any]] = {
     "admin.list_jobs_payload_matches": lambda: admin.list_jobs(
         payload='{"user": 7}', limit=50, after_id=15, payload_scan=admin.MATCHES
     ),
+    "admin.list_jobs_meta_tags": lambda: admin.list_jobs(
+        meta='{"tenant": 7}', tags=["vip"], limit=50, after_id=15, payload_scan=admin.MATCHES
+    ),
     "admin.list_jobs_search": lambda: admin.list_jobs(
         key="k",
         min_id=10,
@@ -250,6 +253,7 @@ def test_every_statement_builder_has_a_snapshot_case() -> None:
         "admin.list_jobs_status",
         "admin.list_jobs_payload_near",
         "admin.list_jobs_payload_matches",
+        "admin.list_jobs_meta_tags",
     }
     assert _builders() == set(CASES) - variants
 

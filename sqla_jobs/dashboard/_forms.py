@@ -63,6 +63,8 @@ class JobFilter:
     older_than: str = ""
     newer_than: str = ""
     payload: str = ""
+    tag: str = ""
+    meta: str = ""
 
     @classmethod
     def from_query(cls, query: QueryParams, **fixed: str) -> JobFilter:
@@ -86,7 +88,7 @@ class JobFilter:
         args: dict[str, Any] = {}
         if self.status:
             args["status"] = self._status()
-        for name in ("kind", "queue", "key"):
+        for name in ("kind", "queue", "key", "tag"):
             if getattr(self, name):
                 args[name] = _text(name, getattr(self, name))
         for name in ("min_id", "max_id"):
@@ -97,6 +99,8 @@ class JobFilter:
                 args[name] = _duration(_label(name), getattr(self, name))
         if self.payload:
             args["payload"] = _payload(self.payload)
+        if self.meta:
+            args["meta"] = validation.json_object(_label("meta"), self.meta, ConfigError)
         return args
 
     def _status(self) -> JobStatus:
@@ -118,6 +122,8 @@ LABELS = {
     "older_than": "Older than",
     "newer_than": "Newer than",
     "payload": "Payload contains",
+    "tag": "Tag",
+    "meta": "Meta contains",
 }
 #: Query parameters of the jobs pages that are not filters: the older and newer pages'
 #: cursors, and the signed message after an action (``_flash``).

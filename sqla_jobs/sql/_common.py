@@ -34,6 +34,8 @@ CLAIMED_COLUMNS = (
     jobs.c.timeout,  # revision 0005
     jobs.c.snoozes,  # revision 0005
     jobs.c.priority,  # the buffer's order (sqla_jobs.worker._buffer)
+    jobs.c.meta,  # revision 0013: the handler's job.meta and job.tags
+    jobs.c.tags,
 )
 
 

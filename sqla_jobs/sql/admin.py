@@ -62,6 +62,8 @@ def list_jobs(
     payload: str | None = None,
     newest_first: bool = False,
     payload_scan: str = NEAR,
+    tags: Sequence[str] | None = None,
+    meta: str | None = None,
 ) -> sa.Select[Any]:
     """One page of jobs in id order; the next page starts after the last id (keyset).
 
@@ -69,15 +71,18 @@ def list_jobs(
     (the next page of a newest-first listing). ``key`` is the idempotency key (its unique
     index), ``min_id``/``max_id`` an inclusive range on the primary key, ``newer_than``
     the age bound opposite ``older_than``, and ``payload`` JSON text the payload must
-    contain (``payload @> :payload_match``).
+    contain (``payload @> :payload_match``); ``meta`` likewise for the metadata (``meta @>
+    :meta_match``) and ``tags`` the tags a job must all have (``tags @> :tags``).
 
     A page reads one index in its order and stops at ``limit`` rows (revision 0010):
     the first of kind, queue and a single status given leads, on its ``(column, id)``
     index; otherwise the primary key. A payload filter without a leading one is asked
-    in two steps (:func:`sqla_jobs.ops.list_jobs`): ``payload_scan=NEAR`` reads the
-    ``PAYLOAD_WINDOW`` ids after the cursor on the primary key (a common value fills
-    the page there); if that is not a page, ``payload_scan=MATCHES`` reads every match
-    from ``jobs_payload_idx`` and sorts them (a rare value has few). The age filters
+    in two steps (:func:`sqla_jobs.ops.list_jobs`), and so are ``meta`` and ``tags``
+    (revision 0013): ``payload_scan=NEAR`` reads the ``PAYLOAD_WINDOW`` ids after the
+    cursor on the primary key (a common value fills the page there); if that is not a
+    page, ``payload_scan=MATCHES`` reads every match from the GIN index
+    (``jobs_payload_idx``, ``jobs_meta_idx``, ``jobs_tags_idx``) and sorts them (a rare
+    value has few). The age filters
     have no index: ``created_at`` follows ``id``, so the primary key reaches them, after
     skipping the rows on the other side of the bound.
     """
@@ -103,11 +108,17 @@ def list_jobs(
     if payload is not None:
         match = sa.cast(sa.bindparam("payload_match", payload, sa.Text), JSONB)
         conditions.append(jobs.c.payload.contains(match))
+    if meta is not None:
+        meta_match = sa.cast(sa.bindparam("meta_match", meta, sa.Text), JSONB)
+        conditions.append(jobs.c.meta.contains(meta_match))
+    if tags is not None:
+        conditions.append(jobs.c.tags.contains(sa.bindparam("tags", list(tags), ARRAY(sa.Text))))
+    contains = payload is not None or meta is not None or tags is not None
     if after_id is not None:
         cursor = sa.bindparam("after_id", after_id, sa.BigInteger)
         conditions.append(jobs.c.id < cursor if newest_first else jobs.c.id > cursor)
     order: list[sa.ColumnElement[Any]] = [jobs.c.id] if lead is None else [lead, jobs.c.id]
-    if payload is not None and lead is None:
+    if contains and lead is None:
         if payload_scan == NEAR:
             conditions.append(_near(after_id, newest_first))
         elif payload_scan == MATCHES:
@@ -128,10 +139,13 @@ def payload_in_two_steps(
     statuses: Sequence[JobStatus] | None,
     kind: str | None,
     queue: str | None,
-    payload: Any,
+    *contains: Any,
 ) -> bool:
-    """Whether :func:`list_jobs` with these filters is asked NEAR, then MATCHES."""
-    return payload is not None and _leading_filter(statuses, kind, queue)[0] is None
+    """Whether :func:`list_jobs` with these filters is asked NEAR, then MATCHES:
+    ``contains`` are its payload, meta and tags filters (None where not given)."""
+    return (
+        any(c is not None for c in contains) and _leading_filter(statuses, kind, queue)[0] is None
+    )
 
 
 def _near(after_id: int | None, newest_first: bool) -> sa.ColumnElement[bool]:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from sqla_jobs import models
@@ -30,7 +30,8 @@ def insert_job(
 
     Bind parameters: ``kind``, ``payload`` (JSON text), ``run_at`` or ``delay`` when
     flagged, and one per name in ``columns`` (queue, priority, max_attempts,
-    idempotency_key, timeout). Columns not named take the table's defaults.
+    idempotency_key, timeout, meta as JSON text, tags). Columns not named take the
+    table's defaults.
     ``with_defaults``: RETURNING the columns the table fills (:data:`FILLED_BY_THE_TABLE`:
     the id and every column with a server default), for the flush of a ``Job`` object,
     which fills the object from it (the ORM's own insert fetches its defaults the same
@@ -42,7 +43,10 @@ def insert_job(
         "payload": _common.payload_param(),
     }
     for name in columns:
-        values[name] = sa.bindparam(name, type_=jobs.c[name].type)
+        if name == "meta":  # JSON text, checked by validation.dump_meta
+            values[name] = _common.payload_param("meta")
+        else:
+            values[name] = sa.bindparam(name, type_=jobs.c[name].type)
     if has_run_at:
         values["run_at"] = sa.bindparam("run_at", type_=sa.DateTime(timezone=True))
     elif has_delay:
@@ -65,8 +69,9 @@ def insert_jobs_json(*, with_keys: bool, options: bool = True, now: Now = None) 
     One bound parameter, ``rows``: a JSON array of objects with ``k`` (kind), ``p``
     (payload), and optional ``q`` (queue), ``pr`` (priority), ``m`` (max_attempts),
     ``key``, ``at`` (run_at, ISO 8601 with offset), ``d`` (delay, seconds) and ``t``
-    (timeout, seconds; revision 0005); a missing field takes the table default (``m``:
-    NULL, the handler's when a worker claims it). One text parameter is the cheapest
+    (timeout, seconds; revision 0005), ``mt`` (meta) and ``tg`` (tags, an array of
+    strings; revision 0013); a missing field takes the table default (``m``: NULL, the
+    handler's when a worker claims it). One text parameter is the cheapest
     thing to send: psycopg quotes every element of a text array with a regular
     expression, which cost more than the insert itself. It is read as ``jsonb``: then
     each payload is taken out of the parsed array as it is, where ``json_to_recordset``
@@ -88,6 +93,8 @@ def insert_jobs_json(*, with_keys: bool, options: bool = True, now: Now = None) 
             sa.column("at", sa.DateTime(timezone=True)),
             sa.column("d", sa.Float),
             sa.column("t", sa.Float),
+            sa.column("mt", JSONB),
+            sa.column("tg", ARRAY(sa.Text)),
         ]
     rows = (
         sa.func.jsonb_to_recordset(sa.cast(sa.bindparam("rows", type_=sa.Text), JSONB))
@@ -105,12 +112,14 @@ def insert_jobs_json(*, with_keys: bool, options: bool = True, now: Now = None) 
             c.m,  # NULL: the handler's, resolved by the claim (revision 0008)
             c.key,
         ]
-        names += ["run_at", "timeout"]
+        names += ["run_at", "timeout", "meta", "tags"]
         values += [
             sa.func.coalesce(
                 c.at, _common.clock(now) + _common.seconds(sa.func.coalesce(c.d, 0.0))
             ),
             c.t,
+            c.mt,
+            c.tg,
         ]
     else:
         names, values = ["kind", "payload"], [c.k, c.p]

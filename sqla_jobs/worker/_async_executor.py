@@ -40,6 +40,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 
+from sqla_jobs import _otel
 from sqla_jobs.config import WorkerConfig
 from sqla_jobs.control import Control
 from sqla_jobs.sql import lease
@@ -357,6 +358,20 @@ class AsyncExecutor:
             running.task.cancel()
 
     async def _attempt(
+        self, running: _Running, session: AsyncSession, conn: ThreadConnection, control: Control
+    ) -> Attempt | None:
+        """The handler's run as an Attempt, in its OpenTelemetry span when tracing is
+        installed; None if the drain cancelled it."""
+        job = running.job
+        with _otel.process_span(
+            job_id=job.id, kind=job.kind, queue=job.queue, attempt=job.attempt, meta=job.meta
+        ) as span:
+            attempt = await self._run_handler(running, session, conn, control)
+            if attempt is not None:
+                _otel.ended(span, attempt.error, _otel.outcome_of(attempt.error))
+        return attempt
+
+    async def _run_handler(
         self, running: _Running, session: AsyncSession, conn: ThreadConnection, control: Control
     ) -> Attempt | None:
         """The handler's run as an Attempt; None if the drain cancelled it.

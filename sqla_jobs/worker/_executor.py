@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import sqlalchemy as sa
 
+from sqla_jobs import _otel
 from sqla_jobs.config import WorkerConfig
 from sqla_jobs.control import Control
 from sqla_jobs.sql import lease
@@ -165,9 +166,15 @@ class ThreadExecutor:
         deadline or a cancel; this thread only waits for it (see _isolated)."""
         handler = self.registry[job.kind]
         try:
-            outcome, error = _isolated.run(
-                self.engine, self.config.worker_id, job, handler, control
-            )
+            # The span covers the child's run; spans the child itself records (none by
+            # default) would start traces of their own.
+            with _otel.process_span(
+                job_id=job.id, kind=job.kind, queue=job.queue, attempt=job.attempt, meta=job.meta
+            ) as span:
+                outcome, error = _isolated.run(
+                    self.engine, self.config.worker_id, job, handler, control
+                )
+                _otel.ended(span, error, _otel.outcome_of(error))
             control.finish()
             attempt = Attempt(job, time.monotonic() - control.started, error, control=control)
             self.job_took(attempt.duration)
@@ -193,6 +200,21 @@ class ThreadExecutor:
         return True
 
     def _attempt(
+        self,
+        job: Claimed,
+        session: HandlerSession,
+        thread_conn: ThreadConnection,
+        control: Control,
+    ) -> Attempt:
+        """The handler's run, in its OpenTelemetry span when tracing is installed."""
+        with _otel.process_span(
+            job_id=job.id, kind=job.kind, queue=job.queue, attempt=job.attempt, meta=job.meta
+        ) as span:
+            attempt = self._run_handler(job, session, thread_conn, control)
+            _otel.ended(span, attempt.error, _otel.outcome_of(attempt.error))
+        return attempt
+
+    def _run_handler(
         self,
         job: Claimed,
         session: HandlerSession,

@@ -59,6 +59,9 @@ class Claimed(NamedTuple):
     snoozes: int = 0
     #: 0 (most urgent) to 9: the buffer hands out the most urgent job first.
     priority: int = 0
+    #: The job's metadata (revision 0013); None when it has none.
+    meta: dict[str, Any] | None = None
+    tags: list[str] | None = None
 
     @property
     def lease(self) -> tuple[int, int]:
@@ -67,7 +70,15 @@ class Claimed(NamedTuple):
     def context(self, worker: str, control: Control) -> JobContext:
         """What its handler may know about this run (``job`` / ``current_job()``)."""
         return JobContext(
-            self.id, self.kind, self.queue, self.attempt, self.max_attempts, worker, control=control
+            self.id,
+            self.kind,
+            self.queue,
+            self.attempt,
+            self.max_attempts,
+            worker,
+            control=control,
+            meta=self.meta or {},
+            tags=tuple(self.tags or ()),
         )
 
 

@@ -103,6 +103,8 @@ def run(
         "attempt": job.attempt,
         "max_attempts": job.max_attempts,
         "payload": job.payload,
+        "meta": job.meta,
+        "tags": job.tags,
         "worker": worker_id,
         "time_left": control.time_left(),
     }
@@ -215,6 +217,8 @@ def _child(spec: dict[str, Any], proto: IO[str]) -> dict[str, Any]:
         spec["max_attempts"],
         spec["worker"],
         control=control,
+        meta=spec["meta"] or {},
+        tags=tuple(spec["tags"] or ()),
     )
     try:
         value = handler(session, spec["payload"], ctx)

@@ -808,6 +808,72 @@ MUTATIONS: list[Mutation] = [
         "            sa.true(),  # MUTATION\n",
         ("tests/test_health.py::test_health_leaves_out_its_own_connection_and_committed_sessions",),
     ),
+    # --- job metadata (revision 0013, #27) ---------------------------------------------
+    Mutation(
+        "meta_size_limit",
+        "a job's meta is at most MAX_META_BYTES as JSON, refused at enqueue",
+        "sqla_jobs/validation.py",
+        '    text = _dump_object("meta", meta, MAX_META_BYTES)\n',
+        '    text = _dump_object("meta", meta, MAX_PAYLOAD_BYTES)  # MUTATION\n',
+        (
+            "tests/test_job_meta.py::"
+            "test_bad_metadata_is_refused_at_enqueue_and_the_transaction_stays_usable",
+        ),
+    ),
+    Mutation(
+        "handler_sees_meta",
+        "the handler reads its job's meta (job.meta) in a worker",
+        INFLIGHT,
+        "            meta=self.meta or {},\n",
+        "            meta={},  # MUTATION\n",
+        ("tests/test_job_meta.py::test_handlers_read_meta_and_tags_in_a_real_worker",),
+    ),
+    Mutation(
+        "tags_filter",
+        "list_jobs(tag=...) keeps only the jobs with that tag",
+        "sqla_jobs/sql/admin.py",
+        '        conditions.append(jobs.c.tags.contains(sa.bindparam("tags", list(tags), '
+        "ARRAY(sa.Text))))\n",
+        "        pass  # MUTATION\n",
+        (
+            "tests/test_job_meta.py::"
+            "test_list_jobs_filters_by_tag_and_meta_and_archived_jobs_keep_them",
+        ),
+    ),
+    Mutation(
+        "meta_filter_reads_every_match",
+        "a meta filter that is not a page near the cursor reads every match from its index",
+        "sqla_jobs/sql/admin.py",
+        "        any(c is not None for c in contains) and _leading_filter(",
+        "        contains[0] is not None and _leading_filter(  # MUTATION\n       ",
+        (
+            "tests/test_dashboard_plans.py::"
+            "test_each_jobs_page_filter_reads_its_index_whatever_the_statistics",
+        ),
+    ),
+    # --- OpenTelemetry tracing (#27) ---------------------------------------------------
+    Mutation(
+        "otel_nothing_without_a_span",
+        "an enqueue with no current span records no span and stores no trace context",
+        "sqla_jobs/_otel.py",
+        "    if not current.get_span_context().is_valid:\n        return meta\n",
+        "    pass  # MUTATION\n",
+        (
+            "tests/test_tracing.py::"
+            "test_no_trace_context_is_stored_without_a_current_span_as_for_a_periodic_tick",
+        ),
+    ),
+    Mutation(
+        "otel_process_span_continues_the_trace",
+        "the worker's process span is a child of the enqueuing request's trace",
+        "sqla_jobs/_otel.py",
+        "        context=parent,\n",
+        "        context=None,  # MUTATION\n",
+        (
+            "tests/test_tracing.py::"
+            "test_one_trace_runs_from_the_request_through_enqueue_to_the_handler_in_another_process",
+        ),
+    ),
 ]
 
 

@@ -30,8 +30,10 @@ WITH picked AS MATERIALIZED
                                        jobs.snoozes,
                                        jobs.cancel_requested_at,
                                        jobs.attempted_at,
-                                       jobs.errors)
-INSERT INTO jobs_archive (id, kind, queue, priority, payload, status, run_at, locked_until, attempts, max_attempts, idempotency_key, worker, last_error, created_at, finished_at, result, timeout, snoozes, cancel_requested_at, attempted_at, errors, archived_at)
+                                       jobs.errors,
+                                       jobs.meta,
+                                       jobs.tags)
+INSERT INTO jobs_archive (id, kind, queue, priority, payload, status, run_at, locked_until, attempts, max_attempts, idempotency_key, worker, last_error, created_at, finished_at, result, timeout, snoozes, cancel_requested_at, attempted_at, errors, meta, tags, archived_at)
 SELECT moved.id,
        moved.kind,
        moved.queue,
@@ -53,5 +55,7 @@ SELECT moved.id,
        moved.cancel_requested_at,
        moved.attempted_at,
        moved.errors,
+       moved.meta,
+       moved.tags,
        statement_timestamp() AS statement_timestamp_1
 FROM moved RETURNING jobs_archive.id;

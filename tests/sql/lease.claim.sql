@@ -48,6 +48,8 @@ WITH picked AS MATERIALIZED
                                                                      jobs.timeout,
                                                                      jobs.snoozes,
                                                                      jobs.priority,
+                                                                     jobs.meta,
+                                                                     jobs.tags,
                                                                      jobs.run_at)
 SELECT claimed.id,
        claimed.kind,
@@ -57,7 +59,9 @@ SELECT claimed.id,
        claimed.max_attempts,
        claimed.timeout,
        claimed.snoozes,
-       claimed.priority
+       claimed.priority,
+       claimed.meta,
+       claimed.tags
 FROM claimed
 WHERE
     (SELECT set_config('synchronous_commit', 'off', true) AS set_config_1) IS NOT NULL

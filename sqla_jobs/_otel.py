@@ -1,0 +1,158 @@
+"""OpenTelemetry tracing across the queue (the optional ``otel`` extra, #27).
+
+Only ``opentelemetry-api`` is used; the application installs and configures the SDK (or
+not). Without the API installed nothing is imported after the first look; installed
+but with no SDK configured (no span is ever recording), an enqueue costs one
+``get_current_span()`` and a worker's attempt one non-recording span.
+
+* **Enqueue**: when a valid span is current (a request's, say), a short PRODUCER span
+  ``publish {queue}`` is recorded and the W3C trace context of that span is stored in
+  the job's ``meta`` (``traceparent``, and ``tracestate`` when there is one), so it
+  commits with the job. A trace context already in the meta is kept.
+* **Worker**: each attempt runs in a CONSUMER span ``process {queue}`` made a child of
+  the stored context (:data:`PARENT`, the default) or a new trace linked to it
+  (:data:`LINK`, ``SQLA_JOBS_OTEL_PARENT=link``), with the messaging semantic
+  conventions' attributes. It is the current span while the handler runs, so the
+  handler's own spans (SQLAlchemy's instrumentation of its session) nest under it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+#: The stored context becomes the process span's parent (one trace), or a link of a
+#: span that starts a new trace; from ``SQLA_JOBS_OTEL_PARENT`` (``child`` / ``link``).
+PARENT = "child"
+LINK = "link"
+MODE_ENV = "SQLA_JOBS_OTEL_PARENT"
+
+SYSTEM = "sqla_jobs"
+TRACEPARENT = "traceparent"
+TRACESTATE = "tracestate"
+_SCOPE = "sqla_jobs"
+
+_api: Any = None  # the opentelemetry modules once looked up; False: not installed
+
+
+def _otel() -> Any:
+    """``(trace, propagate)`` of opentelemetry-api, or None when it is not installed."""
+    global _api
+    if _api is None:
+        try:
+            from opentelemetry import propagate, trace
+        except ImportError:
+            _api = False
+        else:
+            _api = (trace, propagate)
+    return _api or None
+
+
+def with_trace_context(meta: Mapping[str, Any] | None, queue: str | None) -> Any:
+    """``meta`` plus the current trace context (after a publish span), or ``meta`` as it is
+    when no valid span is current or it already holds a context."""
+    api = _otel()
+    if api is None:
+        return meta
+    trace, propagate = api
+    current = trace.get_current_span()
+    if not current.get_span_context().is_valid:
+        return meta
+    if meta is not None and TRACEPARENT in meta:
+        return meta
+    destination = queue or "default"
+    tracer = trace.get_tracer(_SCOPE)
+    with tracer.start_as_current_span(
+        f"publish {destination}",
+        kind=trace.SpanKind.PRODUCER,
+        attributes={
+            "messaging.system": SYSTEM,
+            "messaging.operation.type": "send",
+            "messaging.operation.name": "publish",
+            "messaging.destination.name": destination,
+        },
+    ):
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier)
+    found = {k: carrier[k] for k in (TRACEPARENT, TRACESTATE) if k in carrier}
+    return {**(meta or {}), **found}
+
+
+def _mode() -> str:
+    return LINK if os.environ.get(MODE_ENV, PARENT).strip().lower() == LINK else PARENT
+
+
+@contextmanager
+def process_span(
+    *, job_id: int, kind: str, queue: str, attempt: int, meta: Mapping[str, Any] | None
+) -> Iterator[Any]:
+    """The span of one attempt, current inside the block; None without the API.
+
+    Yields the span so the caller records the outcome (:func:`ended`). An exception
+    escaping the block is recorded on it.
+    """
+    api = _otel()
+    if api is None:
+        yield None
+        return
+    trace, propagate = api
+    carrier = {k: str(meta[k]) for k in (TRACEPARENT, TRACESTATE) if meta and k in meta}
+    parent = propagate.extract(carrier) if carrier else None
+    links = []
+    if parent is not None and _mode() == LINK:
+        linked = trace.get_current_span(parent).get_span_context()
+        links = [trace.Link(linked)] if linked.is_valid else []
+        parent = None
+    tracer = trace.get_tracer(_SCOPE)
+    span = tracer.start_span(
+        f"process {queue}",
+        context=parent,
+        kind=trace.SpanKind.CONSUMER,
+        links=links,
+        attributes={
+            "messaging.system": SYSTEM,
+            "messaging.operation.type": "process",
+            "messaging.operation.name": "process",
+            "messaging.destination.name": queue,
+            "messaging.message.id": str(job_id),
+            "sqla_jobs.job.kind": kind,
+            "sqla_jobs.job.attempt": attempt,
+        },
+    )
+    with trace.use_span(
+        span, end_on_exit=True, record_exception=True, set_status_on_exception=True
+    ):
+        yield span
+
+
+def ended(span: Any, error: BaseException | None, outcome: str) -> None:
+    """Record how the attempt ended on its span: the outcome, and the error if any."""
+    if span is None or not span.is_recording():
+        return
+    trace = _otel()[0]
+    span.set_attribute("sqla_jobs.job.outcome", outcome)
+    if error is not None:
+        span.record_exception(error)
+        span.set_status(trace.Status(trace.StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+        span.add_event(outcome, {"exception.type": type(error).__name__})
+
+
+def outcome_of(error: BaseException | None) -> str:
+    """The attempt's outcome as its span tells it (a failure's retry or death is the
+    completer's to decide: ``failed`` covers both)."""
+    if error is None:
+        return "done"
+    from sqla_jobs import exceptions
+
+    for kind, name in (
+        (exceptions.Snooze, "snoozed"),
+        (exceptions.RetryIn, "retry"),
+        (exceptions.Discard, "cancelled"),
+        (exceptions.JobTimeout, "timeout"),
+        (exceptions.JobCancelled, "cancelled"),
+    ):
+        if isinstance(error, kind):
+            return name
+    return "failed"

@@ -1,0 +1,84 @@
+"""Traced handlers for the OpenTelemetry tests; workers load ``otelapp:registry``.
+
+Importing it configures the OpenTelemetry SDK in the worker process, exporting every
+ended span at once as one JSON line to the file named by ``SQLA_JOBS_TEST_SPANS``, which
+the test process reads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session
+
+from sqla_jobs import Backoff, JobContext, Registry
+
+
+def span_record(span: ReadableSpan) -> dict[str, Any]:
+    """What the tests compare of a span, as JSON (ids as hex, as W3C writes them)."""
+    context = span.get_span_context()
+    assert context is not None
+    return {
+        "name": span.name,
+        "kind": span.kind.name,
+        "trace_id": f"{context.trace_id:032x}",
+        "span_id": f"{context.span_id:016x}",
+        "parent_id": None if span.parent is None else f"{span.parent.span_id:016x}",
+        "links": [f"{link.context.span_id:016x}" for link in span.links],
+        "attributes": dict(span.attributes or {}),
+        "events": [event.name for event in span.events],
+        "status": span.status.status_code.name,
+    }
+
+
+class FileExporter(SpanExporter):
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.lock = threading.Lock()
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        with self.lock, open(self.path, "a") as out:
+            for span in spans:
+                out.write(json.dumps(span_record(span)) + "\n")
+        return SpanExportResult.SUCCESS
+
+
+_path = os.environ.get("SQLA_JOBS_TEST_SPANS")
+if _path:
+    _provider = TracerProvider(resource=Resource.create({"service.name": "worker"}))
+    _provider.add_span_processor(SimpleSpanProcessor(FileExporter(_path)))
+    trace.set_tracer_provider(_provider)
+
+registry = Registry()
+tracer = trace.get_tracer("otelapp")
+
+
+@registry.handler("traced.ok")
+def traced_ok(session: Session, payload: dict[str, Any], job: JobContext) -> None:
+    with tracer.start_as_current_span("handler work"):
+        pass
+
+
+@registry.handler("traced.fail", max_attempts=2, backoff=Backoff(base=0.05, cap=0.1))
+def traced_fail(session: Session, payload: dict[str, Any]) -> None:
+    raise ValueError("boom")
+
+
+@registry.handler("traced.async")
+async def traced_async(session: AsyncSession, payload: dict[str, Any]) -> None:
+    with tracer.start_as_current_span("async handler work"):
+        pass
+
+
+@registry.handler("traced.isolated", isolation="process")
+def traced_isolated(session: Session, payload: dict[str, Any]) -> None:
+    pass

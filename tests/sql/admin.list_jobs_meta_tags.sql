@@ -1,0 +1,29 @@
+SELECT jobs.id,
+       jobs.kind,
+       jobs.queue,
+       jobs.priority,
+       jobs.payload,
+       jobs.status,
+       jobs.run_at,
+       jobs.locked_until,
+       jobs.attempts,
+       jobs.max_attempts,
+       jobs.idempotency_key,
+       jobs.worker,
+       jobs.last_error,
+       jobs.created_at,
+       jobs.finished_at,
+       jobs.result,
+       jobs.timeout,
+       jobs.snoozes,
+       jobs.cancel_requested_at,
+       jobs.attempted_at,
+       jobs.errors,
+       jobs.meta,
+       jobs.tags
+FROM jobs
+WHERE jobs.meta @> CAST(%(meta_match)s::VARCHAR AS JSONB)
+  AND jobs.tags @> %(tags)s::TEXT[]
+  AND jobs.id > %(after_id)s::BIGINT
+ORDER BY jobs.id + %(id_1)s::BIGINT
+LIMIT %(limit)s::INTEGER;

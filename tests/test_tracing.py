@@ -1,0 +1,212 @@
+"""OpenTelemetry tracing across the queue (#27): the enqueuing request's trace continues in
+the worker's process span, in another process, through retries, async handlers,
+``enqueue_many`` and periodic ticks.
+
+The test process records its spans (the request's, the publish spans) with the SDK's
+in-memory exporter; the worker (``otelapp``) writes its own to a file, one JSON line per
+span, which the test reads.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from helpers import rows, start_worker, stop, wait_for
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from otelapp import span_record
+from sqlalchemy.engine import URL
+from sqlalchemy.orm import Session
+
+from sqla_jobs import NewJob, Registry, enqueue, enqueue_many, periodic
+
+_EXPORTER = InMemorySpanExporter()
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    """The test process's spans; its tracer provider is set once per process."""
+    if not isinstance(trace.get_tracer_provider(), TracerProvider):
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(_EXPORTER))
+        trace.set_tracer_provider(provider)
+    _EXPORTER.clear()
+    yield _EXPORTER
+    _EXPORTER.clear()
+
+
+def worker_spans(path: Path, count: int) -> list[dict[str, Any]]:
+    def read() -> list[dict[str, Any]]:
+        if not path.exists():
+            return []
+        found = [json.loads(line) for line in path.read_text().splitlines()]
+        return found if len([s for s in found if s["kind"] == "CONSUMER"]) >= count else []
+
+    return wait_for(read, message=f"{count} process spans")
+
+
+def run_worker(
+    db_url: URL, path: Path, processes: int, until: str | None = None, **env: str
+) -> list[dict[str, Any]]:
+    """A worker of ``otelapp`` until it exported ``processes`` process spans (and the
+    engine's query ``until`` returns a row); its spans."""
+    proc = start_worker(
+        db_url, app="otelapp:registry", env={"SQLA_JOBS_TEST_SPANS": str(path), **env}
+    )
+    try:
+        found = worker_spans(path, processes)
+        if until is not None:
+            engine = sa.create_engine(db_url)
+            try:
+                wait_for(lambda: rows(engine, until), message=until)
+            finally:
+                engine.dispose()
+        return found
+    finally:
+        out = stop(proc)
+        assert "Traceback" not in out or "boom" in out, out
+
+
+def traceparent(engine: sa.Engine, job_id: int | None) -> str:
+    [row] = rows(engine, "SELECT meta FROM jobs WHERE id = :id", id=job_id)
+    value = row.meta["traceparent"]
+    assert isinstance(value, str)
+    return value
+
+
+def test_one_trace_runs_from_the_request_through_enqueue_to_the_handler_in_another_process(
+    engine: sa.Engine, db_url: URL, tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    tracer = trace.get_tracer("app")
+    with tracer.start_as_current_span("POST /signup") as request, Session(engine) as session:
+        job_id = enqueue(session, "traced.ok", {"user": 7}, meta={"tenant": 7})
+        session.commit()
+    here = [span_record(s) for s in spans.get_finished_spans()]
+    publish = next(s for s in here if s["name"] == "publish default")
+    trace_id = f"{request.get_span_context().trace_id:032x}"
+    assert publish["kind"] == "PRODUCER" and publish["trace_id"] == trace_id
+    assert publish["parent_id"] == f"{request.get_span_context().span_id:016x}"
+    assert traceparent(engine, job_id).startswith(f"00-{trace_id}-{publish['span_id']}-")
+
+    found = run_worker(db_url, tmp_path / "spans.jsonl", 1)
+    process = next(s for s in found if s["kind"] == "CONSUMER")
+    assert process["name"] == "process default"
+    assert process["trace_id"] == trace_id and process["parent_id"] == publish["span_id"]
+    assert process["attributes"] == {
+        "messaging.system": "sqla_jobs",
+        "messaging.operation.type": "process",
+        "messaging.operation.name": "process",
+        "messaging.destination.name": "default",
+        "messaging.message.id": str(job_id),
+        "sqla_jobs.job.kind": "traced.ok",
+        "sqla_jobs.job.attempt": 1,
+        "sqla_jobs.job.outcome": "done",
+    }
+    work = next(s for s in found if s["name"] == "handler work")
+    assert work["parent_id"] == process["span_id"]  # the handler's spans nest under it
+
+
+def test_each_retry_is_a_process_span_of_the_same_trace_with_the_error_recorded(
+    engine: sa.Engine, db_url: URL, tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    tracer = trace.get_tracer("app")
+    with tracer.start_as_current_span("request") as request, Session(engine) as session:
+        enqueue(session, "traced.fail")
+        session.commit()
+    dead = "SELECT 1 FROM jobs WHERE status = 'dead'"
+    found = run_worker(db_url, tmp_path / "spans.jsonl", 2, until=dead)
+    attempts = sorted(
+        (s for s in found if s["kind"] == "CONSUMER"),
+        key=lambda s: s["attributes"]["sqla_jobs.job.attempt"],
+    )
+    trace_id = f"{request.get_span_context().trace_id:032x}"
+    assert [s["attributes"]["sqla_jobs.job.attempt"] for s in attempts] == [1, 2]
+    for span in attempts:
+        assert span["trace_id"] == trace_id
+        assert span["status"] == "ERROR"
+        assert span["attributes"]["sqla_jobs.job.outcome"] == "failed"
+        assert "exception" in span["events"] and "failed" in span["events"]
+
+
+def test_an_async_handler_runs_in_the_process_span(
+    engine: sa.Engine, db_url: URL, tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    tracer = trace.get_tracer("app")
+    with tracer.start_as_current_span("request") as request, Session(engine) as session:
+        enqueue(session, "traced.async")
+        session.commit()
+    found = run_worker(db_url, tmp_path / "spans.jsonl", 1)
+    process = next(s for s in found if s["kind"] == "CONSUMER")
+    assert process["trace_id"] == f"{request.get_span_context().trace_id:032x}"
+    work = next(s for s in found if s["name"] == "async handler work")
+    assert work["parent_id"] == process["span_id"]
+
+
+def test_a_handler_in_a_child_process_runs_in_the_process_span_of_its_attempt(
+    engine: sa.Engine, db_url: URL, tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    tracer = trace.get_tracer("app")
+    with tracer.start_as_current_span("request") as request, Session(engine) as session:
+        enqueue(session, "traced.isolated")
+        session.commit()
+    found = run_worker(db_url, tmp_path / "spans.jsonl", 1)
+    process = next(s for s in found if s["kind"] == "CONSUMER")
+    assert process["trace_id"] == f"{request.get_span_context().trace_id:032x}"
+    assert process["attributes"]["sqla_jobs.job.outcome"] == "done"
+
+
+def test_link_mode_starts_a_trace_per_attempt_linked_to_the_enqueue(
+    engine: sa.Engine, db_url: URL, tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    tracer = trace.get_tracer("app")
+    with tracer.start_as_current_span("request") as request, Session(engine) as session:
+        enqueue(session, "traced.ok")
+        session.commit()
+    publish = next(
+        span_record(s) for s in spans.get_finished_spans() if s.name == "publish default"
+    )
+    found = run_worker(db_url, tmp_path / "spans.jsonl", 1, SQLA_JOBS_OTEL_PARENT="link")
+    process = next(s for s in found if s["kind"] == "CONSUMER")
+    assert process["parent_id"] is None
+    assert process["trace_id"] != f"{request.get_span_context().trace_id:032x}"
+    assert process["links"] == [publish["span_id"]]
+
+
+def test_enqueue_many_gives_each_job_the_context_of_its_own_publish_span(
+    engine: sa.Engine, spans: InMemorySpanExporter
+) -> None:
+    tracer = trace.get_tracer("app")
+    with tracer.start_as_current_span("request") as request, Session(engine) as session:
+        ids = enqueue_many(session, [NewJob("k", queue="mail"), NewJob("k")])
+        session.commit()
+    trace_id = f"{request.get_span_context().trace_id:032x}"
+    records = [span_record(s) for s in spans.get_finished_spans()]
+    published = {s["span_id"]: s["name"] for s in records if s["name"].startswith("publish")}
+    contexts = [traceparent(engine, i).split("-") for i in sorted(ids)]
+    assert {c[1] for c in contexts} == {trace_id}
+    assert sorted(published[c[2]] for c in contexts) == ["publish default", "publish mail"]
+
+
+def test_no_trace_context_is_stored_without_a_current_span_as_for_a_periodic_tick(
+    engine: sa.Engine, spans: InMemorySpanExporter
+) -> None:
+    registry = Registry()
+    registry.periodic(every=timedelta(minutes=1))(
+        registry.handler("tick")(lambda session, payload: None)
+    )
+    t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    periodic.enqueue_due(engine, registry, now=t0)  # registers the schedule
+    periodic.enqueue_due(engine, registry, now=t0 + timedelta(minutes=1))  # one tick
+    with Session(engine) as session:
+        enqueue(session, "plain")
+        session.commit()
+    assert [r.meta for r in rows(engine, "SELECT meta FROM jobs")] == [None, None]
+    assert spans.get_finished_spans() == ()
