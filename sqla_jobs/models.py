@@ -33,6 +33,7 @@ expired leases are requeued by a separate statement (see ``lease.rescue_expired`
 from __future__ import annotations
 
 import enum
+import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -97,6 +98,9 @@ class JobStatus(str, enum.Enum):
     DONE = "done"
     DEAD = "dead"
     CANCELLED = "cancelled"
+    #: A workflow step whose dependencies have not all ended (revision 0014_workflows):
+    #: the claim never reads it; the step that ends its last dependency queues it.
+    WAITING = "waiting"
 
 
 #: Terminal statuses: rows that only operators (retry, delete, archive) change again.
@@ -183,6 +187,9 @@ class Job(Base):
     # object per attempt that ended other than done (see sqla_jobs.sql.lease).
     attempted_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
     errors: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONB)
+    # Revision 0014 (workflows): the workflow a step belongs to, and its name in it.
+    workflow_id: Mapped[uuid.UUID | None] = mapped_column(sa.Uuid)
+    step: Mapped[str | None] = mapped_column(sa.Text)
 
     __table_args__ = (
         sa.CheckConstraint(
@@ -216,6 +223,12 @@ class Job(Base):
             "payload",
             postgresql_using="gin",
             postgresql_ops={"payload": "jsonb_path_ops"},
+        ),
+        # Revision 0014: a workflow's steps (its status, the archiver's "finished?").
+        sa.Index(
+            "jobs_workflow_id_idx",
+            "workflow_id",
+            postgresql_where=sa.text("workflow_id IS NOT NULL"),
         ),
     )
 
@@ -304,6 +317,8 @@ class JobArchive(Base):
     cancel_requested_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
     attempted_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
     errors: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONB)
+    workflow_id: Mapped[uuid.UUID | None] = mapped_column(sa.Uuid)
+    step: Mapped[str | None] = mapped_column(sa.Text)
     archived_at: Mapped[datetime] = mapped_column(
         sa.DateTime(timezone=True), server_default=_statement_time()
     )
@@ -448,6 +463,42 @@ class WorkerRecord(Base):
 
 
 worker_records: sa.Table = WorkerRecord.__table__  # type: ignore[assignment]
+
+
+#: What a workflow step needs of its dependencies (``jobs_workflow_edges.requires``):
+#: all of them done (else it is cancelled), all of them ended whatever the outcome
+#: (run anyway), or at least one of them not done (an on-failure callback).
+WORKFLOW_REQUIRES = ("succeeded", "finished", "failed")
+
+
+class WorkflowEdge(Base):
+    """One dependency of a workflow step (revision 0014): ``child_id`` waits for ``parent_id``.
+
+    ``parent_outcome`` is NULL until the parent ends; then the transaction that ended it
+    writes the status it ended with (``done``, ``dead``, ``cancelled``, or ``deleted``)
+    into this row, its own: the parents of a wide fan-in share no row. ``requires`` is
+    the child's (the same on each of its edges). A step's incoming edges are deleted
+    with it (or when it is archived); see :mod:`sqla_jobs.workflows`.
+    """
+
+    __tablename__ = "jobs_workflow_edges"
+
+    child_id: Mapped[int] = mapped_column(sa.BigInteger, primary_key=True)
+    parent_id: Mapped[int] = mapped_column(sa.BigInteger, primary_key=True)
+    workflow_id: Mapped[uuid.UUID] = mapped_column(sa.Uuid)
+    requires: Mapped[str] = mapped_column(sa.Text)
+    parent_outcome: Mapped[str | None] = mapped_column(sa.Text)
+
+    __table_args__ = (
+        sa.CheckConstraint(
+            "requires IN (" + ", ".join(f"'{r}'" for r in WORKFLOW_REQUIRES) + ")",
+            name="requires",
+        ),
+        sa.Index("jobs_workflow_edges_parent_id_idx", "parent_id"),
+    )
+
+
+workflow_edges: sa.Table = WorkflowEdge.__table__  # type: ignore[assignment]
 
 
 #: What an audit entry is about (``jobs_audit.scope``): one job, jobs matched by a

@@ -18,7 +18,9 @@ SELECT jobs.id,
        jobs.snoozes,
        jobs.cancel_requested_at,
        jobs.attempted_at,
-       jobs.errors
+       jobs.errors,
+       jobs.workflow_id,
+       jobs.step
 FROM jobs
 WHERE jobs.status IN ('queued'::job_status)
   AND jobs.kind = %(kind)s::VARCHAR

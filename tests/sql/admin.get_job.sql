@@ -18,6 +18,8 @@ SELECT jobs.id,
        jobs.snoozes,
        jobs.cancel_requested_at,
        jobs.attempted_at,
-       jobs.errors
+       jobs.errors,
+       jobs.workflow_id,
+       jobs.step
 FROM jobs
 WHERE jobs.id = %(id)s::BIGINT;

@@ -18,7 +18,9 @@ SELECT jobs.id,
        jobs.snoozes,
        jobs.cancel_requested_at,
        jobs.attempted_at,
-       jobs.errors
+       jobs.errors,
+       jobs.workflow_id,
+       jobs.step
 FROM jobs
 WHERE jobs.payload @> CAST(%(payload_match)s::VARCHAR AS JSONB)
   AND jobs.id > %(after_id)s::BIGINT

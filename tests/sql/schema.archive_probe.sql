@@ -19,6 +19,8 @@ SELECT jobs_archive.id,
        jobs_archive.cancel_requested_at,
        jobs_archive.attempted_at,
        jobs_archive.errors,
+       jobs_archive.workflow_id,
+       jobs_archive.step,
        jobs_archive.archived_at
 FROM jobs_archive
 LIMIT %(param_1)s::INTEGER;

@@ -1,0 +1,247 @@
+"""Workflows: steps that wait for other steps (#26).
+
+Revision ID: 0014_workflows
+Revises: 0011_attempt_history
+Create Date: 2026-12-01
+
+What it adds (see :mod:`sqla_jobs.workflows` for the design):
+
+* ``waiting``, a new ``job_status`` value: a step whose dependencies have not all
+  ended. The claim reads ``status = 'queued'`` rows only, through ``jobs_claim_idx
+  WHERE status = 'queued'``, so a waiting step is never looked at by it, and the claim
+  statement and its index are unchanged.
+* ``workflow_id uuid`` and ``step text`` on ``jobs`` and ``jobs_archive`` (archiving
+  copies every column), and ``jobs_workflow_id_idx (workflow_id) WHERE workflow_id IS
+  NOT NULL`` (the archiver's "is this workflow finished" probe, the status page).
+* ``jobs_workflow_edges (child_id, parent_id, workflow_id, requires, parent_outcome)``:
+  one row per dependency. A parent that ends writes its own edges' ``parent_outcome``;
+  no counter row is shared by the parents of a fan-in.
+* ``jobs_workflow_resolve(bigint[])``: resolves the edges of ended parents (releases,
+  or cancels transitively) and triggers that call it in the transaction of every
+  statement that ends a step (a done-mark, a failure, a cancel, a rescue, a delete).
+  A deferred trigger wakes an idle worker when a step is released, as an insert does.
+
+Safe on a large live table: ``ADD VALUE`` and ``ADD COLUMN`` without a default change
+the catalog only (no scan, no rewrite); the index is built ``CONCURRENTLY`` (no lock
+blocks the workers' writes while it builds); the triggers take a brief SHARE ROW
+EXCLUSIVE lock. Every ``ALTER`` waits at most :data:`LOCK_TIMEOUT` for its lock. The
+enum value is added in an autocommit block (PostgreSQL refuses to use a value in the
+transaction that added it).
+
+Deploy order: pre-deploy (workers built with it check that ``waiting`` exists). Workers
+built before it keep working: they never claim a waiting step, and the triggers run in
+their transactions whatever code wrote the statement.
+
+Downgrade: waiting steps become ``cancelled`` (with a note in ``last_error``); the
+triggers, functions, edges and columns are dropped, with the workflow ids. The
+``waiting`` enum value stays (PostgreSQL cannot drop one without rebuilding the type);
+no row uses it, and upgrading again adds it ``IF NOT EXISTS``.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+from alembic import op
+
+revision = "0014_workflows"
+down_revision: str | None = "0011_attempt_history"
+branch_labels: tuple[str, ...] | None = None
+depends_on: str | None = None
+
+#: How long each ALTER waits for its table's lock before the migration fails.
+LOCK_TIMEOUT = "5s"
+#: Most characters of an upstream step's ``last_error`` quoted in a dependent's.
+QUOTED_ERROR = 500
+
+_TABLES = ("jobs", "jobs_archive")
+
+# Frozen here, as migrations are; sqla_jobs.workflows documents the same rules.
+RESOLVE = f"""
+CREATE FUNCTION jobs_workflow_resolve(parents bigint[]) RETURNS integer
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+  frontier bigint[] := parents;
+  touched bigint[];
+  cancelled bigint[];
+  released integer := 0;
+  n integer;
+BEGIN
+  WHILE cardinality(frontier) > 0 LOOP
+    -- The children of the ended parents, locked in id order before their edges are
+    -- read: two transactions ending two parents of one child take turns here, so the
+    -- one that goes second sees the first one's edge (READ COMMITTED: each statement
+    -- below takes a new snapshot) and exactly one of them releases the child. Only
+    -- the tail of each completing transaction waits; the edges are the parents' own.
+    SELECT coalesce(array_agg(c.id ORDER BY c.id), '{{}}') INTO touched FROM (
+      SELECT j.id FROM jobs AS j
+      WHERE j.id IN (
+        SELECT e.child_id FROM jobs_workflow_edges AS e
+        WHERE e.parent_id = ANY(frontier) AND e.parent_outcome IS NULL)
+      ORDER BY j.id FOR UPDATE OF j) AS c;
+    EXIT WHEN cardinality(touched) = 0;
+
+    -- Each parent writes its own edges: the status it ended with, 'deleted' when it
+    -- is gone from jobs (and not archived), or its archived status.
+    UPDATE jobs_workflow_edges AS e
+    SET parent_outcome = coalesce(p.status::text, a.status::text, 'deleted')
+    FROM jobs_workflow_edges AS x
+    LEFT JOIN jobs AS p ON p.id = x.parent_id
+    LEFT JOIN jobs_archive AS a ON a.id = x.parent_id
+    WHERE x.parent_id = ANY(frontier) AND x.parent_outcome IS NULL
+      AND e.child_id = x.child_id AND e.parent_id = x.parent_id
+      AND (p.id IS NULL OR p.status IN ('done', 'dead', 'cancelled'));
+
+    -- Cancelled: a step that needs every dependency done as soon as one ended
+    -- otherwise; an on-failure step once all ended done. last_error names the
+    -- upstream step and why.
+    WITH verdict AS (
+      SELECT e.child_id,
+             min(e.requires) AS requires,
+             bool_and(e.parent_outcome IS NOT NULL) AS all_ended,
+             (array_agg(e.parent_id ORDER BY e.parent_id)
+                FILTER (WHERE e.parent_outcome <> 'done'))[1] AS failed_parent,
+             count(*) AS deps
+      FROM jobs_workflow_edges AS e
+      WHERE e.child_id = ANY(touched)
+      GROUP BY e.child_id
+    ), doomed AS (
+      SELECT v.child_id,
+        CASE WHEN v.failed_parent IS NULL THEN
+          'runs only if an upstream step fails; all ' || v.deps || ' ended done'
+        ELSE
+          'upstream step ' || coalesce('"' || coalesce(p.step, a.step) || '" ', '')
+          || '(job ' || v.failed_parent || ') '
+          || CASE coalesce(p.status::text, a.status::text, 'deleted')
+               WHEN 'deleted' THEN 'was deleted'
+               ELSE 'ended ' || coalesce(p.status::text, a.status::text) END
+          || coalesce(': ' || left(coalesce(p.last_error, a.last_error), {QUOTED_ERROR}), '')
+        END AS reason
+      FROM verdict AS v
+      LEFT JOIN jobs AS p ON p.id = v.failed_parent
+      LEFT JOIN jobs_archive AS a ON a.id = v.failed_parent AND p.id IS NULL
+      WHERE (v.requires = 'succeeded' AND v.failed_parent IS NOT NULL)
+         OR (v.requires = 'failed' AND v.all_ended AND v.failed_parent IS NULL)
+    ), done AS (
+      UPDATE jobs AS j
+      SET status = 'cancelled', finished_at = statement_timestamp(), locked_until = NULL,
+          last_error = d.reason
+      FROM doomed AS d
+      WHERE j.id = d.child_id AND j.status = 'waiting'
+      RETURNING j.id
+    )
+    SELECT coalesce(array_agg(id), '{{}}') INTO cancelled FROM done;
+
+    -- Released: every edge has its outcome and the step was not cancelled above.
+    UPDATE jobs AS j SET status = 'queued'
+    WHERE j.id = ANY(touched) AND j.status = 'waiting'
+      AND NOT EXISTS (
+        SELECT 1 FROM jobs_workflow_edges AS e
+        WHERE e.child_id = j.id AND e.parent_outcome IS NULL);
+    GET DIAGNOSTICS n = ROW_COUNT;
+    released := released + n;
+
+    -- The cancelled steps ended too: their own dependents are next (a loop, not the
+    -- trigger recursing, so a 10,000-step chain does not exhaust the stack).
+    frontier := cancelled;
+  END LOOP;
+  RETURN released;
+END $$
+"""
+
+STEP_ENDED = """
+CREATE FUNCTION jobs_workflow_step_ended() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  -- Depth 1 only: the steps jobs_workflow_resolve cancels are resolved by its own loop.
+  IF pg_trigger_depth() = 1 THEN
+    PERFORM jobs_workflow_resolve(ARRAY[CASE WHEN TG_OP = 'DELETE' THEN OLD.id ELSE NEW.id END]);
+  END IF;
+  IF TG_OP = 'DELETE' THEN
+    -- A deleted (or archived) step no longer waits for anything: its incoming edges
+    -- go; its outgoing ones stay, resolved, for its dependents' status and results.
+    DELETE FROM jobs_workflow_edges WHERE child_id = OLD.id;
+  END IF;
+  RETURN NULL;
+END $$
+"""
+
+TRIGGERS = (
+    "CREATE TRIGGER jobs_workflow_step_ended AFTER UPDATE OF status ON jobs FOR EACH ROW "
+    "WHEN (NEW.workflow_id IS NOT NULL AND OLD.status IS DISTINCT FROM NEW.status "
+    "AND NEW.status IN ('done', 'dead', 'cancelled')) "
+    "EXECUTE FUNCTION jobs_workflow_step_ended()",
+    "CREATE TRIGGER jobs_workflow_step_deleted AFTER DELETE ON jobs FOR EACH ROW "
+    "WHEN (OLD.workflow_id IS NOT NULL) EXECUTE FUNCTION jobs_workflow_step_ended()",
+    # A released step wakes an idle worker at commit, as an insert does (revision 0007);
+    # the CASE keeps the marking function from running for any other update.
+    "CREATE CONSTRAINT TRIGGER jobs_notify_released AFTER UPDATE OF status ON jobs "
+    "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW "
+    "WHEN (CASE WHEN OLD.status = 'waiting' AND NEW.status = 'queued' "
+    "THEN jobs_notify_first_insert() ELSE false END) "
+    "EXECUTE FUNCTION jobs_notify_at_commit()",
+)
+
+
+def _with_lock_timeout(statements: list[str]) -> None:
+    op.execute("SELECT set_config('sqla_jobs.lock_timeout', current_setting('lock_timeout'), true)")
+    op.execute(f"SELECT set_config('lock_timeout', '{LOCK_TIMEOUT}', true)")
+    for statement in statements:
+        op.execute(statement)
+    op.execute("SELECT set_config('lock_timeout', current_setting('sqla_jobs.lock_timeout'), true)")
+
+
+_VALID = sa.text("SELECT i.indisvalid FROM pg_index AS i WHERE i.indexrelid = to_regclass(:name)")
+INDEX = "jobs_workflow_id_idx"
+
+
+def upgrade() -> None:
+    with op.get_context().autocommit_block():
+        op.execute("ALTER TYPE job_status ADD VALUE IF NOT EXISTS 'waiting'")
+    _with_lock_timeout(
+        [f"ALTER TABLE {t} ADD COLUMN workflow_id uuid, ADD COLUMN step text" for t in _TABLES]
+    )
+    op.create_table(
+        "jobs_workflow_edges",
+        sa.Column("child_id", sa.BigInteger, nullable=False),
+        sa.Column("parent_id", sa.BigInteger, nullable=False),
+        sa.Column("workflow_id", sa.Uuid, nullable=False),
+        sa.Column("requires", sa.Text, nullable=False),
+        sa.Column("parent_outcome", sa.Text),
+        sa.PrimaryKeyConstraint("child_id", "parent_id", name="jobs_workflow_edges_pkey"),
+        sa.CheckConstraint(
+            "requires IN ('succeeded', 'finished', 'failed')",
+            name="jobs_workflow_edges_requires_check",
+        ),
+    )
+    op.create_index("jobs_workflow_edges_parent_id_idx", "jobs_workflow_edges", ["parent_id"])
+    op.execute(RESOLVE)
+    op.execute(STEP_ENDED)
+    _with_lock_timeout(list(TRIGGERS))
+    # Outside any transaction (the migration's commits first): a concurrent build.
+    with op.get_context().autocommit_block():
+        valid = op.get_bind().execute(_VALID, {"name": INDEX}).scalar_one_or_none()
+        if valid is False:  # left INVALID by a failed concurrent build
+            op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {INDEX}")
+        op.execute(
+            f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {INDEX} ON jobs (workflow_id) "
+            "WHERE workflow_id IS NOT NULL"
+        )
+
+
+def downgrade() -> None:
+    with op.get_context().autocommit_block():
+        op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {INDEX}")
+    _with_lock_timeout(
+        [
+            "DROP TRIGGER jobs_notify_released ON jobs",
+            "DROP TRIGGER jobs_workflow_step_deleted ON jobs",
+            "DROP TRIGGER jobs_workflow_step_ended ON jobs",
+            "UPDATE jobs SET status = 'cancelled', finished_at = statement_timestamp(), "
+            "last_error = 'the workflows revision (0014) was downgraded while this step "
+            "waited' WHERE status = 'waiting'",
+            "DROP FUNCTION jobs_workflow_step_ended()",
+            "DROP FUNCTION jobs_workflow_resolve(bigint[])",
+            "DROP TABLE jobs_workflow_edges",
+            *(f"ALTER TABLE {t} DROP COLUMN workflow_id, DROP COLUMN step" for t in _TABLES),
+        ]
+    )

@@ -1,0 +1,336 @@
+"""Workflows (#26): built in the caller's transaction, released in the transaction that
+ends a step, failures cancelling dependents transitively; a worker runs them here."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any
+
+import flowapp
+import pytest
+import sqlalchemy as sa
+from flowapp import registry
+from helpers import rows, scalar, url_text
+from sqlalchemy.engine import URL
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+from sqlalchemy.orm import Session
+
+from sqla_jobs import models, ops, testing
+from sqla_jobs.exceptions import WorkflowError
+from sqla_jobs.workflows import Workflow, WorkflowIds, upstream_results
+
+
+def statuses(engine: sa.Engine, ids: WorkflowIds) -> dict[str, str]:
+    found = rows(
+        engine,
+        "SELECT step, status::text AS status FROM jobs WHERE workflow_id = :w",
+        w=ids.id,
+    )
+    return {r.step: r.status for r in found}
+
+
+def last_error(engine: sa.Engine, job_id: int) -> str:
+    return str(scalar(engine, "SELECT last_error FROM jobs WHERE id = :id", id=job_id))
+
+
+def enqueue(engine: sa.Engine, flow: Workflow) -> WorkflowIds:
+    with Session(engine) as s:
+        ids = flow.enqueue(s)
+        s.commit()
+    return ids
+
+
+def drain(url: URL) -> Any:
+    return testing.drain(url_text(url), registry, timeout=60)
+
+
+@pytest.fixture
+def flow_engine(engine: sa.Engine) -> sa.Engine:
+    flowapp.setup(engine)
+    return engine
+
+
+def fan_in(n: int = 3, *, middle: str = "flow.step", when: str | None = None) -> Workflow:
+    flow = Workflow(registry=registry)
+    flow.add("a", "flow.step", {"value": 1})
+    for i in range(n):
+        flow.add(f"b{i}", middle, {"value": 10 + i}, after="a")
+    flow.add("c", "flow.sum", after=[f"b{i}" for i in range(n)], when=when)
+    return flow
+
+
+# --- building ------------------------------------------------------------------------
+
+
+def test_steps_with_dependencies_wait_and_the_claim_never_sees_them(
+    flow_engine: sa.Engine,
+) -> None:
+    ids = enqueue(flow_engine, fan_in())
+    assert statuses(flow_engine, ids) == {
+        "a": "queued",
+        "b0": "waiting",
+        "b1": "waiting",
+        "b2": "waiting",
+        "c": "waiting",
+    }
+    edges = scalar(
+        flow_engine, "SELECT count(*) FROM jobs_workflow_edges WHERE workflow_id = :w", w=ids.id
+    )
+    assert edges == 6
+
+
+def test_a_workflow_rolls_back_with_the_callers_transaction(flow_engine: sa.Engine) -> None:
+    with Session(flow_engine) as s:
+        fan_in().enqueue(s)
+        s.rollback()
+    assert scalar(flow_engine, "SELECT count(*) FROM jobs") == 0
+    assert scalar(flow_engine, "SELECT count(*) FROM jobs_workflow_edges") == 0
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda f: f.add("b", "flow.step", after="nope"), "depends on 'nope', which is not a step"),
+        (lambda f: f.add("a", "flow.step"), "step 'a' was already added"),
+        (lambda f: f.add("b", "flow.nothing"), "step 'b': "),
+        (lambda f: f.add("b", "flow.step", after=[42]), "a dependency on a job or step of another"),
+        (lambda f: f.add("b", "flow.step", after="b"), "step 'b' cannot depend on itself"),
+        (lambda f: f.add("b", "flow.step", when="sometimes"), "when must be one of"),
+        (
+            lambda f: (f.add("b", "flow.step", after="c"), f.add("c", "flow.step", after="b")),
+            "the workflow has a cycle: 'b' -> 'c' -> 'b'",
+        ),
+    ],
+)
+def test_a_workflow_that_cannot_run_is_refused_before_anything_is_written(
+    flow_engine: sa.Engine, build: Any, message: str
+) -> None:
+    flow = Workflow(registry=registry)
+    flow.add("a", "flow.step")
+    with pytest.raises(WorkflowError, match=None) as caught:
+        build(flow)
+        with Session(flow_engine) as s:
+            flow.enqueue(s)
+            s.commit()
+    assert message in str(caught.value)
+    assert scalar(flow_engine, "SELECT count(*) FROM jobs") == 0
+
+
+def test_a_kind_with_no_handler_is_named_with_its_step(flow_engine: sa.Engine) -> None:
+    flow = Workflow(registry=registry)
+    with pytest.raises(WorkflowError, match=r"step 'x': .*flow\.nothing"):
+        flow.add("x", "flow.nothing")
+
+
+def test_a_longer_cycle_is_reported_as_the_loop_it_is() -> None:
+    flow = Workflow()
+    flow.add("a", "k", after="c")
+    flow.add("b", "k", after="a")
+    flow.add("c", "k", after="b")
+    flow.add("d", "k", after="a")
+    with pytest.raises(
+        WorkflowError,
+        match=re.escape("the workflow has a cycle: 'a' -> 'b' -> 'c' -> 'a'"),
+    ):
+        flow.check()
+
+
+def test_an_empty_workflow_is_refused() -> None:
+    with pytest.raises(WorkflowError, match="at least one step"):
+        Workflow().check()
+
+
+def test_enqueue_async_writes_in_the_async_session(db_url: URL, flow_engine: sa.Engine) -> None:
+    async def main() -> WorkflowIds:
+        engine = create_async_engine(db_url)
+        try:
+            async with AsyncSession(engine) as s:
+                ids = await fan_in().enqueue_async(s)
+                await s.commit()
+                return ids
+        finally:
+            await engine.dispose()
+
+    ids = asyncio.run(main())
+    assert statuses(flow_engine, ids)["c"] == "waiting"
+
+
+# --- running -------------------------------------------------------------------------
+
+
+def test_a_fan_in_runs_each_step_once_after_its_dependencies_and_sees_their_results(
+    db_url: URL, flow_engine: sa.Engine
+) -> None:
+    ids = enqueue(flow_engine, fan_in(5))
+    drain(db_url)
+    assert set(statuses(flow_engine, ids).values()) == {"done"}
+    runs = rows(flow_engine, "SELECT job_id, seen FROM flow_runs ORDER BY job_id")
+    assert [r.job_id for r in runs] == sorted(ids.steps.values())
+    seen = {r.job_id: r.seen for r in runs}
+    assert seen[ids["b3"]] == {"a": 1}
+    assert seen[ids["c"]] == {f"b{i}": 10 + i for i in range(5)}
+    assert scalar(flow_engine, "SELECT result FROM jobs WHERE id = :id", id=ids["c"]) == 60
+    finished = {
+        r.id: r.finished_at
+        for r in rows(flow_engine, "SELECT id, finished_at, attempted_at FROM jobs")
+    }
+    started = {r.id: r.attempted_at for r in rows(flow_engine, "SELECT id, attempted_at FROM jobs")}
+    assert all(started[ids["c"]] >= finished[ids[f"b{i}"]] for i in range(5))
+
+
+def test_a_chain_runs_in_order(db_url: URL, flow_engine: sa.Engine) -> None:
+    flow = Workflow(registry=registry)
+    previous: list[str] = []
+    for i in range(6):
+        previous = [flow.add(f"s{i}", "flow.step", {"value": i}, after=previous)]
+    ids = enqueue(flow_engine, flow)
+    drain(db_url)
+    order = [r.job_id for r in rows(flow_engine, "SELECT job_id FROM flow_runs ORDER BY ctid")]
+    assert order == [ids[f"s{i}"] for i in range(6)]
+
+
+def test_a_dead_dependency_cancels_its_dependents_transitively_naming_the_upstream_step(
+    db_url: URL, flow_engine: sa.Engine
+) -> None:
+    flow = Workflow(registry=registry)
+    flow.add("a", "flow.step")
+    flow.add("bad", "flow.fail", {"why": "disk full"}, after="a")
+    flow.add("ok", "flow.step", after="a")
+    flow.add("c", "flow.step", after=["bad", "ok"])
+    flow.add("d", "flow.step", after="c")
+    ids = enqueue(flow_engine, flow)
+    drain(db_url)
+    assert statuses(flow_engine, ids) == {
+        "a": "done",
+        "bad": "dead",
+        "ok": "done",
+        "c": "cancelled",
+        "d": "cancelled",
+    }
+    error = last_error(flow_engine, ids["c"])
+    assert error.startswith(f'upstream step "bad" (job {ids["bad"]}) ended dead: ')
+    assert "disk full" in error
+    assert last_error(flow_engine, ids["d"]).startswith(
+        f'upstream step "c" (job {ids["c"]}) ended cancelled: upstream step "bad"'
+    )
+
+
+def test_a_discarded_dependency_cancels_and_a_finished_step_runs_anyway(
+    db_url: URL, flow_engine: sa.Engine
+) -> None:
+    ids = enqueue(flow_engine, fan_in(2, middle="flow.discard", when="finished"))
+    drain(db_url)
+    got = statuses(flow_engine, ids)
+    assert got == {"a": "done", "b0": "cancelled", "b1": "cancelled", "c": "done"}
+    assert scalar(flow_engine, "SELECT result FROM jobs WHERE id = :id", id=ids["c"]) == 0
+
+
+def test_batch_callbacks_on_success_on_failure_and_on_complete(
+    db_url: URL, flow_engine: sa.Engine
+) -> None:
+    def batch(kind: str) -> Workflow:
+        flow = Workflow(registry=registry)
+        parts = [flow.add(f"p{i}", kind, {"value": i}) for i in range(3)]
+        flow.add("on_success", "flow.step", after=parts)
+        flow.add("on_failure", "flow.step", after=parts, when="failed")
+        flow.add("on_complete", "flow.step", after=parts, when="finished")
+        return flow
+
+    good = enqueue(flow_engine, batch("flow.step"))
+    bad = enqueue(flow_engine, batch("flow.fail"))
+    drain(db_url)
+    assert {k: v for k, v in statuses(flow_engine, good).items() if k.startswith("on_")} == {
+        "on_success": "done",
+        "on_failure": "cancelled",
+        "on_complete": "done",
+    }
+    assert last_error(flow_engine, good["on_failure"]) == (
+        "runs only if an upstream step fails; all 3 ended done"
+    )
+    assert {k: v for k, v in statuses(flow_engine, bad).items() if k.startswith("on_")} == {
+        "on_success": "cancelled",
+        "on_failure": "done",
+        "on_complete": "done",
+    }
+
+
+def test_an_operator_cancel_or_delete_of_a_dependency_cancels_its_dependents(
+    flow_engine: sa.Engine,
+) -> None:
+    one = enqueue(flow_engine, fan_in(1))
+    two = enqueue(flow_engine, fan_in(1))
+    with Session(flow_engine) as s:
+        ops.cancel_jobs(s, ids=[one["a"]])
+        ops.delete_jobs(s, ids=[two["a"]], status="queued")
+        s.commit()
+    assert statuses(flow_engine, one) == {"a": "cancelled", "b0": "cancelled", "c": "cancelled"}
+    assert statuses(flow_engine, two) == {"b0": "cancelled", "c": "cancelled"}
+    assert last_error(flow_engine, one["b0"]).startswith(
+        f'upstream step "a" (job {one["a"]}) ended cancelled: cancelled by an operator'
+    )
+    assert last_error(flow_engine, two["b0"]) == f"upstream step (job {two['a']}) was deleted"
+
+
+def test_upstream_results_are_read_from_the_archive(db_url: URL, flow_engine: sa.Engine) -> None:
+    flow = Workflow(registry=registry)
+    flow.add("a", "flow.step", {"value": 7})
+    flow.add("b", "flow.step", after="a")
+    ids = enqueue(flow_engine, flow)
+    with flow_engine.begin() as conn:
+        # The parent ran and was archived by hand (the archiver would not: see below).
+        conn.execute(
+            sa.text(
+                "UPDATE jobs SET status = 'done', result = '7', finished_at = now() WHERE id = :id"
+            ),
+            {"id": ids["a"]},
+        )
+        names = ", ".join(c.name for c in models.jobs.c)
+        conn.execute(
+            sa.text(
+                "WITH moved AS (DELETE FROM jobs WHERE id = :id RETURNING *) "
+                f"INSERT INTO jobs_archive ({names}) SELECT {names} FROM moved"
+            ),
+            {"id": ids["a"]},
+        )
+    with Session(flow_engine) as s:
+        assert upstream_results(s, ids["b"]) == {"a": 7}
+    assert statuses(flow_engine, ids) == {"b": "queued"}
+
+
+def test_the_archiver_leaves_every_step_of_an_unfinished_workflow(
+    flow_engine: sa.Engine,
+) -> None:
+    ids = enqueue(flow_engine, fan_in(1))
+    with flow_engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE jobs SET status = 'done', finished_at = now() - interval '2 days' "
+                "WHERE id = :id"
+            ),
+            {"id": ids["a"]},
+        )
+    with Session(flow_engine) as s:
+        moved = ops.archive(s, older_than=ops.parse_duration("1h"))
+        s.commit()
+    assert moved == 0
+    with flow_engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE jobs SET status = 'done', finished_at = now() - interval '2 days' "
+                "WHERE workflow_id = :w AND status = 'queued'"
+            ),
+            {"w": ids.id},
+        )
+        conn.execute(
+            sa.text(
+                "UPDATE jobs SET status = 'done', finished_at = now() - interval '2 days' "
+                "WHERE workflow_id = :w AND status = 'queued'"
+            ),
+            {"w": ids.id},
+        )
+    with Session(flow_engine) as s:
+        moved = ops.archive(s, older_than=ops.parse_duration("1h"))
+        s.commit()
+    assert moved == 3
+    assert scalar(flow_engine, "SELECT count(*) FROM jobs_workflow_edges") == 0
