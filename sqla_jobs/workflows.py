@@ -377,9 +377,15 @@ async def upstream_results_async(
     session: AsyncSession | AsyncConnection, job: JobContext | int | None = None
 ) -> dict[str, Any]:
     """:func:`upstream_results` for an AsyncSession or AsyncConnection."""
-    stmt = workflows_sql.upstream_results(_job_id(job))
-    result = await session.execute(stmt)
-    return _results(result)
+    # The job id is read here, in the handler's task (current_job is a context variable).
+    job_id = _job_id(job)
+    if isinstance(session, AsyncSession):
+        conn = await session.connection(bind_arguments={"mapper": Job})
+    elif isinstance(session, AsyncConnection):
+        conn = session
+    else:
+        raise producer._wrong_session(session, async_=True)
+    return _results(await conn.execute(workflows_sql.upstream_results(job_id)))
 
 
 def sweep(connection: Connection, *, limit: int = 1000) -> int:

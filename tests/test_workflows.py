@@ -4,7 +4,10 @@ ends a step, failures cancelling dependents transitively; a worker runs them her
 from __future__ import annotations
 
 import asyncio
+import json
 import re
+import threading
+import uuid
 from typing import Any
 
 import flowapp
@@ -15,9 +18,11 @@ from helpers import rows, scalar, url_text
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
+from test_ops_cli import ok
 
-from sqla_jobs import models, ops, testing
-from sqla_jobs.exceptions import WorkflowError
+from sqla_jobs import models, ops, testing, workflows
+from sqla_jobs.exceptions import ConfigError, JobNotFoundError, WorkflowError
+from sqla_jobs.sql import lease
 from sqla_jobs.workflows import Workflow, WorkflowIds, upstream_results
 
 
@@ -334,3 +339,185 @@ def test_the_archiver_leaves_every_step_of_an_unfinished_workflow(
         s.commit()
     assert moved == 3
     assert scalar(flow_engine, "SELECT count(*) FROM jobs_workflow_edges") == 0
+
+
+# --- the fence, the sweep ------------------------------------------------------------
+
+
+def claim_step(engine: sa.Engine, job_id: int, worker: str = "w1") -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE jobs SET status = 'running', worker = :w, attempts = attempts + 1, "
+                "max_attempts = 3, locked_until = now() + interval '1 minute' WHERE id = :id"
+            ),
+            {"id": job_id, "w": worker},
+        )
+
+
+def done_mark(engine: sa.Engine, job_id: int, attempt: int, worker: str = "w1") -> int:
+    with engine.begin() as conn:
+        stmt = lease.complete_one(worker=worker, job_id=job_id, attempt=attempt)
+        return conn.execute(stmt).rowcount
+
+
+def test_a_stale_workers_done_mark_releases_nothing_and_the_current_one_releases_once(
+    flow_engine: sa.Engine,
+) -> None:
+    flow = Workflow(registry=registry)
+    flow.add("a", "flow.step")
+    flow.add("b", "flow.step", after="a")
+    ids = enqueue(flow_engine, flow)
+    claim_step(flow_engine, ids["a"], "stale")
+    claim_step(flow_engine, ids["a"], "w2")  # the lease expired and w2 took over: attempt 2
+    assert done_mark(flow_engine, ids["a"], attempt=1, worker="stale") == 0
+    assert statuses(flow_engine, ids) == {"a": "running", "b": "waiting"}
+    assert done_mark(flow_engine, ids["a"], attempt=2, worker="w2") == 1
+    assert statuses(flow_engine, ids) == {"a": "done", "b": "queued"}
+    assert done_mark(flow_engine, ids["a"], attempt=2, worker="w2") == 0
+
+
+def test_the_sweep_releases_a_step_whose_release_was_missed(flow_engine: sa.Engine) -> None:
+    flow = Workflow(registry=registry)
+    flow.add("a", "flow.step")
+    flow.add("b", "flow.step", after="a")
+    flow.add("c", "flow.step", after="b")
+    ids = enqueue(flow_engine, flow)
+    with flow_engine.begin() as conn:
+        conn.execute(sa.text("ALTER TABLE jobs DISABLE TRIGGER jobs_workflow_step_ended"))
+        conn.execute(
+            sa.text("UPDATE jobs SET status = 'done', finished_at = now() WHERE id = :id"),
+            {"id": ids["a"]},
+        )
+        conn.execute(sa.text("ALTER TABLE jobs ENABLE TRIGGER jobs_workflow_step_ended"))
+    assert statuses(flow_engine, ids)["b"] == "waiting"
+    with flow_engine.begin() as conn:
+        assert workflows.sweep(conn) == 1
+    with flow_engine.begin() as conn:
+        assert workflows.sweep(conn) == 0
+    assert statuses(flow_engine, ids) == {"a": "done", "b": "queued", "c": "waiting"}
+
+
+def test_two_parents_ending_in_concurrent_transactions_release_their_child_once(
+    flow_engine: sa.Engine,
+) -> None:
+    flow = Workflow(registry=registry)
+    flow.add("p1", "flow.step")
+    flow.add("p2", "flow.step")
+    flow.add("c", "flow.step", after=["p1", "p2"])
+    ids = enqueue(flow_engine, flow)
+    end = sa.text("UPDATE jobs SET status = 'done', finished_at = now() WHERE id = :id")
+    first = flow_engine.connect()
+    second = flow_engine.connect()
+    try:
+        first.execute(end, {"id": ids["p1"]})  # holds the child's lock until it commits
+        done = threading.Event()
+
+        def other() -> None:
+            second.execute(end, {"id": ids["p2"]})
+            second.commit()
+            done.set()
+
+        thread = threading.Thread(target=other)
+        thread.start()
+        assert not done.wait(0.5)  # waits for the first transaction, on the child's row
+        first.commit()
+        thread.join(30)
+        assert done.is_set()
+    finally:
+        first.close()
+        second.close()
+    assert statuses(flow_engine, ids) == {"p1": "done", "p2": "done", "c": "queued"}
+
+
+# --- operating -----------------------------------------------------------------------
+
+
+def test_workflow_status_shows_each_step_and_what_it_waits_on(flow_engine: sa.Engine) -> None:
+    ids = enqueue(flow_engine, fan_in(2))
+    with Session(flow_engine) as s:
+        status = ops.workflow_status(s, str(ids.id))
+    assert status.counts == {"queued": 1, "waiting": 3}
+    assert not status.finished
+    by_step = {step.step: step for step in status.steps}
+    assert by_step["c"].waiting_on == ("b0", "b1")
+    assert by_step["a"].waiting_on == ()
+
+
+def test_workflow_status_of_an_unknown_or_malformed_id_says_so(flow_engine: sa.Engine) -> None:
+    with Session(flow_engine) as s:
+        with pytest.raises(JobNotFoundError, match="no workflow with id"):
+            ops.workflow_status(s, uuid.uuid4())
+        with pytest.raises(ConfigError, match="a workflow id is a UUID, got 'nope'"):
+            ops.workflow_status(s, "nope")
+
+
+def test_cancel_workflow_cancels_every_waiting_and_queued_step_in_one_transaction(
+    flow_engine: sa.Engine,
+) -> None:
+    ids = enqueue(flow_engine, fan_in(2))
+    with Session(flow_engine) as s:
+        done = ops.cancel_workflow(s, ids.id)
+        s.commit()
+    assert done.cancelled == tuple(sorted(ids.steps.values()))
+    assert set(statuses(flow_engine, ids).values()) == {"cancelled"}
+    assert last_error(flow_engine, ids["c"]) == "cancelled by an operator with its whole workflow"
+
+
+def test_retry_workflow_runs_the_failed_steps_again_and_their_dependents_wait(
+    db_url: URL, flow_engine: sa.Engine
+) -> None:
+    flow = Workflow(registry=registry)
+    flow.add("a", "flow.step", {"value": 1})
+    flow.add("bad", "flow.fail", after="a")
+    flow.add("c", "flow.step", after="bad")
+    ids = enqueue(flow_engine, flow)
+    drain(db_url)
+    assert statuses(flow_engine, ids) == {"a": "done", "bad": "dead", "c": "cancelled"}
+    with flow_engine.begin() as conn:  # the operator fixed the cause: now it succeeds
+        conn.execute(
+            sa.text("UPDATE jobs SET kind = 'flow.step' WHERE id = :id"), {"id": ids["bad"]}
+        )
+    with Session(flow_engine) as s:
+        retried = ops.retry_workflow(s, ids.id)
+        s.commit()
+    assert retried == (ids["bad"], ids["c"])
+    assert statuses(flow_engine, ids) == {"a": "done", "bad": "queued", "c": "waiting"}
+    drain(db_url)
+    assert set(statuses(flow_engine, ids).values()) == {"done"}
+    with Session(flow_engine) as s:
+        again = ops.retry_workflow(s, ids.id, mode="failed_and_downstream")
+        assert again == ()
+        with pytest.raises(ConfigError, match="mode must be one of"):
+            ops.retry_workflow(s, ids.id, mode="everything")
+
+
+def test_retry_downstream_reruns_done_dependents_too(flow_engine: sa.Engine) -> None:
+    flow = Workflow(registry=registry, when="finished")
+    flow.add("a", "flow.step")
+    flow.add("b", "flow.step", after="a")
+    ids = enqueue(flow_engine, flow)
+    with flow_engine.begin() as conn:
+        for step, status in (("a", "dead"), ("b", "done")):
+            conn.execute(
+                sa.text(f"UPDATE jobs SET status = '{status}', finished_at = now() WHERE id = :id"),
+                {"id": ids[step]},
+            )
+    with Session(flow_engine) as s:
+        assert ops.retry_workflow(s, ids.id) == (ids["a"],)
+        s.rollback()
+        assert ops.retry_workflow(s, ids.id, mode="failed_and_downstream") == (ids["a"], ids["b"])
+        s.commit()
+    assert statuses(flow_engine, ids) == {"a": "queued", "b": "waiting"}
+
+
+def test_cli_workflow_show_cancel_and_retry(db_url: URL, flow_engine: sa.Engine) -> None:
+    ids = enqueue(flow_engine, fan_in(1))
+    shown = ok(db_url, "workflow", "show", str(ids.id))
+    assert f"workflow {ids.id}: 1 queued, 2 waiting" in shown
+    assert "WAITING ON" in shown and "b0" in shown
+    assert "cancelled 3 step(s)" in ok(db_url, "workflow", "cancel", str(ids.id))
+    assert "retried 3 step(s)" in ok(db_url, "workflow", "retry", str(ids.id))
+    assert statuses(flow_engine, ids) == {"a": "queued", "b0": "waiting", "c": "waiting"}
+    shown = ok(db_url, "workflow", "show", str(ids.id), "--json")
+    assert json.loads(shown)["counts"] == {"queued": 1, "waiting": 2}

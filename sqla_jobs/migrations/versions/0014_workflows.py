@@ -51,7 +51,8 @@ depends_on: str | None = None
 
 #: How long each ALTER waits for its table's lock before the migration fails.
 LOCK_TIMEOUT = "5s"
-#: Most characters of an upstream step's ``last_error`` quoted in a dependent's.
+#: Most characters of an upstream step's ``last_error`` quoted in a dependent's (its
+#: first line: the exception, not the traceback).
 QUOTED_ERROR = 500
 
 _TABLES = ("jobs", "jobs_archive")
@@ -115,7 +116,8 @@ BEGIN
           || CASE coalesce(p.status::text, a.status::text, 'deleted')
                WHEN 'deleted' THEN 'was deleted'
                ELSE 'ended ' || coalesce(p.status::text, a.status::text) END
-          || coalesce(': ' || left(coalesce(p.last_error, a.last_error), {QUOTED_ERROR}), '')
+          || coalesce(': ' || left(split_part(coalesce(p.last_error, a.last_error), E'\\n', 1),
+                                   {QUOTED_ERROR}), '')
         END AS reason
       FROM verdict AS v
       LEFT JOIN jobs AS p ON p.id = v.failed_parent
