@@ -8,6 +8,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -279,7 +280,7 @@ def test_readme_workflows_example_runs_the_fan_in_and_the_batch_callbacks(
         if isinstance(engine_in_readme, sa.Engine):
             engine_in_readme.dispose()
 
-    def by_step(ids: object) -> dict[str, str]:
+    def by_step(ids: object) -> dict[str, tuple[Any, Any, Any]]:
         found = rows(
             engine,
             "SELECT step, status::text AS status, result, last_error FROM jobs "
