@@ -1411,11 +1411,13 @@ def cancel_workflow(session: Session, workflow_id: uuid.UUID | str) -> CancelRes
     Never commits."""
     wid = _workflow_id(workflow_id)
     _workflow_steps(session, wid)  # JobNotFoundError for an unknown id
-    cancelled = tuple(sorted(r.id for r in session.execute(workflows_sql.cancel_workflow(wid))))
+    # Running steps first: a worker ending one locks it, then (its release trigger) its
+    # waiting dependents; taking the rows in the same order cannot deadlock with it.
     running = list(session.execute(workflows_sql.running_steps(wid)).scalars())
     stopping: tuple[int, ...] = ()
     if running:
         stopping = tuple(r.id for r in session.execute(admin.request_cancel(ids=running)))
+    cancelled = tuple(sorted(r.id for r in session.execute(workflows_sql.cancel_workflow(wid))))
     return CancelResult(cancelled, stopping)
 
 
