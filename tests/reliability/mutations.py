@@ -55,6 +55,10 @@ FLOW_STALE = _FLOWS + (
 FLOW_ARCHIVER = _FLOWS + "test_the_archiver_leaves_every_step_of_an_unfinished_workflow"
 FLOW_CALLBACKS = _FLOWS + "test_batch_callbacks_on_success_on_failure_and_on_complete"
 FLOW_SWEEP = _FLOWS + "test_the_sweep_releases_a_step_whose_release_was_missed"
+FLOW_STALE_PROCESS = (
+    f"{REL}/test_workflow_crashes.py::"
+    "test_a_stale_workers_step_is_fenced_out_and_releases_nothing"
+)
 FLOW_STORM = (
     f"{REL}/test_workflow_crashes.py::"
     "test_workers_killed_during_a_fan_in_run_every_step_and_the_fan_in_once"
@@ -840,7 +844,7 @@ MUTATIONS: list[Mutation] = [
         LEASE,
         _ONE_ATTEMPT + _ONE_RUNNING + _ONE_WORKER,
         _ONE_RUNNING,
-        (FLOW_STALE,),
+        (FLOW_STALE, FLOW_STALE_PROCESS),
     ),
     Mutation(
         "workflow_callback_requires_its_policy",
