@@ -495,6 +495,12 @@ class WorkflowEdge(Base):
             name="requires",
         ),
         sa.Index("jobs_workflow_edges_parent_id_idx", "parent_id"),
+        # The open edges of a step: "is any dependency still running?" reads only those.
+        sa.Index(
+            "jobs_workflow_edges_open_idx",
+            "child_id",
+            postgresql_where=sa.text("parent_outcome IS NULL"),
+        ),
     )
 
 

@@ -141,11 +141,23 @@ class Workflow:
     cancelled if one ends dead, cancelled or deleted), ``"finished"`` (run once every
     dependency ended, whatever the outcome) or ``"failed"`` (run only if some
     dependency did not end done).
+
+    ``append_to`` adds these steps to an existing workflow (its id, or a step of it: a
+    job id or a handler's ``job``, so that a step can add steps to its own workflow in
+    its transaction): ``after`` may then name its steps too. A dependency that already
+    ended is resolved at once, in the caller's transaction.
     """
 
-    def __init__(self, *, registry: Registry | None = None, when: str = DEFAULT_WHEN) -> None:
+    def __init__(
+        self,
+        *,
+        registry: Registry | None = None,
+        when: str = DEFAULT_WHEN,
+        append_to: uuid.UUID | str | int | JobContext | None = None,
+    ) -> None:
         self.registry = registry
         self.when = _check_when(when, "Workflow")
+        self.append_to = _check_append_to(append_to)
         self._steps: dict[str, _Step] = {}
 
     def add(
@@ -212,18 +224,26 @@ class Workflow:
         """The step names, in the order added."""
         return tuple(self._steps)
 
-    def check(self) -> list[str]:
+    def check(self, existing: Mapping[str, int] | None = None) -> list[str]:
         """Raise WorkflowError unless the graph can run; returns the steps in an order
-        where every step comes after its dependencies."""
+        where every step comes after its dependencies. ``existing``: the steps already
+        in the workflow these are appended to (name -> job id)."""
+        existing = existing or {}
         if not self._steps:
             raise WorkflowError("a workflow needs at least one step")
+        taken = [name for name in self._steps if name in existing]
+        if taken:
+            raise WorkflowError(
+                f"the workflow already has a step named {', '.join(map(repr, taken))}"
+            )
         for step in self._steps.values():
-            unknown = [d for d in step.after if d not in self._steps]
+            unknown = [d for d in step.after if d not in self._steps and d not in existing]
             if unknown:
+                names = [*existing, *self._steps]
                 raise WorkflowError(
                     f"step {step.name!r} depends on {', '.join(map(repr, unknown))}, which "
                     f"{'is' if len(unknown) == 1 else 'are'} not a step of this workflow "
-                    f"(steps: {', '.join(map(repr, self._steps))})"
+                    f"(steps: {', '.join(map(repr, names))})"
                 )
         return self._order()
 
@@ -253,7 +273,7 @@ class Workflow:
                             + " -> ".join(map(repr, reversed(loop)))
                             + " (each step would wait for itself)"
                         )
-                    if dep not in done:
+                    if dep not in done and dep in self._steps:  # else: appended to
                         stack.append((dep, 0))
                     continue
                 path.pop()
@@ -303,9 +323,13 @@ class Workflow:
         Never commits: the workflow exists once the caller commits. Steps with no
         dependency are queued (ready at their ``run_at``); the others wait.
         """
-        order = self.check()
-        workflow_id = uuid.uuid4()
         conn = _connection(session)
+        if self.append_to is None:
+            order = self.check()
+            workflow_id, existing = uuid.uuid4(), {}
+        else:
+            workflow_id, existing = self._existing(conn)
+            order = self.check(existing)
         found = conn.execute(
             workflows_sql.insert_steps(), {"rows": self._rows(order), "workflow_id": workflow_id}
         ).all()
@@ -313,33 +337,58 @@ class Workflow:
         if any(s.after for s in self._steps.values()):
             conn.execute(
                 workflows_sql.insert_edges(),
-                {"rows": self._edges(ids), "workflow_id": workflow_id},
+                {"rows": self._edges({**existing, **ids}), "workflow_id": workflow_id},
             )
+        earlier = sorted(
+            {existing[d] for s in self._steps.values() for d in s.after if d in existing}
+        )
+        if earlier:
+            # Dependencies that ended before these edges existed: resolved now. One that
+            # ends while this transaction is open cannot see them: the sweep resolves it.
+            conn.execute(workflows_sql.resolve(earlier))
         return WorkflowIds(workflow_id, ids)
 
+    def _existing(self, conn: Connection) -> tuple[uuid.UUID, dict[str, int]]:
+        target = self.append_to
+        if isinstance(target, int):
+            workflow_id = conn.execute(workflows_sql.workflow_of(target)).scalar()
+            if workflow_id is None:
+                raise WorkflowError(f"cannot append to job {target}: it is not a workflow step")
+        else:
+            workflow_id = target
+        existing = {r.step: r.id for r in conn.execute(workflows_sql.step_ids(workflow_id))}
+        if not existing:
+            raise WorkflowError(f"cannot append to workflow {workflow_id}: it has no step")
+        return workflow_id, existing
+
     async def enqueue_async(self, session: AsyncSession | AsyncConnection) -> WorkflowIds:
-        """:meth:`enqueue` for an AsyncSession or AsyncConnection."""
-        order = self.check()
-        workflow_id = uuid.uuid4()
+        """:meth:`enqueue` for an AsyncSession or AsyncConnection (the same statements, in
+        its transaction)."""
         if isinstance(session, AsyncSession):
             conn = await session.connection(bind_arguments={"mapper": Job})
         elif isinstance(session, AsyncConnection):
             conn = session
         else:
             raise producer._wrong_session(session, async_=True)
-        found = (
-            await conn.execute(
-                workflows_sql.insert_steps(),
-                {"rows": self._rows(order), "workflow_id": workflow_id},
-            )
-        ).all()
-        ids = {row.step: row.id for row in found}
-        if any(s.after for s in self._steps.values()):
-            await conn.execute(
-                workflows_sql.insert_edges(),
-                {"rows": self._edges(ids), "workflow_id": workflow_id},
-            )
-        return WorkflowIds(workflow_id, ids)
+        return await conn.run_sync(self.enqueue)
+
+
+def _check_append_to(value: object) -> uuid.UUID | int | None:
+    if value is None or isinstance(value, uuid.UUID):
+        return value
+    if isinstance(value, bool):
+        raise WorkflowError(f"append_to is a workflow id, a job id or a job, got {value!r}")
+    if isinstance(value, int):
+        return value
+    job_id = getattr(value, "id", None)
+    if isinstance(job_id, int) and hasattr(value, "attempt"):  # a JobContext
+        return job_id
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        raise WorkflowError(
+            f"append_to is a workflow id (a UUID), a job id or a job, got {value!r}"
+        ) from None
 
 
 def _connection(session: object) -> Connection:

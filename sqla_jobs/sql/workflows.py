@@ -96,6 +96,22 @@ def insert_edges() -> sa.Insert:
     )
 
 
+def workflow_of(job_id: int) -> sa.Select[Any]:
+    """The ``workflow_id`` of a live job (NULL for a job outside workflows; no row: no job)."""
+    return sa.select(jobs.c.workflow_id).where(
+        jobs.c.id == sa.bindparam("job_id", job_id, sa.BigInteger)
+    )
+
+
+def step_ids(workflow_id: Any) -> sa.Select[Any]:
+    """``step, id`` of every step of a workflow, live or archived."""
+    wid = sa.bindparam("workflow_id", workflow_id, sa.Uuid)
+    archive = models.jobs_archive
+    live = sa.select(jobs.c.step, jobs.c.id).where(jobs.c.workflow_id == wid)
+    archived = sa.select(archive.c.step, archive.c.id).where(archive.c.workflow_id == wid)
+    return sa.union_all(live, archived)  # type: ignore[return-value]
+
+
 def resolve(parent_ids: list[int]) -> sa.Select[Any]:
     """Resolve the edges of these parents if they ended (``jobs_workflow_resolve``);
     returns how many steps were released."""

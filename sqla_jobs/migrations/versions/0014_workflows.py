@@ -64,67 +64,55 @@ LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
   frontier bigint[] := parents;
   touched bigint[];
+  failing bigint[];
   cancelled bigint[];
+  -- More open edges than connections: this transaction cannot be among the last parents
+  -- to end (at most that many transactions are open at once), so it leaves the child
+  -- alone, unlocked. Only the last ones take the child's lock.
+  crowd integer := current_setting('max_connections')::integer;
   released integer := 0;
+  child bigint;
+  open_edges integer;
+  needs text;
   n integer;
 BEGIN
   WHILE cardinality(frontier) > 0 LOOP
-    -- The children of the ended parents, locked in id order before their edges are
-    -- read: two transactions ending two parents of one child take turns here, so the
-    -- one that goes second sees the first one's edge (READ COMMITTED: each statement
-    -- below takes a new snapshot) and exactly one of them releases the child. Only
-    -- the tail of each completing transaction waits; the edges are the parents' own.
-    SELECT coalesce(array_agg(c.id ORDER BY c.id), '{{}}') INTO touched FROM (
-      SELECT j.id FROM jobs AS j
-      WHERE j.id IN (
-        SELECT e.child_id FROM jobs_workflow_edges AS e
-        WHERE e.parent_id = ANY(frontier) AND e.parent_outcome IS NULL)
-      ORDER BY j.id FOR UPDATE OF j) AS c;
+    -- Each ended parent writes its own edges: the status it ended with, 'deleted' when
+    -- it is gone from jobs (and not archived), or its archived status.
+    WITH marked AS (
+      UPDATE jobs_workflow_edges AS e
+      SET parent_outcome = coalesce(p.status::text, a.status::text, 'deleted')
+      FROM jobs_workflow_edges AS x
+      LEFT JOIN jobs AS p ON p.id = x.parent_id
+      LEFT JOIN jobs_archive AS a ON a.id = x.parent_id
+      WHERE x.parent_id = ANY(frontier) AND x.parent_outcome IS NULL
+        AND e.child_id = x.child_id AND e.parent_id = x.parent_id
+        AND (p.id IS NULL OR p.status IN ('done', 'dead', 'cancelled'))
+      RETURNING e.child_id, e.parent_outcome, e.requires
+    )
+    SELECT coalesce(array_agg(DISTINCT m.child_id), '{{}}'),
+           coalesce(array_agg(DISTINCT m.child_id) FILTER (
+             WHERE m.requires = 'succeeded' AND m.parent_outcome <> 'done'), '{{}}')
+    INTO touched, failing FROM marked AS m;
     EXIT WHEN cardinality(touched) = 0;
 
-    -- Each parent writes its own edges: the status it ended with, 'deleted' when it
-    -- is gone from jobs (and not archived), or its archived status.
-    UPDATE jobs_workflow_edges AS e
-    SET parent_outcome = coalesce(p.status::text, a.status::text, 'deleted')
-    FROM jobs_workflow_edges AS x
-    LEFT JOIN jobs AS p ON p.id = x.parent_id
-    LEFT JOIN jobs_archive AS a ON a.id = x.parent_id
-    WHERE x.parent_id = ANY(frontier) AND x.parent_outcome IS NULL
-      AND e.child_id = x.child_id AND e.parent_id = x.parent_id
-      AND (p.id IS NULL OR p.status IN ('done', 'dead', 'cancelled'));
-
-    -- Cancelled: a step that needs every dependency done as soon as one ended
-    -- otherwise; an on-failure step once all ended done. last_error names the
-    -- upstream step and why.
-    WITH verdict AS (
-      SELECT e.child_id,
-             min(e.requires) AS requires,
-             bool_and(e.parent_outcome IS NOT NULL) AS all_ended,
-             (array_agg(e.parent_id ORDER BY e.parent_id)
-                FILTER (WHERE e.parent_outcome <> 'done'))[1] AS failed_parent,
-             count(*) AS deps
+    -- A step that needs every dependency done is cancelled as soon as one ended
+    -- otherwise; last_error names the upstream step and why (the first line of its own).
+    WITH doomed AS (
+      SELECT DISTINCT ON (e.child_id) e.child_id,
+        'upstream step ' || coalesce('"' || coalesce(p.step, a.step) || '" ', '')
+        || '(job ' || e.parent_id || ') '
+        || CASE e.parent_outcome WHEN 'deleted' THEN 'was deleted'
+             ELSE 'ended ' || e.parent_outcome END
+        || coalesce(': ' || left(split_part(coalesce(p.last_error, a.last_error), E'\\n', 1),
+                                 {QUOTED_ERROR}), '') AS reason
       FROM jobs_workflow_edges AS e
-      WHERE e.child_id = ANY(touched)
-      GROUP BY e.child_id
-    ), doomed AS (
-      SELECT v.child_id,
-        CASE WHEN v.failed_parent IS NULL THEN
-          'runs only if an upstream step fails; all ' || v.deps || ' ended done'
-        ELSE
-          'upstream step ' || coalesce('"' || coalesce(p.step, a.step) || '" ', '')
-          || '(job ' || v.failed_parent || ') '
-          || CASE coalesce(p.status::text, a.status::text, 'deleted')
-               WHEN 'deleted' THEN 'was deleted'
-               ELSE 'ended ' || coalesce(p.status::text, a.status::text) END
-          || coalesce(': ' || left(split_part(coalesce(p.last_error, a.last_error), E'\\n', 1),
-                                   {QUOTED_ERROR}), '')
-        END AS reason
-      FROM verdict AS v
-      LEFT JOIN jobs AS p ON p.id = v.failed_parent
-      LEFT JOIN jobs_archive AS a ON a.id = v.failed_parent AND p.id IS NULL
-      WHERE (v.requires = 'succeeded' AND v.failed_parent IS NOT NULL)
-         OR (v.requires = 'failed' AND v.all_ended AND v.failed_parent IS NULL)
-    ), done AS (
+      LEFT JOIN jobs AS p ON p.id = e.parent_id
+      LEFT JOIN jobs_archive AS a ON a.id = e.parent_id AND p.id IS NULL
+      WHERE e.child_id = ANY(failing) AND e.parent_id = ANY(frontier)
+        AND e.parent_outcome <> 'done'
+      ORDER BY e.child_id, e.parent_id
+    ), ended AS (
       UPDATE jobs AS j
       SET status = 'cancelled', finished_at = statement_timestamp(), locked_until = NULL,
           last_error = d.reason
@@ -132,16 +120,39 @@ BEGIN
       WHERE j.id = d.child_id AND j.status = 'waiting'
       RETURNING j.id
     )
-    SELECT coalesce(array_agg(id), '{{}}') INTO cancelled FROM done;
+    SELECT coalesce(array_agg(id), '{{}}') INTO cancelled FROM ended;
 
-    -- Released: every edge has its outcome and the step was not cancelled above.
-    UPDATE jobs AS j SET status = 'queued'
-    WHERE j.id = ANY(touched) AND j.status = 'waiting'
-      AND NOT EXISTS (
+    -- The others: released once no edge is open. Two transactions ending the last two
+    -- parents of one child could each see the other's edge still open (READ COMMITTED)
+    -- and neither release it: the child is locked first (in id order: no deadlock), so
+    -- the second waits for the first to commit and then, its next statement taking a
+    -- new snapshot, sees its outcome.
+    FOR child IN
+      SELECT c FROM unnest(touched) AS c WHERE c <> ALL(failing) ORDER BY c
+    LOOP
+      SELECT count(*) INTO open_edges FROM (
         SELECT 1 FROM jobs_workflow_edges AS e
-        WHERE e.child_id = j.id AND e.parent_outcome IS NULL);
-    GET DIAGNOSTICS n = ROW_COUNT;
-    released := released + n;
+        WHERE e.child_id = child AND e.parent_outcome IS NULL LIMIT crowd + 1) AS o;
+      CONTINUE WHEN open_edges > crowd;
+      PERFORM 1 FROM jobs WHERE id = child AND status = 'waiting' FOR UPDATE;
+      CONTINUE WHEN NOT FOUND
+        OR EXISTS (SELECT 1 FROM jobs_workflow_edges AS e
+                   WHERE e.child_id = child AND e.parent_outcome IS NULL);
+      SELECT min(e.requires) INTO needs FROM jobs_workflow_edges AS e WHERE e.child_id = child;
+      IF needs = 'failed' AND NOT EXISTS (
+          SELECT 1 FROM jobs_workflow_edges AS e
+          WHERE e.child_id = child AND e.parent_outcome <> 'done') THEN
+        UPDATE jobs SET status = 'cancelled', finished_at = statement_timestamp(),
+          last_error = 'runs only if an upstream step fails; all '
+            || (SELECT count(*) FROM jobs_workflow_edges AS e WHERE e.child_id = child)
+            || ' ended done'
+        WHERE id = child;
+        cancelled := cancelled || child;
+      ELSE
+        UPDATE jobs SET status = 'queued' WHERE id = child;
+        released := released + 1;
+      END IF;
+    END LOOP;
 
     -- The cancelled steps ended too: their own dependents are next (a loop, not the
     -- trigger recursing, so a 10,000-step chain does not exhaust the stack).
@@ -216,6 +227,12 @@ def upgrade() -> None:
         ),
     )
     op.create_index("jobs_workflow_edges_parent_id_idx", "jobs_workflow_edges", ["parent_id"])
+    op.create_index(
+        "jobs_workflow_edges_open_idx",
+        "jobs_workflow_edges",
+        ["child_id"],
+        postgresql_where=sa.text("parent_outcome IS NULL"),
+    )
     op.execute(RESOLVE)
     op.execute(STEP_ENDED)
     _with_lock_timeout(list(TRIGGERS))
