@@ -43,11 +43,15 @@ outside workflows pay the ``WHEN`` test of their row (``workflow_id IS NOT NULL`
 
 *Two parents ending at once.* Under READ COMMITTED two transactions each ending one of
 the last two parents could each see the other's edge still open, and neither would
-release the child. ``jobs_workflow_resolve`` locks the children (``FOR UPDATE``, in id
-order, so two such transactions cannot deadlock) before it reads their edges: the second
-transaction waits for the first to commit and then sees its outcome. What waits is only
-the tail of the completing transactions (the trigger runs right before their commit);
-the edges are never contended.
+release the child. So a transaction that may be among the last locks the child
+(``FOR UPDATE``, children in id order, so two such transactions cannot deadlock) before
+it reads the open edges again: the second waits for the first to commit and then sees
+its outcome. "May be among the last": the child has at most ``max_connections`` open
+edges besides its own (more parents than that cannot be ending at once). The first
+parents of a wide fan-in therefore take no lock at all and share no row; only the tail
+waits, and only for the end of each other's transactions (the trigger runs right
+before their commit). What a pathological commit (slower than many other parents'
+whole transactions) could still leave behind, the sweep releases.
 
 *Failure is explicit and transitive.* A step that needs its dependencies ``succeeded``
 (the default) is cancelled as soon as one of them ends ``dead``, ``cancelled`` or is
@@ -59,7 +63,7 @@ done, and is cancelled once all ended done. A waiting step always ends: released
 cancelled.
 
 *A sweep repairs what the trigger could not see* (:func:`sweep`, run by one worker at a
-time under an advisory lock): an edge inserted by a transaction that had not committed
+time under an advisory lock): an edge appended by a transaction that had not committed
 when its parent ended, or edges of parents ended while the triggers were disabled.
 
 *Results flow downstream.* :func:`upstream_results` reads the stored results
@@ -324,9 +328,10 @@ class Workflow:
         dependency are queued (ready at their ``run_at``); the others wait.
         """
         conn = _connection(session)
+        existing: dict[str, int] = {}
         if self.append_to is None:
             order = self.check()
-            workflow_id, existing = uuid.uuid4(), {}
+            workflow_id = uuid.uuid4()
         else:
             workflow_id, existing = self._existing(conn)
             order = self.check(existing)
@@ -351,10 +356,12 @@ class Workflow:
     def _existing(self, conn: Connection) -> tuple[uuid.UUID, dict[str, int]]:
         target = self.append_to
         if isinstance(target, int):
-            workflow_id = conn.execute(workflows_sql.workflow_of(target)).scalar()
-            if workflow_id is None:
+            found = conn.execute(workflows_sql.workflow_of(target)).scalar()
+            if not isinstance(found, uuid.UUID):
                 raise WorkflowError(f"cannot append to job {target}: it is not a workflow step")
+            workflow_id = found
         else:
+            assert target is not None
             workflow_id = target
         existing = {r.step: r.id for r in conn.execute(workflows_sql.step_ids(workflow_id))}
         if not existing:

@@ -521,3 +521,50 @@ def test_cli_workflow_show_cancel_and_retry(db_url: URL, flow_engine: sa.Engine)
     assert statuses(flow_engine, ids) == {"a": "queued", "b0": "waiting", "c": "waiting"}
     shown = ok(db_url, "workflow", "show", str(ids.id), "--json")
     assert json.loads(shown)["counts"] == {"queued": 1, "waiting": 2}
+
+
+def test_steps_appended_to_a_running_workflow_wait_for_its_steps_or_run_at_once(
+    flow_engine: sa.Engine,
+) -> None:
+    flow = Workflow(registry=registry)
+    flow.add("a", "flow.step")
+    flow.add("b", "flow.step", after="a")
+    ids = enqueue(flow_engine, flow)
+    claim_step(flow_engine, ids["b"])  # b "runs" (a test shortcut: a is not done)
+    with flow_engine.begin() as conn:
+        conn.execute(sa.text("UPDATE jobs SET status = 'done' WHERE id = :id"), {"id": ids["a"]})
+    more = Workflow(registry=registry, append_to=ids["b"])  # from b's handler: its job id
+    more.add("after_a", "flow.step", after="a")  # a already ended: released at once
+    more.add("after_b", "flow.step", after="b")  # b is running: waits for it
+    with Session(flow_engine) as s:
+        added = more.enqueue(s)
+        s.commit()
+    assert added.id == ids.id
+    assert statuses(flow_engine, ids) == {
+        "a": "done",
+        "b": "running",
+        "after_a": "queued",
+        "after_b": "waiting",
+    }
+    assert done_mark(flow_engine, ids["b"], attempt=1) == 1
+    assert statuses(flow_engine, ids)["after_b"] == "queued"
+
+
+def test_appending_checks_names_against_the_existing_workflow(flow_engine: sa.Engine) -> None:
+    ids = enqueue(flow_engine, fan_in(1))
+    with Session(flow_engine) as s:
+        taken = Workflow(append_to=ids.id)
+        taken.add("a", "flow.step")
+        with pytest.raises(WorkflowError, match="already has a step named 'a'"):
+            taken.enqueue(s)
+        unknown = Workflow(append_to=str(ids.id))
+        unknown.add("x", "flow.step", after="zz")
+        with pytest.raises(WorkflowError, match="depends on 'zz', which is not a step"):
+            unknown.enqueue(s)
+        nowhere = Workflow(append_to=uuid.uuid4())
+        nowhere.add("x", "flow.step")
+        with pytest.raises(WorkflowError, match=r"cannot append to workflow .*: it has no step"):
+            nowhere.enqueue(s)
+    with pytest.raises(WorkflowError, match="append_to is a workflow id"):
+        Workflow(append_to="not-a-uuid")
+    assert scalar(flow_engine, "SELECT count(*) FROM jobs") == 3
