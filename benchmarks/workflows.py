@@ -4,11 +4,13 @@ Two parts, each in a scratch database of its own:
 
 * ``contention``: ``THREADS`` connections each end ``N`` running jobs one per
   transaction (the fenced done-mark a handler that wrote commits with), as workers do.
-  The jobs are independent, the ``N`` parents of one fan-in step (``N -> 1``: every
+  The jobs are independent (with revision 0014's triggers dropped, then with them),
+  the ``N`` parents of one fan-in step (``N -> 1``: every
   transaction runs the release trigger on the same child), or ``N`` parents of one
   step each (``N -> N``: the trigger's work without the shared child). Reported: jobs
   per second and the ratio to independent jobs.
-* ``drain``: one worker process (concurrency 4) runs ``N`` independent no-op jobs, a
+* ``drain``: one worker process (concurrency 4) runs ``N`` independent no-op jobs
+  (without, then with the triggers), a
   ``1 -> N`` fan-out, an ``N -> 1`` fan-in, and a chain of ``CHAIN`` steps; reported
   per-step wall time (from the first start to the last finish, by the jobs' own
   timestamps), and for the chain the pickup latency of each step (from its parent's
@@ -40,6 +42,14 @@ from sqla_jobs import NewJob, Workflow, enqueue_many  # noqa: E402
 CLAIM_ALL = (
     "UPDATE jobs SET status = 'running', worker = 'bench', attempts = 1, max_attempts = 1, "
     "locked_until = now() + interval '1 hour' WHERE status = 'queued' AND kind = 'noop'"
+)
+#: Revision 0014's triggers on jobs (what jobs outside workflows pay for them).
+WORKFLOW_TRIGGERS = (
+    "jobs_workflow_step_ended",
+    "jobs_workflow_step_deleted",
+    "jobs_workflow_updated",
+    "jobs_workflow_deleted",
+    "jobs_notify_released",
 )
 DONE_ONE = (
     "UPDATE jobs SET status = 'done', finished_at = statement_timestamp(), locked_until = NULL "
@@ -98,9 +108,13 @@ def _end_all(url: str, ids: list[int], threads: int) -> float:
 def contention(n: int, threads: int) -> None:
     print(f"contention: {n} done-marks, one per transaction, {threads} connections")
     base = None
-    for shape in ("independent", "fan-in", "fan-out 1:1"):
+    for shape in ("no triggers", "independent", "fan-in", "fan-out 1:1"):
         with run._ours("bench_flows") as url:
-            ids = _build(url, shape, n)
+            if shape == "no triggers":
+                with psycopg.connect(url, autocommit=True) as conn:
+                    for trigger in WORKFLOW_TRIGGERS:
+                        conn.execute(f"DROP TRIGGER {trigger} ON jobs")
+            ids = _build(url, "independent" if shape == "no triggers" else shape, n)
             seconds = _end_all(url, ids, threads)
             with psycopg.connect(url) as conn:
                 waiting = conn.execute("SELECT count(*) FROM jobs WHERE status = 'waiting'")
@@ -109,7 +123,7 @@ def contention(n: int, threads: int) -> None:
         base = base or rate
         print(
             f"  {shape:<12} {rate:8.0f} jobs/s  ({seconds:.2f}s; {base / rate:.2f}x the time "
-            f"of independent jobs; still waiting after: {left[0] if left else '?'})"
+            f"without the triggers; still waiting after: {left[0] if left else '?'})"
         )
 
 
@@ -126,13 +140,17 @@ def _span(url: str, where: str = "") -> tuple[float, int]:
 def drain(n: int, chain: int) -> None:
     print(f"drain: one worker process, concurrency 4; {n} steps or jobs, a chain of {chain}")
     base = None
-    for shape in ("independent", "fan-out 1->N", "fan-in N->1", "chain"):
+    for shape in ("no triggers", "independent", "fan-out 1->N", "fan-in N->1", "chain"):
         with run._ours("bench_flows") as url:
+            if shape == "no triggers":  # independent jobs, the workflow triggers dropped
+                with psycopg.connect(url, autocommit=True) as conn:
+                    for trigger in WORKFLOW_TRIGGERS:
+                        conn.execute(f"DROP TRIGGER {trigger} ON jobs")
             worker = run.WorkerProcess(url, "--concurrency", "4")
             try:
                 worker.wait_ready()
                 with run._engine(url) as engine, Session(engine) as s:
-                    if shape == "independent":
+                    if shape in ("independent", "no triggers"):
                         enqueue_many(s, [NewJob("noop") for _ in range(n)])
                     else:
                         flow = Workflow()
@@ -181,7 +199,7 @@ def drain(n: int, chain: int) -> None:
                     base = base or per_step
                     print(
                         f"  {shape:<13} {per_step:7.3f} ms/step over {count} ({seconds:.2f}s; "
-                        f"{per_step / base:.2f}x independent)"
+                        f"{per_step / base:.2f}x without the triggers)"
                     )
             finally:
                 worker.stop()
