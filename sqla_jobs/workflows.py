@@ -30,16 +30,21 @@ pending count, which goes wrong under re-runs). The child is released when no ed
 it is left without an outcome.
 
 *Release exactly once, in the transaction that ends the step.* The release is the
-database function ``jobs_workflow_resolve``, run by an ``AFTER UPDATE OF status`` /
-``AFTER DELETE`` row trigger on ``jobs`` whose ``WHEN`` lets through only workflow rows
-that just ended. So it runs in the transaction of whatever statement ended the step (the
-handler's fenced done-mark, the batched done-mark, a failure that goes dead, an expired
-lease, an operator's cancel or delete, the inline test runner) and only when that
-statement changed the row: a stale worker's fenced done-mark updates no row, and its
-step releases nothing; a crash before the commit loses the done-mark and the release
-together. A hook in the completer would have had to be repeated on each of those paths,
-and to learn which claimed jobs are steps the claim would have had to change. Jobs
-outside workflows pay the ``WHEN`` test of their row (``workflow_id IS NOT NULL``).
+database function ``jobs_workflow_resolve``. An ``AFTER UPDATE OF status`` / ``AFTER
+DELETE`` row trigger on ``jobs``, whose ``WHEN`` lets through only workflow rows that
+just ended, lists the step in a transaction-local setting; a statement trigger then
+resolves every step the statement ended, at once (a batch done-mark of 1,000 parents
+of one fan-in reads that child's edges once). So it runs in the transaction of whatever
+statement ended the step (the handler's fenced done-mark, the batched done-mark, a
+failure that goes dead, an expired lease, an operator's cancel or delete, the inline
+test runner) and only when that statement changed the row: a stale worker's fenced
+done-mark updates no row, and its step releases nothing; a crash before the commit
+loses the done-mark and the release together. A hook in the completer would have had
+to be repeated on each of those paths, and to learn which claimed jobs are steps the
+claim would have had to change. Jobs outside workflows pay the row trigger's ``WHEN``
+test and one call of the statement trigger per ``UPDATE``/``DELETE`` statement (it
+reads one setting and returns); ``benchmarks/workflows.py`` measures both against a
+table without the triggers.
 
 *Two parents ending at once.* Under READ COMMITTED two transactions each ending one of
 the last two parents could each see the other's edge still open, and neither would

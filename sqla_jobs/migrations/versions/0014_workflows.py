@@ -18,7 +18,10 @@ What it adds (see :mod:`sqla_jobs.workflows` for the design):
   no counter row is shared by the parents of a fan-in.
 * ``jobs_workflow_resolve(bigint[])``: resolves the edges of ended parents (releases,
   or cancels transitively) and triggers that call it in the transaction of every
-  statement that ends a step (a done-mark, a failure, a cancel, a rescue, a delete).
+  statement that ends a step (a done-mark, a failure, a cancel, a rescue, a delete): a
+  row trigger lists the steps a statement ended (``WHEN`` it is a workflow step whose
+  status just became final), a statement trigger on every ``UPDATE``/``DELETE`` of
+  ``jobs`` resolves them together (or returns at once when none is listed).
   A deferred trigger wakes an idle worker when a step is released, as an insert does.
 
 Safe on a large live table: ``ADD VALUE`` and ``ADD COLUMN`` without a default change
@@ -71,9 +74,8 @@ DECLARE
   -- alone, unlocked. Only the last ones take the child's lock.
   crowd integer := current_setting('max_connections')::integer;
   released integer := 0;
-  child bigint;
-  open_edges integer;
-  needs text;
+  near bigint[];
+  complete bigint[];
   n integer;
 BEGIN
   WHILE cardinality(frontier) > 0 LOOP
@@ -127,32 +129,45 @@ BEGIN
     -- and neither release it: the child is locked first (in id order: no deadlock), so
     -- the second waits for the first to commit and then, its next statement taking a
     -- new snapshot, sees its outcome.
-    FOR child IN
-      SELECT c FROM unnest(touched) AS c WHERE c <> ALL(failing) ORDER BY c
-    LOOP
-      SELECT count(*) INTO open_edges FROM (
+    -- Children near their end: no more open edges than connections (see ``crowd``).
+    SELECT coalesce(array_agg(c ORDER BY c), '{{}}') INTO near
+    FROM unnest(touched) AS c
+    WHERE c <> ALL(failing)
+      AND (SELECT count(*) FROM (
+             SELECT 1 FROM jobs_workflow_edges AS e
+             WHERE e.child_id = c AND e.parent_outcome IS NULL LIMIT crowd + 1) AS o) <= crowd;
+    PERFORM 1 FROM (
+      SELECT j.id FROM jobs AS j WHERE j.id = ANY(near) AND j.status = 'waiting'
+      ORDER BY j.id FOR UPDATE OF j) AS locked;
+    -- Locked, and read again: this statement's snapshot sees what committed meanwhile.
+    SELECT coalesce(array_agg(j.id), '{{}}') INTO complete
+    FROM jobs AS j
+    WHERE j.id = ANY(near) AND j.status = 'waiting'
+      AND NOT EXISTS (
         SELECT 1 FROM jobs_workflow_edges AS e
-        WHERE e.child_id = child AND e.parent_outcome IS NULL LIMIT crowd + 1) AS o;
-      CONTINUE WHEN open_edges > crowd;
-      PERFORM 1 FROM jobs WHERE id = child AND status = 'waiting' FOR UPDATE;
-      CONTINUE WHEN NOT FOUND
-        OR EXISTS (SELECT 1 FROM jobs_workflow_edges AS e
-                   WHERE e.child_id = child AND e.parent_outcome IS NULL);
-      SELECT min(e.requires) INTO needs FROM jobs_workflow_edges AS e WHERE e.child_id = child;
-      IF needs = 'failed' AND NOT EXISTS (
+        WHERE e.child_id = j.id AND e.parent_outcome IS NULL);
+    -- An on-failure step none of whose dependencies failed is not needed.
+    WITH unneeded AS (
+      SELECT c FROM unnest(complete) AS c
+      WHERE EXISTS (
+          SELECT 1 FROM jobs_workflow_edges AS e WHERE e.child_id = c AND e.requires = 'failed')
+        AND NOT EXISTS (
           SELECT 1 FROM jobs_workflow_edges AS e
-          WHERE e.child_id = child AND e.parent_outcome <> 'done') THEN
-        UPDATE jobs SET status = 'cancelled', finished_at = statement_timestamp(),
+          WHERE e.child_id = c AND e.parent_outcome <> 'done')
+    ), unrun AS (
+      UPDATE jobs AS j
+      SET status = 'cancelled', finished_at = statement_timestamp(),
           last_error = 'runs only if an upstream step fails; all '
-            || (SELECT count(*) FROM jobs_workflow_edges AS e WHERE e.child_id = child)
+            || (SELECT count(*) FROM jobs_workflow_edges AS e WHERE e.child_id = j.id)
             || ' ended done'
-        WHERE id = child;
-        cancelled := cancelled || child;
-      ELSE
-        UPDATE jobs SET status = 'queued' WHERE id = child;
-        released := released + 1;
-      END IF;
-    END LOOP;
+      FROM unneeded AS u
+      WHERE j.id = u.c
+      RETURNING j.id
+    )
+    SELECT cancelled || coalesce(array_agg(id), '{{}}') INTO cancelled FROM unrun;
+    UPDATE jobs SET status = 'queued' WHERE id = ANY(complete) AND status = 'waiting';
+    GET DIAGNOSTICS n = ROW_COUNT;
+    released := released + n;
 
     -- The cancelled steps ended too: their own dependents are next (a loop, not the
     -- trigger recursing, so a 10,000-step chain does not exhaust the stack).
