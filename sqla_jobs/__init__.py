@@ -29,6 +29,7 @@ from sqla_jobs.exceptions import (
     SchemaNotReadyError,
     Snooze,
     SqlaJobsError,
+    WorkflowError,
 )
 
 if _typing.TYPE_CHECKING:
@@ -45,6 +46,12 @@ if _typing.TYPE_CHECKING:
     from sqla_jobs.retry import Backoff
     from sqla_jobs.tasks import Handler, JobContext, Registry, current_job
     from sqla_jobs.worker import Worker
+    from sqla_jobs.workflows import (
+        Workflow,
+        WorkflowIds,
+        upstream_results,
+        upstream_results_async,
+    )
 
 #: The module each lazily loaded name comes from. The worker is lazy for one more
 #: reason: importing it here would make ``python -m sqla_jobs.worker`` import it twice
@@ -62,6 +69,8 @@ _LAZY = {
     "Stats": "sqla_jobs.ops",
     "Worker": "sqla_jobs.worker",
     "WorkerConfig": "sqla_jobs.config",
+    "Workflow": "sqla_jobs.workflows",
+    "WorkflowIds": "sqla_jobs.workflows",
     "current_job": "sqla_jobs.tasks",
     "enqueue": "sqla_jobs.producer",
     "enqueue_async": "sqla_jobs.producer",
@@ -71,6 +80,8 @@ _LAZY = {
     "result_async": "sqla_jobs.ops",
     "stats": "sqla_jobs.ops",
     "stats_async": "sqla_jobs.ops",
+    "upstream_results": "sqla_jobs.workflows",
+    "upstream_results_async": "sqla_jobs.workflows",
 }
 
 __all__ = [
@@ -102,6 +113,9 @@ __all__ = [
     "Stats",
     "Worker",
     "WorkerConfig",
+    "Workflow",
+    "WorkflowError",
+    "WorkflowIds",
     "current_job",
     "enqueue",
     "enqueue_async",
@@ -111,6 +125,8 @@ __all__ = [
     "result_async",
     "stats",
     "stats_async",
+    "upstream_results",
+    "upstream_results_async",
 ]
 
 

@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from datetime import timedelta, timezone
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -568,6 +569,16 @@ def _add_ops_commands(sub: Any) -> None:
 
     p = command("workers", "list live workers (the registry their heartbeats refresh)")
     p.add_argument("--json", action="store_true")
+
+    p = command("workflow", "a workflow's steps: show them, cancel it, or retry its failed steps")
+    p.add_argument("action", choices=("show", "cancel", "retry"))
+    p.add_argument("workflow_id", metavar="WORKFLOW_ID")
+    p.add_argument(
+        "--downstream",
+        action="store_true",
+        help="retry: also every step downstream of a failed one (done ones included)",
+    )
+    p.add_argument("--json", action="store_true", help="show: one JSON document")
 
 
 #: ``sqla-jobs health`` threshold flags: each overrides one field of
@@ -1277,6 +1288,59 @@ def _cmd_workers(session: Any, args: argparse.Namespace) -> int:
     return 0
 
 
+def _workflow_text(status: Any) -> str:
+    counts = ", ".join(f"{n} {name}" for name, n in sorted(status.counts.items()))
+    lines = [f"workflow {status.id}: {counts}", ""]
+    body = [
+        (
+            s.id,
+            s.step or "-",
+            s.kind,
+            s.status.value + (" (archived)" if s.archived else ""),
+            ", ".join(s.waiting_on) or "-",
+            " ".join((s.last_error or "-").split())[:80],
+        )
+        for s in status.steps
+    ]
+    lines += _table(("ID", "STEP", "KIND", "STATUS", "WAITING ON", "LAST ERROR"), body, {0})
+    return "\n".join(lines)
+
+
+def _cmd_workflow(session: Any, args: argparse.Namespace) -> int:
+    from sqla_jobs import ops
+
+    if args.action == "show":
+        status = ops.workflow_status(session, args.workflow_id)
+        if args.json:
+            _print_json(
+                {
+                    "id": str(status.id),
+                    "counts": status.counts,
+                    "finished": status.finished,
+                    "steps": [
+                        {**asdict(s), "status": s.status.value, "waiting_on": list(s.waiting_on)}
+                        for s in status.steps
+                    ],
+                }
+            )
+        else:
+            print(_workflow_text(status))
+        return 0
+    if args.action == "cancel":
+        done = ops.cancel_workflow(session, args.workflow_id)
+        session.commit()
+        print(
+            f"cancelled {len(done.cancelled)} step(s); asked {len(done.stopping)} running "
+            "step(s) to stop"
+        )
+        return 0
+    mode = "failed_and_downstream" if args.downstream else "failed"
+    retried = ops.retry_workflow(session, args.workflow_id, mode=mode)
+    session.commit()
+    print(f"retried {len(retried)} step(s)")
+    return 0
+
+
 _OPS_COMMANDS: dict[str, Callable[[Any, argparse.Namespace], int]] = {
     "stats": _cmd_stats,
     "health": _cmd_health,
@@ -1293,6 +1357,7 @@ _OPS_COMMANDS: dict[str, Callable[[Any, argparse.Namespace], int]] = {
     "limit": _cmd_limit,
     "limits": _cmd_limits,
     "workers": _cmd_workers,
+    "workflow": _cmd_workflow,
 }
 
 

@@ -33,6 +33,8 @@ DEFAULT_PREFETCH = 500
 #: Archiving by workers (``--archive-every``): off unless asked; done jobs older than a week.
 DEFAULT_ARCHIVE_EVERY: float | None = None
 DEFAULT_ARCHIVE_OLDER_THAN = 7 * 86400.0
+#: Seconds between two runs of the workflow repair sweep (#26) by some worker.
+DEFAULT_WORKFLOW_SWEEP_EVERY = 10.0
 MAX_PREFETCH = 10_000
 MAX_CONCURRENCY = 512
 MAX_ASYNC_CONCURRENCY = 10_000
@@ -120,6 +122,11 @@ class WorkerConfig:
             time, the others skip their turn. Defaults to None (workers do not archive).
         archive_older_than: done jobs finished longer ago than this many seconds are
             archived. Defaults to 604800 (7 days).
+        workflow_sweep_every: seconds between two runs of the workflow repair sweep
+            (:func:`sqla_jobs.workflows.sweep`): it releases or cancels steps whose
+            dependency ended in a transaction that could not see them (a step appended
+            to a running workflow meanwhile). One worker of the fleet runs it at a time
+            (an advisory lock). Defaults to 10.0.
         periodic: enqueue the ticks of the registry's periodic schedules (any number of
             workers may; each tick is enqueued once). Defaults to True.
         timeout_grace: seconds a handler may run past its timeout (or an operator's
@@ -146,6 +153,7 @@ class WorkerConfig:
     prepared_statements: bool = True
     archive_every: float | None = DEFAULT_ARCHIVE_EVERY
     archive_older_than: float = DEFAULT_ARCHIVE_OLDER_THAN
+    workflow_sweep_every: float = DEFAULT_WORKFLOW_SWEEP_EVERY
     periodic: bool = True
     timeout_grace: float = DEFAULT_TIMEOUT_GRACE
     worker_id: str = field(default_factory=default_worker_id)
@@ -176,6 +184,7 @@ class WorkerConfig:
         if self.archive_every is not None:
             _positive("archive_every", self.archive_every)
         _positive("archive_older_than", self.archive_older_than, allow_zero=True)
+        _positive("workflow_sweep_every", self.workflow_sweep_every)
         _positive("timeout_grace", self.timeout_grace, allow_zero=True)
         if not isinstance(self.worker_id, str) or not self.worker_id or "\x00" in self.worker_id:
             raise ConfigError("worker_id must be a non-empty string without NUL characters")

@@ -2,6 +2,7 @@
 
     SqlaJobsError
      ├── InvalidJobError          (also ValueError)   bad input refused at enqueue
+     │    └── WorkflowError                           a workflow that cannot run (a cycle...)
      ├── ConfigError              (also ValueError)   bad worker/CLI configuration
      ├── RegistryError                                handler registration or app loading failed
      ├── SchemaNotReadyError                          the jobs table is missing or not migrated
@@ -34,6 +35,11 @@ class SqlaJobsError(Exception):
 
 class InvalidJobError(SqlaJobsError, ValueError):
     """A job was refused at enqueue time (bad kind, payload, schedule or limits)."""
+
+
+class WorkflowError(InvalidJobError):
+    """A workflow was refused before anything was written: an unknown or duplicate step
+    name, a cycle, a dependency outside the workflow, a kind with no handler (#26)."""
 
 
 class ConfigError(SqlaJobsError, ValueError):

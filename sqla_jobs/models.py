@@ -37,6 +37,7 @@ expired leases are requeued by a separate statement (see ``lease.rescue_expired`
 from __future__ import annotations
 
 import enum
+import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -101,6 +102,9 @@ class JobStatus(str, enum.Enum):
     DONE = "done"
     DEAD = "dead"
     CANCELLED = "cancelled"
+    #: A workflow step whose dependencies have not all ended (revision 0014_workflows):
+    #: the claim never reads it; the step that ends its last dependency queues it.
+    WAITING = "waiting"
 
 
 #: Terminal statuses: rows that only operators (retry, delete, archive) change again.
@@ -192,6 +196,9 @@ class Job(Base):
     # request id, trace context) and its labels; NULL when it said nothing.
     meta: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
     tags: Mapped[list[str] | None] = mapped_column(ARRAY(sa.Text))
+    # Revision 0014 (workflows): the workflow a step belongs to, and its name in it.
+    workflow_id: Mapped[uuid.UUID | None] = mapped_column(sa.Uuid)
+    step: Mapped[str | None] = mapped_column(sa.Text)
 
     __table_args__ = (
         sa.CheckConstraint(
@@ -234,6 +241,12 @@ class Job(Base):
             postgresql_ops={"meta": "jsonb_path_ops"},
         ),
         sa.Index("jobs_tags_idx", "tags", postgresql_using="gin"),
+        # Revision 0014: a workflow's steps (its status, the archiver's "finished?").
+        sa.Index(
+            "jobs_workflow_id_idx",
+            "workflow_id",
+            postgresql_where=sa.text("workflow_id IS NOT NULL"),
+        ),
     )
 
     @validates("kind")
@@ -336,6 +349,8 @@ class JobArchive(Base):
     errors: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONB)
     meta: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
     tags: Mapped[list[str] | None] = mapped_column(ARRAY(sa.Text))
+    workflow_id: Mapped[uuid.UUID | None] = mapped_column(sa.Uuid)
+    step: Mapped[str | None] = mapped_column(sa.Text)
     archived_at: Mapped[datetime] = mapped_column(
         sa.DateTime(timezone=True), server_default=_statement_time()
     )
@@ -480,6 +495,48 @@ class WorkerRecord(Base):
 
 
 worker_records: sa.Table = WorkerRecord.__table__  # type: ignore[assignment]
+
+
+#: What a workflow step needs of its dependencies (``jobs_workflow_edges.requires``):
+#: all of them done (else it is cancelled), all of them ended whatever the outcome
+#: (run anyway), or at least one of them not done (an on-failure callback).
+WORKFLOW_REQUIRES = ("succeeded", "finished", "failed")
+
+
+class WorkflowEdge(Base):
+    """One dependency of a workflow step (revision 0014): ``child_id`` waits for ``parent_id``.
+
+    ``parent_outcome`` is NULL until the parent ends; then the transaction that ended it
+    writes the status it ended with (``done``, ``dead``, ``cancelled``, or ``deleted``)
+    into this row, its own: the parents of a wide fan-in share no row. ``requires`` is
+    the child's (the same on each of its edges). A step's incoming edges are deleted
+    with it (or when it is archived); see :mod:`sqla_jobs.workflows`.
+    """
+
+    __tablename__ = "jobs_workflow_edges"
+
+    child_id: Mapped[int] = mapped_column(sa.BigInteger, primary_key=True)
+    parent_id: Mapped[int] = mapped_column(sa.BigInteger, primary_key=True)
+    workflow_id: Mapped[uuid.UUID] = mapped_column(sa.Uuid)
+    requires: Mapped[str] = mapped_column(sa.Text)
+    parent_outcome: Mapped[str | None] = mapped_column(sa.Text)
+
+    __table_args__ = (
+        sa.CheckConstraint(
+            "requires IN (" + ", ".join(f"'{r}'" for r in WORKFLOW_REQUIRES) + ")",
+            name="requires",
+        ),
+        sa.Index("jobs_workflow_edges_parent_id_idx", "parent_id"),
+        # The open edges of a step: "is any dependency still running?" reads only those.
+        sa.Index(
+            "jobs_workflow_edges_open_idx",
+            "child_id",
+            postgresql_where=sa.text("parent_outcome IS NULL"),
+        ),
+    )
+
+
+workflow_edges: sa.Table = WorkflowEdge.__table__  # type: ignore[assignment]
 
 
 #: What an audit entry is about (``jobs_audit.scope``): one job, jobs matched by a

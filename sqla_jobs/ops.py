@@ -50,6 +50,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timedelta
@@ -77,6 +78,7 @@ from sqla_jobs.sql import control as control_sql
 from sqla_jobs.sql import periodic as periodic_sql
 from sqla_jobs.sql import stats as stats_sql
 from sqla_jobs.sql import workers as workers_sql
+from sqla_jobs.sql import workflows as workflows_sql
 
 if TYPE_CHECKING:  # only annotations: the CLI's stats need none of the handler registry
     from sqla_jobs.tasks import Registry
@@ -1386,6 +1388,129 @@ def audit_log(
 # same statements, for an async app's endpoint or test (``await ops.pause_async(session,
 # "emails")``). archive_async and prune_async commit each batch, like their sync forms.
 
+
+# --- workflows (#26) ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorkflowStep:
+    """One step of a workflow: its job, state, and the dependencies it still waits on."""
+
+    id: int
+    step: str | None
+    kind: str
+    status: JobStatus
+    last_error: str | None
+    waiting_on: tuple[str, ...]
+    archived: bool
+
+
+@dataclass(frozen=True)
+class WorkflowStatus:
+    """A workflow's steps (in id order) and how many are in each status."""
+
+    id: uuid.UUID
+    steps: tuple[WorkflowStep, ...]
+
+    @property
+    def counts(self) -> dict[str, int]:
+        found: dict[str, int] = {}
+        for step in self.steps:
+            found[step.status.value] = found.get(step.status.value, 0) + 1
+        return found
+
+    @property
+    def finished(self) -> bool:
+        """True once no step waits, is queued or runs."""
+        return all(s.status in models.FINISHED_STATUSES for s in self.steps)
+
+
+def _workflow_id(value: uuid.UUID | str) -> uuid.UUID:
+    if isinstance(value, uuid.UUID):
+        return value
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        raise ConfigError(f"a workflow id is a UUID, got {value!r}") from None
+
+
+def _workflow_steps(session: Session, workflow_id: uuid.UUID) -> tuple[WorkflowStep, ...]:
+    found = session.execute(workflows_sql.steps(workflow_id)).all()
+    if not found:
+        raise JobNotFoundError(f"no workflow with id {workflow_id}")
+    return tuple(
+        WorkflowStep(
+            id=r.id,
+            step=r.step,
+            kind=r.kind,
+            status=JobStatus(r.status),
+            last_error=r.last_error,
+            waiting_on=tuple(r.waiting_on or ()),
+            archived=r.archived,
+        )
+        for r in found
+    )
+
+
+@_sessions.sync_form
+def workflow_status(session: Session, workflow_id: uuid.UUID | str) -> WorkflowStatus:
+    """Every step of a workflow (live or archived), its status and what it waits on.
+
+    :class:`~sqla_jobs.JobNotFoundError` if no step has this workflow id.
+    """
+    wid = _workflow_id(workflow_id)
+    return WorkflowStatus(wid, _workflow_steps(session, wid))
+
+
+@_sessions.sync_form
+def cancel_workflow(session: Session, workflow_id: uuid.UUID | str) -> CancelResult:
+    """Cancel a whole workflow in the session's transaction: its waiting and queued steps
+    end ``cancelled``, its running steps are asked to stop (as :func:`cancel` does).
+    Never commits."""
+    wid = _workflow_id(workflow_id)
+    _workflow_steps(session, wid)  # JobNotFoundError for an unknown id
+    # Running steps first: a worker ending one locks it, then (its release trigger) its
+    # waiting dependents; taking the rows in the same order cannot deadlock with it.
+    running = list(session.execute(workflows_sql.running_steps(wid)).scalars())
+    stopping: tuple[int, ...] = ()
+    if running:
+        stopping = tuple(r.id for r in session.execute(admin.request_cancel(ids=running)))
+    cancelled = tuple(sorted(r.id for r in session.execute(workflows_sql.cancel_workflow(wid))))
+    return CancelResult(cancelled, stopping)
+
+
+#: ``retry_workflow(mode=...)``: the steps that ended dead or cancelled, or those and
+#: every step downstream of them (done ones included).
+RETRY_MODES = ("failed", "failed_and_downstream")
+
+
+@_sessions.sync_form
+def retry_workflow(
+    session: Session, workflow_id: uuid.UUID | str, *, mode: str = "failed"
+) -> tuple[int, ...]:
+    """Run a workflow's failed steps again; returns the ids of the steps retried.
+
+    ``mode="failed"``: every step that ended dead or cancelled (a step cancelled because
+    of its dependency is one); ``"failed_and_downstream"``: those and every step that
+    depends on one of them, transitively, done ones included. A retried step whose
+    dependency is retried too waits for it again; the others are queued, ready now,
+    with a fresh set of attempts. Never commits.
+    """
+    if mode not in RETRY_MODES:
+        raise ConfigError(f"mode must be one of {', '.join(RETRY_MODES)}, got {mode!r}")
+    wid = _workflow_id(workflow_id)
+    _workflow_steps(session, wid)
+    ids = list(
+        session.execute(
+            workflows_sql.retry_set(wid, downstream=mode == "failed_and_downstream")
+        ).scalars()
+    )
+    if not ids:
+        return ()
+    session.execute(workflows_sql.reopen_edges(ids))
+    return tuple(sorted(r.id for r in session.execute(workflows_sql.reopen_steps(ids))))
+
+
 check_schema_async = _sessions.async_form(check_schema)
 stats_async = _sessions.async_form(stats)
 health_async = _sessions.async_form(health)
@@ -1406,6 +1531,9 @@ resume_async = _sessions.async_form(resume)
 set_limit_async = _sessions.async_form(set_limit)
 clear_limits_async = _sessions.async_form(clear_limits)
 controls_async = _sessions.async_form(controls)
+workflow_status_async = _sessions.async_form(workflow_status)
+cancel_workflow_async = _sessions.async_form(cancel_workflow)
+retry_workflow_async = _sessions.async_form(retry_workflow)
 workers_async = _sessions.async_form(workers)
 throughput_async = _sessions.async_form(throughput)
 record_action_async = _sessions.async_form(record_action)

@@ -9,6 +9,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -259,6 +260,50 @@ def test_readme_async_handlers_example_runs(engine: sa.Engine, db_url: URL) -> N
     assert isinstance(registry, sqla_jobs.Registry)
     testing.drain(db_url, registry)
     assert scalar(engine, "SELECT count(*) FROM jobs WHERE status = 'done'") == 11
+
+
+def test_readme_workflows_example_runs_the_fan_in_and_the_batch_callbacks(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Workflows", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(blocks) == 2
+    os.environ["DATABASE_URL"] = url_text(db_url)
+    namespace: dict[str, object] = {"__name__": "readme_workflows"}
+    try:
+        for block in blocks:
+            exec(compile(block, "README.md", "exec"), namespace)
+        testing.drain(url_text(db_url), namespace["registry"], timeout=60)  # type: ignore[arg-type]
+    finally:
+        del os.environ["DATABASE_URL"]
+        engine_in_readme = namespace.get("engine")
+        if isinstance(engine_in_readme, sa.Engine):
+            engine_in_readme.dispose()
+
+    def by_step(ids: object) -> dict[str, tuple[Any, Any, Any]]:
+        found = rows(
+            engine,
+            "SELECT step, status::text AS status, result, last_error FROM jobs "
+            "WHERE workflow_id = :w",
+            w=ids.id,  # type: ignore[attr-defined]
+        )
+        return {r.step: (r.status, r.result, r.last_error) for r in found}
+
+    pages = by_step(namespace["pages"])
+    assert {s: v[0] for s, v in pages.items()} == dict.fromkeys(pages, "done")
+    assert pages["total"][1] == 3 * 19 + 0 + 1 + 2
+    report = by_step(namespace["report"])
+    assert {s: v[0] for s, v in report.items()} == {
+        "fetch": "done",
+        "item0": "dead",
+        "item1": "done",
+        "on_success": "cancelled",
+        "on_failure": "done",
+        "on_complete": "done",
+    }
+    assert report["on_success"][2].startswith('upstream step "item0" (job ')
+    assert report["on_success"][2].endswith("ended dead: builtins.ValueError: no such part")
 
 
 def test_readme_running_for_years_health_example_names_the_open_transaction(

@@ -174,7 +174,8 @@ def test_cancelled_migration_upgrades_a_database_that_already_holds_jobs(
             )
             conn.commit()
             migrations.upgrade(conn, "heads")
-            assert _statuses(conn) == ["queued", "running", "done", "dead", "cancelled"]
+            # "waiting" (revision 0014_workflows) follows.
+            assert _statuses(conn)[:5] == ["queued", "running", "done", "dead", "cancelled"]
             before = conn.execute(sa.text("SELECT kind, status::text FROM jobs ORDER BY id")).all()
             assert [tuple(r) for r in before] == [("a", "queued"), ("b", "done"), ("c", "dead")]
             # The new value is usable at once (it was committed outside the migration's
@@ -219,7 +220,7 @@ def test_cancelled_migration_downgrade_folds_cancelled_into_dead_and_upgrades_ag
             ).scalars()
             assert plan
             migrations.upgrade(conn, "heads")
-            assert _statuses(conn)[-1] == "cancelled"
+            assert _statuses(conn)[4:] == ["cancelled", "waiting"]
             context = MigrationContext.configure(
                 conn,
                 opts={"version_table": migrations.VERSION_TABLE, "compare_type": True},

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ import sqlalchemy as sa
 import sqlparse
 from sqlalchemy.engine import make_url
 
+from sqla_jobs import models
 from sqla_jobs.models import JobStatus
 from sqla_jobs.sql import (
     admin,
@@ -32,12 +34,15 @@ from sqla_jobs.sql import (
     schema,
     stats,
     workers,
+    workflows,
 )
 
+WORKFLOW = uuid.UUID("00000000-0000-4000-8000-000000000001")
 SNAPSHOTS = Path(__file__).with_name("sql")
 MODULES = (
     *(enqueue, lease, admin, stats, locks, schema, periodic, control, workers, audit),
     health,
+    workflows,
 )
 #: Functions in the statement modules that run statements instead of building one.
 NOT_BUILDERS = {
@@ -145,6 +150,25 @@ CASES: dict[str, Callable[[], Any]] = {
     "locks.advisory_unlock": lambda: locks.advisory_unlock(locks.ARCHIVE_LOCK_KEY),
     "locks.idle_flag": lambda: locks.idle_flag(raise_=True),
     "locks.no_commit_in_flight": lambda: locks.no_commit_in_flight(),
+    "locks.try_advisory_xact_lock": lambda: locks.try_advisory_xact_lock(
+        locks.WORKFLOW_SWEEP_LOCK_KEY
+    ),
+    "workflows.insert_steps": lambda: workflows.insert_steps(),
+    "workflows.insert_edges": lambda: workflows.insert_edges(),
+    "workflows.workflow_of": lambda: workflows.workflow_of(1),
+    "workflows.step_ids": lambda: workflows.step_ids(WORKFLOW),
+    "workflows.resolve": lambda: workflows.resolve([1, 2]),
+    "workflows.sweep": lambda: workflows.sweep(limit=1000),
+    "workflows.steps": lambda: workflows.steps(WORKFLOW),
+    "workflows.cancel_workflow": lambda: workflows.cancel_workflow(WORKFLOW),
+    "workflows.running_steps": lambda: workflows.running_steps(WORKFLOW),
+    "workflows.retry_set": lambda: workflows.retry_set(WORKFLOW, downstream=True),
+    "workflows.reopen_edges": lambda: workflows.reopen_edges([1, 2]),
+    "workflows.reopen_steps": lambda: workflows.reopen_steps([1, 2]),
+    "workflows.upstream_results": lambda: workflows.upstream_results(1),
+    "workflows.unfinished_workflow": lambda: sa.select(models.jobs.c.id).where(
+        workflows.unfinished_workflow(models.jobs)
+    ),
     "schema.archive_probe": lambda: schema.archive_probe(),
     "schema.schema_probe": lambda: schema.schema_probe(),
     "schema.table_probe": lambda: schema.table_probe(),

@@ -12,7 +12,7 @@ from sqlalchemy.sql.dml import ReturningDelete, ReturningInsert
 
 from sqla_jobs import models
 from sqla_jobs.models import JobStatus, jobs
-from sqla_jobs.sql import _common, locks
+from sqla_jobs.sql import _common, locks, workflows
 from sqla_jobs.sql._common import Now
 
 #: ``list_jobs(payload_scan=...)``: the ids near the cursor, or every match.
@@ -400,7 +400,9 @@ def archive_batch(
         which = sa.or_(done, failed)
     picked = (
         sa.select(jobs.c.id)
-        .where(which)
+        # A finished step of a workflow that has not ended stays: its dependents read
+        # its result, and the workflow is archived as a unit once it ended (#26).
+        .where(which, sa.not_(workflows.unfinished_workflow(jobs)))
         .limit(sa.bindparam("batch", batch, sa.Integer))
         .with_for_update(skip_locked=True)
         .cte("picked")

@@ -21,6 +21,13 @@ IDLE_LOCK_KEY = int.from_bytes(b"sqlajob\x02", "big")
 COMMIT_LOCK_KEY = int.from_bytes(b"sqlajob\x03", "big")
 #: Advisory lock key of the archiver: one worker (or ``sqla-jobs archive``) at a time.
 ARCHIVE_LOCK_KEY = int.from_bytes(b"sqlajob\x01", "big")
+#: Advisory lock key of the workflow sweep (#26): one worker at a time.
+WORKFLOW_SWEEP_LOCK_KEY = int.from_bytes(b"sqlajob\x04", "big")
+
+
+def try_advisory_xact_lock(key: int) -> sa.Select[Any]:
+    """``pg_try_advisory_xact_lock(key)``: true if this transaction now holds the lock."""
+    return sa.select(sa.func.pg_try_advisory_xact_lock(sa.bindparam("key", key, sa.BigInteger)))
 
 
 def try_advisory_lock(key: int) -> sa.Select[Any]:

@@ -352,6 +352,37 @@ class Archiver(Service):
             log.info("archived %d finished job(s)", moved, extra={"outcome": "archived"})
 
 
+class WorkflowSweeper(Service):
+    """Runs the workflow repair sweep every ``workflow_sweep_every`` seconds (#26).
+
+    The trigger releases a step in the transaction that ends its last dependency; this
+    catches what that transaction could not see. One worker of the fleet at a time: a
+    transaction-level advisory lock, tried, never waited for.
+    """
+
+    name = "workflow sweep"
+
+    def __init__(self, until: threading.Event, engine: sa.Engine, config: WorkerConfig) -> None:
+        super().__init__(until, config.workflow_sweep_every)
+        self.engine = engine
+
+    def round(self) -> None:
+        from sqla_jobs import workflows
+
+        with self.engine.begin() as conn:
+            if not conn.execute(
+                locks.try_advisory_xact_lock(locks.WORKFLOW_SWEEP_LOCK_KEY)
+            ).scalar_one():
+                return
+            released = workflows.sweep(conn)
+        if released:
+            log.warning(
+                "workflow sweep released %d step(s) the ending transaction could not see",
+                released,
+                extra={"outcome": "released"},
+            )
+
+
 class PeriodicEnqueuer(Service):
     """Enqueues the due ticks of ``registry``'s schedules, then sleeps until the next tick.
 

@@ -43,6 +43,7 @@ from sqla_jobs.worker._services import (
     Rescuer,
     Service,
     UnservedWatch,
+    WorkflowSweeper,
 )
 
 log = logging.getLogger("sqla_jobs.worker")
@@ -286,6 +287,7 @@ class Worker:
             )
         if self.config.archive_every is not None:
             services.append(Archiver(draining, self.engine, self.config))
+        services.append(WorkflowSweeper(draining, self.engine, self.config))
         if self.config.periodic and self.registry.schedules:
             services.append(PeriodicEnqueuer(draining, self.engine, self.registry))
         services.append(UnservedWatch(draining, self.engine, self.config, self.registry.kinds))

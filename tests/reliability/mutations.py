@@ -37,6 +37,31 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 REL = "tests/reliability"
+# Workflows (#26): in-process scenarios of tests/test_workflows.py and a kill storm.
+_FLOWS = "tests/test_workflows.py::"
+FLOW_FAN_IN = _FLOWS + (
+    "test_a_fan_in_runs_each_step_once_after_its_dependencies_and_sees_their_results"
+)
+FLOW_CONCURRENT_PARENTS = _FLOWS + (
+    "test_two_parents_ending_in_concurrent_transactions_release_their_child_once"
+)
+FLOW_TRANSITIVE = _FLOWS + (
+    "test_a_dead_dependency_cancels_its_dependents_transitively_naming_the_upstream_step"
+)
+FLOW_DELETED = _FLOWS + ("test_an_operator_cancel_or_delete_of_a_dependency_cancels_its_dependents")
+FLOW_STALE = _FLOWS + (
+    "test_a_stale_workers_done_mark_releases_nothing_and_the_current_one_releases_once"
+)
+FLOW_ARCHIVER = _FLOWS + "test_the_archiver_leaves_every_step_of_an_unfinished_workflow"
+FLOW_CALLBACKS = _FLOWS + "test_batch_callbacks_on_success_on_failure_and_on_complete"
+FLOW_SWEEP = _FLOWS + "test_the_sweep_releases_a_step_whose_release_was_missed"
+FLOW_STALE_PROCESS = (
+    f"{REL}/test_workflow_crashes.py::test_a_stale_workers_step_is_fenced_out_and_releases_nothing"
+)
+FLOW_STORM = (
+    f"{REL}/test_workflow_crashes.py::"
+    "test_workers_killed_during_a_fan_in_run_every_step_and_the_fan_in_once"
+)
 
 # The scenarios, by what they prove (pytest node ids relative to the repository root).
 FENCED_TAKEOVER = (
@@ -184,6 +209,8 @@ LIMITS = "sqla_jobs/worker/_limits.py"
 COMPLETER = "sqla_jobs/worker/_completer.py"
 CONTROL = "sqla_jobs/control.py"
 ASYNC_EXECUTOR = "sqla_jobs/worker/_async_executor.py"
+WORKFLOWS_MIGRATION = "sqla_jobs/migrations/versions/0014_workflows.py"
+ADMIN_SQL = "sqla_jobs/sql/admin.py"
 
 
 def _drop_from_fence(call: str, *words: str) -> str:
@@ -873,6 +900,73 @@ MUTATIONS: list[Mutation] = [
             "tests/test_tracing.py::"
             "test_one_trace_runs_from_the_request_through_enqueue_to_the_handler_in_another_process",
         ),
+    ),
+    # --- workflows (#26) -----------------------------------------------------------------
+    Mutation(
+        "workflow_release_waits_for_every_edge",
+        "a step is released only when every dependency has ended (jobs_workflow_resolve)",
+        WORKFLOWS_MIGRATION,
+        "    WHERE j.id = ANY(near) AND j.status = 'waiting'\n      AND NOT EXISTS (",
+        "    WHERE j.id = ANY(near) AND j.status = 'waiting'\n      AND true OR NOT EXISTS (",
+        (FLOW_FAN_IN, FLOW_STORM),
+    ),
+    Mutation(
+        "workflow_child_locked_before_its_edges_are_read",
+        "two parents ending at once: the child's row lock makes exactly one release it",
+        WORKFLOWS_MIGRATION,
+        "      ORDER BY j.id FOR UPDATE OF j) AS locked;",
+        "      ORDER BY j.id) AS locked;  -- MUTATION",
+        (FLOW_CONCURRENT_PARENTS, FLOW_STORM),
+    ),
+    Mutation(
+        "workflow_cancel_is_transitive",
+        "the dependents of a cancelled step are resolved in the same transaction",
+        WORKFLOWS_MIGRATION,
+        "    frontier := cancelled;\n",
+        "    frontier := '{{}}';  -- MUTATION\n",
+        (FLOW_TRANSITIVE,),
+    ),
+    Mutation(
+        "workflow_deleted_dependency_is_a_failure",
+        "a deleted dependency cancels its dependents, as a dead one does",
+        WORKFLOWS_MIGRATION,
+        "      SET parent_outcome = coalesce(p.status::text, a.status::text, 'deleted')",
+        "      SET parent_outcome = coalesce(p.status::text, a.status::text, 'done')  -- MUTATION",
+        (FLOW_DELETED,),
+    ),
+    Mutation(
+        "workflow_stale_done_releases_nothing",
+        "a stale worker's step releases nothing: the release runs only when the fenced "
+        "done-mark changed the row",
+        LEASE,
+        _ONE_ATTEMPT + _ONE_RUNNING + _ONE_WORKER,
+        _ONE_RUNNING,
+        (FLOW_STALE, FLOW_STALE_PROCESS),
+    ),
+    Mutation(
+        "workflow_callback_requires_its_policy",
+        "an on-failure step is cancelled when every dependency ended done",
+        WORKFLOWS_MIGRATION,
+        "      FROM unneeded AS u\n      WHERE j.id = u.c\n",
+        "      FROM unneeded AS u\n      WHERE false  -- MUTATION\n",
+        (FLOW_CALLBACKS,),
+    ),
+    Mutation(
+        "archiver_keeps_unfinished_workflows",
+        "the archiver never moves a step of a workflow that has not ended",
+        ADMIN_SQL,
+        "        .where(which, sa.not_(workflows.unfinished_workflow(jobs)))\n",
+        "        .where(which)  # MUTATION\n",
+        (FLOW_ARCHIVER,),
+    ),
+    Mutation(
+        "workflow_sweep_resolves_missed_parents",
+        "the sweep resolves ended parents whose edges are still open",
+        "sqla_jobs/sql/workflows.py",
+        "        .where(workflow_edges.c.parent_outcome.is_(None), "
+        "sa.or_(parent.c.id.is_(None), ended))",
+        "        .where(sa.false())  # MUTATION",
+        (FLOW_SWEEP,),
     ),
 ]
 

@@ -1,11 +1,19 @@
 WITH picked AS MATERIALIZED
   (SELECT jobs.id AS id
    FROM jobs
-   WHERE jobs.status = 'done'::job_status
-     AND jobs.finished_at < statement_timestamp() - interval '1 second' * %(done_age)s
-     OR jobs.status IN ('dead'::job_status,
-                        'cancelled'::job_status)
-     AND jobs.finished_at < statement_timestamp() - interval '1 second' * %(dead_age)s
+   WHERE (jobs.status = 'done'::job_status
+          AND jobs.finished_at < statement_timestamp() - interval '1 second' * %(done_age)s
+          OR jobs.status IN ('dead'::job_status,
+                             'cancelled'::job_status)
+          AND jobs.finished_at < statement_timestamp() - interval '1 second' * %(dead_age)s)
+     AND NOT (jobs.workflow_id IS NOT NULL
+              AND (EXISTS
+                     (SELECT *
+                      FROM jobs AS step
+                      WHERE step.workflow_id = jobs.workflow_id
+                        AND step.status IN ('waiting'::job_status,
+                                            'queued'::job_status,
+                                            'running'::job_status))))
    LIMIT %(batch)s::INTEGER
    FOR UPDATE SKIP LOCKED), moved AS
   (DELETE
@@ -32,8 +40,10 @@ WITH picked AS MATERIALIZED
                                        jobs.attempted_at,
                                        jobs.errors,
                                        jobs.meta,
-                                       jobs.tags)
-INSERT INTO jobs_archive (id, kind, queue, priority, payload, status, run_at, locked_until, attempts, max_attempts, idempotency_key, worker, last_error, created_at, finished_at, result, timeout, snoozes, cancel_requested_at, attempted_at, errors, meta, tags, archived_at)
+                                       jobs.tags,
+                                       jobs.workflow_id,
+                                       jobs.step)
+INSERT INTO jobs_archive (id, kind, queue, priority, payload, status, run_at, locked_until, attempts, max_attempts, idempotency_key, worker, last_error, created_at, finished_at, result, timeout, snoozes, cancel_requested_at, attempted_at, errors, meta, tags, workflow_id, step, archived_at)
 SELECT moved.id,
        moved.kind,
        moved.queue,
@@ -57,5 +67,7 @@ SELECT moved.id,
        moved.errors,
        moved.meta,
        moved.tags,
+       moved.workflow_id,
+       moved.step,
        statement_timestamp() AS statement_timestamp_1
 FROM moved RETURNING jobs_archive.id;

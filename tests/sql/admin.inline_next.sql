@@ -20,7 +20,9 @@ SELECT jobs.id,
        jobs.attempted_at,
        jobs.errors,
        jobs.meta,
-       jobs.tags
+       jobs.tags,
+       jobs.workflow_id,
+       jobs.step
 FROM jobs
 WHERE jobs.kind = ANY (%(param_1)s::TEXT[])
   AND jobs.status = 'queued'::job_status

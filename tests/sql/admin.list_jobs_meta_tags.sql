@@ -20,7 +20,9 @@ SELECT jobs.id,
        jobs.attempted_at,
        jobs.errors,
        jobs.meta,
-       jobs.tags
+       jobs.tags,
+       jobs.workflow_id,
+       jobs.step
 FROM jobs
 WHERE jobs.meta @> CAST(%(meta_match)s::VARCHAR AS JSONB)
   AND jobs.tags @> %(tags)s::TEXT[]

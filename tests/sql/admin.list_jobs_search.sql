@@ -20,7 +20,9 @@ SELECT jobs.id,
        jobs.attempted_at,
        jobs.errors,
        jobs.meta,
-       jobs.tags
+       jobs.tags,
+       jobs.workflow_id,
+       jobs.step
 FROM jobs
 WHERE jobs.idempotency_key = %(key)s::VARCHAR
   AND jobs.id >= %(min_id)s::BIGINT

@@ -20,7 +20,9 @@ SELECT jobs.id,
        jobs.attempted_at,
        jobs.errors,
        jobs.meta,
-       jobs.tags
+       jobs.tags,
+       jobs.workflow_id,
+       jobs.step
 FROM jobs
 WHERE jobs.status = ANY (ARRAY['queued'::job_status])
   AND jobs.id < %(after_id)s::BIGINT

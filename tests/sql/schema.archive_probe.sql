@@ -21,6 +21,8 @@ SELECT jobs_archive.id,
        jobs_archive.errors,
        jobs_archive.meta,
        jobs_archive.tags,
+       jobs_archive.workflow_id,
+       jobs_archive.step,
        jobs_archive.archived_at
 FROM jobs_archive
 LIMIT %(param_1)s::INTEGER;

@@ -20,6 +20,8 @@ SELECT jobs.id,
        jobs.attempted_at,
        jobs.errors,
        jobs.meta,
-       jobs.tags
+       jobs.tags,
+       jobs.workflow_id,
+       jobs.step
 FROM jobs
 LIMIT %(param_1)s::INTEGER;

@@ -1,0 +1,456 @@
+"""Workflows: jobs that wait for other jobs, created in the application's transaction (#26).
+
+::
+
+    flow = Workflow(registry=registry)
+    flow.add("fetch", "fetch_page", {"url": url})
+    for n in range(3):
+        flow.add(f"render{n}", "render", {"part": n}, after=["fetch"])
+    flow.add("zip", "zip_parts", after=[f"render{n}" for n in range(3)])
+    ids = flow.enqueue(session)          # in the caller's transaction; never commits
+    session.commit()
+
+A chain is ``a -> b -> c``, a fan-out/fan-in ``a -> [b1..bN] -> c``, a batch N steps and
+a callback step after all of them: the callback's ``when`` says which callback it is
+(``"succeeded"``: on success, the default; ``"finished"``: on completion, whatever the
+outcome; ``"failed"``: on failure only).
+
+Design
+------
+*Waiting costs nothing to other jobs.* A step with dependencies is inserted ``waiting``
+(a ``job_status`` value, revision 0014). The claim reads ``status = 'queued'`` through
+``jobs_claim_idx WHERE status = 'queued'`` and never sees it: the claim statement, its
+index and its plans are the same as before for every job (the SQL snapshots and the
+EXPLAIN tests are unchanged).
+
+*Edges are rows of their own.* ``jobs_workflow_edges (child_id, parent_id, requires,
+parent_outcome)``: a parent that ends writes its own edges, so the parents of a wide
+fan-in do not update one shared counter row (Laravel's ``job_batches``, Sidekiq's
+pending count, which goes wrong under re-runs). The child is released when no edge of
+it is left without an outcome.
+
+*Release exactly once, in the transaction that ends the step.* The release is the
+database function ``jobs_workflow_resolve``. An ``AFTER UPDATE OF status`` / ``AFTER
+DELETE`` row trigger on ``jobs``, whose ``WHEN`` lets through only workflow rows that
+just ended, lists the step in a transaction-local setting; a statement trigger then
+resolves every step the statement ended, at once (a batch done-mark of 1,000 parents
+of one fan-in reads that child's edges once). So it runs in the transaction of whatever
+statement ended the step (the handler's fenced done-mark, the batched done-mark, a
+failure that goes dead, an expired lease, an operator's cancel or delete, the inline
+test runner) and only when that statement changed the row: a stale worker's fenced
+done-mark updates no row, and its step releases nothing; a crash before the commit
+loses the done-mark and the release together. A hook in the completer would have had
+to be repeated on each of those paths, and to learn which claimed jobs are steps the
+claim would have had to change. Jobs outside workflows pay the row trigger's ``WHEN``
+test and one call of the statement trigger per ``UPDATE``/``DELETE`` statement (it
+reads one setting and returns); ``benchmarks/workflows.py`` measures both against a
+table without the triggers.
+
+*Two parents ending at once.* Under READ COMMITTED two transactions each ending one of
+the last two parents could each see the other's edge still open, and neither would
+release the child. So a transaction that may be among the last locks the child
+(``FOR UPDATE``, children in id order, so two such transactions cannot deadlock) before
+it reads the open edges again: the second waits for the first to commit and then sees
+its outcome. "May be among the last": the child has at most ``max_connections`` open
+edges besides its own (more parents than that cannot be ending at once). The first
+parents of a wide fan-in therefore take no lock at all and share no row; only the tail
+waits, and only for the end of each other's transactions (the trigger runs right
+before their commit). What a pathological commit (slower than many other parents'
+whole transactions) could still leave behind, the sweep releases.
+
+*Failure is explicit and transitive.* A step that needs its dependencies ``succeeded``
+(the default) is cancelled as soon as one of them ends ``dead``, ``cancelled`` or is
+deleted, with a ``last_error`` naming the upstream step and why (its own ``last_error``
+quoted); its own dependents follow, in the same transaction (a loop in the function,
+not a recursion, so a long chain cannot exhaust the stack). ``when="finished"`` runs
+anyway (the "ignore" policy); ``when="failed"`` runs only if some dependency did not end
+done, and is cancelled once all ended done. A waiting step always ends: released, or
+cancelled.
+
+*A sweep repairs what the trigger could not see* (:func:`sweep`, run by one worker at a
+time under an advisory lock): an edge appended by a transaction that had not committed
+when its parent ended, or edges of parents ended while the triggers were disabled.
+
+*Results flow downstream.* :func:`upstream_results` reads the stored results
+(``result``, revision 0005) of a step's dependencies, live or archived. The archiver
+leaves every finished step of a workflow that has not ended in ``jobs``.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Connection
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.orm import Session
+
+from sqla_jobs import producer, validation
+from sqla_jobs.exceptions import RegistryError, WorkflowError
+from sqla_jobs.models import WORKFLOW_REQUIRES, Job
+from sqla_jobs.sql import workflows as workflows_sql
+
+if TYPE_CHECKING:
+    from sqla_jobs.tasks import JobContext, Registry
+
+__all__ = [
+    "Workflow",
+    "WorkflowIds",
+    "sweep",
+    "upstream_results",
+    "upstream_results_async",
+]
+
+#: What a step needs of its dependencies unless the workflow or the step says otherwise.
+DEFAULT_WHEN = "succeeded"
+
+
+@dataclass(frozen=True, slots=True)
+class _Step:
+    name: str
+    job: producer.NewJob
+    after: tuple[str, ...]
+    when: str
+
+
+@dataclass(frozen=True)
+class WorkflowIds:
+    """What :meth:`Workflow.enqueue` wrote: the workflow's id and each step's job id."""
+
+    id: uuid.UUID
+    steps: Mapping[str, int] = field(default_factory=dict)
+
+    def __getitem__(self, step: str) -> int:
+        return self.steps[step]
+
+
+def _check_when(value: object, where: str) -> str:
+    if value not in WORKFLOW_REQUIRES:
+        raise WorkflowError(
+            f"{where}: when must be one of {', '.join(repr(w) for w in WORKFLOW_REQUIRES)}, "
+            f"got {value!r}"
+        )
+    return str(value)
+
+
+class Workflow:
+    """Named steps (each a job of a kind, with its payload and options) and dependencies.
+
+    Build it with :meth:`add`, then :meth:`enqueue` (or :meth:`enqueue_async`) it in the
+    caller's Session or AsyncSession: every step and edge is written in the caller's
+    transaction, so the workflow commits with the application's writes or not at all.
+    Everything is checked before anything is written: unknown dependency names, cycles,
+    duplicate step names, and (with ``registry``) kinds with no handler.
+
+    ``when`` is every step's default: ``"succeeded"`` (run once every dependency is done;
+    cancelled if one ends dead, cancelled or deleted), ``"finished"`` (run once every
+    dependency ended, whatever the outcome) or ``"failed"`` (run only if some
+    dependency did not end done).
+
+    ``append_to`` adds these steps to an existing workflow (its id, or a step of it: a
+    job id or a handler's ``job``, so that a step can add steps to its own workflow in
+    its transaction): ``after`` may then name its steps too. A dependency that already
+    ended is resolved at once, in the caller's transaction.
+    """
+
+    def __init__(
+        self,
+        *,
+        registry: Registry | None = None,
+        when: str = DEFAULT_WHEN,
+        append_to: uuid.UUID | str | int | JobContext | None = None,
+    ) -> None:
+        self.registry = registry
+        self.when = _check_when(when, "Workflow")
+        self.append_to = _check_append_to(append_to)
+        self._steps: dict[str, _Step] = {}
+
+    def add(
+        self,
+        name: str,
+        kind: str,
+        payload: Mapping[str, Any] | None = None,
+        *,
+        after: Iterable[str] | str = (),
+        when: str | None = None,
+        run_at: datetime | None = None,
+        delay: float | timedelta | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        timeout: float | timedelta | None = None,
+    ) -> str:
+        """Add step ``name``, a job of ``kind`` that runs after the steps named in
+        ``after`` (added before or after this one); returns ``name``.
+
+        ``run_at`` / ``delay`` hold the step back further: it runs at that time or when
+        released, whichever is later.
+        """
+        if not isinstance(name, str) or not name or len(name) > validation.MAX_KIND_LENGTH:
+            raise WorkflowError(
+                f"a step name is a non-empty string of at most "
+                f"{validation.MAX_KIND_LENGTH} characters, got {name!r}"
+            )
+        if name in self._steps:
+            raise WorkflowError(f"step {name!r} was already added to this workflow")
+        deps = (after,) if isinstance(after, str) else tuple(after)
+        for dep in deps:
+            if isinstance(dep, int) or not isinstance(dep, str):
+                raise WorkflowError(
+                    f"step {name!r}: after= names steps of this workflow (strings), got "
+                    f"{dep!r}; a dependency on a job or step of another workflow is not "
+                    "allowed"
+                )
+        if len(set(deps)) != len(deps):
+            raise WorkflowError(f"step {name!r}: after= names a step twice: {list(deps)}")
+        if name in deps:
+            raise WorkflowError(f"step {name!r} cannot depend on itself")
+        options: dict[str, Any] = {
+            "run_at": run_at,
+            "delay": delay,
+            "queue": queue,
+            "priority": priority,
+            "max_attempts": max_attempts,
+            "timeout": timeout,
+        }
+        try:
+            if self.registry is not None:
+                job = self.registry.new(kind, payload, **options)
+            else:
+                job = producer.NewJob(kind, {} if payload is None else payload, **options)
+        except RegistryError as exc:
+            raise WorkflowError(f"step {name!r}: {exc}") from None
+        step_when = self.when if when is None else _check_when(when, f"step {name!r}")
+        self._steps[name] = _Step(name, job, deps, step_when)
+        return name
+
+    @property
+    def steps(self) -> tuple[str, ...]:
+        """The step names, in the order added."""
+        return tuple(self._steps)
+
+    def check(self, existing: Mapping[str, int] | None = None) -> list[str]:
+        """Raise WorkflowError unless the graph can run; returns the steps in an order
+        where every step comes after its dependencies. ``existing``: the steps already
+        in the workflow these are appended to (name -> job id)."""
+        existing = existing or {}
+        if not self._steps:
+            raise WorkflowError("a workflow needs at least one step")
+        taken = [name for name in self._steps if name in existing]
+        if taken:
+            raise WorkflowError(
+                f"the workflow already has a step named {', '.join(map(repr, taken))}"
+            )
+        for step in self._steps.values():
+            unknown = [d for d in step.after if d not in self._steps and d not in existing]
+            if unknown:
+                names = [*existing, *self._steps]
+                raise WorkflowError(
+                    f"step {step.name!r} depends on {', '.join(map(repr, unknown))}, which "
+                    f"{'is' if len(unknown) == 1 else 'are'} not a step of this workflow "
+                    f"(steps: {', '.join(map(repr, names))})"
+                )
+        return self._order()
+
+    def _order(self) -> list[str]:
+        # Depth-first, with the path kept so a cycle is reported as the loop it is.
+        done: set[str] = set()
+        order: list[str] = []
+        for root in self._steps:
+            if root in done:
+                continue
+            path: list[str] = []
+            on_path: set[str] = set()
+            stack: list[tuple[str, int]] = [(root, 0)]
+            while stack:
+                node, i = stack.pop()
+                if i == 0:
+                    path.append(node)
+                    on_path.add(node)
+                deps = self._steps[node].after
+                if i < len(deps):
+                    stack.append((node, i + 1))
+                    dep = deps[i]
+                    if dep in on_path:
+                        loop = [*path[path.index(dep) :], dep]
+                        raise WorkflowError(
+                            "the workflow has a cycle: "
+                            + " -> ".join(map(repr, reversed(loop)))
+                            + " (each step would wait for itself)"
+                        )
+                    if dep not in done and dep in self._steps:  # else: appended to
+                        stack.append((dep, 0))
+                    continue
+                path.pop()
+                on_path.discard(node)
+                done.add(node)
+                order.append(node)
+        return order
+
+    def _rows(self, order: Sequence[str]) -> str:
+        rows = []
+        for name in order:
+            step = self._steps[name]
+            job = step.job
+            row: dict[str, Any] = {
+                "s": name,
+                "k": job.kind,
+                "p": json.loads(job.payload_json),
+                "w": bool(step.after),
+            }
+            if job.queue is not None:
+                row["q"] = job.queue
+            if job.priority is not None:
+                row["pr"] = job.priority
+            if job.max_attempts is not None:
+                row["m"] = job.max_attempts
+            if job.run_at is not None:
+                row["at"] = job.run_at.isoformat()
+            if job.delay is not None:
+                row["d"] = job.delay
+            if job.timeout is not None:
+                row["t"] = job.timeout
+            rows.append(row)
+        return json.dumps(rows)
+
+    def _edges(self, ids: Mapping[str, int]) -> str:
+        return json.dumps(
+            [
+                {"c": ids[s.name], "p": ids[dep], "r": s.when}
+                for s in self._steps.values()
+                for dep in s.after
+            ]
+        )
+
+    def enqueue(self, session: Session | Connection) -> WorkflowIds:
+        """Write every step and edge in the caller's transaction; returns the ids.
+
+        Never commits: the workflow exists once the caller commits. Steps with no
+        dependency are queued (ready at their ``run_at``); the others wait.
+        """
+        conn = _connection(session)
+        existing: dict[str, int] = {}
+        if self.append_to is None:
+            order = self.check()
+            workflow_id = uuid.uuid4()
+        else:
+            workflow_id, existing = self._existing(conn)
+            order = self.check(existing)
+        found = conn.execute(
+            workflows_sql.insert_steps(), {"rows": self._rows(order), "workflow_id": workflow_id}
+        ).all()
+        ids = {row.step: row.id for row in found}
+        if any(s.after for s in self._steps.values()):
+            conn.execute(
+                workflows_sql.insert_edges(),
+                {"rows": self._edges({**existing, **ids}), "workflow_id": workflow_id},
+            )
+        earlier = sorted(
+            {existing[d] for s in self._steps.values() for d in s.after if d in existing}
+        )
+        if earlier:
+            # Dependencies that ended before these edges existed: resolved now. One that
+            # ends while this transaction is open cannot see them: the sweep resolves it.
+            conn.execute(workflows_sql.resolve(earlier))
+        return WorkflowIds(workflow_id, ids)
+
+    def _existing(self, conn: Connection) -> tuple[uuid.UUID, dict[str, int]]:
+        target = self.append_to
+        if isinstance(target, int):
+            found = conn.execute(workflows_sql.workflow_of(target)).scalar()
+            if not isinstance(found, uuid.UUID):
+                raise WorkflowError(f"cannot append to job {target}: it is not a workflow step")
+            workflow_id = found
+        else:
+            assert target is not None
+            workflow_id = target
+        existing = {r.step: r.id for r in conn.execute(workflows_sql.step_ids(workflow_id))}
+        if not existing:
+            raise WorkflowError(f"cannot append to workflow {workflow_id}: it has no step")
+        return workflow_id, existing
+
+    async def enqueue_async(self, session: AsyncSession | AsyncConnection) -> WorkflowIds:
+        """:meth:`enqueue` for an AsyncSession or AsyncConnection (the same statements, in
+        its transaction)."""
+        if isinstance(session, AsyncSession):
+            conn = await session.connection(bind_arguments={"mapper": Job})
+        elif isinstance(session, AsyncConnection):
+            conn = session
+        else:
+            raise producer._wrong_session(session, async_=True)
+        return await conn.run_sync(self.enqueue)
+
+
+def _check_append_to(value: object) -> uuid.UUID | int | None:
+    if value is None or isinstance(value, uuid.UUID):
+        return value
+    if isinstance(value, bool):
+        raise WorkflowError(f"append_to is a workflow id, a job id or a job, got {value!r}")
+    if isinstance(value, int):
+        return value
+    job_id = getattr(value, "id", None)
+    if isinstance(job_id, int) and hasattr(value, "attempt"):  # a JobContext
+        return job_id
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        raise WorkflowError(
+            f"append_to is a workflow id (a UUID), a job id or a job, got {value!r}"
+        ) from None
+
+
+def _connection(session: object) -> Connection:
+    if isinstance(session, Session):
+        return session.connection(bind_arguments={"mapper": Job})
+    if isinstance(session, Connection):
+        return session
+    raise producer._wrong_session(session, async_=False)
+
+
+def _job_id(job: JobContext | int | None) -> int:
+    if job is None:
+        from sqla_jobs.tasks import current_job
+
+        return current_job().id
+    return job if isinstance(job, int) else job.id
+
+
+def _results(rows: Iterable[Any]) -> dict[str, Any]:
+    return {row.step if row.step is not None else str(row.id): row.result for row in rows}
+
+
+def upstream_results(
+    session: Session | Connection, job: JobContext | int | None = None
+) -> dict[str, Any]:
+    """The stored results of a step's dependencies, by step name (a fan-in gets all of
+    them), live or archived; ``job`` defaults to the running handler's
+    (:func:`sqla_jobs.current_job`). A dependency that ended without a result (or did
+    not end done, for a step that runs anyway) maps to None."""
+    rows = _connection(session).execute(workflows_sql.upstream_results(_job_id(job)))
+    return _results(rows)
+
+
+async def upstream_results_async(
+    session: AsyncSession | AsyncConnection, job: JobContext | int | None = None
+) -> dict[str, Any]:
+    """:func:`upstream_results` for an AsyncSession or AsyncConnection."""
+    # The job id is read here, in the handler's task (current_job is a context variable).
+    job_id = _job_id(job)
+    if isinstance(session, AsyncSession):
+        conn = await session.connection(bind_arguments={"mapper": Job})
+    elif isinstance(session, AsyncConnection):
+        conn = session
+    else:
+        raise producer._wrong_session(session, async_=True)
+    return _results(await conn.execute(workflows_sql.upstream_results(job_id)))
+
+
+def sweep(connection: Connection, *, limit: int = 1000) -> int:
+    """Resolve up to ``limit`` ended parents whose edges were missed; returns the number
+    of steps released (run by the worker's maintenance, one worker at a time)."""
+    released = connection.execute(workflows_sql.sweep(limit=limit)).scalar_one()
+    return int(released or 0)

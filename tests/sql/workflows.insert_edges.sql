@@ -1,0 +1,6 @@
+INSERT INTO jobs_workflow_edges (child_id, parent_id, workflow_id, requires)
+SELECT edges.c,
+       edges.p,
+       %(workflow_id)s::UUID AS anon_1,
+       edges.r
+FROM jsonb_to_recordset(CAST(%(rows)s::VARCHAR AS JSONB)) AS edges(c BIGINT, p BIGINT, r TEXT);

@@ -1,0 +1,32 @@
+SELECT found.id,
+       found.step,
+       found.kind,
+       found.status,
+       found.last_error,
+       found.waiting_on,
+       found.archived
+FROM
+  (SELECT jobs.id AS id,
+          jobs.step AS step,
+          jobs.kind AS kind,
+          jobs.status AS status,
+          jobs.last_error AS last_error,
+
+     (SELECT coalesce(array_agg(coalesce(parent.step, CAST(parent.id AS TEXT))), CAST(%(param_1)s::VARCHAR AS TEXT[])) AS coalesce_1
+      FROM jobs_workflow_edges
+      JOIN jobs AS parent ON parent.id = jobs_workflow_edges.parent_id
+      WHERE jobs_workflow_edges.child_id = jobs.id
+        AND jobs_workflow_edges.parent_outcome IS NULL) AS waiting_on,
+          false AS archived
+   FROM jobs
+   WHERE jobs.workflow_id = %(workflow_id)s::UUID
+   UNION ALL SELECT jobs_archive.id AS id,
+                    jobs_archive.step AS step,
+                    jobs_archive.kind AS kind,
+                    jobs_archive.status AS status,
+                    jobs_archive.last_error AS last_error,
+                    CAST(%(param_2)s::VARCHAR AS TEXT[]) AS waiting_on,
+                    true AS archived
+   FROM jobs_archive
+   WHERE jobs_archive.workflow_id = %(workflow_id)s::UUID) AS found
+ORDER BY found.id;

@@ -1,0 +1,3 @@
+SELECT jobs.workflow_id
+FROM jobs
+WHERE jobs.id = %(job_id)s::BIGINT;

@@ -1,0 +1,570 @@
+"""Workflows (#26): built in the caller's transaction, released in the transaction that
+ends a step, failures cancelling dependents transitively; a worker runs them here."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import threading
+import uuid
+from typing import Any
+
+import flowapp
+import pytest
+import sqlalchemy as sa
+from flowapp import registry
+from helpers import rows, scalar, url_text
+from sqlalchemy.engine import URL
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+from sqlalchemy.orm import Session
+from test_ops_cli import ok
+
+from sqla_jobs import models, ops, testing, workflows
+from sqla_jobs.exceptions import ConfigError, JobNotFoundError, WorkflowError
+from sqla_jobs.sql import lease
+from sqla_jobs.workflows import Workflow, WorkflowIds, upstream_results
+
+
+def statuses(engine: sa.Engine, ids: WorkflowIds) -> dict[str, str]:
+    found = rows(
+        engine,
+        "SELECT step, status::text AS status FROM jobs WHERE workflow_id = :w",
+        w=ids.id,
+    )
+    return {r.step: r.status for r in found}
+
+
+def last_error(engine: sa.Engine, job_id: int) -> str:
+    return str(scalar(engine, "SELECT last_error FROM jobs WHERE id = :id", id=job_id))
+
+
+def enqueue(engine: sa.Engine, flow: Workflow) -> WorkflowIds:
+    with Session(engine) as s:
+        ids = flow.enqueue(s)
+        s.commit()
+    return ids
+
+
+def drain(url: URL) -> Any:
+    return testing.drain(url_text(url), registry, timeout=60)
+
+
+@pytest.fixture
+def flow_engine(engine: sa.Engine) -> sa.Engine:
+    flowapp.setup(engine)
+    return engine
+
+
+def fan_in(n: int = 3, *, middle: str = "flow.step", when: str | None = None) -> Workflow:
+    flow = Workflow(registry=registry)
+    flow.add("a", "flow.step", {"value": 1})
+    for i in range(n):
+        flow.add(f"b{i}", middle, {"value": 10 + i}, after="a")
+    flow.add("c", "flow.sum", after=[f"b{i}" for i in range(n)], when=when)
+    return flow
+
+
+# --- building ------------------------------------------------------------------------
+
+
+def test_steps_with_dependencies_wait_and_the_claim_never_sees_them(
+    flow_engine: sa.Engine,
+) -> None:
+    ids = enqueue(flow_engine, fan_in())
+    assert statuses(flow_engine, ids) == {
+        "a": "queued",
+        "b0": "waiting",
+        "b1": "waiting",
+        "b2": "waiting",
+        "c": "waiting",
+    }
+    edges = scalar(
+        flow_engine, "SELECT count(*) FROM jobs_workflow_edges WHERE workflow_id = :w", w=ids.id
+    )
+    assert edges == 6
+
+
+def test_a_workflow_rolls_back_with_the_callers_transaction(flow_engine: sa.Engine) -> None:
+    with Session(flow_engine) as s:
+        fan_in().enqueue(s)
+        s.rollback()
+    assert scalar(flow_engine, "SELECT count(*) FROM jobs") == 0
+    assert scalar(flow_engine, "SELECT count(*) FROM jobs_workflow_edges") == 0
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda f: f.add("b", "flow.step", after="nope"), "depends on 'nope', which is not a step"),
+        (lambda f: f.add("a", "flow.step"), "step 'a' was already added"),
+        (lambda f: f.add("b", "flow.nothing"), "step 'b': "),
+        (lambda f: f.add("b", "flow.step", after=[42]), "a dependency on a job or step of another"),
+        (lambda f: f.add("b", "flow.step", after="b"), "step 'b' cannot depend on itself"),
+        (lambda f: f.add("b", "flow.step", when="sometimes"), "when must be one of"),
+        (
+            lambda f: (f.add("b", "flow.step", after="c"), f.add("c", "flow.step", after="b")),
+            "the workflow has a cycle: 'b' -> 'c' -> 'b'",
+        ),
+    ],
+)
+def test_a_workflow_that_cannot_run_is_refused_before_anything_is_written(
+    flow_engine: sa.Engine, build: Any, message: str
+) -> None:
+    flow = Workflow(registry=registry)
+    flow.add("a", "flow.step")
+    with pytest.raises(WorkflowError, match=None) as caught:
+        build(flow)
+        with Session(flow_engine) as s:
+            flow.enqueue(s)
+            s.commit()
+    assert message in str(caught.value)
+    assert scalar(flow_engine, "SELECT count(*) FROM jobs") == 0
+
+
+def test_a_kind_with_no_handler_is_named_with_its_step(flow_engine: sa.Engine) -> None:
+    flow = Workflow(registry=registry)
+    with pytest.raises(WorkflowError, match=r"step 'x': .*flow\.nothing"):
+        flow.add("x", "flow.nothing")
+
+
+def test_a_longer_cycle_is_reported_as_the_loop_it_is() -> None:
+    flow = Workflow()
+    flow.add("a", "k", after="c")
+    flow.add("b", "k", after="a")
+    flow.add("c", "k", after="b")
+    flow.add("d", "k", after="a")
+    with pytest.raises(
+        WorkflowError,
+        match=re.escape("the workflow has a cycle: 'a' -> 'b' -> 'c' -> 'a'"),
+    ):
+        flow.check()
+
+
+def test_an_empty_workflow_is_refused() -> None:
+    with pytest.raises(WorkflowError, match="at least one step"):
+        Workflow().check()
+
+
+def test_enqueue_async_writes_in_the_async_session(db_url: URL, flow_engine: sa.Engine) -> None:
+    async def main() -> WorkflowIds:
+        engine = create_async_engine(db_url)
+        try:
+            async with AsyncSession(engine) as s:
+                ids = await fan_in().enqueue_async(s)
+                await s.commit()
+                return ids
+        finally:
+            await engine.dispose()
+
+    ids = asyncio.run(main())
+    assert statuses(flow_engine, ids)["c"] == "waiting"
+
+
+# --- running -------------------------------------------------------------------------
+
+
+def test_a_fan_in_runs_each_step_once_after_its_dependencies_and_sees_their_results(
+    db_url: URL, flow_engine: sa.Engine
+) -> None:
+    ids = enqueue(flow_engine, fan_in(5))
+    drain(db_url)
+    assert set(statuses(flow_engine, ids).values()) == {"done"}
+    runs = rows(flow_engine, "SELECT job_id, seen FROM flow_runs ORDER BY job_id")
+    assert [r.job_id for r in runs] == sorted(ids.steps.values())
+    seen = {r.job_id: r.seen for r in runs}
+    assert seen[ids["b3"]] == {"a": 1}
+    assert seen[ids["c"]] == {f"b{i}": 10 + i for i in range(5)}
+    assert scalar(flow_engine, "SELECT result FROM jobs WHERE id = :id", id=ids["c"]) == 60
+    finished = {
+        r.id: r.finished_at
+        for r in rows(flow_engine, "SELECT id, finished_at, attempted_at FROM jobs")
+    }
+    started = {r.id: r.attempted_at for r in rows(flow_engine, "SELECT id, attempted_at FROM jobs")}
+    assert all(started[ids["c"]] >= finished[ids[f"b{i}"]] for i in range(5))
+
+
+def test_a_chain_runs_in_order(db_url: URL, flow_engine: sa.Engine) -> None:
+    flow = Workflow(registry=registry)
+    previous: list[str] = []
+    for i in range(6):
+        previous = [flow.add(f"s{i}", "flow.step", {"value": i}, after=previous)]
+    ids = enqueue(flow_engine, flow)
+    drain(db_url)
+    order = [r.job_id for r in rows(flow_engine, "SELECT job_id FROM flow_runs ORDER BY ctid")]
+    assert order == [ids[f"s{i}"] for i in range(6)]
+
+
+def test_a_dead_dependency_cancels_its_dependents_transitively_naming_the_upstream_step(
+    db_url: URL, flow_engine: sa.Engine
+) -> None:
+    flow = Workflow(registry=registry)
+    flow.add("a", "flow.step")
+    flow.add("bad", "flow.fail", {"why": "disk full"}, after="a")
+    flow.add("ok", "flow.step", after="a")
+    flow.add("c", "flow.step", after=["bad", "ok"])
+    flow.add("d", "flow.step", after="c")
+    ids = enqueue(flow_engine, flow)
+    drain(db_url)
+    assert statuses(flow_engine, ids) == {
+        "a": "done",
+        "bad": "dead",
+        "ok": "done",
+        "c": "cancelled",
+        "d": "cancelled",
+    }
+    error = last_error(flow_engine, ids["c"])
+    assert error.startswith(f'upstream step "bad" (job {ids["bad"]}) ended dead: ')
+    assert "disk full" in error
+    assert last_error(flow_engine, ids["d"]).startswith(
+        f'upstream step "c" (job {ids["c"]}) ended cancelled: upstream step "bad"'
+    )
+
+
+def test_a_discarded_dependency_cancels_and_a_finished_step_runs_anyway(
+    db_url: URL, flow_engine: sa.Engine
+) -> None:
+    ids = enqueue(flow_engine, fan_in(2, middle="flow.discard", when="finished"))
+    drain(db_url)
+    got = statuses(flow_engine, ids)
+    assert got == {"a": "done", "b0": "cancelled", "b1": "cancelled", "c": "done"}
+    assert scalar(flow_engine, "SELECT result FROM jobs WHERE id = :id", id=ids["c"]) == 0
+
+
+def test_batch_callbacks_on_success_on_failure_and_on_complete(
+    db_url: URL, flow_engine: sa.Engine
+) -> None:
+    def batch(kind: str) -> Workflow:
+        flow = Workflow(registry=registry)
+        parts = [flow.add(f"p{i}", kind, {"value": i}) for i in range(3)]
+        flow.add("on_success", "flow.step", after=parts)
+        flow.add("on_failure", "flow.step", after=parts, when="failed")
+        flow.add("on_complete", "flow.step", after=parts, when="finished")
+        return flow
+
+    good = enqueue(flow_engine, batch("flow.step"))
+    bad = enqueue(flow_engine, batch("flow.fail"))
+    drain(db_url)
+    assert {k: v for k, v in statuses(flow_engine, good).items() if k.startswith("on_")} == {
+        "on_success": "done",
+        "on_failure": "cancelled",
+        "on_complete": "done",
+    }
+    assert last_error(flow_engine, good["on_failure"]) == (
+        "runs only if an upstream step fails; all 3 ended done"
+    )
+    assert {k: v for k, v in statuses(flow_engine, bad).items() if k.startswith("on_")} == {
+        "on_success": "cancelled",
+        "on_failure": "done",
+        "on_complete": "done",
+    }
+
+
+def test_an_operator_cancel_or_delete_of_a_dependency_cancels_its_dependents(
+    flow_engine: sa.Engine,
+) -> None:
+    one = enqueue(flow_engine, fan_in(1))
+    two = enqueue(flow_engine, fan_in(1))
+    with Session(flow_engine) as s:
+        ops.cancel_jobs(s, ids=[one["a"]])
+        ops.delete_jobs(s, ids=[two["a"]], status="queued")
+        s.commit()
+    assert statuses(flow_engine, one) == {"a": "cancelled", "b0": "cancelled", "c": "cancelled"}
+    assert statuses(flow_engine, two) == {"b0": "cancelled", "c": "cancelled"}
+    assert last_error(flow_engine, one["b0"]).startswith(
+        f'upstream step "a" (job {one["a"]}) ended cancelled: cancelled by an operator'
+    )
+    assert last_error(flow_engine, two["b0"]) == f"upstream step (job {two['a']}) was deleted"
+
+
+def test_upstream_results_are_read_from_the_archive(db_url: URL, flow_engine: sa.Engine) -> None:
+    flow = Workflow(registry=registry)
+    flow.add("a", "flow.step", {"value": 7})
+    flow.add("b", "flow.step", after="a")
+    ids = enqueue(flow_engine, flow)
+    with flow_engine.begin() as conn:
+        # The parent ran and was archived by hand (the archiver would not: see below).
+        conn.execute(
+            sa.text(
+                "UPDATE jobs SET status = 'done', result = '7', finished_at = now() WHERE id = :id"
+            ),
+            {"id": ids["a"]},
+        )
+        names = ", ".join(c.name for c in models.jobs.c)
+        conn.execute(
+            sa.text(
+                "WITH moved AS (DELETE FROM jobs WHERE id = :id RETURNING *) "
+                f"INSERT INTO jobs_archive ({names}) SELECT {names} FROM moved"
+            ),
+            {"id": ids["a"]},
+        )
+    with Session(flow_engine) as s:
+        assert upstream_results(s, ids["b"]) == {"a": 7}
+    assert statuses(flow_engine, ids) == {"b": "queued"}
+
+
+def test_the_archiver_leaves_every_step_of_an_unfinished_workflow(
+    flow_engine: sa.Engine,
+) -> None:
+    ids = enqueue(flow_engine, fan_in(1))
+    with flow_engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE jobs SET status = 'done', finished_at = now() - interval '2 days' "
+                "WHERE id = :id"
+            ),
+            {"id": ids["a"]},
+        )
+    with Session(flow_engine) as s:
+        moved = ops.archive(s, older_than=ops.parse_duration("1h"))
+        s.commit()
+    assert moved == 0
+    with flow_engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE jobs SET status = 'done', finished_at = now() - interval '2 days' "
+                "WHERE workflow_id = :w AND status = 'queued'"
+            ),
+            {"w": ids.id},
+        )
+        conn.execute(
+            sa.text(
+                "UPDATE jobs SET status = 'done', finished_at = now() - interval '2 days' "
+                "WHERE workflow_id = :w AND status = 'queued'"
+            ),
+            {"w": ids.id},
+        )
+    with Session(flow_engine) as s:
+        moved = ops.archive(s, older_than=ops.parse_duration("1h"))
+        s.commit()
+    assert moved == 3
+    assert scalar(flow_engine, "SELECT count(*) FROM jobs_workflow_edges") == 0
+
+
+# --- the fence, the sweep ------------------------------------------------------------
+
+
+def claim_step(engine: sa.Engine, job_id: int, worker: str = "w1") -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE jobs SET status = 'running', worker = :w, attempts = attempts + 1, "
+                "max_attempts = 3, locked_until = now() + interval '1 minute' WHERE id = :id"
+            ),
+            {"id": job_id, "w": worker},
+        )
+
+
+def done_mark(engine: sa.Engine, job_id: int, attempt: int, worker: str = "w1") -> int:
+    with engine.begin() as conn:
+        stmt = lease.complete_one(worker=worker, job_id=job_id, attempt=attempt)
+        return conn.execute(stmt).rowcount
+
+
+def test_a_stale_workers_done_mark_releases_nothing_and_the_current_one_releases_once(
+    flow_engine: sa.Engine,
+) -> None:
+    flow = Workflow(registry=registry)
+    flow.add("a", "flow.step")
+    flow.add("b", "flow.step", after="a")
+    ids = enqueue(flow_engine, flow)
+    claim_step(flow_engine, ids["a"], "stale")
+    claim_step(flow_engine, ids["a"], "w2")  # the lease expired and w2 took over: attempt 2
+    assert done_mark(flow_engine, ids["a"], attempt=1, worker="stale") == 0
+    assert statuses(flow_engine, ids) == {"a": "running", "b": "waiting"}
+    assert done_mark(flow_engine, ids["a"], attempt=2, worker="w2") == 1
+    assert statuses(flow_engine, ids) == {"a": "done", "b": "queued"}
+    assert done_mark(flow_engine, ids["a"], attempt=2, worker="w2") == 0
+
+
+def test_the_sweep_releases_a_step_whose_release_was_missed(flow_engine: sa.Engine) -> None:
+    flow = Workflow(registry=registry)
+    flow.add("a", "flow.step")
+    flow.add("b", "flow.step", after="a")
+    flow.add("c", "flow.step", after="b")
+    ids = enqueue(flow_engine, flow)
+    with flow_engine.begin() as conn:
+        conn.execute(sa.text("ALTER TABLE jobs DISABLE TRIGGER jobs_workflow_step_ended"))
+        conn.execute(
+            sa.text("UPDATE jobs SET status = 'done', finished_at = now() WHERE id = :id"),
+            {"id": ids["a"]},
+        )
+        conn.execute(sa.text("ALTER TABLE jobs ENABLE TRIGGER jobs_workflow_step_ended"))
+    assert statuses(flow_engine, ids)["b"] == "waiting"
+    with flow_engine.begin() as conn:
+        assert workflows.sweep(conn) == 1
+    with flow_engine.begin() as conn:
+        assert workflows.sweep(conn) == 0
+    assert statuses(flow_engine, ids) == {"a": "done", "b": "queued", "c": "waiting"}
+
+
+def test_two_parents_ending_in_concurrent_transactions_release_their_child_once(
+    flow_engine: sa.Engine,
+) -> None:
+    flow = Workflow(registry=registry)
+    flow.add("p1", "flow.step")
+    flow.add("p2", "flow.step")
+    flow.add("c", "flow.step", after=["p1", "p2"])
+    ids = enqueue(flow_engine, flow)
+    end = sa.text("UPDATE jobs SET status = 'done', finished_at = now() WHERE id = :id")
+    first = flow_engine.connect()
+    second = flow_engine.connect()
+    try:
+        first.execute(end, {"id": ids["p1"]})  # holds the child's lock until it commits
+        done = threading.Event()
+
+        def other() -> None:
+            second.execute(end, {"id": ids["p2"]})
+            second.commit()
+            done.set()
+
+        thread = threading.Thread(target=other)
+        thread.start()
+        assert not done.wait(0.5)  # waits for the first transaction, on the child's row
+        first.commit()
+        thread.join(30)
+        assert done.is_set()
+    finally:
+        first.close()
+        second.close()
+    assert statuses(flow_engine, ids) == {"p1": "done", "p2": "done", "c": "queued"}
+
+
+# --- operating -----------------------------------------------------------------------
+
+
+def test_workflow_status_shows_each_step_and_what_it_waits_on(flow_engine: sa.Engine) -> None:
+    ids = enqueue(flow_engine, fan_in(2))
+    with Session(flow_engine) as s:
+        status = ops.workflow_status(s, str(ids.id))
+    assert status.counts == {"queued": 1, "waiting": 3}
+    assert not status.finished
+    by_step = {step.step: step for step in status.steps}
+    assert by_step["c"].waiting_on == ("b0", "b1")
+    assert by_step["a"].waiting_on == ()
+
+
+def test_workflow_status_of_an_unknown_or_malformed_id_says_so(flow_engine: sa.Engine) -> None:
+    with Session(flow_engine) as s:
+        with pytest.raises(JobNotFoundError, match="no workflow with id"):
+            ops.workflow_status(s, uuid.uuid4())
+        with pytest.raises(ConfigError, match="a workflow id is a UUID, got 'nope'"):
+            ops.workflow_status(s, "nope")
+
+
+def test_cancel_workflow_cancels_every_waiting_and_queued_step_in_one_transaction(
+    flow_engine: sa.Engine,
+) -> None:
+    ids = enqueue(flow_engine, fan_in(2))
+    with Session(flow_engine) as s:
+        done = ops.cancel_workflow(s, ids.id)
+        s.commit()
+    assert done.cancelled == tuple(sorted(ids.steps.values()))
+    assert set(statuses(flow_engine, ids).values()) == {"cancelled"}
+    assert last_error(flow_engine, ids["c"]) == "cancelled by an operator with its whole workflow"
+
+
+def test_retry_workflow_runs_the_failed_steps_again_and_their_dependents_wait(
+    db_url: URL, flow_engine: sa.Engine
+) -> None:
+    flow = Workflow(registry=registry)
+    flow.add("a", "flow.step", {"value": 1})
+    flow.add("bad", "flow.fail", after="a")
+    flow.add("c", "flow.step", after="bad")
+    ids = enqueue(flow_engine, flow)
+    drain(db_url)
+    assert statuses(flow_engine, ids) == {"a": "done", "bad": "dead", "c": "cancelled"}
+    with flow_engine.begin() as conn:  # the operator fixed the cause: now it succeeds
+        conn.execute(
+            sa.text("UPDATE jobs SET kind = 'flow.step' WHERE id = :id"), {"id": ids["bad"]}
+        )
+    with Session(flow_engine) as s:
+        retried = ops.retry_workflow(s, ids.id)
+        s.commit()
+    assert retried == (ids["bad"], ids["c"])
+    assert statuses(flow_engine, ids) == {"a": "done", "bad": "queued", "c": "waiting"}
+    drain(db_url)
+    assert set(statuses(flow_engine, ids).values()) == {"done"}
+    with Session(flow_engine) as s:
+        again = ops.retry_workflow(s, ids.id, mode="failed_and_downstream")
+        assert again == ()
+        with pytest.raises(ConfigError, match="mode must be one of"):
+            ops.retry_workflow(s, ids.id, mode="everything")
+
+
+def test_retry_downstream_reruns_done_dependents_too(flow_engine: sa.Engine) -> None:
+    flow = Workflow(registry=registry, when="finished")
+    flow.add("a", "flow.step")
+    flow.add("b", "flow.step", after="a")
+    ids = enqueue(flow_engine, flow)
+    with flow_engine.begin() as conn:
+        for step, status in (("a", "dead"), ("b", "done")):
+            conn.execute(
+                sa.text(f"UPDATE jobs SET status = '{status}', finished_at = now() WHERE id = :id"),
+                {"id": ids[step]},
+            )
+    with Session(flow_engine) as s:
+        assert ops.retry_workflow(s, ids.id) == (ids["a"],)
+        s.rollback()
+        assert ops.retry_workflow(s, ids.id, mode="failed_and_downstream") == (ids["a"], ids["b"])
+        s.commit()
+    assert statuses(flow_engine, ids) == {"a": "queued", "b": "waiting"}
+
+
+def test_cli_workflow_show_cancel_and_retry(db_url: URL, flow_engine: sa.Engine) -> None:
+    ids = enqueue(flow_engine, fan_in(1))
+    shown = ok(db_url, "workflow", "show", str(ids.id))
+    assert f"workflow {ids.id}: 1 queued, 2 waiting" in shown
+    assert "WAITING ON" in shown and "b0" in shown
+    assert "cancelled 3 step(s)" in ok(db_url, "workflow", "cancel", str(ids.id))
+    assert "retried 3 step(s)" in ok(db_url, "workflow", "retry", str(ids.id))
+    assert statuses(flow_engine, ids) == {"a": "queued", "b0": "waiting", "c": "waiting"}
+    shown = ok(db_url, "workflow", "show", str(ids.id), "--json")
+    assert json.loads(shown)["counts"] == {"queued": 1, "waiting": 2}
+
+
+def test_steps_appended_to_a_running_workflow_wait_for_its_steps_or_run_at_once(
+    flow_engine: sa.Engine,
+) -> None:
+    flow = Workflow(registry=registry)
+    flow.add("a", "flow.step")
+    flow.add("b", "flow.step", after="a")
+    ids = enqueue(flow_engine, flow)
+    claim_step(flow_engine, ids["b"])  # b "runs" (a test shortcut: a is not done)
+    with flow_engine.begin() as conn:
+        conn.execute(sa.text("UPDATE jobs SET status = 'done' WHERE id = :id"), {"id": ids["a"]})
+    more = Workflow(registry=registry, append_to=ids["b"])  # from b's handler: its job id
+    more.add("after_a", "flow.step", after="a")  # a already ended: released at once
+    more.add("after_b", "flow.step", after="b")  # b is running: waits for it
+    with Session(flow_engine) as s:
+        added = more.enqueue(s)
+        s.commit()
+    assert added.id == ids.id
+    assert statuses(flow_engine, ids) == {
+        "a": "done",
+        "b": "running",
+        "after_a": "queued",
+        "after_b": "waiting",
+    }
+    assert done_mark(flow_engine, ids["b"], attempt=1) == 1
+    assert statuses(flow_engine, ids)["after_b"] == "queued"
+
+
+def test_appending_checks_names_against_the_existing_workflow(flow_engine: sa.Engine) -> None:
+    ids = enqueue(flow_engine, fan_in(1))
+    with Session(flow_engine) as s:
+        taken = Workflow(append_to=ids.id)
+        taken.add("a", "flow.step")
+        with pytest.raises(WorkflowError, match="already has a step named 'a'"):
+            taken.enqueue(s)
+        unknown = Workflow(append_to=str(ids.id))
+        unknown.add("x", "flow.step", after="zz")
+        with pytest.raises(WorkflowError, match="depends on 'zz', which is not a step"):
+            unknown.enqueue(s)
+        nowhere = Workflow(append_to=uuid.uuid4())
+        nowhere.add("x", "flow.step")
+        with pytest.raises(WorkflowError, match=r"cannot append to workflow .*: it has no step"):
+            nowhere.enqueue(s)
+    with pytest.raises(WorkflowError, match="append_to is a workflow id"):
+        Workflow(append_to="not-a-uuid")
+    assert scalar(flow_engine, "SELECT count(*) FROM jobs") == 3
