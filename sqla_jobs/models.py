@@ -23,7 +23,9 @@ change (see benchmarks/README.md for the cost).
 
 Revision 0013 adds ``meta`` (jsonb) and ``tags`` (text[]), the application's metadata of
 a job, with GIN indexes ``jobs_meta_idx`` (``jsonb_path_ops``) and ``jobs_tags_idx`` for
-``meta @> ...`` and ``tags @> ARRAY[...]``; both columns are NULL for a job without any.
+``meta @> ...`` and ``tags @> ARRAY[...]``; both columns are NULL for a job without any,
+and both indexes are partial (``IS NOT NULL``) so such a job's status changes write no
+entry to them.
 
 Finished rows are moved to ``jobs_archive`` (:class:`JobArchive`, same columns plus
 ``archived_at``) by :func:`sqla_jobs.ops.archive`, so the live table stays small.
@@ -239,8 +241,14 @@ class Job(Base):
             "meta",
             postgresql_using="gin",
             postgresql_ops={"meta": "jsonb_path_ops"},
+            postgresql_where=sa.text("meta IS NOT NULL"),
         ),
-        sa.Index("jobs_tags_idx", "tags", postgresql_using="gin"),
+        sa.Index(
+            "jobs_tags_idx",
+            "tags",
+            postgresql_using="gin",
+            postgresql_where=sa.text("tags IS NOT NULL"),
+        ),
         # Revision 0014: a workflow's steps (its status, the archiver's "finished?").
         sa.Index(
             "jobs_workflow_id_idx",

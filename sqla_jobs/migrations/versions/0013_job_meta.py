@@ -21,8 +21,11 @@ statement due to lock timeout": run it again). Then the two GIN indexes that ans
 are built with ``CREATE INDEX CONCURRENTLY`` in an autocommit block, as revision 0010
 builds its own: no lock blocks the workers' writes while they build; an INVALID
 leftover of a failed build is dropped and built again; the columns are added with ``IF
-NOT EXISTS``, so running the revision again after a failed build finishes it. A job
-without metadata costs each index one placeholder entry for its NULL.
+NOT EXISTS``, so running the revision again after a failed build finishes it. Both
+indexes are partial (``WHERE meta IS NOT NULL``): a GIN index keeps a placeholder entry
+for a NULL, and every claim and done-mark of a job without metadata would write one
+(a status change is never a HOT update); the filters' ``@>`` implies the condition, so
+the planner still uses them, generic plans included.
 
 Deploy order: migrate first, then the workers and applications built with it (their
 claim reads ``meta`` and ``tags``; a worker checks at start that every column it uses
@@ -50,8 +53,8 @@ _TABLES = ("jobs", "jobs_archive")
 
 #: name -> what follows ``ON jobs``; models.py declares the same.
 INDEXES = {
-    "jobs_meta_idx": "USING gin (meta jsonb_path_ops)",
-    "jobs_tags_idx": "USING gin (tags)",
+    "jobs_meta_idx": "USING gin (meta jsonb_path_ops) WHERE meta IS NOT NULL",
+    "jobs_tags_idx": "USING gin (tags) WHERE tags IS NOT NULL",
 }
 
 _VALID = sa.text("SELECT i.indisvalid FROM pg_index AS i WHERE i.indexrelid = to_regclass(:name)")
