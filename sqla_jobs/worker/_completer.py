@@ -41,7 +41,7 @@ from sqla_jobs.exceptions import (
 from sqla_jobs.models import JobStatus
 from sqla_jobs.sql import lease
 from sqla_jobs.tasks import Registry
-from sqla_jobs.worker import _db
+from sqla_jobs.worker import _connlost, _db
 from sqla_jobs.worker._events import Events, Outcome, WorkerEvent
 from sqla_jobs.worker._inflight import Attempt, Claimed, Inflight, State
 from sqla_jobs.worker._session import HandlerSession
@@ -163,6 +163,8 @@ class Completer:
         operator's cancel)."""
         job, exc = attempt.job, attempt.error
         assert exc is not None
+        if _connlost.is_lost(exc):
+            return self._connection_lost(attempt)
         handler = self.registry[job.kind]
         if isinstance(exc, Snooze) and job.snoozes >= handler.max_snoozes:
             exc = SqlaJobsError(
@@ -217,6 +219,23 @@ class Completer:
             # ourselves instead of leaving it to the next poll.
             self.wake_at(time.monotonic() + delay)
         return outcome
+
+    def _connection_lost(self, attempt: Attempt) -> Outcome:
+        """The handler's connection was lost (a failover, a read-only node, a server
+        shutdown; see _connlost): not the job's failure, so no attempt is spent. Its
+        writes went with the transaction; the claim is given back, fenced (if the new
+        primary never saw the claim, the job is queued there already)."""
+        job = attempt.job
+        _connlost.THROTTLE.warning(
+            "job %s (%s): the database connection was lost while its handler ran (%s); "
+            "given back without spending an attempt",
+            job.id,
+            job.kind,
+            _db.reason(attempt.error) if attempt.error is not None else "?",
+            extra={**fields(job), "outcome": "connection_lost"},
+        )
+        self.release([job])
+        return Outcome.RELEASED
 
     def give_up(self, job: Claimed, control: Control) -> Outcome | None:
         """Record the outcome of a run whose handler ignored its timeout or cancel.
