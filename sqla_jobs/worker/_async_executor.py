@@ -340,14 +340,8 @@ class AsyncExecutor:
                 self.completer.complete_later(attempt)
             else:
                 await asyncio.to_thread(self.completer.fail, attempt)
-        except Exception:  # bookkeeping itself failed (database down): the lease expires
-            log.exception(
-                "could not record the outcome of job %s; it will be retried after "
-                "its lease expires",
-                job.id,
-                extra=fields(job),
-            )
-            self.ledger.remove([job])
+        except Exception as exc:  # bookkeeping itself failed (database down or lost)
+            await asyncio.to_thread(self.completer.outcome_unknown, job, exc)
 
     def _interrupt(self, running: _Running) -> None:
         """On the loop: the run's timeout passed, an operator cancelled it, or the worker

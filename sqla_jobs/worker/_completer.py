@@ -237,6 +237,30 @@ class Completer:
         self.release([job])
         return Outcome.RELEASED
 
+    def outcome_unknown(self, job: Claimed, exc: Exception) -> None:
+        """Recording ``job``'s outcome failed. A lost connection (see _connlost) gets its
+        claim given back at once, fenced: if the done-mark did commit, the release
+        matches nothing; if not, the job is queued again without spending an attempt.
+        Any other failure (the database down) leaves it to its lease."""
+        if _connlost.is_lost(exc):
+            _connlost.THROTTLE.warning(
+                "job %s (%s): the connection was lost while its outcome was recorded (%s); "
+                "given back unless it committed",
+                job.id,
+                job.kind,
+                _db.reason(exc),
+                extra={**fields(job), "outcome": "connection_lost"},
+            )
+            self.release([job])
+            return
+        log.error(
+            "could not record the outcome of job %s; it will be retried after its lease expires",
+            job.id,
+            exc_info=exc,
+            extra=fields(job),
+        )
+        self.ledger.remove([job])
+
     def give_up(self, job: Claimed, control: Control) -> Outcome | None:
         """Record the outcome of a run whose handler ignored its timeout or cancel.
 

@@ -288,6 +288,8 @@ class Proxy:
         self.backend = backend
         self.port = free_port()
         self.holes = False
+        #: Links black-holed one by one, by the server's client_port of each.
+        self.dead_links: set[int] = set()
         self._loop = asyncio.new_event_loop()
         self._links: set[asyncio.StreamWriter] = set()
         self._started = threading.Event()
@@ -313,19 +315,25 @@ class Proxy:
             writer.close()
             return
         self._links.update((writer, up_writer))
+        # The upstream socket's local port: the server's client_port for this link.
+        port = int(up_writer.get_extra_info("sockname")[1])
         await asyncio.gather(
-            self._pump(reader, up_writer), self._pump(up_reader, writer), return_exceptions=True
+            self._pump(reader, up_writer, port),
+            self._pump(up_reader, writer, port),
+            return_exceptions=True,
         )
         for w in (writer, up_writer):
             self._links.discard(w)
             w.close()
 
-    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pump(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, port: int
+    ) -> None:
         while True:
             data = await reader.read(65536)
             if not data:
                 break
-            if self.holes:
+            if self.holes or port in self.dead_links:
                 continue  # swallowed: the other side waits on a socket that stays open
             writer.write(data)
             await writer.drain()
@@ -339,6 +347,10 @@ class Proxy:
     def black_hole(self, on: bool = True) -> None:
         """Forward nothing (both ways) without closing anything."""
         self.holes = on
+
+    def black_hole_link(self, client_port: int) -> None:
+        """Forward nothing on the one link whose server backend sees ``client_port``."""
+        self.dead_links.add(client_port)
 
     def cut(self) -> None:
         """Close every connection now (the client sees a reset/EOF)."""
