@@ -234,8 +234,22 @@ class Completer:
             _db.reason(attempt.error) if attempt.error is not None else "?",
             extra={**fields(job), "outcome": "connection_lost"},
         )
-        self.release([job])
+        self._release_lost(job)
         return Outcome.RELEASED
+
+    def _release_lost(self, job: Claimed) -> None:
+        """Give back a claim whose connection was lost, trying again while a failover has
+        no primary yet (up to half the lease): past that, the lease expires and the rescuer
+        requeues it (an attempt spent)."""
+        deadline = time.monotonic() + self.config.lock_seconds / 2
+        pause = 0.1
+        while True:
+            try:
+                self.release([job], quiet=time.monotonic() < deadline)
+                return
+            except sa_exc.SQLAlchemyError:
+                time.sleep(pause)
+                pause = min(1.0, pause * 2)
 
     def outcome_unknown(self, job: Claimed, exc: Exception) -> None:
         """Recording ``job``'s outcome failed. A lost connection (see _connlost) gets its
@@ -251,7 +265,7 @@ class Completer:
                 _db.reason(exc),
                 extra={**fields(job), "outcome": "connection_lost"},
             )
-            self.release([job])
+            self._release_lost(job)
             return
         log.error(
             "could not record the outcome of job %s; it will be retried after its lease expires",
@@ -281,8 +295,10 @@ class Completer:
         self.fail(attempt)
         return None
 
-    def release(self, jobs: Iterable[Claimed]) -> None:
-        """Give back claims no handler started: queued again, attempt not spent."""
+    def release(self, jobs: Iterable[Claimed], *, quiet: bool = False) -> None:
+        """Give back claims no handler started: queued again, attempt not spent.
+
+        ``quiet``: a database error is raised (the caller tries again), not logged."""
         jobs = list(jobs)
         for job in jobs:
             self.ledger.move(job, State.SETTLING)
@@ -293,6 +309,8 @@ class Completer:
                     self.engine, conn, lease.release(worker=self.config.worker_id, leases=leases)
                 )
         except sa_exc.SQLAlchemyError as exc:  # incl. pool timeouts
+            if quiet:
+                raise
             log.warning(
                 "could not release %d unstarted job(s); they return when their lease expires: %s",
                 len(leases),

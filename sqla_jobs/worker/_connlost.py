@@ -117,7 +117,8 @@ def check_writable(conn: psycopg.Connection[Any]) -> None:
         conn.rollback()
     if row is not None and row[0]:
         host = conn.info.host
-        conn.close()
+        # Not closed here: the pool closes a connection its connect event refused (and
+        # the listener's ``with`` block closes its own).
         raise ReadOnlyServer(
             f"the server at {host}:{conn.info.port} is a standby or read-only; the worker "
             "waits for a primary (give every node in the URL with "

@@ -262,7 +262,8 @@ class Listener(Service):
         token = f"{self.worker_id}:{self._probes}"
         # A statement on a dead socket blocks in the driver: past the timeout, the socket
         # is shut down under it, and the statement fails like a closed connection.
-        watchdog = threading.Timer(PROBE_TIMEOUT, _shut_down, (conn,))
+        fired = threading.Event()
+        watchdog = threading.Timer(PROBE_TIMEOUT, _shut_down, (conn, fired))
         watchdog.daemon = True
         watchdog.start()
         try:
@@ -271,6 +272,12 @@ class Listener(Service):
                 "OR current_setting('transaction_read_only') = 'on'",
                 (self.probe_channel, token),
             ).fetchone()
+        except psycopg.OperationalError as exc:
+            if fired.is_set():
+                raise psycopg.OperationalError(
+                    f"no answer to the listener's probe within {PROBE_TIMEOUT:g}s (a dead socket)"
+                ) from exc
+            raise
         finally:
             watchdog.cancel()
         if row is not None and row[1]:
@@ -288,9 +295,10 @@ class Listener(Service):
             )
 
 
-def _shut_down(conn: psycopg.Connection[Any]) -> None:
+def _shut_down(conn: psycopg.Connection[Any], fired: threading.Event) -> None:
     """Shut ``conn``'s socket down (both ways), from another thread: a read blocked on it
     returns at once with end of file."""
+    fired.set()
     try:
         fd = conn.pgconn.socket
         with socket.socket(fileno=os.dup(fd)) as sock:

@@ -196,7 +196,11 @@ class Worker:
         self.events.subscribe(callback)
 
     def check_schema(self) -> None:
-        """Raise SchemaNotReadyError unless the jobs table has every column and status."""
+        """Raise SchemaNotReadyError unless the jobs table has every column and status.
+
+        Waits for a primary first (see :meth:`_wait_for_primary`)."""
+        if not self._wait_for_primary():
+            return
         with self.engine.connect() as conn:
             periodic = self.config.periodic and bool(self.registry.schedules)
             schema.check_schema(conn, periodic=periodic)
