@@ -282,10 +282,9 @@ class Dispatcher:
                 errors += 1
                 pause = min(MAX_ERROR_BACKOFF, 0.1 * 2**errors)
                 lost = _connlost.is_lost(exc)
-                if lost:
-                    # A failover or a server restart: the idle flag's session lock went
-                    # with the old server; raised again on a new connection.
-                    self._idle_flag_suspect = True
+                # A failover or a server restart: the idle flag's session lock went with
+                # the old server; raised again on a new connection.
+                self._idle_flag_suspect |= lost
                 say = _connlost.THROTTLE.warning if lost else log.warning
                 say("database error in dispatcher (retrying in %.1fs): %s", pause, _db.reason(exc))
                 draining.wait(pause)
