@@ -44,7 +44,7 @@ from sqla_jobs.config import WorkerConfig
 from sqla_jobs.control import Control
 from sqla_jobs.sql import lease
 from sqla_jobs.tasks import Registry
-from sqla_jobs.worker import _session
+from sqla_jobs.worker import _connlost, _session
 from sqla_jobs.worker._buffer import Waiting
 from sqla_jobs.worker._completer import Completer, fields
 from sqla_jobs.worker._inflight import Attempt, Claimed, Inflight
@@ -197,8 +197,12 @@ class AsyncExecutor:
             pool_size=size,
             max_overflow=size,
             pool_timeout=60,
-            connect_args={} if self.config.prepared_statements else {"prepare_threshold": None},
+            connect_args=_connlost.with_keepalives(
+                self.config.url,
+                {} if self.config.prepared_statements else {"prepare_threshold": None},
+            ),
         )
+        _connlost.install(self.engine.sync_engine)  # as the worker's own engine
         self._started.set()
         try:
             self._hand_out()  # jobs put before the loop was attached

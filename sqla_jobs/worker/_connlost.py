@@ -105,25 +105,33 @@ def _on_error(ctx: sa.engine.ExceptionContext) -> None:
 
 
 def _check_writable(dbapi_conn: Any, _record: Any) -> None:
-    check_writable(dbapi_conn)
+    # The DBAPI's own calls: under an AsyncEngine this is SQLAlchemy's adapter of
+    # psycopg's async connection, which offers the same (blocking-looking) methods.
+    cursor = dbapi_conn.cursor()
+    try:
+        cursor.execute(_CHECK_SQL)
+        row = cursor.fetchone()
+    finally:
+        cursor.close()
+    dbapi_conn.rollback()
+    if row is not None and row[0]:
+        # Not closed here: the pool closes a connection its connect event refused.
+        raise _read_only(getattr(dbapi_conn, "driver_connection", dbapi_conn))
 
 
 def check_writable(conn: psycopg.Connection[Any]) -> None:
-    """Raise :class:`ReadOnlyServer` unless ``conn`` reached a writable primary."""
-    with conn.cursor() as cursor:
-        cursor.execute(_CHECK_SQL)
-        row = cursor.fetchone()
-    if not conn.autocommit:
-        conn.rollback()
+    """Raise :class:`ReadOnlyServer` unless ``conn`` (autocommit) reached a primary."""
+    row = conn.execute(_CHECK_SQL).fetchone()
     if row is not None and row[0]:
-        host = conn.info.host
-        # Not closed here: the pool closes a connection its connect event refused (and
-        # the listener's ``with`` block closes its own).
-        raise ReadOnlyServer(
-            f"the server at {host}:{conn.info.port} is a standby or read-only; the worker "
-            "waits for a primary (give every node in the URL with "
-            "target_session_attrs=primary to find it)"
-        )
+        raise _read_only(conn)
+
+
+def _read_only(conn: Any) -> ReadOnlyServer:
+    return ReadOnlyServer(
+        f"the server at {conn.info.host}:{conn.info.port} is a standby or read-only; the "
+        "worker waits for a primary (give every node in the URL with "
+        "target_session_attrs=primary to find it)"
+    )
 
 
 def invalidate_pool(conn: sa.Connection, exc: BaseException) -> None:
