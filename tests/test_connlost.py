@@ -4,6 +4,7 @@ bound on its lost-connection warnings (``sqla_jobs.worker._connlost``)."""
 from __future__ import annotations
 
 import logging
+import socket
 from typing import Any
 
 import psycopg
@@ -107,3 +108,19 @@ def test_lost_connection_warnings_are_bounded_then_summed_up(
     assert lines[:3] == ["lost 0", "lost 1", "lost 2"]
     assert len(lines) == 4
     assert lines[3].startswith("7 more lost-connection warning(s) in the last")
+
+
+def test_a_worker_whose_url_reaches_no_server_fails_instead_of_waiting(db_url: URL) -> None:
+    """Waiting is for a standby that answers (a failover under way), not for a wrong
+    host or port: that stays the "cannot connect" error it was."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens there once closed
+    url = db_url.set(port=port)
+    worker = Worker(registry, WorkerConfig(database_url=url_text(url)))
+    try:
+        with pytest.raises(sa.exc.OperationalError) as caught:
+            worker.check_schema()
+    finally:
+        worker.engine.dispose()
+    assert not _connlost.only_standbys(caught.value)

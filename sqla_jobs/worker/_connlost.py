@@ -83,6 +83,20 @@ def is_lost(exc: BaseException | None) -> bool:
     return False
 
 
+#: libpq's words when target_session_attrs turned every server down: only standbys answer.
+_LIBPQ_STANDBY = ("session is read-only", "server is in hot standby mode")
+
+
+def only_standbys(exc: BaseException) -> bool:
+    """Whether ``exc`` says a server answered but none was a writable primary (not that
+    no server answered: a wrong host or port is still an error)."""
+    found = getattr(exc, "orig", None) or exc
+    if isinstance(found, ReadOnlyServer):
+        return True
+    text = str(found)
+    return isinstance(found, psycopg.OperationalError) and any(w in text for w in _LIBPQ_STANDBY)
+
+
 def with_keepalives(url: URL, connect_args: dict[str, Any]) -> dict[str, Any]:
     """``connect_args`` plus :data:`KEEPALIVES`, minus what the URL or the args set."""
     given = set(url.query) | set(connect_args)

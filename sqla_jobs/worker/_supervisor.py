@@ -239,8 +239,8 @@ class Worker:
                 with self.engine.connect():
                     pass  # the connect event checked pg_is_in_recovery()
             except sa.exc.DBAPIError as exc:
-                if not _connlost.is_lost(exc):
-                    raise
+                if not _connlost.only_standbys(exc):
+                    raise  # no server at all: the caller says "cannot connect" and exits
                 if not said:
                     log.warning(
                         "waiting for a primary: %s (trying again every %.0fs; the worker "
