@@ -62,6 +62,9 @@ _FAILOVER = f"{REL}/test_failover.py::"
 SYNC_FAILOVER = (
     f"{_FAILOVER}test_failover_with_synchronous_replication_runs_every_committed_job_exactly_once"
 )
+IDLE_FAILOVER = (
+    f"{_FAILOVER}test_an_idle_workers_listener_and_idle_flag_are_back_on_the_new_primary"
+)
 READ_ONLY_NODE = (
     f"{_FAILOVER}test_a_primary_turned_read_only_under_open_sockets_is_left_for_the_new_primary"
 )
@@ -810,7 +813,7 @@ MUTATIONS: list[Mutation] = [
         DISPATCHER,
         "                    self._drop_idle_flag()  # raised again below, on a new connection\n",
         "                    pass  # MUTATION\n",
-        (SYNC_FAILOVER,),
+        (IDLE_FAILOVER, SYNC_FAILOVER),
     ),
 ]
 

@@ -193,6 +193,40 @@ def test_failover_with_synchronous_replication_runs_every_committed_job_exactly_
     engine.dispose()
 
 
+def test_an_idle_workers_listener_and_idle_flag_are_back_on_the_new_primary(
+    sync_cluster: Cluster, tmp_path: Path
+) -> None:
+    """An idle worker holds the idle flag (a session advisory lock) when the primary
+    dies: the lock is gone with it. Producers on the new primary notify only if the
+    worker took the flag again there (poll interval 60 s)."""
+    c = sync_cluster
+    url = c.multi_host_url()
+    engine = _engine(url)
+    setup_app(engine)
+    log = tmp_path / "worker.log"
+    proc = spawn(url, log, *ARGS)
+    try:
+        wait_for(lambda: _listeners(engine), message="listener up")
+        before = _picked_by_notification(engine, "a job before the failover")
+        stopped = time.monotonic()
+        c.primary.stop("immediate")
+        c.promote()
+        new = _engine(c.standby.url(Cluster.DATABASE))
+        wait_for(lambda: _listeners(new), timeout=60, message="listening on the new primary")
+        listening = time.monotonic() - stopped
+        after = [_picked_by_notification(new, f"job {n} after the failover") for n in (1, 2)]
+        assert proc.poll() is None, "the worker died"
+    finally:
+        stop_all([proc])
+    print(
+        f"\n[idle failover] pickups {before}s before; listening on the new primary "
+        f"{listening:.2f}s after the stop; pickups after: {after} s"
+    )
+    assert oracle(new) == exactly_once(3)
+    new.dispose()
+    engine.dispose()
+
+
 def test_failover_with_asynchronous_replication_and_lag_loses_commits_consistently(
     tmp_path: Path,
 ) -> None:
