@@ -422,14 +422,19 @@ def test_a_worker_started_against_a_standby_only_waits_and_claims_nothing(
             job_id = enqueue(s, "work", {})
             s.commit()
         wait_for(lambda: _caught_up(c), message="the standby caught up")
-        log = tmp_path / "worker.log"
-        proc = spawn(c.standby.url(Cluster.DATABASE), log, *ARGS)
+        # One worker on the standby's own URL (it connects; the writable check refuses
+        # it), one on a multi-host URL naming only the standby (libpq refuses it).
+        logs = [tmp_path / "single.log", tmp_path / "multi.log"]
+        urls = [c.standby.url(Cluster.DATABASE), c.multi_host_url(c.standby)]
+        procs = [spawn(url, log, *ARGS) for url, log in zip(urls, logs, strict=True)]
         try:
-            wait_for(
-                lambda: "waiting for a primary" in log.read_text(),
-                timeout=30,
-                message="the worker says it waits for a primary",
-            )
+            for log in logs:
+                wait_for(
+                    lambda log=log: "waiting for a primary" in log.read_text(),  # type: ignore[misc]
+                    timeout=30,
+                    message=f"the worker of {log.name} says it waits for a primary",
+                )
+            assert scalar(primary, "SELECT attempts FROM jobs WHERE id = :i", i=job_id) == 0
             c.primary.stop("fast")
             c.promote()
             standby_wait = time.monotonic()
@@ -439,14 +444,17 @@ def test_a_worker_started_against_a_standby_only_waits_and_claims_nothing(
                 timeout=30,
                 message="the job done once the standby is a primary",
             )
-            promoted.dispose()
             started_in = time.monotonic() - standby_wait
+            assert [p.poll() for p in procs] == [None, None], "a waiting worker exited"
         finally:
-            stop_all([proc])
-        out = log.read_text()
+            stop_all(procs)
         print(
-            f"\n[standby only] the waiting worker ran the job {started_in:.2f}s after the promotion"
+            f"\n[standby only] a waiting worker ran the job {started_in:.2f}s after the promotion"
         )
-        assert out.count("waiting for a primary") == 1, out
-        assert "Traceback" not in out, out
+        for log in logs:
+            out = log.read_text()
+            assert out.count("waiting for a primary") == 1, out
+            assert "Traceback" not in out, out
+        assert oracle(promoted) == exactly_once(1)
+        promoted.dispose()
         primary.dispose()
