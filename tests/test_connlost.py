@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 from typing import Any
 
 import psycopg
 import pytest
 import sqlalchemy as sa
-from helpers import url_text
+from helpers import scalar, url_text, wait_for
 from sqlalchemy.engine import URL
+from sqlalchemy.orm import Session
 
-from sqla_jobs import Registry, WorkerConfig
+from sqla_jobs import JobContext, Registry, WorkerConfig, enqueue, testing
 from sqla_jobs.worker import Worker, _connlost
 
 registry = Registry()
@@ -22,6 +24,17 @@ registry = Registry()
 @registry.handler("noop")
 def noop(session: Any, payload: dict[str, Any]) -> None:
     pass
+
+
+RUNS: list[int] = []
+
+
+@registry.handler("read_only_write", max_attempts=1)
+def read_only_write(session: Any, payload: dict[str, Any], job: JobContext) -> None:
+    """Breaks its own transaction with a 25006 every time (a bug, not a failover)."""
+    RUNS.append(job.attempt)
+    session.execute(sa.text("SET LOCAL transaction_read_only = on"))
+    session.execute(sa.text("CREATE TEMP TABLE t (i int)"))
 
 
 def _server_error(url: URL, sql: str) -> psycopg.Error:
@@ -124,3 +137,31 @@ def test_a_worker_whose_url_reaches_no_server_fails_instead_of_waiting(db_url: U
     finally:
         worker.engine.dispose()
     assert not _connlost.only_standbys(caught.value)
+
+
+def test_a_handler_that_always_hits_25006_is_given_back_a_few_times_then_fails(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    """A lost connection spends no attempt, but a handler that causes one every run must
+    not loop for ever: after MAX_LOST_GIVEBACKS give-backs the run is a failed attempt."""
+    from sqla_jobs.worker import _completer
+
+    RUNS.clear()
+    with Session(engine) as s:
+        job_id = enqueue(s, "read_only_write", {})
+        s.commit()
+    worker = Worker(registry, WorkerConfig(database_url=url_text(db_url), poll_interval=0.2))
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(
+            lambda: (
+                scalar(engine, "SELECT status::text FROM jobs WHERE id = :i", i=job_id) == "dead"
+            ),
+            message="the job dead after its give-backs",
+        )
+    finally:
+        testing.stop_worker(worker, thread)
+    assert RUNS == [1] * (_completer.MAX_LOST_GIVEBACKS + 1)
+    error = scalar(engine, "SELECT last_error FROM jobs WHERE id = :i", i=job_id)
+    assert "read-only transaction" in error

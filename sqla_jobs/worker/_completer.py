@@ -17,9 +17,11 @@ lost is logged here, in :meth:`_lost`, and nowhere else. Each outcome is emitted
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import queue
+import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -53,6 +55,10 @@ log = logging.getLogger("sqla_jobs.worker")
 
 #: Largest batch the completer marks done in one statement.
 COMPLETE_BATCH = 1_000
+#: Runs of one job this worker gives back for a lost connection before it records the
+#: next one as a failed attempt: a handler that breaks its own connection every time
+#: (e.g. writes inside ``SET TRANSACTION READ ONLY``) must not loop for ever unspent.
+MAX_LOST_GIVEBACKS = 3
 #: Tries of a batch done-mark before its jobs are left to their leases.
 BATCH_TRIES = 5
 
@@ -98,6 +104,8 @@ class Completer:
             engine, lease.complete_one(worker=config.worker_id, job_id=0, attempt=0)
         )
         self._batch: queue.SimpleQueue[Attempt | None] = queue.SimpleQueue()
+        self._givebacks: collections.OrderedDict[int, int] = collections.OrderedDict()
+        self._givebacks_lock = threading.Lock()
 
     # --- on the handler's thread -------------------------------------------------------
 
@@ -163,7 +171,7 @@ class Completer:
         operator's cancel)."""
         job, exc = attempt.job, attempt.error
         assert exc is not None
-        if _connlost.is_lost(exc):
+        if _connlost.is_lost(exc) and self._may_give_back(job.id):
             return self._connection_lost(attempt)
         handler = self.registry[job.kind]
         if isinstance(exc, Snooze) and job.snoozes >= handler.max_snoozes:
@@ -219,6 +227,16 @@ class Completer:
             # ourselves instead of leaving it to the next poll.
             self.wake_at(time.monotonic() + delay)
         return outcome
+
+    def _may_give_back(self, job_id: int) -> bool:
+        with self._givebacks_lock:
+            given = self._givebacks.pop(job_id, 0)
+            if given >= MAX_LOST_GIVEBACKS:
+                return False
+            self._givebacks[job_id] = given + 1
+            while len(self._givebacks) > 10_000:  # the oldest first: a bounded memory
+                self._givebacks.popitem(last=False)
+            return True
 
     def _connection_lost(self, attempt: Attempt) -> Outcome:
         """The handler's connection was lost (a failover, a read-only node, a server
