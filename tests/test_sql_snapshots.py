@@ -138,6 +138,8 @@ CASES: dict[str, Callable[[], Any]] = {
     "locks.advisory_unlock": lambda: locks.advisory_unlock(locks.ARCHIVE_LOCK_KEY),
     "locks.idle_flag": lambda: locks.idle_flag(raise_=True),
     "locks.no_commit_in_flight": lambda: locks.no_commit_in_flight(),
+    "locks.not_a_primary": lambda: locks.not_a_primary(),
+    "locks.listener_probe": lambda: locks.listener_probe("jobs_probe", "vm:1:1"),
     "schema.archive_probe": lambda: schema.archive_probe(),
     "schema.schema_probe": lambda: schema.schema_probe(),
     "schema.table_probe": lambda: schema.table_probe(),

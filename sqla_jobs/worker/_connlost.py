@@ -30,7 +30,10 @@ from typing import Any
 import psycopg
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
+from sqlalchemy.dialects.postgresql import psycopg as psycopg_dialect
 from sqlalchemy.engine import URL
+
+from sqla_jobs.sql import locks
 
 #: SQLSTATEs that mean "this connection is no use any more": read-only transaction (a
 #: standby, or a node turned read-only), admin shutdown, crash shutdown, cannot connect now.
@@ -55,10 +58,9 @@ KEEPALIVES: dict[str, str] = {
 BURST = 10
 WINDOW_SECONDS = 10.0
 
-#: ``pg_is_in_recovery()``, or a server that refuses writes to this session anyway.
-_CHECK_SQL = "SELECT pg_is_in_recovery() OR current_setting('transaction_read_only') = 'on'"
 
 log = logging.getLogger("sqla_jobs.worker")
+_DIALECT = psycopg_dialect.dialect()  # type: ignore[no-untyped-call]
 
 
 class ReadOnlyServer(psycopg.OperationalError):
@@ -123,7 +125,7 @@ def _check_writable(dbapi_conn: Any, _record: Any) -> None:
     # psycopg's async connection, which offers the same (blocking-looking) methods.
     cursor = dbapi_conn.cursor()
     try:
-        cursor.execute(_CHECK_SQL)
+        cursor.execute(*_compiled(locks.not_a_primary()))
         row = cursor.fetchone()
     finally:
         cursor.close()
@@ -135,7 +137,7 @@ def _check_writable(dbapi_conn: Any, _record: Any) -> None:
 
 def check_writable(conn: psycopg.Connection[Any]) -> None:
     """Raise :class:`ReadOnlyServer` unless ``conn`` (autocommit) reached a primary."""
-    row = conn.execute(_CHECK_SQL).fetchone()
+    row = conn.execute(*_compiled(locks.not_a_primary())).fetchone()
     if row is not None and row[0]:
         raise _read_only(conn)
 
@@ -201,6 +203,18 @@ class Throttle:
 
 #: The worker's one throttle: every component's lost-connection warnings share it.
 THROTTLE = Throttle()
+
+
+def _compiled(stmt: sa.ClauseElement) -> tuple[str, dict[str, Any]]:
+    """``stmt`` as psycopg's SQL text and parameters (for a driver connection)."""
+    compiled = stmt.compile(dialect=_DIALECT)
+    return str(compiled), dict(compiled.params)
+
+
+def probe(conn: psycopg.Connection[Any], channel: str, token: str) -> bool:
+    """Send the listener's probe on ``conn``; True if the node can still write."""
+    row = conn.execute(*_compiled(locks.listener_probe(channel, token))).fetchone()
+    return not (row is not None and row[1])
 
 
 def connect_kwargs(url: URL, connect_args: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -267,11 +267,7 @@ class Listener(Service):
         watchdog.daemon = True
         watchdog.start()
         try:
-            row = conn.execute(
-                "SELECT pg_notify(%s, %s), pg_is_in_recovery() "
-                "OR current_setting('transaction_read_only') = 'on'",
-                (self.probe_channel, token),
-            ).fetchone()
+            writable = _connlost.probe(conn, self.probe_channel, token)
         except psycopg.OperationalError as exc:
             if fired.is_set():
                 raise psycopg.OperationalError(
@@ -280,7 +276,7 @@ class Listener(Service):
             raise
         finally:
             watchdog.cancel()
-        if row is not None and row[1]:
+        if not writable:
             raise _connlost.ReadOnlyServer("the listener's server turned read-only or standby")
         return token
 
