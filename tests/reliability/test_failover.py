@@ -332,6 +332,19 @@ def test_a_primary_turned_read_only_under_open_sockets_is_left_for_the_new_prima
             c.primary.query("ALTER SYSTEM SET default_transaction_read_only = on")
             c.primary.query("SELECT pg_reload_conf()")
             flipped = time.monotonic()
+            # Transactions that wrote before the flip still commit, and a commit waits for
+            # the synchronous standby: promoted first, it would never answer them (a
+            # real failover stops the old primary, which ends those waits; see README).
+            wait_for(
+                lambda: (
+                    not c.primary.query(
+                        "SELECT count(*) FROM pg_stat_activity "
+                        "WHERE backend_xid IS NOT NULL OR wait_event = 'SyncRep'",
+                        Cluster.DATABASE,
+                    )
+                ),
+                message="the old primary's writing transactions ended",
+            )
             proxy.switch(c.standby.port)
             c.promote()
             new = _engine(c.standby.url(Cluster.DATABASE))
