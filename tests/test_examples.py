@@ -376,3 +376,22 @@ def test_readme_tracing_example_draws_one_trace_from_request_to_handler(
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout == printed.group(1)
+
+
+def test_readme_failover_url_reaches_libpq_with_every_host_and_the_override() -> None:
+    from sqla_jobs.worker import _connlost
+
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Failover and network faults", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S)
+    assert code is not None
+    namespace: dict[str, object] = {"__name__": "readme_failover"}
+    exec(compile(code.group(1), "README.md", "exec"), namespace)
+    config = namespace["config"]
+    assert isinstance(config, WorkerConfig)
+    kwargs = _connlost.connect_kwargs(config.url)
+    assert kwargs["host"] == "db1.internal,db2.internal"
+    assert kwargs["port"] == "5432,5432"
+    assert kwargs["target_session_attrs"] == "primary"
+    assert kwargs["keepalives_idle"] == "5"
+    assert kwargs["tcp_user_timeout"] == _connlost.KEEPALIVES["tcp_user_timeout"]

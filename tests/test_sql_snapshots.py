@@ -169,6 +169,8 @@ CASES: dict[str, Callable[[], Any]] = {
     "workflows.unfinished_workflow": lambda: sa.select(models.jobs.c.id).where(
         workflows.unfinished_workflow(models.jobs)
     ),
+    "locks.not_a_primary": lambda: locks.not_a_primary(),
+    "locks.listener_probe": lambda: locks.listener_probe("jobs_probe", "vm:1:1"),
     "schema.archive_probe": lambda: schema.archive_probe(),
     "schema.schema_probe": lambda: schema.schema_probe(),
     "schema.table_probe": lambda: schema.table_probe(),

@@ -63,3 +63,27 @@ def no_commit_in_flight() -> sa.Select[Any]:
     """
     key = sa.bindparam("key", COMMIT_LOCK_KEY, sa.BigInteger)
     return sa.select(sa.func.pg_try_advisory_xact_lock(key))
+
+
+def _not_a_primary() -> sa.ColumnElement[bool]:
+    # transaction_read_only too: a node turned read-only (Aurora, a demoted primary with
+    # default_transaction_read_only) is not in recovery, and refuses every write.
+    return sa.or_(
+        sa.func.pg_is_in_recovery(),
+        sa.func.current_setting("transaction_read_only") == "on",
+    )
+
+
+def not_a_primary() -> sa.Select[Any]:
+    """True when this connection cannot write: a standby, or a node turned read-only (the
+    worker's check of every new connection)."""
+    return sa.select(_not_a_primary().label("not_a_primary"))
+
+
+def listener_probe(channel: str, token: str) -> sa.Select[Any]:
+    """The listener's probe: NOTIFY ``channel`` with ``token`` (it LISTENs there itself)
+    and say whether the node can still write."""
+    return sa.select(
+        sa.func.pg_notify(channel, token).label("sent"),
+        _not_a_primary().label("not_a_primary"),
+    )

@@ -45,7 +45,7 @@ from sqla_jobs.config import WorkerConfig
 from sqla_jobs.control import Control
 from sqla_jobs.sql import lease
 from sqla_jobs.tasks import Registry
-from sqla_jobs.worker import _session
+from sqla_jobs.worker import _connlost, _session
 from sqla_jobs.worker._buffer import Waiting
 from sqla_jobs.worker._completer import Completer, fields
 from sqla_jobs.worker._inflight import Attempt, Claimed, Inflight
@@ -198,8 +198,12 @@ class AsyncExecutor:
             pool_size=size,
             max_overflow=size,
             pool_timeout=60,
-            connect_args={} if self.config.prepared_statements else {"prepare_threshold": None},
+            connect_args=_connlost.with_keepalives(
+                self.config.url,
+                {} if self.config.prepared_statements else {"prepare_threshold": None},
+            ),
         )
+        _connlost.install(self.engine.sync_engine)  # as the worker's own engine
         self._started.set()
         try:
             self._hand_out()  # jobs put before the loop was attached
@@ -341,14 +345,8 @@ class AsyncExecutor:
                 self.completer.complete_later(attempt)
             else:
                 await asyncio.to_thread(self.completer.fail, attempt)
-        except Exception:  # bookkeeping itself failed (database down): the lease expires
-            log.exception(
-                "could not record the outcome of job %s; it will be retried after "
-                "its lease expires",
-                job.id,
-                extra=fields(job),
-            )
-            self.ledger.remove([job])
+        except Exception as exc:  # bookkeeping itself failed (database down or lost)
+            await asyncio.to_thread(self.completer.outcome_unknown, job, exc)
 
     def _interrupt(self, running: _Running) -> None:
         """On the loop: the run's timeout passed, an operator cancelled it, or the worker

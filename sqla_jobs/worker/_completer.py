@@ -17,8 +17,10 @@ lost is logged here, in :meth:`_lost`, and nowhere else. Each outcome is emitted
 
 from __future__ import annotations
 
+import collections
 import logging
 import queue
+import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -40,7 +42,7 @@ from sqla_jobs.exceptions import (
 from sqla_jobs.models import JobStatus
 from sqla_jobs.sql import lease
 from sqla_jobs.tasks import Registry
-from sqla_jobs.worker import _db
+from sqla_jobs.worker import _connlost, _db
 from sqla_jobs.worker._events import Events, Outcome, WorkerEvent
 from sqla_jobs.worker._inflight import Attempt, Claimed, Inflight, State
 from sqla_jobs.worker._session import HandlerSession
@@ -52,6 +54,10 @@ log = logging.getLogger("sqla_jobs.worker")
 
 #: Largest batch the completer marks done in one statement.
 COMPLETE_BATCH = 1_000
+#: Runs of one job this worker gives back for a lost connection before it records the
+#: next one as a failed attempt: a handler that breaks its own connection every time
+#: (e.g. writes inside ``SET TRANSACTION READ ONLY``) must not loop for ever unspent.
+MAX_LOST_GIVEBACKS = 3
 #: Tries of a batch done-mark before its jobs are left to their leases.
 BATCH_TRIES = 5
 
@@ -97,6 +103,8 @@ class Completer:
             engine, lease.complete_one(worker=config.worker_id, job_id=0, attempt=0)
         )
         self._batch: queue.SimpleQueue[Attempt | None] = queue.SimpleQueue()
+        self._givebacks: collections.OrderedDict[int, int] = collections.OrderedDict()
+        self._givebacks_lock = threading.Lock()
 
     # --- on the handler's thread -------------------------------------------------------
 
@@ -162,6 +170,8 @@ class Completer:
         operator's cancel)."""
         job, exc = attempt.job, attempt.error
         assert exc is not None
+        if _connlost.is_lost(exc) and self._may_give_back(job.id):
+            return self._connection_lost(attempt)
         handler = self.registry[job.kind]
         if isinstance(exc, Snooze) and job.snoozes >= handler.max_snoozes:
             exc = SqlaJobsError(
@@ -217,6 +227,71 @@ class Completer:
             self.wake_at(time.monotonic() + delay)
         return outcome
 
+    def _may_give_back(self, job_id: int) -> bool:
+        with self._givebacks_lock:
+            given = self._givebacks.pop(job_id, 0)
+            if given >= MAX_LOST_GIVEBACKS:
+                return False
+            self._givebacks[job_id] = given + 1
+            while len(self._givebacks) > 10_000:  # the oldest first: a bounded memory
+                self._givebacks.popitem(last=False)
+            return True
+
+    def _connection_lost(self, attempt: Attempt) -> Outcome:
+        """The handler's connection was lost (a failover, a read-only node, a server
+        shutdown; see _connlost): not the job's failure, so no attempt is spent. Its
+        writes went with the transaction; the claim is given back, fenced (if the new
+        primary never saw the claim, the job is queued there already)."""
+        job = attempt.job
+        _connlost.THROTTLE.warning(
+            "job %s (%s): the database connection was lost while its handler ran (%s); "
+            "given back without spending an attempt",
+            job.id,
+            job.kind,
+            _db.reason(attempt.error) if attempt.error is not None else "?",
+            extra={**fields(job), "outcome": "connection_lost"},
+        )
+        self._release_lost(job)
+        return Outcome.RELEASED
+
+    def _release_lost(self, job: Claimed) -> None:
+        """Give back a claim whose connection was lost, trying again while a failover has
+        no primary yet (up to half the lease): past that, the lease expires and the rescuer
+        requeues it (an attempt spent)."""
+        deadline = time.monotonic() + self.config.lock_seconds / 2
+        pause = 0.1
+        while True:
+            try:
+                self.release([job], quiet=time.monotonic() < deadline)
+                return
+            except sa_exc.SQLAlchemyError:
+                time.sleep(pause)
+                pause = min(1.0, pause * 2)
+
+    def outcome_unknown(self, job: Claimed, exc: Exception) -> None:
+        """Recording ``job``'s outcome failed. A lost connection (see _connlost) gets its
+        claim given back at once, fenced: if the done-mark did commit, the release
+        matches nothing; if not, the job is queued again without spending an attempt.
+        Any other failure (the database down) leaves it to its lease."""
+        if _connlost.is_lost(exc):
+            _connlost.THROTTLE.warning(
+                "job %s (%s): the connection was lost while its outcome was recorded (%s); "
+                "given back unless it committed",
+                job.id,
+                job.kind,
+                _db.reason(exc),
+                extra={**fields(job), "outcome": "connection_lost"},
+            )
+            self._release_lost(job)
+            return
+        log.error(
+            "could not record the outcome of job %s; it will be retried after its lease expires",
+            job.id,
+            exc_info=exc,
+            extra=fields(job),
+        )
+        self.ledger.remove([job])
+
     def give_up(self, job: Claimed, control: Control) -> Outcome | None:
         """Record the outcome of a run whose handler ignored its timeout or cancel.
 
@@ -237,8 +312,10 @@ class Completer:
         self.fail(attempt)
         return None
 
-    def release(self, jobs: Iterable[Claimed]) -> None:
-        """Give back claims no handler started: queued again, attempt not spent."""
+    def release(self, jobs: Iterable[Claimed], *, quiet: bool = False) -> None:
+        """Give back claims no handler started: queued again, attempt not spent.
+
+        ``quiet``: a database error is raised (the caller tries again), not logged."""
         jobs = list(jobs)
         for job in jobs:
             self.ledger.move(job, State.SETTLING)
@@ -249,6 +326,8 @@ class Completer:
                     self.engine, conn, lease.release(worker=self.config.worker_id, leases=leases)
                 )
         except sa_exc.SQLAlchemyError as exc:  # incl. pool timeouts
+            if quiet:
+                raise
             log.warning(
                 "could not release %d unstarted job(s); they return when their lease expires: %s",
                 len(leases),

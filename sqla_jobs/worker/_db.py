@@ -18,6 +18,8 @@ from psycopg.rows import namedtuple_row, tuple_row
 from psycopg.types.json import set_json_loads
 from sqlalchemy import exc as sa_exc
 
+from sqla_jobs.worker import _connlost
+
 _T = TypeVar("_T")
 
 Compiled = tuple[str, dict[str, Any]]
@@ -106,9 +108,7 @@ def pipelined(
                 for cursor in cursors:
                     cursor.close()
     except psycopg.Error as exc:
-        if driver.closed or driver.broken:
-            conn.invalidate()
-        raise sa_exc.DBAPIError.instance(sql, params, exc, psycopg.Error) from exc
+        raise _wrap(conn, driver, sql, params, exc) from exc
 
 
 def rows_and_commit(
@@ -174,9 +174,23 @@ def _on_cursor(
             cursor.execute(sql, params, prepare=prepare)
             return result(cursor)
     except psycopg.Error as exc:
-        if driver.closed or driver.broken:
-            conn.invalidate()  # so the pool does not hand it out again
-        raise sa_exc.DBAPIError.instance(sql, params, exc, psycopg.Error) from exc
+        raise _wrap(conn, driver, sql, params, exc) from exc
+
+
+def _wrap(
+    conn: sa.Connection,
+    driver: psycopg.Connection[Any],
+    sql: str,
+    params: dict[str, Any],
+    exc: psycopg.Error,
+) -> sa_exc.StatementError:
+    """SQLAlchemy's error for ``exc``; a lost connection (a closed socket, or a read-only
+    or recovering server, see _connlost) is dropped with its pool first, so the next
+    checkout opens a new one."""
+    lost = driver.closed or driver.broken or _connlost.is_lost(exc)
+    if lost and not conn.invalidated:
+        _connlost.invalidate_pool(conn, exc)
+    return sa_exc.DBAPIError.instance(sql, params, exc, psycopg.Error, connection_invalidated=lost)
 
 
 def reason(exc: BaseException) -> object:

@@ -36,7 +36,7 @@ from sqlalchemy import exc as sa_exc
 from sqla_jobs import validation
 from sqla_jobs.config import WorkerConfig
 from sqla_jobs.sql import lease, locks
-from sqla_jobs.worker import _db
+from sqla_jobs.worker import _connlost, _db
 from sqla_jobs.worker._buffer import Waiting
 from sqla_jobs.worker._inflight import SYNC_POOL, Claimed, Inflight
 from sqla_jobs.worker._limits import Limits
@@ -281,9 +281,12 @@ class Dispatcher:
             except sa_exc.SQLAlchemyError as exc:  # incl. pool timeouts
                 errors += 1
                 pause = min(MAX_ERROR_BACKOFF, 0.1 * 2**errors)
-                log.warning(
-                    "database error in dispatcher (retrying in %.1fs): %s", pause, _db.reason(exc)
-                )
+                lost = _connlost.is_lost(exc)
+                # A failover or a server restart: the idle flag's session lock went with
+                # the old server; raised again on a new connection.
+                self._idle_flag_suspect |= lost
+                say = _connlost.THROTTLE.warning if lost else log.warning
+                say("database error in dispatcher (retrying in %.1fs): %s", pause, _db.reason(exc))
                 draining.wait(pause)
                 continue
             exhausted = any(ran_out for _, ran_out in rounds)
@@ -491,7 +494,7 @@ class Dispatcher:
             self._idle_flag_up = up
             return True
         except sa_exc.SQLAlchemyError as exc:
-            log.warning(
+            _connlost.THROTTLE.warning(
                 "could not %s the idle flag: %s", "raise" if up else "lower", _db.reason(exc)
             )
             self._drop_idle_flag()

@@ -151,14 +151,8 @@ class ThreadExecutor:
                 self.completer.complete_later(attempt)
             else:
                 self.completer.fail(attempt)
-        except Exception:  # bookkeeping itself failed (database down): the lease expires
-            log.exception(
-                "could not record the outcome of job %s; it will be retried after "
-                "its lease expires",
-                job.id,
-                extra={"job_id": job.id, "kind": job.kind, "attempt": job.attempt},
-            )
-            self.ledger.remove([job])
+        except Exception as exc:  # bookkeeping itself failed (database down or lost)
+            self.completer.outcome_unknown(job, exc)
         return self._given_up(control)
 
     def _run_isolated(self, job: Claimed, control: Control) -> bool:

@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
+from typing import Any
 
 import psycopg
 import sqlalchemy as sa
@@ -37,13 +38,17 @@ from sqla_jobs.control import Control
 from sqla_jobs.models import JobStatus
 from sqla_jobs.sql import lease, locks, stats, workers
 from sqla_jobs.tasks import Registry
-from sqla_jobs.worker import _db
+from sqla_jobs.worker import _connlost, _db
 from sqla_jobs.worker._inflight import Claimed, Inflight
 
 log = logging.getLogger("sqla_jobs.worker")
 
 #: Longest pause between two tries of a service whose round failed.
 MAX_ERROR_BACKOFF = 5.0
+#: How often the listener sends itself a NOTIFY to prove its connection alive, and how
+#: long the answer may take: a dead LISTEN connection is noticed within their sum.
+LISTENER_PROBE_SECONDS = 5.0
+PROBE_TIMEOUT = 5.0
 #: How often a worker looks for ready jobs of its kinds in queues it does not serve.
 UNSERVED_CHECK_SECONDS = 60.0
 
@@ -72,7 +77,9 @@ class Service:
             except (sa_exc.SQLAlchemyError, psycopg.Error) as exc:  # incl. pool timeouts
                 failures += 1
                 pause = min(MAX_ERROR_BACKOFF, 0.1 * 2**failures)
-                log.warning(
+                # A failover fails every service at once, round after round: bounded.
+                say = _connlost.THROTTLE.warning if _connlost.is_lost(exc) else log.warning
+                say(
                     "%s %s (next try in %.1fs): %s", self.name, self.failure, pause, _db.reason(exc)
                 )
             except Exception:
@@ -192,32 +199,86 @@ class Listener(Service):
         wake: Callable[[], None],
         on_cancel: Callable[[int], object] | None = None,
         connected: Callable[[], None] | None = None,
+        probe_every: float | None = LISTENER_PROBE_SECONDS,
     ):
         super().__init__(until, 0.0)
         self.channel = config_mod.check_channel(locks.NOTIFY_CHANNEL)
         self.cancel_channel = config_mod.check_channel(locks.CANCEL_CHANNEL)
-        self.conninfo = config.url.set(drivername="postgresql").render_as_string(
-            hide_password=False
-        )
+        # Through the dialect, as the engine connects: a multi-host URL
+        # (?host=a:5432&host=b:5432) becomes libpq's host=a,b port=5432,5432.
+        self.connect_kwargs = _connlost.connect_kwargs(config.url)
+        self.probe_channel = config_mod.check_channel(locks.NOTIFY_CHANNEL + "_probe")
+        self.probe_every = probe_every
+        self.worker_id = config.worker_id
+        self._probes = 0
         self.wake = wake
         self.on_cancel = on_cancel
         self.connected = connected
 
     def round(self) -> None:
-        with psycopg.connect(self.conninfo, autocommit=True) as conn:
+        with psycopg.connect(**self.connect_kwargs, autocommit=True) as conn:
+            _connlost.check_writable(conn)  # a standby refuses LISTEN; a read-only node is stale
             conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
             if self.on_cancel is not None:
                 conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.cancel_channel)))
+            if self.probe_every is not None:
+                conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.probe_channel)))
             if self.connected is not None:
                 # Whatever took our connection may have taken the idle flag's too.
                 self.connected()
             self.wake()  # notifications sent while we were away are lost: poll
-            while not self.until.is_set():
-                for note in conn.notifies(timeout=1.0, stop_after=1):
-                    if note.channel == self.cancel_channel:
-                        self._cancel(note.payload)
-                    else:
-                        self.wake()
+            _connlost.THROTTLE.flush()
+            self._listen(conn)
+
+    def _listen(self, conn: psycopg.Connection[Any]) -> None:
+        # The probe: a NOTIFY to ourselves every probe_every seconds, which must come back
+        # within PROBE_TIMEOUT. A socket that a failover or a network left open but dead
+        # delivers nothing and raises nothing; LISTEN would wait on it for ever.
+        sent: str | None = None
+        next_probe = time.monotonic() + (self.probe_every or 0.0)
+        while not self.until.is_set():
+            for note in conn.notifies(timeout=1.0, stop_after=1):
+                if note.channel == self.cancel_channel:
+                    self._cancel(note.payload)
+                elif note.channel == self.probe_channel:
+                    if note.payload == sent:
+                        sent = None
+                else:
+                    self.wake()
+            if self.probe_every is None:
+                continue
+            now = time.monotonic()
+            if sent is not None and now > next_probe - self.probe_every + PROBE_TIMEOUT:
+                raise psycopg.OperationalError(
+                    f"no answer to the listener's probe within {PROBE_TIMEOUT:g}s"
+                )
+            if sent is None and now >= next_probe:
+                sent = self._probe(conn)
+                next_probe = now + self.probe_every
+
+    def _probe(self, conn: psycopg.Connection[Any]) -> str:
+        """Send the probe (bounded by PROBE_TIMEOUT); fail on a server turned read-only."""
+        self._probes += 1
+        token = f"{self.worker_id}:{self._probes}"
+        # A statement on a dead socket blocks in the driver: past the timeout, the socket
+        # is shut down under it, and the statement fails like a closed connection.
+        fired = threading.Event()
+        watchdog = threading.Timer(PROBE_TIMEOUT, _shut_down, (conn, fired))
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            writable = _connlost.probe(conn, self.probe_channel, token)
+        except psycopg.OperationalError as exc:
+            if fired.is_set():
+                raise psycopg.OperationalError(
+                    f"no answer to the listener's probe within {PROBE_TIMEOUT:g}s (a dead socket)"
+                ) from exc
+            raise
+        finally:
+            watchdog.cancel()
+        if not writable:
+            raise _connlost.ReadOnlyServer("the listener's server turned read-only or standby")
+        return token
 
     def _cancel(self, payload: str) -> None:
         if self.on_cancel is None or not payload.isdigit():
@@ -228,6 +289,18 @@ class Listener(Service):
                 payload,
                 extra={"job_id": int(payload), "outcome": "cancelling"},
             )
+
+
+def _shut_down(conn: psycopg.Connection[Any], fired: threading.Event) -> None:
+    """Shut ``conn``'s socket down (both ways), from another thread: a read blocked on it
+    returns at once with end of file."""
+    fired.set()
+    try:
+        fd = conn.pgconn.socket
+        with socket.socket(fileno=os.dup(fd)) as sock:
+            sock.shutdown(socket.SHUT_RDWR)
+    except (OSError, psycopg.Error):
+        log.debug("shutting the listener's socket down", exc_info=True)
 
 
 class DeadlineWatch(Service):

@@ -44,6 +44,7 @@ from sqla_jobs import validation
 from sqla_jobs.control import Control
 from sqla_jobs.exceptions import HandlerTransactionError, ResultError
 from sqla_jobs.sql import lease
+from sqla_jobs.worker import _connlost
 
 log = logging.getLogger("sqla_jobs.worker")
 
@@ -141,7 +142,10 @@ class GuardedConnection(sa.Connection):
         super().close()
 
     def invalidate(self, exception: BaseException | None = None) -> None:
-        self._check("connection.invalidate()")
+        # SQLAlchemy's own invalidation of a lost connection (a disconnect, a failover's
+        # read-only node): the server ended the transaction, not the handler.
+        if not _connlost.is_lost(exception):
+            self._check("connection.invalidate()")
         super().invalidate(exception)
 
     def detach(self) -> None:

@@ -26,6 +26,7 @@ from sqla_jobs.config import WorkerConfig
 from sqla_jobs.exceptions import SqlaJobsError
 from sqla_jobs.sql import schema
 from sqla_jobs.tasks import Registry
+from sqla_jobs.worker import _connlost
 from sqla_jobs.worker._async_executor import CANCEL_GRACE_SECONDS, AsyncExecutor, LoopBuffer
 from sqla_jobs.worker._buffer import ThreadBuffer
 from sqla_jobs.worker._completer import Completer
@@ -47,6 +48,10 @@ from sqla_jobs.worker._services import (
 )
 
 log = logging.getLogger("sqla_jobs.worker")
+
+
+#: How often a worker started without a primary tries again (see Worker.run).
+PRIMARY_WAIT_SECONDS = 1.0
 
 
 class Phase(enum.Enum):
@@ -104,8 +109,13 @@ class Worker:
             pool_timeout=60,
             # Handlers' own statements keep psycopg's default (prepared on their 5th
             # run); the worker's statements choose explicitly (see _db.rows).
-            connect_args={} if config.prepared_statements else {"prepare_threshold": None},
+            connect_args=_connlost.with_keepalives(
+                config.url, {} if config.prepared_statements else {"prepare_threshold": None}
+            ),
         )
+        # A read-only or recovering server's errors lose the connection, and a new
+        # connection is used only on a primary (see _connlost).
+        _connlost.install(self.engine)
         self.lifecycle = Lifecycle()
         self.events = Events()
         self._room = threading.Event()  # the ledger changed: the drain looks again
@@ -187,17 +197,23 @@ class Worker:
         self.events.subscribe(callback)
 
     def check_schema(self) -> None:
-        """Raise SchemaNotReadyError unless the jobs table has every column and status."""
+        """Raise SchemaNotReadyError unless the jobs table has every column and status.
+
+        Waits for a primary first (see :meth:`_wait_for_primary`)."""
+        if not self._wait_for_primary():
+            return
         with self.engine.connect() as conn:
             periodic = self.config.periodic and bool(self.registry.schedules)
             schema.check_schema(conn, periodic=periodic)
 
     def run(self, *, install_signal_handlers: bool = False) -> None:
         """Work until ``stop()`` (or a signal); returns after a graceful drain."""
-        self.check_schema()
         if install_signal_handlers:
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGINT, self._on_signal)
+        if not self._wait_for_primary():
+            return  # stopped while waiting
+        self.check_schema()
         self._start_parts()
         self.lifecycle.enter(Phase.RUNNING)
         log.info(
@@ -210,6 +226,36 @@ class Worker:
         )
         self._warn_unserved_queues()
         self._run_dispatcher()
+
+    def _wait_for_primary(self) -> bool:
+        """Wait until the database URL leads to a writable primary; False if stopped first.
+
+        A worker started while only a standby answers (a failover under way, or a URL
+        naming replicas only) waits, saying so once, instead of exiting: a supervisor
+        restarting it in a loop would do the same, noisily. It never claims on a standby.
+        """
+        said = False
+        while True:
+            try:
+                with self.engine.connect():
+                    pass  # the connect event checked pg_is_in_recovery()
+            except sa.exc.DBAPIError as exc:
+                if not _connlost.only_standbys(exc):
+                    raise  # no server at all: the caller says "cannot connect" and exits
+                if not said:
+                    log.warning(
+                        "waiting for a primary: %s (trying again every %.0fs; the worker "
+                        "starts once a server in the URL accepts writes)",
+                        _connlost.reason_line(exc),
+                        PRIMARY_WAIT_SECONDS,
+                    )
+                    said = True
+            else:
+                if said:
+                    log.info("a primary answers; starting")
+                return True
+            if self.lifecycle.draining.wait(PRIMARY_WAIT_SECONDS):
+                return False
 
     async def run_async(self) -> None:
         """``await worker.run_async()``: run the worker from an application's event loop.

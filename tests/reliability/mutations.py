@@ -83,6 +83,19 @@ NEW_RUN_HEARTBEAT = (
     "test_a_workers_stale_run_ending_does_not_stop_the_heartbeat_of_its_new_run_of_the_job"
 )
 NO_OVERLAP = f"{REL}/test_crashes.py::test_no_two_runs_of_a_job_overlap_while_heartbeats_are_alive"
+_FAILOVER = f"{REL}/test_failover.py::"
+SYNC_FAILOVER = (
+    f"{_FAILOVER}test_failover_with_synchronous_replication_runs_every_committed_job_exactly_once"
+)
+IDLE_FAILOVER = (
+    f"{_FAILOVER}test_an_idle_workers_listener_and_idle_flag_are_back_on_the_new_primary"
+)
+READ_ONLY_NODE = (
+    f"{_FAILOVER}test_a_primary_turned_read_only_under_open_sockets_is_left_for_the_new_primary"
+)
+DEAD_LISTEN_SOCKET = (
+    f"{_FAILOVER}test_a_dead_listen_socket_is_noticed_by_the_probe_and_the_worker_claims_at_once"
+)
 SHUTDOWN = f"{REL}/test_shutdown.py"
 GIVE_BACK = (
     f"{REL}/test_shutdown.py::"
@@ -198,6 +211,7 @@ DISPATCHER = "sqla_jobs/worker/_dispatcher.py"
 EXECUTOR = "sqla_jobs/worker/_executor.py"
 INFLIGHT = "sqla_jobs/worker/_inflight.py"
 SERVICES = "sqla_jobs/worker/_services.py"
+CONNLOST = "sqla_jobs/worker/_connlost.py"
 SESSION = "sqla_jobs/worker/_session.py"
 PRODUCER = "sqla_jobs/producer.py"
 ENQUEUE_SQL = "sqla_jobs/sql/enqueue.py"
@@ -407,8 +421,8 @@ MUTATIONS: list[Mutation] = [
         "listener_wakeup",
         "a notification wakes the dispatcher (jobs picked up without waiting for a poll)",
         SERVICES,
-        "                    else:\n                        self.wake()\n",
-        "                    else:\n                        pass  # MUTATION\n",
+        "                else:\n                    self.wake()\n",
+        "                else:\n                    pass  # MUTATION\n",
         (BUSY_LISTENER_FAULT, IDLE_LISTENER_FAULT),
     ),
     Mutation(
@@ -589,10 +603,10 @@ MUTATIONS: list[Mutation] = [
         "listener_cancel",
         "a cancel reaches a running job at once by notification, not at the next heartbeat",
         SERVICES,
-        "                    if note.channel == self.cancel_channel:\n"
-        "                        self._cancel(note.payload)\n",
-        "                    if note.channel == self.cancel_channel:\n"
-        "                        pass  # MUTATION\n",
+        "                if note.channel == self.cancel_channel:\n"
+        "                    self._cancel(note.payload)\n",
+        "                if note.channel == self.cancel_channel:\n"
+        "                    pass  # MUTATION\n",
         (CANCEL_RUNNING, CANCEL_LATENCY),
     ),
     # --- the handler's decisions and results (revision 0005) -----------------------------
@@ -967,6 +981,31 @@ MUTATIONS: list[Mutation] = [
         "sa.or_(parent.c.id.is_(None), ended))",
         "        .where(sa.false())  # MUTATION",
         (FLOW_SWEEP,),
+    ),
+    # --- failover and network faults (#24) -----------------------------------------------
+    Mutation(
+        "read_only_is_a_lost_connection",
+        "25006 (a read-only node) is a lost connection: dropped, reconnected, no attempt spent",
+        CONNLOST,
+        'LOST_SQLSTATES = frozenset({"25006", "57P01", "57P02", "57P03"})\n',
+        'LOST_SQLSTATES = frozenset({"57P01", "57P02", "57P03"})  # MUTATION\n',
+        (READ_ONLY_NODE,),
+    ),
+    Mutation(
+        "listener_probe",
+        "the listener proves its connection with a self-NOTIFY; a dead socket is left",
+        SERVICES,
+        "        probe_every: float | None = LISTENER_PROBE_SECONDS,\n",
+        "        probe_every: float | None = None,  # MUTATION\n",
+        (DEAD_LISTEN_SOCKET,),
+    ),
+    Mutation(
+        "idle_flag_retaken_after_failover",
+        "the idle flag (a session lock) is taken again on the new primary after a failover",
+        DISPATCHER,
+        "                    self._drop_idle_flag()  # raised again below, on a new connection\n",
+        "                    pass  # MUTATION\n",
+        (IDLE_FAILOVER, SYNC_FAILOVER),
     ),
 ]
 

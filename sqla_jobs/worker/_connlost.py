@@ -1,0 +1,232 @@
+"""What a lost connection looks like, and what the worker does about it.
+
+A failover does not always close sockets. A node that turns read-only under its clients
+(Aurora, a demoted primary, ``default_transaction_read_only`` switched on) answers every
+write with SQLSTATE 25006, a standby answers ``LISTEN`` with "cannot execute LISTEN during
+recovery", and a server that shuts down sends 57P01/57P02/57P03. None of these is the
+job's fault, and none gets better by retrying on the same connection: the worker treats
+each of them as a lost connection, like a closed socket.
+
+* :func:`install` hooks the worker's engine: such an error marks the connection (and the
+  pool's older connections) invalidated, so the next checkout opens a new one; every new
+  connection is checked with ``pg_is_in_recovery()`` before use (libpq's
+  ``target_session_attrs`` only looks at connect time, and a single-host URL not at all),
+  and gets TCP keepalives and ``tcp_user_timeout`` unless the URL or ``connect_args``
+  already say otherwise (:data:`KEEPALIVES`).
+* :func:`is_lost` tells such an error from a handler's own failure, so no attempt is
+  spent on it (the claim is given back, see ``Completer.fail``).
+* :data:`THROTTLE` bounds the warnings a failover makes: :data:`BURST` lines per
+  :data:`WINDOW_SECONDS`, then one summary line per window with the count left out
+  (graphile-worker logged 30,000 "LISTEN during recovery" lines in 20 s).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import psycopg
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.dialects.postgresql import psycopg as psycopg_dialect
+from sqlalchemy.engine import URL
+
+from sqla_jobs.sql import locks
+
+#: SQLSTATEs that mean "this connection is no use any more": read-only transaction (a
+#: standby, or a node turned read-only), admin shutdown, crash shutdown, cannot connect now.
+LOST_SQLSTATES = frozenset({"25006", "57P01", "57P02", "57P03"})
+#: "cannot execute LISTEN during recovery", "cannot access temporary or unlogged relations
+#: during recovery" (0A000): the server is a standby.
+DURING_RECOVERY = "during recovery"
+
+#: libpq settings the worker's connections get unless the URL or connect_args set them:
+#: an idle socket is probed after 10 s, every 5 s, 3 times (dead after ~25 s); data not
+#: acknowledged within 30 s ends the connection. Without them a connection to a vanished
+#: host waits for the kernel's tcp_retries2 (about 15 minutes).
+KEEPALIVES: dict[str, str] = {
+    "keepalives": "1",
+    "keepalives_idle": "10",
+    "keepalives_interval": "5",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "30000",
+}
+
+#: Lost-connection warnings logged per window; the rest are counted and summed up.
+BURST = 10
+WINDOW_SECONDS = 10.0
+
+
+log = logging.getLogger("sqla_jobs.worker")
+_DIALECT = psycopg_dialect.dialect()  # type: ignore[no-untyped-call]
+
+
+class ReadOnlyServer(psycopg.OperationalError):
+    """The server a new connection reached is a standby or read-only: not used."""
+
+
+def is_lost(exc: BaseException | None) -> bool:
+    """Whether ``exc`` (or the driver error under it) means the connection is lost."""
+    seen = 0
+    while exc is not None and seen < 5:
+        seen += 1
+        if isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated:
+            return True
+        if isinstance(exc, ReadOnlyServer):
+            return True
+        if isinstance(exc, psycopg.Error):
+            if exc.sqlstate in LOST_SQLSTATES or DURING_RECOVERY in str(exc):
+                return True
+            if isinstance(exc, psycopg.OperationalError) and exc.sqlstate is None:
+                return True  # the socket closed, reset or timed out: no server answer
+        exc = getattr(exc, "orig", None) or exc.__cause__
+    return False
+
+
+#: libpq's words when target_session_attrs turned every server down: only standbys answer.
+_LIBPQ_STANDBY = ("session is read-only", "server is in hot standby mode")
+
+
+def only_standbys(exc: BaseException) -> bool:
+    """Whether ``exc`` says a server answered but none was a writable primary (not that
+    no server answered: a wrong host or port is still an error)."""
+    found = getattr(exc, "orig", None) or exc
+    if isinstance(found, ReadOnlyServer):
+        return True
+    text = str(found)
+    return isinstance(found, psycopg.OperationalError) and any(w in text for w in _LIBPQ_STANDBY)
+
+
+def with_keepalives(url: URL, connect_args: dict[str, Any]) -> dict[str, Any]:
+    """``connect_args`` plus :data:`KEEPALIVES`, minus what the URL or the args set."""
+    given = set(url.query) | set(connect_args)
+    return {**{k: v for k, v in KEEPALIVES.items() if k not in given}, **connect_args}
+
+
+def install(engine: sa.Engine) -> None:
+    """Classify lost connections on ``engine`` and check every new connection (once)."""
+    if getattr(engine, "_sqla_jobs_connlost", False):
+        return
+    engine._sqla_jobs_connlost = True  # type: ignore[attr-defined]
+    sa.event.listen(engine, "handle_error", _on_error)
+    sa.event.listen(engine, "connect", _check_writable)
+
+
+def _on_error(ctx: sa.engine.ExceptionContext) -> None:
+    if not ctx.is_disconnect and is_lost(ctx.original_exception):
+        # SQLAlchemy then invalidates this connection and every older one of the pool.
+        ctx.is_disconnect = True
+
+
+def _check_writable(dbapi_conn: Any, _record: Any) -> None:
+    # The DBAPI's own calls: under an AsyncEngine this is SQLAlchemy's adapter of
+    # psycopg's async connection, which offers the same (blocking-looking) methods.
+    cursor = dbapi_conn.cursor()
+    try:
+        cursor.execute(*_compiled(locks.not_a_primary()))
+        row = cursor.fetchone()
+    finally:
+        cursor.close()
+    dbapi_conn.rollback()
+    if row is not None and row[0]:
+        # Not closed here: the pool closes a connection its connect event refused.
+        raise _read_only(getattr(dbapi_conn, "driver_connection", dbapi_conn))
+
+
+def check_writable(conn: psycopg.Connection[Any]) -> None:
+    """Raise :class:`ReadOnlyServer` unless ``conn`` (autocommit) reached a primary."""
+    row = conn.execute(*_compiled(locks.not_a_primary())).fetchone()
+    if row is not None and row[0]:
+        raise _read_only(conn)
+
+
+def _read_only(conn: Any) -> ReadOnlyServer:
+    return ReadOnlyServer(
+        f"the server at {conn.info.host}:{conn.info.port} is a standby or read-only; the "
+        "worker waits for a primary (give every node in the URL with "
+        "target_session_attrs=primary to find it)"
+    )
+
+
+def invalidate_pool(conn: sa.Connection, exc: BaseException) -> None:
+    """The raw-cursor paths' twin of :func:`_on_error`: drop ``conn`` and every older
+    connection of its pool (a failover took them all)."""
+    fairy = conn.connection
+    conn.invalidate(exc)
+    # Pool._invalidate is what SQLAlchemy itself calls on a disconnect: connections
+    # opened before now are replaced at their next checkout.
+    conn.engine.pool._invalidate(fairy, exc, _checkin=False)
+
+
+class Throttle:
+    """At most :data:`BURST` warnings per :data:`WINDOW_SECONDS`; then a summary."""
+
+    def __init__(self, burst: int = BURST, window: float = WINDOW_SECONDS) -> None:
+        self.burst = burst
+        self.window = window
+        self._lock = threading.Lock()
+        self._started = 0.0
+        self._logged = 0
+        self._dropped = 0
+
+    def warning(self, msg: str, *args: object, **kw: Any) -> None:
+        with self._lock:
+            now = time.monotonic()
+            if now - self._started >= self.window:
+                self._summarize(now)
+            if self._logged >= self.burst:
+                self._dropped += 1
+                return
+            self._logged += 1
+        log.warning(msg, *args, **kw)
+
+    def flush(self) -> None:
+        """Log the summary of the window so far, if anything was left out."""
+        with self._lock:
+            self._summarize(time.monotonic())
+
+    def _summarize(self, now: float) -> None:
+        if self._dropped:
+            log.warning(
+                "%d more lost-connection warning(s) in the last %.0fs not logged (at most "
+                "%d per %.0fs)",
+                self._dropped,
+                now - self._started,
+                self.burst,
+                self.window,
+                extra={"outcome": "connection_lost"},
+            )
+        self._started, self._logged, self._dropped = now, 0, 0
+
+
+#: The worker's one throttle: every component's lost-connection warnings share it.
+THROTTLE = Throttle()
+
+
+def _compiled(stmt: sa.ClauseElement) -> tuple[str, dict[str, Any]]:
+    """``stmt`` as psycopg's SQL text and parameters (for a driver connection)."""
+    compiled = stmt.compile(dialect=_DIALECT)
+    return str(compiled), dict(compiled.params)
+
+
+def probe(conn: psycopg.Connection[Any], channel: str, token: str) -> bool:
+    """Send the listener's probe on ``conn``; True if the node can still write."""
+    row = conn.execute(*_compiled(locks.listener_probe(channel, token))).fetchone()
+    return not (row is not None and row[1])
+
+
+def connect_kwargs(url: URL, connect_args: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``psycopg.connect`` keyword arguments for ``url``, as the engine would pass them
+    (a multi-host URL included), with :data:`KEEPALIVES` (see :func:`with_keepalives`)."""
+    engine = sa.create_engine(url)  # connects to nothing: its dialect reads the URL
+    _, kwargs = engine.dialect.create_connect_args(url)
+    kwargs.pop("context", None)
+    return {**with_keepalives(url, {}), **kwargs, **(connect_args or {})}
+
+
+def reason_line(exc: BaseException) -> str:
+    """The driver's message, on one line."""
+    found = getattr(exc, "orig", None) or exc
+    return " ".join(str(found).split())
