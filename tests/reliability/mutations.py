@@ -757,6 +757,19 @@ MUTATIONS: list[Mutation] = [
         ),
     ),
     Mutation(
+        "payload_matches_step_hides_its_value",
+        "a payload filter's second step hides its value from the planner (an InitPlan), so "
+        "statistics taken when the value was on every row cannot make it read the table",
+        "sqla_jobs/sql/admin.py",
+        "        return sa.select(match).scalar_subquery()\n",
+        "        return match  # MUTATION\n",
+        (
+            "tests/test_dashboard_plans.py::"
+            "test_each_jobs_page_filter_reads_its_index_whatever_the_statistics"
+            "[payload-value-on-every-row]",
+        ),
+    ),
+    Mutation(
         "overview_estimates_above_its_bound",
         "the overview counts a family exactly up to its bound and estimates it above",
         "sqla_jobs/ops.py",
