@@ -133,6 +133,15 @@ CASES: dict[str, Callable[[], Any]] = {
     "stats.stats_table": lambda: stats.stats_table(),
     "stats.stats_status_estimates": lambda: stats.stats_status_estimates(),
     "stats.stats_sample": lambda: stats.stats_sample(JobStatus.QUEUED, 500),
+    "stats.stats_head": lambda: stats.stats_head(),
+    "stats.throughput_now": lambda: stats.throughput_now(60),
+    "stats.stats_parts": lambda: stats.stats_parts(
+        [
+            ("dead", stats.stats_sample(JobStatus.DEAD, 501)),
+            ("running", stats.stats_running()),
+            ("done", stats.stats_done_recent()),
+        ]
+    ),
     "stats.unserved_ready": lambda: stats.unserved_ready(["a", "b"], ["default"]),
     "locks.try_advisory_lock": lambda: locks.try_advisory_lock(locks.ARCHIVE_LOCK_KEY),
     "locks.advisory_unlock": lambda: locks.advisory_unlock(locks.ARCHIVE_LOCK_KEY),
