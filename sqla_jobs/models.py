@@ -211,6 +211,8 @@ class Job(Base):
         sa.Index("jobs_status_id_idx", "status", "id"),
         sa.Index("jobs_kind_id_idx", "kind", "id"),
         sa.Index("jobs_queue_id_idx", "queue", "id"),
+        # Revision 0012: the lowest id created since a newer_than bound, from the index.
+        sa.Index("jobs_created_at_idx", "created_at", "id"),
         sa.Index(
             "jobs_payload_idx",
             "payload",

@@ -673,6 +673,10 @@ def list_jobs(
     if len(found) < limit and admin.payload_in_two_steps(statuses, kind, queue, payload):
         # Not a page among the ids near the cursor: every match, from the GIN index.
         found = session.execute(page(payload_scan=admin.MATCHES)).all()
+    elif len(found) < limit and admin.age_in_two_steps(statuses, kind, queue, payload, newer_than):
+        # Not a page among the ids near the cursor: walk from the lowest id created
+        # since the bound (jobs_created_at_idx) instead of through every older job.
+        found = session.execute(page(age_scan=admin.MATCHES)).all()
     return [_record(row) for row in found]
 
 

@@ -42,6 +42,7 @@ NOT_BUILDERS = {
     "schema.no_schema_error",
     "control.lock_key",
     "admin.payload_in_two_steps",
+    "admin.age_in_two_steps",
 }
 
 LEASES = [(1, 1), (2, 3)]
@@ -86,6 +87,12 @@ CASES: dict[str, Callable[[], Any]] = {
     ),
     "admin.list_jobs_payload_matches": lambda: admin.list_jobs(
         payload='{"user": 7}', limit=50, after_id=15, payload_scan=admin.MATCHES
+    ),
+    "admin.list_jobs_newer_than_near": lambda: admin.list_jobs(
+        newer_than=86400, limit=50, after_id=15, age_scan=admin.NEAR
+    ),
+    "admin.list_jobs_newer_than_matches": lambda: admin.list_jobs(
+        newer_than=86400, limit=50, newest_first=True, age_scan=admin.MATCHES
     ),
     "admin.list_jobs_search": lambda: admin.list_jobs(
         key="k",
@@ -248,6 +255,8 @@ def test_every_statement_builder_has_a_snapshot_case() -> None:
         "admin.list_jobs_status",
         "admin.list_jobs_payload_near",
         "admin.list_jobs_payload_matches",
+        "admin.list_jobs_newer_than_near",
+        "admin.list_jobs_newer_than_matches",
     }
     assert _builders() == set(CASES) - variants
 

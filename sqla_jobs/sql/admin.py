@@ -62,6 +62,7 @@ def list_jobs(
     payload: str | None = None,
     newest_first: bool = False,
     payload_scan: str = NEAR,
+    age_scan: str = NEAR,
 ) -> sa.Select[Any]:
     """One page of jobs in id order; the next page starts after the last id (keyset).
 
@@ -101,6 +102,13 @@ def list_jobs(
     if newer_than is not None:
         age = sa.bindparam("newer_than", newer_than, sa.Float)
         conditions.append(jobs.c.created_at >= _common.ago(age, now))
+        if age_in_two_steps(statuses, kind, queue, payload, newer_than):
+            if age_scan == NEAR:
+                conditions.append(_near(after_id, newest_first))
+            elif age_scan == MATCHES:
+                conditions.append(jobs.c.id >= _lowest_id_since(age, now))
+            else:
+                raise ValueError(f"age_scan is {NEAR!r} or {MATCHES!r}, got {age_scan!r}")
     if payload is not None:
         conditions.append(jobs.c.payload.contains(_payload_match(payload, lead, payload_scan)))
     if after_id is not None:
@@ -147,6 +155,47 @@ def _payload_match(
 def _all_matches(payload: str | None, lead: sa.ColumnElement[Any] | None, scan: str) -> bool:
     """Whether the statement is the second step of a payload filter (every match)."""
     return payload is not None and lead is None and scan == MATCHES
+
+
+def age_in_two_steps(
+    statuses: Sequence[JobStatus] | None,
+    kind: str | None,
+    queue: str | None,
+    payload: Any,
+    newer_than: Any,
+) -> bool:
+    """Whether :func:`list_jobs` with these filters is asked ``age_scan=NEAR``, then
+    ``MATCHES``: ``newer_than`` on the primary key (no other filter leads)."""
+    return (
+        newer_than is not None
+        and payload is None
+        and _leading_filter(statuses, kind, queue)[0] is None
+    )
+
+
+def _lowest_id_since(age: sa.ColumnElement[Any], now: Now) -> sa.ScalarSelect[Any]:
+    """The lowest id among the jobs created since ``now - age``, from
+    ``jobs_created_at_idx (created_at, id)`` alone (revision 0012).
+
+    A bound for the page's walk on the primary key, exact whatever the order of
+    created_at against id: every job created since is at or above it (a job created in
+    a long transaction gets an id after younger ones). ``id + 0`` and the subquery's
+    ``ORDER BY created_at, id``: ``min(id)`` would be rewritten into a walk of the
+    primary key that stops at the first match (which is the slow walk this bound
+    avoids); ordered by the index's own columns, no plan reads the table's rows.
+    """
+    # Both ends out of the planner's sight (InitPlans): it prices a range between two
+    # unknown values at 0.5% of the rows, and reads the index; given the bound itself,
+    # statistics that say every job is recent (or none yet) make it read the table.
+    start = sa.select(_common.ago(age, now)).scalar_subquery()
+    end = sa.select(sa.cast(sa.literal("infinity"), sa.DateTime(timezone=True))).scalar_subquery()
+    since = (
+        sa.select((jobs.c.id + 0).label("id"))
+        .where(jobs.c.created_at >= start, jobs.c.created_at <= end)
+        .order_by(jobs.c.created_at, jobs.c.id)
+        .subquery("since")
+    )
+    return sa.select(sa.func.min(since.c.id)).scalar_subquery()
 
 
 def payload_in_two_steps(

@@ -781,6 +781,18 @@ MUTATIONS: list[Mutation] = [
         ),
     ),
     Mutation(
+        "newer_than_bound_is_the_lowest_id_since",
+        "a newer_than page walks from the lowest id created since its bound, not from the "
+        "first job by created_at (exact when created_at is out of step with id)",
+        "sqla_jobs/sql/admin.py",
+        "    return sa.select(sa.func.min(since.c.id)).scalar_subquery()\n",
+        "    return sa.select(since.c.id).limit(1).scalar_subquery()  # MUTATION\n",
+        (
+            "tests/test_ops_dashboard_queries.py::"
+            "test_newer_than_pages_are_exact_when_created_at_is_out_of_step_with_id",
+        ),
+    ),
+    Mutation(
         "overview_estimates_above_its_bound",
         "the overview counts a family exactly up to its bound and estimates it above",
         "sqla_jobs/ops.py",
