@@ -320,8 +320,8 @@ def explain(url: str, case: Case, newest_first: bool) -> str:
 def server_write_cost(url: str, rows: int, drop: bool) -> tuple[float, float]:
     """Seconds to insert ``rows`` jobs in one statement, then to move them queued ->
     running -> done (two non-HOT updates of every row, as a claim and a done-mark do),
-    with the dashboard's indexes (revisions 0010, 0012) or (``drop``) without: the index maintenance itself,
-    without the per-transaction costs that hide it in a drain."""
+    with the dashboard's indexes (revisions 0010, 0012) or (``drop``) without: the index
+    maintenance itself, without the per-transaction costs that hide it in a drain."""
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("TRUNCATE jobs")
         for name in INDEXES if drop else ():
