@@ -676,7 +676,9 @@ def list_jobs(
     elif len(found) < limit and admin.age_in_two_steps(statuses, kind, queue, payload, newer_than):
         # Not a page among the ids near the cursor: walk from the lowest id created
         # since the bound (jobs_created_at_idx) instead of through every older job.
-        found = session.execute(page(age_scan=admin.MATCHES)).all()
+        # Nothing back: no match after the cursor, or the first step read to the end
+        # of the table (the second is then skipped): either way the first step's rows.
+        found = session.execute(page(age_scan=admin.MATCHES)).all() or found
     return [_record(row) for row in found]
 
 

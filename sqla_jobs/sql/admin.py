@@ -107,6 +107,8 @@ def list_jobs(
                 conditions.append(_near(after_id, newest_first))
             elif age_scan == MATCHES:
                 conditions.append(jobs.c.id >= _lowest_id_since(age, now))
+                if after_id is not None:
+                    conditions.append(_past_the_window(after_id, newest_first))
             else:
                 raise ValueError(f"age_scan is {NEAR!r} or {MATCHES!r}, got {age_scan!r}")
     if payload is not None:
@@ -171,6 +173,17 @@ def age_in_two_steps(
         and payload is None
         and _leading_filter(statuses, kind, queue)[0] is None
     )
+
+
+def _past_the_window(after_id: int, newest_first: bool) -> sa.ColumnElement[bool]:
+    """Whether the table goes on past the first step's window (a one-time test, made
+    before the bound is looked up): when it does not, the first step read every id
+    left, and this step returns nothing (the caller keeps the first step's rows)."""
+    window = sa.bindparam("window", PAYLOAD_WINDOW, sa.BigInteger)
+    cursor = sa.bindparam("after_id", after_id, sa.BigInteger)
+    if newest_first:
+        return sa.select(sa.func.min(jobs.c.id)).scalar_subquery() < cursor - window
+    return sa.select(sa.func.max(jobs.c.id)).scalar_subquery() > cursor + window
 
 
 def _lowest_id_since(age: sa.ColumnElement[Any], now: Now) -> sa.ScalarSelect[Any]:
