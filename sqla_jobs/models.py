@@ -18,8 +18,10 @@ Two partial indexes keep the hot paths small no matter how many finished rows pi
 Revision 0010 adds what the dashboard's jobs page filters by, each giving one page in id
 order from a keyset cursor: ``jobs_status_id_idx (status, id)``, ``jobs_kind_id_idx
 (kind, id)``, ``jobs_queue_id_idx (queue, id)`` and ``jobs_payload_idx`` (GIN,
-``jsonb_path_ops``, for ``payload @> ...``). Each is written by every insert and status
-change (see benchmarks/README.md for the cost).
+``jsonb_path_ops``, for ``payload @> ...``); revision 0012 adds ``jobs_created_at_idx
+(created_at, id)``, where a ``newer_than`` page finds the lowest id created since its
+bound. Each is written by every insert and status change (see benchmarks/README.md for
+the cost).
 
 Finished rows are moved to ``jobs_archive`` (:class:`JobArchive`, same columns plus
 ``archived_at``) by :func:`sqla_jobs.ops.archive`, so the live table stays small.

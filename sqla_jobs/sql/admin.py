@@ -80,8 +80,11 @@ def list_jobs(
     the page there); if that is not a page, ``payload_scan=MATCHES`` reads every match
     from ``jobs_payload_idx`` and sorts them (a rare value has few; the value and the
     cursor are kept out of the planner's estimates there, see :func:`_payload_match`).
-    The age filters have no index: ``created_at`` follows ``id``, so the primary key
-    reaches them, after skipping the rows on the other side of the bound.
+    The age filters walk the primary key and test ``created_at`` (it mostly follows
+    ``id``). ``newer_than`` without a leading filter or a payload is asked in two steps
+    too (:func:`age_in_two_steps`): ``age_scan=NEAR`` the window after the cursor; then
+    ``age_scan=MATCHES`` walks from the lowest id created since the bound
+    (:func:`_lowest_id_since`, revision 0012) rather than through every older job.
     """
     lead, lead_condition = _leading_filter(statuses, kind, queue)
     conditions = _job_filters(
