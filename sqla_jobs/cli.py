@@ -24,6 +24,8 @@ from sqla_jobs.exceptions import ConfigError, SqlaJobsError
 if TYPE_CHECKING:
     import sqlalchemy as sa
 
+    from sqla_jobs.ops import AttemptRecord
+
 # SQLAlchemy, and all but the parsers, are imported by the functions that use them:
 # ``--help`` and a usage error need none of it, and it is most of a command's start-up
 # time (issue #23; tests/test_cli_start.py).
@@ -989,7 +991,27 @@ def _cmd_show(session: Any, args: argparse.Namespace) -> int:
         print(f"earlier failure (before the latest attempt):\n{job.last_error}")
     else:
         print("last_error:      -")
+    _print_history(job.history)
     return 0
+
+
+def _print_history(history: tuple[AttemptRecord, ...]) -> None:
+    """One line per attempt (:attr:`sqla_jobs.ops.JobRecord.history`), oldest first, with
+    the first line of its error under it: ``last_error`` above has the latest in full,
+    ``--json`` each one as stored."""
+    if not history:
+        # A job not claimed yet, or written before revision 0011 kept attempts.
+        print("history:         -")
+        return
+    print("history:")
+    for a in history:
+        then = f" -> {a.then}" if a.then and a.then != a.outcome else ""
+        claimed = a.claimed_at.isoformat() if a.claimed_at else "-"
+        ended = a.ended_at.isoformat() if a.ended_at else "-"
+        worker = a.worker or "-"
+        print(f"  #{a.attempt} {a.outcome}{then}  claimed {claimed}  ended {ended}  by {worker}")
+        if a.error and a.error.strip():
+            print(f"      {a.error.strip().splitlines()[0]}")
 
 
 def _one_id_check(session: Any, ids: list[int], allowed: tuple[str, ...], verb: str) -> None:

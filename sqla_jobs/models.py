@@ -18,8 +18,10 @@ Two partial indexes keep the hot paths small no matter how many finished rows pi
 Revision 0010 adds what the dashboard's jobs page filters by, each giving one page in id
 order from a keyset cursor: ``jobs_status_id_idx (status, id)``, ``jobs_kind_id_idx
 (kind, id)``, ``jobs_queue_id_idx (queue, id)`` and ``jobs_payload_idx`` (GIN,
-``jsonb_path_ops``, for ``payload @> ...``). Each is written by every insert and status
-change (see benchmarks/README.md for the cost).
+``jsonb_path_ops``, for ``payload @> ...``); revision 0012 adds ``jobs_created_at_idx
+(created_at, id)``, where a ``newer_than`` page finds the lowest id created since its
+bound. Each is written by every insert and status change (see benchmarks/README.md for
+the cost).
 
 Revision 0013 adds ``meta`` (jsonb) and ``tags`` (text[]), the application's metadata of
 a job, with GIN indexes ``jobs_meta_idx`` (``jsonb_path_ops``) and ``jobs_tags_idx`` for
@@ -229,6 +231,8 @@ class Job(Base):
         sa.Index("jobs_status_id_idx", "status", "id"),
         sa.Index("jobs_kind_id_idx", "kind", "id"),
         sa.Index("jobs_queue_id_idx", "queue", "id"),
+        # Revision 0012: the lowest id created since a newer_than bound, from the index.
+        sa.Index("jobs_created_at_idx", "created_at", "id"),
         sa.Index(
             "jobs_payload_idx",
             "payload",

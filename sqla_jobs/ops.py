@@ -51,7 +51,7 @@ import functools
 import json
 import re
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -321,7 +321,7 @@ def stats(
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     estimated: set[str] = set()
 
-    def merge(result: sa.Result[Any], names: Sequence[str]) -> None:
+    def merge(result: Iterable[Any], names: Sequence[str]) -> None:
         for row in result:
             entry = rows.setdefault((row.queue, row.kind), {})
             for name in names:
@@ -346,23 +346,26 @@ def stats(
     bind = session.get_bind()
     engine = bind if isinstance(bind, sa.Engine) else bind.engine
     try:
-        with engine.connect() as conn:
-            conn.exec_driver_sql("SET TRANSACTION READ ONLY, ISOLATION LEVEL REPEATABLE READ")
-            taken_at = conn.execute(stats_sql.stats_now()).scalar_one()
-            table = _table_stats(conn)
-            # Every figure as of taken_at (each statement's own time would differ).
-            for statuses, exact, names in _ESTIMABLE:
+        # Read only, REPEATABLE READ: set on the driver's connection, so its BEGIN says so
+        # (one round trip fewer than a SET TRANSACTION after it).
+        options = {"isolation_level": "REPEATABLE READ", "postgresql_readonly": True}
+        with engine.connect().execution_options(**options) as conn:
+            head = conn.execute(stats_sql.stats_head()).one()
+            taken_at, table = head.taken_at, _table_stats(head)
+            # Every figure as of taken_at (each statement's own time would differ), all
+            # asked in one statement (the overview's time is mostly round trips).
+            parts = _stats_parts(taken_at, exact_up_to)
+            found: dict[str, list[Any]] = {name: [] for name, _ in parts}
+            for row in conn.execute(stats_sql.stats_parts(parts)):
+                found[row.part].append(row)
+            for statuses, _, names in _ESTIMABLE:
                 if exact_up_to is None:
-                    merge(conn.execute(exact(taken_at)), names)
+                    merge(found[statuses[0].value], names)
                     continue
                 for status in statuses:
-                    sample = stats_sql.stats_sample(status, exact_up_to + 1, taken_at)
-                    merge_sample(status, names, conn.execute(sample).all())
-            merge(conn.execute(stats_sql.stats_running(taken_at)), ("running", "expired"))
-            merge(
-                conn.execute(stats_sql.stats_done_recent(taken_at)),
-                ("done_last_minute", "done_last_hour"),
-            )
+                    merge_sample(status, names, found[status.value])
+            merge(found["running"], ("running", "expired"))
+            merge(found["done"], ("done_last_minute", "done_last_hour"))
             controls_ = tuple(_control(r) for r in conn.execute(control_sql.controls()))
             workers_ = tuple(_worker(r) for r in conn.execute(workers_sql.live()))
             conn.rollback()
@@ -469,22 +472,38 @@ def _float(value: Any) -> float | None:
     return None if value is None else max(0.0, float(value))
 
 
-def _table_stats(conn: sa.Connection) -> TableStats:
-    row = conn.execute(stats_sql.stats_table()).one_or_none()
+def _stats_parts(taken_at: datetime, exact_up_to: int | None) -> list[tuple[str, sa.Select[Any]]]:
+    """The per-(queue, kind) statements of :func:`stats`, named: exact counts, or the
+    newest ``exact_up_to + 1`` rows of each status the overview may estimate."""
+    parts: list[tuple[str, sa.Select[Any]]] = []
+    for statuses, exact, _ in _ESTIMABLE:
+        if exact_up_to is None:
+            parts.append((statuses[0].value, exact(taken_at)))
+        else:
+            parts += [
+                (s.value, stats_sql.stats_sample(s, exact_up_to + 1, taken_at)) for s in statuses
+            ]
+    parts.append(("running", stats_sql.stats_running(taken_at)))
+    parts.append(("done", stats_sql.stats_done_recent(taken_at)))
+    return parts
+
+
+def _table_stats(row: Any) -> TableStats:
+    """:class:`TableStats` from a :func:`sqla_jobs.sql.stats.stats_head` row (its table
+    columns NULL when the table is missing from the statistics views)."""
     estimates: dict[str, int] = {}
-    reltuples = max(0, int(row.reltuples)) if row is not None else 0
-    found = conn.execute(stats_sql.stats_status_estimates()).first()
-    if found is not None and found.vals is not None:
-        for value, freq in zip(found.vals, found.freqs, strict=False):
+    reltuples = max(0, int(row.reltuples or 0))
+    if row.vals is not None:
+        for value, freq in zip(row.vals, row.freqs, strict=False):
             estimates[value] = round(reltuples * freq)
     return TableStats(
         estimated_rows=reltuples,
         estimated_by_status=estimates,
-        live_tuples=int(row.n_live_tup or 0) if row is not None else 0,
-        dead_tuples=int(row.n_dead_tup or 0) if row is not None else 0,
-        last_vacuum=row.last_vacuum if row is not None else None,
-        last_autovacuum=row.last_autovacuum if row is not None else None,
-        last_autoanalyze=row.last_autoanalyze if row is not None else None,
+        live_tuples=int(row.n_live_tup or 0),
+        dead_tuples=int(row.n_dead_tup or 0),
+        last_vacuum=row.last_vacuum,
+        last_autovacuum=row.last_autovacuum,
+        last_autoanalyze=row.last_autoanalyze,
     )
 
 
@@ -701,6 +720,14 @@ def list_jobs(
     if len(found) < limit and admin.payload_in_two_steps(statuses, kind, queue, *contains):
         # Not a page among the ids near the cursor: every match, from the GIN index.
         found = session.execute(page(payload_scan=admin.MATCHES)).all()
+    elif len(found) < limit and admin.age_in_two_steps(
+        statuses, kind, queue, newer_than, *contains
+    ):
+        # Not a page among the ids near the cursor: walk from the lowest id created
+        # since the bound (jobs_created_at_idx) instead of through every older job.
+        # Nothing back: no match after the cursor, or the first step read to the end
+        # of the table (the second is then skipped): either way the first step's rows.
+        found = session.execute(page(age_scan=admin.MATCHES)).all() or found
     return [_record(row) for row in found]
 
 
@@ -1270,11 +1297,11 @@ def throughput(session: Session, minutes: int = 60) -> Throughput:
     window, never the table's history. Runs in the session's transaction.
     """
     span = _positive_int("minutes", minutes, MAX_THROUGHPUT_MINUTES)
-    taken_at = session.execute(stats_sql.stats_now()).scalar_one()
-    found = {
-        row.minute: (int(row.done), int(row.dead))
-        for row in session.execute(stats_sql.throughput(span, now=taken_at))
-    }
+    found: dict[datetime, tuple[int, int]] = {}
+    for row in session.execute(stats_sql.throughput_now(span)):
+        taken_at = row.taken_at
+        if row.minute is not None:
+            found[row.minute] = (int(row.done), int(row.dead))
     last = taken_at.replace(second=0, microsecond=0)
     window = [last - timedelta(minutes=n) for n in range(span - 1, -1, -1)]
     return Throughput(

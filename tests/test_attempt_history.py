@@ -16,6 +16,7 @@ from dashboard_client import Client
 from helpers import rows, scalar, start_worker, stop, wait_for
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
+from test_ops_cli import ok
 
 from sqla_jobs import JobStatus, enqueue, ops
 from sqla_jobs.dashboard import create_app
@@ -215,3 +216,35 @@ def test_the_job_page_shows_each_attempt_in_its_timeline_live_and_archived(
     with Session(engine) as session:
         assert ops.archive(session, older_than=timedelta(0)) >= 1
     assert [line for line in timeline(engine, job_id) if line.startswith("Attempt ")] == attempts
+
+
+def test_show_prints_each_attempt_with_its_outcome_worker_and_error(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    (job_id,) = run_to_the_end(engine, db_url, [("flaky", {"fail": 2, "snooze": True})])
+    record = job(engine, job_id)
+    text = ok(db_url, "show", str(job_id))
+    history = text.split("\nhistory:\n", 1)[1].splitlines()
+    worker = record.history[0].worker
+    assert [line.split("  claimed ")[0] for line in history if line.startswith("  #")] == [
+        "  #1 snoozed -> queued",
+        "  #1 failed -> queued",
+        "  #2 failed -> queued",
+        "  #3 done",
+    ]
+    assert all(line.endswith(f"by {worker}") for line in history if line.startswith("  #"))
+    errors = [line.strip() for line in history if line.startswith("      ")]
+    assert errors[0].endswith("snoozed for 0.01s: not yet")
+    assert errors[1].endswith("ValueError: boom on attempt 1")
+    assert errors[2].endswith("ValueError: boom on attempt 2")
+    assert len(errors) == 3  # the done attempt has none
+    # Each line names when it was claimed and when it ended, as the record has them.
+    first = record.history[1]
+    assert f"claimed {first.claimed_at.isoformat()}  ended {first.ended_at.isoformat()}" in text  # type: ignore[union-attr]
+
+
+def test_show_says_a_job_not_claimed_yet_has_no_history(engine: sa.Engine, db_url: URL) -> None:
+    with Session(engine) as session:
+        job_id = enqueue(session, "flaky", {})
+        session.commit()
+    assert "history:         -" in ok(db_url, "show", str(job_id))

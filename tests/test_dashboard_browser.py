@@ -31,7 +31,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
 from sqla_jobs import Worker, WorkerConfig, enqueue, ops, testing
-from sqla_jobs.dashboard import create_app
+from sqla_jobs.dashboard import _live, create_app
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -419,6 +419,45 @@ def test_overview_counts_follow_the_queue_and_come_back_after_a_server_restart(
     with own_server(db, port):
         wait_for(lambda: scheduled() == before + 3, message="the count after the restart")
         assert driver.find_element(By.ID, "live-state").text == "live"
+    assert not_reloaded(driver)
+
+
+def test_the_estimate_marks_follow_the_counts_live_without_a_reload(
+    driver: Any, base_url: str, db: sa.Engine
+) -> None:
+    """Dead jobs past the overview's exact bound turn its dead figure into an estimate
+    (≈ shown, named in the note), and back to exact once they are gone, on the open page."""
+
+    def marked() -> bool:
+        mark = driver.find_element(By.CSS_SELECTOR, "[data-estimate='dead']")
+        return bool(mark.is_displayed())
+
+    def note() -> str:
+        return text_of(driver, "[data-estimated-note]") or text_of(driver, "[data-exact-note]")
+
+    driver.get(base_url + "/")
+    assert not marked(), "the dead figure is exact before the test adds dead jobs"
+    assert note() == "Counts above are exact (index-backed)."
+    mark_page(driver)
+    many = _live.EXACT_UP_TO + 20
+    try:
+        with db.begin() as conn:
+            conn.execute(
+                sa.text(
+                    "INSERT INTO jobs (kind, payload, status, attempts, finished_at, last_error)"
+                    " SELECT 'estimate.dead', '{}', 'dead', 1, now(), 'boom'"
+                    " FROM generate_series(1, :n)"
+                ),
+                {"n": many},
+            )
+        wait_for(marked, message="the dead figure to be marked an estimate")
+        assert note().startswith("Figures marked ≈ (dead) are estimates"), note()
+        assert not driver.find_element(By.CSS_SELECTOR, "[data-estimate='ready']").is_displayed()
+    finally:
+        with db.begin() as conn:
+            conn.execute(sa.text("DELETE FROM jobs WHERE kind = 'estimate.dead'"))
+    wait_for(lambda: not marked(), message="the estimate mark to go once the count is exact")
+    assert note() == "Counts above are exact (index-backed)."
     assert not_reloaded(driver)
 
 

@@ -212,3 +212,74 @@ def test_job_states_reads_status_attempts_and_cancel_flag_of_the_ids_given(
 def test_job_states_refuses_more_ids_than_a_page_could_show(session: Session) -> None:
     with pytest.raises(ConfigError, match="at most 500 ids, got 501"):
         ops.job_states(session, list(range(1, 502)))
+
+
+def _all_pages(session: Session, newest_first: bool, **filters: Any) -> list[int]:
+    """Every id ``ops.list_jobs`` gives with ``filters``, page after page by its cursor."""
+    found: list[int] = []
+    after = None
+    while True:
+        page = ops.list_jobs(
+            session, **filters, limit=50, after_id=after, newest_first=newest_first
+        )
+        found += [j.id for j in page]
+        if len(page) < 50:
+            return found
+        after = page[-1].id
+
+
+def test_newer_than_pages_are_exact_when_created_at_is_out_of_step_with_id(
+    session: Session, engine: sa.Engine
+) -> None:
+    # 12,000 jobs, oldest first: 8,400 two days old, then 3,600 in the last half hour
+    # (none near the hour's bound, which moves while the test runs).
+    # Ids 6,000 and 7,000 were created recently (a short transaction that began late
+    # would not do this, a clock set back or a row rewritten would); ids 11,000 and
+    # 11,500 long ago (enqueued in a transaction that began days before it committed).
+    # The page's walk starts at the lowest id created in the hour (6,000), not at the
+    # first by created_at (8,401), and tests created_at on every row.
+    insert(
+        engine,
+        "INSERT INTO jobs (kind, payload, created_at)"
+        " SELECT 'k', '{}', CASE WHEN g <= 8400"
+        " THEN now() - interval '2 days' + interval '1 second' * g"
+        " ELSE now() - interval '0.5 second' * (12000 - g) END"
+        " FROM generate_series(1, 12000) AS g",
+    )
+    first = int(session.execute(sa.text("SELECT min(id) FROM jobs")).scalar_one()) - 1
+    insert(
+        engine,
+        "UPDATE jobs SET created_at = now() - interval '10 seconds' WHERE id = ANY(:ids)",
+        ids=[first + 6_000, first + 7_000],
+    )
+    insert(
+        engine,
+        "UPDATE jobs SET created_at = now() - interval '5 days' WHERE id = ANY(:ids)",
+        ids=[first + 11_000, first + 11_500],
+    )
+    expected = list(
+        session.execute(
+            sa.text("SELECT id FROM jobs WHERE created_at >= now() - interval '1 hour' ORDER BY id")
+        ).scalars()
+    )
+    assert first + 6_000 in expected and first + 11_000 not in expected
+    hour = timedelta(hours=1)
+    assert _all_pages(session, False, newer_than=hour) == expected
+    assert _all_pages(session, True, newer_than=hour) == expected[::-1]
+    # The first page oldest first reads no match in its first 5,000 ids: it is the
+    # second step's page, from the lowest id created in the hour.
+    page = ops.list_jobs(session, newer_than=hour, limit=5)
+    assert [j.id for j in page] == expected[:5]
+    assert page[0].id == first + 6_000
+
+
+def test_a_newer_than_page_after_the_last_match_is_empty(
+    session: Session, engine: sa.Engine
+) -> None:
+    insert(
+        engine,
+        "INSERT INTO jobs (kind, payload, created_at)"
+        " SELECT 'k', '{}', now() - interval '1 day' FROM generate_series(1, 6000)",
+    )
+    assert ops.list_jobs(session, newer_than=timedelta(hours=1)) == []
+    assert ops.list_jobs(session, newer_than=timedelta(hours=1), newest_first=True) == []

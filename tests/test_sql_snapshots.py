@@ -51,6 +51,7 @@ NOT_BUILDERS = {
     "schema.no_schema_error",
     "control.lock_key",
     "admin.payload_in_two_steps",
+    "admin.age_in_two_steps",
 }
 
 LEASES = [(1, 1), (2, 3)]
@@ -99,6 +100,12 @@ CASES: dict[str, Callable[[], Any]] = {
     "admin.list_jobs_meta_tags": lambda: admin.list_jobs(
         meta='{"tenant": 7}', tags=["vip"], limit=50, after_id=15, payload_scan=admin.MATCHES
     ),
+    "admin.list_jobs_newer_than_near": lambda: admin.list_jobs(
+        newer_than=86400, limit=50, after_id=15, age_scan=admin.NEAR
+    ),
+    "admin.list_jobs_newer_than_matches": lambda: admin.list_jobs(
+        newer_than=86400, limit=50, newest_first=True, age_scan=admin.MATCHES
+    ),
     "admin.list_jobs_search": lambda: admin.list_jobs(
         key="k",
         min_id=10,
@@ -145,6 +152,15 @@ CASES: dict[str, Callable[[], Any]] = {
     "stats.stats_table": lambda: stats.stats_table(),
     "stats.stats_status_estimates": lambda: stats.stats_status_estimates(),
     "stats.stats_sample": lambda: stats.stats_sample(JobStatus.QUEUED, 500),
+    "stats.stats_head": lambda: stats.stats_head(),
+    "stats.throughput_now": lambda: stats.throughput_now(60),
+    "stats.stats_parts": lambda: stats.stats_parts(
+        [
+            ("dead", stats.stats_sample(JobStatus.DEAD, 501)),
+            ("running", stats.stats_running()),
+            ("done", stats.stats_done_recent()),
+        ]
+    ),
     "stats.unserved_ready": lambda: stats.unserved_ready(["a", "b"], ["default"]),
     "locks.try_advisory_lock": lambda: locks.try_advisory_lock(locks.ARCHIVE_LOCK_KEY),
     "locks.advisory_unlock": lambda: locks.advisory_unlock(locks.ARCHIVE_LOCK_KEY),
@@ -280,6 +296,8 @@ def test_every_statement_builder_has_a_snapshot_case() -> None:
         "admin.list_jobs_payload_near",
         "admin.list_jobs_payload_matches",
         "admin.list_jobs_meta_tags",
+        "admin.list_jobs_newer_than_near",
+        "admin.list_jobs_newer_than_matches",
     }
     assert _builders() == set(CASES) - variants
 

@@ -129,6 +129,10 @@ def counts_of(stats: ops.Stats) -> dict[str, Any]:
         "done": total.done_last_hour,
         "oldest": _render.age(total.oldest_ready_seconds),
         "queues": queues,
+        # Which figures are estimates now (the page's ≈ marks follow it) and, as the
+        # page's note lists them, in words.
+        "estimates": sorted(stats.estimated),
+        "estimated": ", ".join(sorted(stats.estimated)),
     }
 
 

@@ -64,6 +64,7 @@ def list_jobs(
     payload_scan: str = NEAR,
     tags: Sequence[str] | None = None,
     meta: str | None = None,
+    age_scan: str = NEAR,
 ) -> sa.Select[Any]:
     """One page of jobs in id order; the next page starts after the last id (keyset).
 
@@ -82,9 +83,13 @@ def list_jobs(
     cursor on the primary key (a common value fills the page there); if that is not a
     page, ``payload_scan=MATCHES`` reads every match from the GIN index
     (``jobs_payload_idx``, ``jobs_meta_idx``, ``jobs_tags_idx``) and sorts them (a rare
-    value has few). The age filters
-    have no index: ``created_at`` follows ``id``, so the primary key reaches them, after
-    skipping the rows on the other side of the bound.
+    value has few; the values and the cursor are kept out of the planner's estimates
+    there, see :func:`_hidden`).
+    The age filters walk the primary key and test ``created_at`` (it mostly follows
+    ``id``). ``newer_than`` without a leading filter or a payload is asked in two steps
+    too (:func:`age_in_two_steps`): ``age_scan=NEAR`` the window after the cursor; then
+    ``age_scan=MATCHES`` walks from the lowest id created since the bound
+    (:func:`_lowest_id_since`, revision 0012) rather than through every older job.
     """
     lead, lead_condition = _leading_filter(statuses, kind, queue)
     conditions = _job_filters(
@@ -105,18 +110,33 @@ def list_jobs(
     if newer_than is not None:
         age = sa.bindparam("newer_than", newer_than, sa.Float)
         conditions.append(jobs.c.created_at >= _common.ago(age, now))
+        if age_in_two_steps(statuses, kind, queue, newer_than, payload, meta, tags):
+            if age_scan == NEAR:
+                conditions.append(_near(after_id, newest_first))
+            elif age_scan == MATCHES:
+                conditions.append(jobs.c.id >= _lowest_id_since(age, now))
+                if after_id is not None:
+                    conditions.append(_past_the_window(after_id, newest_first))
+            else:
+                raise ValueError(f"age_scan is {NEAR!r} or {MATCHES!r}, got {age_scan!r}")
+    contains = payload is not None or meta is not None or tags is not None
+    # The second step of a containment filter (every match): see _hidden.
+    all_matches = contains and lead is None and payload_scan == MATCHES
     if payload is not None:
         match = sa.cast(sa.bindparam("payload_match", payload, sa.Text), JSONB)
-        conditions.append(jobs.c.payload.contains(match))
+        conditions.append(jobs.c.payload.contains(_hidden(match, all_matches)))
     if meta is not None:
         meta_match = sa.cast(sa.bindparam("meta_match", meta, sa.Text), JSONB)
-        conditions.append(jobs.c.meta.contains(meta_match))
+        conditions.append(jobs.c.meta.contains(_hidden(meta_match, all_matches)))
     if tags is not None:
-        conditions.append(jobs.c.tags.contains(sa.bindparam("tags", list(tags), ARRAY(sa.Text))))
-    contains = payload is not None or meta is not None or tags is not None
+        tags_match = sa.bindparam("tags", list(tags), ARRAY(sa.Text))
+        conditions.append(jobs.c.tags.contains(_hidden(tags_match, all_matches)))
     if after_id is not None:
         cursor = sa.bindparam("after_id", after_id, sa.BigInteger)
-        conditions.append(jobs.c.id < cursor if newest_first else jobs.c.id > cursor)
+        # MATCHES: ``id + 0``, so the cursor is no range on the primary key either (the
+        # planner would walk half the table from it, filtering each row by the payload).
+        keyed = jobs.c.id + 0 if all_matches else jobs.c.id
+        conditions.append(keyed < cursor if newest_first else keyed > cursor)
     order: list[sa.ColumnElement[Any]] = [jobs.c.id] if lead is None else [lead, jobs.c.id]
     if contains and lead is None:
         if payload_scan == NEAR:
@@ -133,6 +153,73 @@ def list_jobs(
         .order_by(*(c.desc() for c in order) if newest_first else order)
         .limit(sa.bindparam("limit", limit, sa.Integer))
     )
+
+
+def _hidden(value: sa.ColumnElement[Any], all_matches: bool) -> sa.ColumnElement[Any]:
+    """A value a containment filter looks for; in the MATCHES step, out of the planner's
+    sight.
+
+    Written ``(SELECT :payload_match::jsonb)`` there, an InitPlan the planner cannot look
+    into: it prices ``payload @> $0`` at the default 1% of rows, and reads the GIN index.
+    Given the value itself, it prices it from the statistics, and statistics taken when
+    the value was on every row (a backlog of one tenant, since drained) make reading the
+    whole table and sorting it the cheapest plan. The same holds for ``meta`` and
+    ``tags``.
+    """
+    return sa.select(value).scalar_subquery() if all_matches else value
+
+
+def age_in_two_steps(
+    statuses: Sequence[JobStatus] | None,
+    kind: str | None,
+    queue: str | None,
+    newer_than: Any,
+    *contains: Any,
+) -> bool:
+    """Whether :func:`list_jobs` with these filters is asked ``age_scan=NEAR``, then
+    ``MATCHES``: ``newer_than`` on the primary key (no other filter leads, and no
+    payload, meta or tags filter, which have their own two steps)."""
+    return (
+        newer_than is not None
+        and all(c is None for c in contains)
+        and _leading_filter(statuses, kind, queue)[0] is None
+    )
+
+
+def _past_the_window(after_id: int, newest_first: bool) -> sa.ColumnElement[bool]:
+    """Whether the table goes on past the first step's window (a one-time test, made
+    before the bound is looked up): when it does not, the first step read every id
+    left, and this step returns nothing (the caller keeps the first step's rows)."""
+    window = sa.bindparam("window", PAYLOAD_WINDOW, sa.BigInteger)
+    cursor = sa.bindparam("after_id", after_id, sa.BigInteger)
+    if newest_first:
+        return sa.select(sa.func.min(jobs.c.id)).scalar_subquery() < cursor - window
+    return sa.select(sa.func.max(jobs.c.id)).scalar_subquery() > cursor + window
+
+
+def _lowest_id_since(age: sa.ColumnElement[Any], now: Now) -> sa.ScalarSelect[Any]:
+    """The lowest id among the jobs created since ``now - age``, from
+    ``jobs_created_at_idx (created_at, id)`` alone (revision 0012).
+
+    A bound for the page's walk on the primary key, exact whatever the order of
+    created_at against id: every job created since is at or above it (a job created in
+    a long transaction gets an id after younger ones). ``id + 0`` and the subquery's
+    ``ORDER BY created_at, id``: ``min(id)`` would be rewritten into a walk of the
+    primary key that stops at the first match (which is the slow walk this bound
+    avoids); ordered by the index's own columns, no plan reads the table's rows.
+    """
+    # Both ends out of the planner's sight (InitPlans): it prices a range between two
+    # unknown values at 0.5% of the rows, and reads the index; given the bound itself,
+    # statistics that say every job is recent (or none yet) make it read the table.
+    start = sa.select(_common.ago(age, now)).scalar_subquery()
+    end = sa.select(sa.cast(sa.literal("infinity"), sa.DateTime(timezone=True))).scalar_subquery()
+    since = (
+        sa.select((jobs.c.id + 0).label("id"))
+        .where(jobs.c.created_at >= start, jobs.c.created_at <= end)
+        .order_by(jobs.c.created_at, jobs.c.id)
+        .subquery("since")
+    )
+    return sa.select(sa.func.min(since.c.id)).scalar_subquery()
 
 
 def payload_in_two_steps(

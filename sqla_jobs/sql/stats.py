@@ -217,6 +217,19 @@ def throughput(minutes: int, now: Now = None) -> sa.Select[Any]:
     )
 
 
+def throughput_now(minutes: int) -> sa.Select[Any]:
+    """:func:`throughput` as of the statement's clock, with that clock (``taken_at``) on
+    every row, and alone on one row when no minute had a job: one round trip, not two.
+    (``statement_timestamp()`` is one value throughout a statement.)"""
+    one = sa.select(_common.clock(None).label("taken_at")).subquery("clock")
+    counts = throughput(minutes).subquery("counts")
+    return (
+        sa.select(one.c.taken_at, counts.c.minute, counts.c.done, counts.c.dead)
+        .select_from(one.outerjoin(counts, sa.true()))
+        .order_by(counts.c.minute)
+    )
+
+
 def stats_sample(status: JobStatus, size: int, now: Now = None) -> sa.Select[Any]:
     """Per (queue, kind): ready, scheduled, dead and cancelled among the newest ``size``
     rows of ``status``, and the oldest ready among them: the shares an estimate scales
@@ -250,3 +263,36 @@ def stats_sample(status: JobStatus, size: int, now: Now = None) -> sa.Select[Any
             "oldest_ready"
         ),
     ).group_by(newest.c.queue, newest.c.kind)
+
+
+def stats_head(now: Now = None) -> sa.Select[Any]:
+    """One row: the clock every figure refers to (``taken_at``), :func:`stats_table`'s
+    columns and :func:`stats_status_estimates`' (NULL when missing): one round trip
+    where the dashboard's overview made three."""
+    table = stats_table().subquery("table_stats")
+    estimates = stats_status_estimates().subquery("status_estimates")
+    one = sa.select(_common.clock(now).label("taken_at")).subquery("clock")
+    return sa.select(one.c.taken_at, *table.c, *estimates.c).select_from(
+        one.outerjoin(table, sa.true()).outerjoin(estimates, sa.true())
+    )
+
+
+def stats_parts(parts: Sequence[tuple[str, sa.Select[Any]]]) -> sa.Select[Any]:
+    """Per-(queue, kind) statements of this module, asked in one: ``UNION ALL`` of each,
+    a ``part`` column naming it, the figures one lacks NULL (each branch is planned as
+    it is alone, on its own index)."""
+    types: dict[str, Any] = {}
+    for _, stmt in parts:
+        for column in stmt.selected_columns:
+            if column.key is not None and column.key not in ("queue", "kind"):
+                types.setdefault(column.key, column.type)
+    branches: list[sa.Select[Any]] = []
+    for name, stmt in parts:
+        sub = stmt.subquery(f"part_{len(branches)}")
+        figures = [
+            sub.c[key] if key in sub.c else sa.cast(sa.null(), type_).label(key)
+            for key, type_ in types.items()
+        ]
+        part = sa.literal(name, sa.Text).label("part")
+        branches.append(sa.select(part, sub.c.queue, sub.c.kind, *figures))
+    return sa.union_all(*branches)  # type: ignore[return-value]

@@ -798,6 +798,42 @@ MUTATIONS: list[Mutation] = [
         ),
     ),
     Mutation(
+        "payload_matches_step_hides_its_value",
+        "a containment filter's second step hides its value from the planner (an InitPlan), "
+        "so statistics taken when the value was on every row cannot make it read the table",
+        "sqla_jobs/sql/admin.py",
+        "    return sa.select(value).scalar_subquery() if all_matches else value\n",
+        "    return value  # MUTATION\n",
+        (
+            "tests/test_dashboard_plans.py::"
+            "test_each_jobs_page_filter_reads_its_index_whatever_the_statistics"
+            "[payload-value-on-every-row]",
+        ),
+    ),
+    Mutation(
+        "estimate_marks_follow_live_counts",
+        "the overview's ≈ marks are shown and hidden by the live counts, not only at render",
+        "sqla_jobs/dashboard/static/dashboard.js",
+        "      mark.hidden = !estimates.includes(mark.dataset.estimate);\n",
+        "      // MUTATION: the marks stay as drawn\n",
+        (
+            "tests/test_dashboard_browser.py::"
+            "test_the_estimate_marks_follow_the_counts_live_without_a_reload",
+        ),
+    ),
+    Mutation(
+        "newer_than_bound_is_the_lowest_id_since",
+        "a newer_than page walks from the lowest id created since its bound, not from the "
+        "first job by created_at (exact when created_at is out of step with id)",
+        "sqla_jobs/sql/admin.py",
+        "    return sa.select(sa.func.min(since.c.id)).scalar_subquery()\n",
+        "    return sa.select(since.c.id).limit(1).scalar_subquery()  # MUTATION\n",
+        (
+            "tests/test_ops_dashboard_queries.py::"
+            "test_newer_than_pages_are_exact_when_created_at_is_out_of_step_with_id",
+        ),
+    ),
+    Mutation(
         "overview_estimates_above_its_bound",
         "the overview counts a family exactly up to its bound and estimates it above",
         "sqla_jobs/ops.py",
@@ -873,8 +909,7 @@ MUTATIONS: list[Mutation] = [
         "tags_filter",
         "list_jobs(tag=...) keeps only the jobs with that tag",
         "sqla_jobs/sql/admin.py",
-        '        conditions.append(jobs.c.tags.contains(sa.bindparam("tags", list(tags), '
-        "ARRAY(sa.Text))))\n",
+        "        conditions.append(jobs.c.tags.contains(_hidden(tags_match, all_matches)))\n",
         "        pass  # MUTATION\n",
         (
             "tests/test_job_meta.py::"
@@ -1034,7 +1069,7 @@ RUN_TIMEOUT = 1_200
 
 def check_anchors(mutations: list[Mutation], root: Path = ROOT) -> list[str]:
     """One line per mutation whose original text is not in its file exactly once, or
-    whose replacement does not compile."""
+    whose replacement (in a Python file) does not compile."""
     problems = []
     for m in mutations:
         path = root / m.path
@@ -1046,6 +1081,8 @@ def check_anchors(mutations: list[Mutation], root: Path = ROOT) -> list[str]:
         if found != 1:
             problems.append(f"{m.name}: original text found {found} times in {m.path}")
             continue
+        if path.suffix != ".py":
+            continue  # the browser's script: its test is what checks the mutant runs
         try:
             compile(text.replace(m.original, m.replacement), str(path), "exec")
         except SyntaxError as exc:

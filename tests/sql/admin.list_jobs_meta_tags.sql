@@ -24,8 +24,10 @@ SELECT jobs.id,
        jobs.workflow_id,
        jobs.step
 FROM jobs
-WHERE jobs.meta @> CAST(%(meta_match)s::VARCHAR AS JSONB)
-  AND jobs.tags @> %(tags)s::TEXT[]
-  AND jobs.id > %(after_id)s::BIGINT
-ORDER BY jobs.id + %(id_1)s::BIGINT
+WHERE jobs.meta @>
+    (SELECT CAST(%(meta_match)s::VARCHAR AS JSONB) AS anon_1)
+  AND jobs.tags @>
+    (SELECT %(tags)s::TEXT[] AS anon_2)
+  AND jobs.id + %(id_1)s::BIGINT > %(after_id)s::BIGINT
+ORDER BY jobs.id + %(id_2)s::BIGINT
 LIMIT %(limit)s::INTEGER;

@@ -24,7 +24,8 @@ SELECT jobs.id,
        jobs.workflow_id,
        jobs.step
 FROM jobs
-WHERE jobs.payload @> CAST(%(payload_match)s::VARCHAR AS JSONB)
-  AND jobs.id > %(after_id)s::BIGINT
-ORDER BY jobs.id + %(id_1)s::BIGINT
+WHERE jobs.payload @>
+    (SELECT CAST(%(payload_match)s::VARCHAR AS JSONB) AS anon_1)
+  AND jobs.id + %(id_1)s::BIGINT > %(after_id)s::BIGINT
+ORDER BY jobs.id + %(id_2)s::BIGINT
 LIMIT %(limit)s::INTEGER;

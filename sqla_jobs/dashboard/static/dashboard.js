@@ -75,6 +75,17 @@ document.addEventListener("submit", (event) => {
       const value = counts[cell.dataset.count];
       if (value !== undefined) cell.textContent = String(value);
     }
+    // A figure turns estimated (or exact again) as its status crosses the bound.
+    const estimates = counts.estimates || [];
+    for (const mark of document.querySelectorAll("[data-estimate]")) {
+      mark.hidden = !estimates.includes(mark.dataset.estimate);
+    }
+    for (const note of document.querySelectorAll("[data-estimated-note]")) {
+      note.hidden = estimates.length === 0;
+    }
+    for (const note of document.querySelectorAll("[data-exact-note]")) {
+      note.hidden = estimates.length > 0;
+    }
     for (const row of document.querySelectorAll("tr[data-queue]")) {
       const queue = counts.queues[row.dataset.queue];
       for (const cell of row.querySelectorAll("[data-field]")) {

@@ -1,7 +1,7 @@
 """Job metadata: ``meta`` and ``tags``, and the indexes that filter by them.
 
 Revision ID: 0013_job_meta
-Revises: 0011_attempt_history
+Revises: 0012_created_at_index
 Create Date: 2026-12-01
 
 Two nullable columns, on ``jobs`` and ``jobs_archive`` alike (archiving copies every
@@ -42,7 +42,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0013_job_meta"
-down_revision: str | None = "0011_attempt_history"
+down_revision: str | None = "0012_created_at_index"
 branch_labels: tuple[str, ...] | None = None
 depends_on: str | None = None
 

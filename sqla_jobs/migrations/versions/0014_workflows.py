@@ -1,7 +1,7 @@
 """Workflows: steps that wait for other steps (#26).
 
 Revision ID: 0014_workflows
-Revises: 0011_attempt_history
+Revises: 0013_job_meta
 Create Date: 2026-12-01
 
 What it adds (see :mod:`sqla_jobs.workflows` for the design):
