@@ -698,6 +698,8 @@ def list_jobs(
     ``after_id``.
     """
     statuses = _statuses(status)
+    if min_id is not None and max_id is not None and min_id > max_id:
+        raise ConfigError(f"min_id {min_id} is above max_id {max_id}: no job is in that range")
     page = functools.partial(
         admin.list_jobs,
         statuses=statuses,

@@ -246,7 +246,8 @@ def test_jobs_page_filters_and_pages_by_keyset(
 @pytest.mark.parametrize(
     ("query", "error"),
     [
-        ("status=bogus", "unknown status &#39;bogus&#39;"),
+        ("status=bogus", "Status (status): unknown status &#39;bogus&#39;"),
+        ("min_id=9&max_id=3", "Id from (min_id) 9 is above Id to (max_id) 3: no job is in that"),
         ("min_id=abc", "Id from (min_id) must be a whole number from 0 to"),
         ("max_id=99999999999999999999", "Id to (max_id) must be a whole number from 0 to"),
         ("older_than=soon", "Older than (older_than): invalid duration"),
@@ -529,6 +530,39 @@ def test_permissions_grant_each_action_on_its_own(
     assert set(forms(other.get("/queues").text)) == {"/queues/pause"}
     assert other.post(f"/jobs/{dead}/cancel").status_code == 403
     assert other.post("/queues/pause", {"scope": "queue", "name": "q"}).status_code == 303
+
+
+def test_a_viewer_without_the_permission_is_told_so_even_without_a_form_token(
+    engine: sa.Engine, make_client: MakeClient
+) -> None:
+    dead = dead_job(engine)
+    retry_only = make_client(permissions={"retry"})
+    retry_only.get("/")
+    # No pause form on their pages, so no token in the request: the refusal says why.
+    refused = retry_only.post("/queues/pause", {"scope": "queue", "name": "q"}, csrf=False)
+    assert refused.status_code == 403 and "You may not pause here" in refused.text
+    missing = retry_only.post(f"/jobs/{dead}/retry", csrf=False)
+    assert missing.status_code == 403 and "CSRF token is missing" in missing.text
+    assert status_of(engine, dead) == "dead"
+
+
+def test_the_permissions_hook_reads_the_user_the_auth_hook_named(
+    engine: sa.Engine, make_client: MakeClient
+) -> None:
+    dead = dead_job(engine)
+
+    def staff(request: Request) -> Decision:
+        return Decision("allow", user=request.headers.get("x-user", "nobody"))
+
+    def per_user(request: Request, action: str) -> bool:
+        return request.state.dashboard_user == "alice" or action == "pause"
+
+    client = make_client(auth=staff, permissions=per_user)
+    client.get("/", headers={"x-user": "bob"})
+    bob = client.post(f"/jobs/{dead}/retry", headers={"x-user": "bob"})
+    assert bob.status_code == 403 and "You may not retry" in bob.text
+    alice = client.post(f"/jobs/{dead}/retry", headers={"x-user": "alice"})
+    assert alice.status_code == 303 and status_of(engine, dead) == "queued"
 
 
 def test_auth_hook_may_be_async_and_deny(engine: sa.Engine, make_client: MakeClient) -> None:

@@ -289,6 +289,7 @@ def test_archive_and_prune_commands_move_and_delete_rows(engine: sa.Engine, db_u
         (["list", "--newer-than", "99999999999w"], "invalid duration '99999999999w': too long"),
         (["list", "--min-id", "x"], "argument --min-id: invalid int value: 'x'"),
         (["list", "--max-id", "-1"], "max_id must be a non-negative integer, got -1"),
+        (["list", "--min-id", "5", "--max-id", "3"], "min_id 5 is above max_id 3: no job is in"),
         (["archive", "--older-than", "soon"], "invalid duration 'soon'"),
         (["archive"], "the following arguments are required: --older-than"),
         (["show", "424242"], "no job with id 424242"),

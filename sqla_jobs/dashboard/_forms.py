@@ -94,6 +94,11 @@ class JobFilter:
         for name in ("min_id", "max_id"):
             if getattr(self, name):
                 args[name] = _integer(_label(name), getattr(self, name))
+        if args.get("min_id", 0) > args.get("max_id", args.get("min_id", 0)):
+            raise ConfigError(
+                f"{_label('min_id')} {args['min_id']} is above {_label('max_id')} "
+                f"{args['max_id']}: no job is in that range"
+            )
         for name in ("older_than", "newer_than"):
             if getattr(self, name):
                 args[name] = _duration(_label(name), getattr(self, name))
@@ -108,7 +113,9 @@ class JobFilter:
             return JobStatus(self.status)
         except ValueError:
             names = ", ".join(s.value for s in JobStatus)
-            raise ConfigError(f"unknown status {self.status!r}: use one of {names}") from None
+            raise ConfigError(
+                f"{_label('status')}: unknown status {self.status!r}: use one of {names}"
+            ) from None
 
 
 #: The jobs page's controls, by query parameter (what its error messages call them).

@@ -141,6 +141,8 @@ async def resolve(
             "'deny' or a sqla_jobs.dashboard.Decision"
         )
     actor = answer.user or f"anonymous@{client}"
+    # For the permissions hook: the user the auth hook named, without asking again.
+    request.state.dashboard_user = answer.user
     if answer.access != ALLOW or read_only:
         return Viewer(answer.access if answer.access == DENY else READ_ONLY, actor, frozenset())
     if permissions is None:

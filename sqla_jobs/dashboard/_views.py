@@ -241,18 +241,20 @@ class Views:
     def action(
         self, permission: str
     ) -> Callable[[Callable[[Request, Viewer, dict[str, str]], Awaitable[Response]]], Endpoint]:
-        """A POST endpoint: CSRF checked, then ``permission``, then the action."""
+        """A POST endpoint: ``permission`` checked, then CSRF, then the action."""
 
         def wrap(fn: Callable[[Request, Viewer, dict[str, str]], Awaitable[Response]]) -> Endpoint:
             async def checked(request: Request, viewer: Viewer) -> Response:
                 form = await _forms.read_form(request)
-                problem = _security.csrf_problem(request, form.get(_security.CSRF_FIELD))
-                if problem is not None:
-                    raise HttpProblem(403, f"Refused: {problem}.")
+                # The permission first: a viewer without it was given no form (and so
+                # no token), and is told why rather than that the token is missing.
                 if not viewer.can(permission):
                     raise HttpProblem(
                         403, f"You may not {permission} here (read-only or not permitted)."
                     )
+                problem = _security.csrf_problem(request, form.get(_security.CSRF_FIELD))
+                if problem is not None:
+                    raise HttpProblem(403, f"Refused: {problem}.")
                 return await fn(request, viewer, form)
 
             checked.__name__ = fn.__name__
@@ -263,21 +265,21 @@ class Views:
     def bulk_action(
         self, fn: Callable[[Request, Viewer, _bulk.Asked, dict[str, str]], Awaitable[Response]]
     ) -> Endpoint:
-        """A bulk POST: CSRF checked, then the permission of the action the form names."""
+        """A bulk POST: the permission of the action the form names, then CSRF."""
 
         async def checked(request: Request, viewer: Viewer) -> Response:
             form = await _forms.read_form(request)
-            problem = _security.csrf_problem(request, form.get(_security.CSRF_FIELD))
-            if problem is not None:
-                raise HttpProblem(403, f"Refused: {problem}.")
             # A bad form's error page links back to the list it came from.
             back = (_list_path(form), "Back to the list")
             try:
                 asked = _bulk.Asked.from_form(form)
-                if not viewer.can(asked.op):
+                if not viewer.can(asked.op):  # before the token, as in action()
                     raise HttpProblem(
                         403, f"You may not {asked.op} here (read-only or not permitted).", back
                     )
+                problem = _security.csrf_problem(request, form.get(_security.CSRF_FIELD))
+                if problem is not None:
+                    raise HttpProblem(403, f"Refused: {problem}.")
                 return await fn(request, viewer, asked, form)
             except ConfigError as exc:
                 raise HttpProblem(400, str(exc), back) from None
