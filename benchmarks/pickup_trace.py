@@ -25,6 +25,12 @@ from typing import Any
 
 ENV = "SQLA_JOBS_BENCH_TRACE"
 
+#: An experiment, not a mode: set as well, the worker never looks up the next due time
+#: (``Dispatcher._look_for_next_due``, one statement after each notification's claim,
+#: while the handler thread starts), to size what that statement costs the pickup.
+#: Scheduled jobs then wait for the poll.
+SKIP_NEXT_DUE_ENV = "SQLA_JOBS_BENCH_SKIP_NEXT_DUE"
+
 _lock = threading.Lock()
 
 
@@ -69,6 +75,8 @@ def install() -> None:
     disp.wake = traced_wake  # type: ignore[method-assign]
     disp._run_claim = traced_run_claim  # type: ignore[method-assign]
 
+    if os.environ.get(SKIP_NEXT_DUE_ENV):  # an experiment, see SKIP_NEXT_DUE_ENV
+        disp._look_for_next_due = lambda self: None  # type: ignore[method-assign]
     buf = _buffer.ThreadBuffer
     put, get = buf.put, buf.get
 
@@ -101,6 +109,10 @@ SEGMENTS = (
 )
 
 
+#: Jobs a claim picked up before their own notification woke the dispatcher: total only.
+UNNOTIFIED = "total, jobs claimed before their notification"
+
+
 def segments(path: str, jobs: dict[int, dict[str, float]]) -> dict[str, list[float]]:
     """Per segment, its durations (ms) over ``jobs`` (id -> the benchmark's own stamps:
     ``before``, ``inserted``, ``committed``, ``started``) and the worker's trace."""
@@ -120,15 +132,21 @@ def segments(path: str, jobs: dict[int, dict[str, float]]) -> dict[str, list[flo
     for event in unkeyed:
         unkeyed[event].sort()
     out: dict[str, list[float]] = {name: [] for name, _, _ in SEGMENTS}
+    out[UNNOTIFIED] = []
     for job_id, stamps in jobs.items():
         times = {**stamps, **keyed.get(job_id, {})}
         if "claim_back" not in times:
             continue
         # The notification may reach the listener before the COMMIT's reply reaches the
         # producer, never before its INSERT returned.
-        times["wake"] = _first_after(unkeyed["wake"], times["inserted"])
-        times["woken"] = _first_after(unkeyed["woken"], times["wake"])
         times["claim_sent"] = _last_before(unkeyed["claim_sent"], times["claim_back"])
+        times["wake"] = _first_after(unkeyed["wake"], times["inserted"])
+        if not times["wake"] <= times["claim_sent"]:
+            # Claimed by a round its own notification did not start (a freed slot's
+            # claim, a recheck after the idle flag went up): counted apart.
+            out[UNNOTIFIED].append((times["started"] - times["before"]) * 1000)
+            continue
+        times["woken"] = _first_after(unkeyed["woken"], times["wake"])
         for name, start, end in SEGMENTS:
             out[name].append((times[end] - times[start]) * 1000)
     return out

@@ -887,10 +887,11 @@ def print_pickup_trace(traced: dict[str, list[float]], raw_total: list[float]) -
     """The traced run's segments (p50 / p99, ms) and the raw peer's total in the same run."""
     print(f"  load average: {os.getloadavg()[0]:.2f}", flush=True)
     print(f"  {'segment':<48} {'p50 ms':>8} {'p99 ms':>8}")
+    print(f"  (run: {len(traced['total'])} notified jobs traced)")
     for name, values in traced.items():
         if values:
             p50, p99 = _percentile(values, 0.5), _percentile(values, 0.99)
-            print(f"  {name:<48} {p50:8.3f} {p99:8.3f}")
+            print(f"  {name:<48} {p50:8.3f} {p99:8.3f}  n={len(values)}")
     p50, p99 = _percentile(raw_total, 0.5), _percentile(raw_total, 0.99)
     print(f"  {'raw psycopg + notify trigger: total':<48} {p50:8.3f} {p99:8.3f}", flush=True)
 
