@@ -17,11 +17,14 @@ import asyncio
 import time
 from typing import Any
 
+import pickup_trace
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 from sqla_jobs import JobContext, Registry
+
+pickup_trace.install()  # only with SQLA_JOBS_BENCH_TRACE set (run.py's traced pickup)
 
 registry = Registry()
 

@@ -48,6 +48,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -73,6 +74,7 @@ import cli_start  # noqa: E402
 import dashboard  # noqa: E402
 import orm_enqueue  # noqa: E402
 import peers  # noqa: E402
+import pickup_trace  # noqa: E402
 from _db import scratch_database  # noqa: E402
 
 from sqla_jobs import (  # noqa: E402
@@ -824,33 +826,83 @@ def pickup_latency(n_jobs: int, interval: float = 0.020) -> list[float]:
     """Latencies (ms) from just before the producer's ``enqueue`` to the handler's first
     line, one job every ``interval`` s to an idle worker (concurrency 1)."""
     with _ours("bench_pickup") as url:
+        sent = _idle_pickup_run(url, n_jobs, interval, {})
+        return _latencies(url, {j: stamps["before"] for j, stamps in sent.items()})
+
+
+def _idle_pickup_run(
+    url: str, n_jobs: int, interval: float, env: dict[str, str]
+) -> dict[int, dict[str, float]]:
+    """Enqueue one ``stamp`` job every ``interval`` s to an idle worker (concurrency 1);
+    per job id, ``time.time()`` before ``enqueue``, after its INSERT, after the COMMIT."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
         worker = WorkerProcess(url, "--concurrency", "1")
-        sent: dict[int, float] = {}
-        try:
-            worker.wait_ready()
-            time.sleep(0.5)  # let the listener connect and the dispatcher go idle
-            with _engine(url) as engine:
-                with engine.connect():
-                    pass
-                tick = time.perf_counter()
-                for _ in range(n_jobs):
-                    before = time.time()
-                    with engine.begin() as conn:
-                        job_id = enqueue(conn, "stamp", {})
-                    sent[int(job_id or 0)] = before
-                    tick += interval
-                    time.sleep(max(0.0, tick - time.perf_counter()))
-            _wait_all_done(url)
-        finally:
-            worker.stop()
-        return _latencies(url, sent)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    sent: dict[int, dict[str, float]] = {}
+    try:
+        worker.wait_ready()
+        time.sleep(0.5)  # let the listener connect and the dispatcher go idle
+        with _engine(url) as engine:
+            with engine.connect():
+                pass
+            tick = time.perf_counter()
+            for _ in range(n_jobs):
+                before = time.time()
+                with engine.begin() as conn:
+                    job_id = enqueue(conn, "stamp", {})
+                    inserted = time.time()
+                sent[int(job_id or 0)] = {
+                    "before": before,
+                    "inserted": inserted,
+                    "committed": time.time(),
+                }
+                tick += interval
+                time.sleep(max(0.0, tick - time.perf_counter()))
+        _wait_all_done(url)
+    finally:
+        worker.stop()
+    return sent
+
+
+def traced_pickup(n_jobs: int, interval: float = 0.020) -> dict[str, list[float]]:
+    """Like :func:`pickup_latency` with the worker's path timestamped (pickup_trace):
+    per segment, its durations in ms."""
+    with _ours("bench_pickup") as url, tempfile.TemporaryDirectory() as tmp:
+        trace = os.path.join(tmp, "trace")
+        sent = _idle_pickup_run(url, n_jobs, interval, {pickup_trace.ENV: trace})
+        started = _started(url)
+        for job_id, stamps in sent.items():
+            stamps["started"] = started[job_id]
+        return pickup_trace.segments(trace, sent)
+
+
+def print_pickup_trace(traced: dict[str, list[float]], raw_total: list[float]) -> None:
+    """The traced run's segments (p50 / p99, ms) and the raw peer's total in the same run."""
+    print(f"  load average: {os.getloadavg()[0]:.2f}", flush=True)
+    print(f"  {'segment':<48} {'p50 ms':>8} {'p99 ms':>8}")
+    print(f"  (run: {len(traced['total'])} notified jobs traced)")
+    for name, values in traced.items():
+        if values:
+            p50, p99 = _percentile(values, 0.5), _percentile(values, 0.99)
+            print(f"  {name:<48} {p50:8.3f} {p99:8.3f}  n={len(values)}")
+    p50, p99 = _percentile(raw_total, 0.5), _percentile(raw_total, 0.99)
+    print(f"  {'raw psycopg + notify trigger: total':<48} {p50:8.3f} {p99:8.3f}", flush=True)
+
+
+def _started(url: str) -> dict[int, float]:
+    with psycopg.connect(url) as conn:
+        return dict(conn.execute("SELECT job_id, started FROM bench_pickup").fetchall())
 
 
 def _latencies(url: str, sent: dict[int, float]) -> list[float]:
-    with psycopg.connect(url) as conn:
-        started: dict[int, float] = dict(
-            conn.execute("SELECT job_id, started FROM bench_pickup").fetchall()
-        )
+    started = _started(url)
     return [(started[j] - t) * 1000 for j, t in sent.items()]
 
 
@@ -2077,6 +2129,11 @@ def main(argv: list[str] | None = None) -> int:
                     _percentile(raw_tx_lat, q),
                 )
             )
+        step("pickup latency, idle, traced: where it goes, beside the raw peer's total")
+        traced = traced_pickup(sizes.pickup)
+        with scratch_database("bench_peer") as peer_url:
+            raw_total = peers.raw_notify_pickup(peer_url, sizes.pickup, 0.020)
+        print_pickup_trace(traced, raw_total)
         for label, kind, jobs in (
             (f"bursts of {BURST_NAPS} 2-ms jobs", "nap", BURST_NAPS),
             (f"bursts of {BURST_NOOPS} no-op jobs", "noop", BURST_NOOPS),
