@@ -980,6 +980,7 @@ def test_audit_page_filters_by_scope_and_target_and_names_unknown_parameters(
     for path, error in (
         ("/audit?target=mail", "target needs its scope: ?scope=queue&amp;target=mail"),
         ("/audit?scope=table", "unknown scope &#39;table&#39;: use one of job, jobs, queue"),
+        ("/audit?scope=job&target=abc", "A job&#39;s target (its id) must be a whole number"),
     ):
         refused = client.get(path)
         assert refused.status_code == 400 and error in refused.text, path

@@ -479,6 +479,8 @@ class Views:
         if scope is not None and scope not in models.AUDIT_SCOPES:
             names = ", ".join(models.AUDIT_SCOPES)
             raise ConfigError(f"unknown scope {scope!r}: use one of {names}")
+        if scope == "job" and target is not None:
+            target = str(_forms.optional_int("A job's target (its id)", target))
         entries = await self.read(
             lambda s: ops.audit_log(
                 s, scope=scope, target=target, limit=_forms.PAGE_SIZE, before_id=before
