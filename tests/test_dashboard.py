@@ -956,7 +956,8 @@ def test_an_action_that_does_nothing_to_a_job_says_why(
     again = client.post(f"/jobs/{queued}/delete")
     assert landing(again) == "/jobs"
     assert said(client, again) == (
-        f"Job {queued} is already gone (deleted, or archived): nothing to do."
+        f"Job {queued} is not in the jobs table (deleted, archived or never enqueued): "
+        "nothing to do."
     )
     assert status_of(engine, done) == "done"
 

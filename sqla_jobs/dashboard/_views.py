@@ -58,7 +58,8 @@ MESSAGES = {
     "resume": "Resumed {name}.",
     "limit": "Limit of {name} set.",
     "clear": "Operator's limits of {name} cleared: the code's limits apply.",
-    "gone": "Job {n} is already gone (deleted, or archived): nothing to do.",
+    "gone": "Job {n} is not in the jobs table (deleted, archived or never enqueued): "
+    "nothing to do.",
 }
 #: Why an action on one job did nothing: the job is in a status the action does not
 #: apply to ("retry-queued": retrying a queued job).
