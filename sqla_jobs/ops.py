@@ -612,6 +612,9 @@ class JobRecord:
     #: The job's metadata (revision 0013): ``{}`` and ``[]`` when it has none.
     meta: dict[str, Any] = field(default_factory=dict)
     tags: list[str] = field(default_factory=list)
+    #: The workflow this job is a step of, and its step name (revision 0014; else None).
+    workflow_id: uuid.UUID | None = None
+    step: str | None = None
 
     @property
     def archived(self) -> bool:
@@ -1430,6 +1433,9 @@ class WorkflowStep:
     last_error: str | None
     waiting_on: tuple[str, ...]
     archived: bool
+    #: Every dependency (by step name; a deleted one by its job id), ended or not: the
+    #: graph's edges into this step. Empty for an archived step (its edges went with it).
+    depends_on: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -1474,6 +1480,7 @@ def _workflow_steps(session: Session, workflow_id: uuid.UUID) -> tuple[WorkflowS
             last_error=r.last_error,
             waiting_on=tuple(r.waiting_on or ()),
             archived=r.archived,
+            depends_on=tuple(r.depends_on or ()),
         )
         for r in found
     )

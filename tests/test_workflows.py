@@ -442,6 +442,40 @@ def test_workflow_status_shows_each_step_and_what_it_waits_on(flow_engine: sa.En
     by_step = {step.step: step for step in status.steps}
     assert by_step["c"].waiting_on == ("b0", "b1")
     assert by_step["a"].waiting_on == ()
+    assert by_step["c"].depends_on == ("b0", "b1")
+    assert by_step["b0"].depends_on == ("a",)
+    assert by_step["a"].depends_on == ()
+
+
+def test_workflow_status_keeps_ended_dependencies_and_a_step_knows_its_workflow(
+    flow_engine: sa.Engine,
+) -> None:
+    ids = enqueue(flow_engine, fan_in(2))
+    with Session(flow_engine) as s:
+        ops.cancel(s, [ids["a"]])
+        s.commit()
+        status = ops.workflow_status(s, ids.id)
+        job = ops.get_job(s, ids["b0"])
+    by_step = {step.step: step for step in status.steps}
+    assert by_step["b0"].status == models.JobStatus.CANCELLED
+    assert by_step["b0"].waiting_on == ()
+    assert by_step["b0"].depends_on == ("a",)
+    assert (job.workflow_id, job.step) == (ids.id, "b0")
+
+
+def test_workflow_status_async_reads_the_same_steps(db_url: URL, flow_engine: sa.Engine) -> None:
+    ids = enqueue(flow_engine, fan_in(2))
+
+    async def read() -> ops.WorkflowStatus:
+        engine = create_async_engine(db_url)
+        try:
+            async with AsyncSession(engine) as s:
+                return await ops.workflow_status_async(s, ids.id)
+        finally:
+            await engine.dispose()
+
+    status = asyncio.run(read())
+    assert {st.step: st.depends_on for st in status.steps}["c"] == ("b0", "b1")
 
 
 def test_workflow_status_of_an_unknown_or_malformed_id_says_so(flow_engine: sa.Engine) -> None:
