@@ -557,6 +557,24 @@ def test_cli_workflow_show_cancel_and_retry(db_url: URL, flow_engine: sa.Engine)
     assert json.loads(shown)["counts"] == {"queued": 1, "waiting": 2}
 
 
+def test_stats_count_waiting_steps_apart_from_ready_and_scheduled(
+    db_url: URL, flow_engine: sa.Engine
+) -> None:
+    enqueue(flow_engine, fan_in(2))  # a queued; b0, b1 (flow.step) and c (flow.sum) waiting
+    with Session(flow_engine) as s:
+        exact = ops.stats(s)
+        sampled = ops.stats(s, exact_up_to=2)  # 3 waiting > 2: an estimate
+    assert exact.total.waiting == 3 and exact.total.ready == 1
+    assert {k.kind: k.waiting for k in exact.by_kind} == {"flow.step": 2, "flow.sum": 1}
+    assert "waiting" not in exact.estimated
+    assert "waiting" in sampled.estimated and sampled.total.waiting >= 3
+    table = ok(db_url, "stats")
+    header = next(line for line in table.splitlines() if line.startswith("QUEUE")).split()
+    total = next(line for line in table.splitlines() if line.startswith("TOTAL")).split()
+    assert total[1 + header.index("WAITING") - 2] == "3"
+    assert json.loads(ok(db_url, "stats", "--json"))["total"]["waiting"] == 3
+
+
 def test_steps_appended_to_a_running_workflow_wait_for_its_steps_or_run_at_once(
     flow_engine: sa.Engine,
 ) -> None:
