@@ -172,6 +172,23 @@ def test_read_only_and_unpermitted_viewers_see_no_workflow_action_and_cannot_pos
     assert rows(engine, "SELECT id FROM jobs_audit") == []
 
 
+def test_each_workflow_action_shows_only_to_a_viewer_with_its_permission(
+    engine: sa.Engine, make_client: MakeClient
+) -> None:
+    flow = Workflow(registry=registry)
+    flow.add("a", "flow.step", {"value": 1})
+    flow.add("b", "flow.step", {"value": 2})
+    with Session(engine) as s:
+        ids = flow.enqueue(s)
+        s.commit()
+        ops.cancel(s, [ids["b"]])  # one step failed, one still queued
+        s.commit()
+    retry_only = make_client(permissions={"retry"}).get(f"/workflows/{ids.id}").text
+    assert forms(retry_only) == [f"/workflows/{ids.id}/retry"] * 2
+    cancel_only = make_client(permissions={"cancel"}).get(f"/workflows/{ids.id}").text
+    assert forms(cancel_only) == [f"/workflows/{ids.id}/cancel"]
+
+
 def test_a_workflow_action_needs_this_browsers_csrf_token(
     engine: sa.Engine, make_client: MakeClient
 ) -> None:

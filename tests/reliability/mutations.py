@@ -59,6 +59,9 @@ FLOW_STATS_WAITING = _FLOWS + "test_stats_count_waiting_steps_apart_from_ready_a
 FLOW_DASHBOARD_PERMISSIONS = "tests/test_dashboard_workflows.py::" + (
     "test_read_only_and_unpermitted_viewers_see_no_workflow_action_and_cannot_post_one"
 )
+FLOW_DASHBOARD_BUTTONS = "tests/test_dashboard_workflows.py::" + (
+    "test_each_workflow_action_shows_only_to_a_viewer_with_its_permission"
+)
 FLOW_STALE_PROCESS = (
     f"{REL}/test_workflow_crashes.py::test_a_stale_workers_step_is_fenced_out_and_releases_nothing"
 )
@@ -1035,7 +1038,7 @@ MUTATIONS: list[Mutation] = [
         "sqla_jobs/dashboard/templates/workflow.html",
         '  {% if viewer.can("cancel") and not flow.finished %}{{ button(',
         "  {% if not flow.finished %}{{ button(",
-        (FLOW_DASHBOARD_PERMISSIONS,),
+        (FLOW_DASHBOARD_BUTTONS,),
     ),
     Mutation(
         "stats_count_waiting_steps",
