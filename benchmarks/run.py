@@ -1619,7 +1619,7 @@ def main(argv: list[str] | None = None) -> int:
         "--only",
         default=(
             "enqueue,orm,drain,backlog,tx,procs,async,pickup,claim,limits,slots,scheduled,"
-            "cli,dashboard,horizon,history"
+            "cli,dashboard,horizon,history,workflows"
         ),
         help="comma-separated sections to run (default: all)",
     )
@@ -2029,6 +2029,13 @@ def main(argv: list[str] | None = None) -> int:
         import horizon
 
         rows += horizon.section(args.quick, step)
+
+    if "workflows" in only:
+        # Workflow steps beside independent jobs at the sizes (#26): see
+        # workflows.py.
+        import workflows as workflows_bench
+
+        rows += workflows_bench.section(args.quick, step)
 
     if "scheduled" in only:
         # How late an idle worker starts jobs scheduled ahead (#23): see scheduled.py.

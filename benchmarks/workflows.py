@@ -16,7 +16,10 @@ Two parts, each in a scratch database of its own:
   timestamps), and for the chain the pickup latency of each step (from its parent's
   finish to its own start).
 
-    python benchmarks/workflows.py [N] [--threads 8] [--chain 200]
+    python benchmarks/workflows.py [N] [--threads 8] [--chain 1000] [--only drain]
+
+``run.py --only workflows`` runs the drain part at the issue's sizes (``N`` = 10,000, a
+chain of 1,000; ``--quick``: 1,000 and 100) and adds its rows to the table.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
@@ -137,79 +141,153 @@ def _span(url: str, where: str = "") -> tuple[float, int]:
     return float(row[0]), int(row[1])
 
 
-def drain(n: int, chain: int) -> None:
-    print(f"drain: one worker process, concurrency 4; {n} steps or jobs, a chain of {chain}")
-    base = None
-    for shape in ("no triggers", "independent", "fan-out 1->N", "fan-in N->1", "chain"):
-        with run._ours("bench_flows") as url:
-            if shape == "no triggers":  # independent jobs, the workflow triggers dropped
-                with psycopg.connect(url, autocommit=True) as conn:
-                    for trigger in WORKFLOW_TRIGGERS:
-                        conn.execute(f"DROP TRIGGER {trigger} ON jobs")
-            worker = run.WorkerProcess(url, "--concurrency", "4")
-            try:
-                worker.wait_ready()
-                with run._engine(url) as engine, Session(engine) as s:
-                    if shape in ("independent", "no triggers"):
-                        enqueue_many(s, [NewJob("noop") for _ in range(n)])
-                    else:
-                        flow = Workflow()
-                        if shape == "fan-out 1->N":
-                            flow.add("root", "noop")
-                            for i in range(n - 1):
-                                flow.add(f"s{i}", "noop", after="root")
-                        elif shape == "fan-in N->1":
-                            parts = [flow.add(f"s{i}", "noop") for i in range(n - 1)]
-                            flow.add("gather", "noop", after=parts)
-                        else:
-                            previous: list[str] = []
-                            for i in range(chain):
-                                previous = [flow.add(f"s{i}", "noop", after=previous)]
-                        flow.enqueue(s)
-                    s.commit()
-                run._wait_all_done(url)
-                with psycopg.connect(url) as conn:
-                    waiting = conn.execute(
-                        "SELECT count(*) FROM jobs WHERE status = 'waiting'"
-                    ).fetchone()
-                    while waiting and waiting[0]:
-                        time.sleep(0.05)
-                        run._wait_all_done(url)
-                        waiting = conn.execute(
-                            "SELECT count(*) FROM jobs WHERE status = 'waiting'"
-                        ).fetchone()
-                seconds, count = _span(url)
-                per_step = seconds / count * 1000
-                if shape == "chain":
-                    with psycopg.connect(url) as conn:
-                        gaps = [
-                            float(r[0]) * 1000
-                            for r in conn.execute(
-                                "SELECT extract(epoch FROM c.attempted_at - p.finished_at) "
-                                "FROM jobs_workflow_edges e JOIN jobs p ON p.id = e.parent_id "
-                                "JOIN jobs c ON c.id = e.child_id"
-                            )
-                        ]
-                    print(
-                        f"  {shape:<13} {per_step:7.2f} ms/step over {count} steps; pickup "
-                        f"after the parent's finish: median {statistics.median(gaps):.1f} ms, "
-                        f"max {max(gaps):.1f} ms"
-                    )
+#: The issue's sizes (#26): a 1 -> 10,000 fan-out, a 10,000 -> 1 fan-in, a 1,000-step
+#: chain; ``--quick``: a tenth.
+FULL_SIZES = (10_000, 1_000)
+QUICK_SIZES = (1_000, 100)
+#: The issue's target: a step costs at most this many times an independent job.
+TARGET_RATIO = 1.5
+SHAPES = ("no triggers", "independent", "fan-out 1->N", "fan-in N->1", "chain")
+
+
+def _flow(shape: str, n: int, chain: int) -> Workflow:
+    flow = Workflow()
+    if shape == "fan-out 1->N":
+        flow.add("root", "noop")
+        for i in range(n):
+            flow.add(f"s{i}", "noop", after="root")
+    elif shape == "fan-in N->1":
+        parts = [flow.add(f"s{i}", "noop") for i in range(n)]
+        flow.add("gather", "noop", after=parts)
+    else:
+        previous: list[str] = []
+        for i in range(chain):
+            previous = [flow.add(f"s{i}", "noop", after=previous)]
+    return flow
+
+
+def _wait_none_waiting(url: str) -> None:
+    run._wait_all_done(url)
+    with psycopg.connect(url) as conn:
+        while True:
+            row = conn.execute("SELECT count(*) FROM jobs WHERE status = 'waiting'").fetchone()
+            if not (row and row[0]):
+                return
+            time.sleep(0.05)
+            run._wait_all_done(url)
+
+
+def drain_shape(shape: str, n: int, chain: int) -> tuple[float, int, list[float]]:
+    """One shape drained by one worker process (concurrency 4) in a scratch database:
+    ms per step (first start to last finish, by the jobs' own timestamps), steps, and
+    for the chain each step's pickup (ms from its parent's finish to its own start).
+    ``n``: the fan's width (its steps are ``n + 1``; independent jobs: ``n + 1`` too)."""
+    with run._ours("bench_flows") as url:
+        if shape == "no triggers":  # independent jobs, the workflow triggers dropped
+            with psycopg.connect(url, autocommit=True) as conn:
+                for trigger in WORKFLOW_TRIGGERS:
+                    conn.execute(f"DROP TRIGGER {trigger} ON jobs")
+        worker = run.WorkerProcess(url, "--concurrency", "4")
+        try:
+            worker.wait_ready()
+            with run._engine(url) as engine, Session(engine) as s:
+                if shape in ("independent", "no triggers"):
+                    enqueue_many(s, [NewJob("noop") for _ in range(n + 1)])
                 else:
-                    base = base or per_step
-                    print(
-                        f"  {shape:<13} {per_step:7.3f} ms/step over {count} ({seconds:.2f}s; "
-                        f"{per_step / base:.2f}x without the triggers)"
+                    _flow(shape, n, chain).enqueue(s)
+                s.commit()
+            _wait_none_waiting(url)
+        finally:
+            worker.stop()
+        seconds, count = _span(url)
+        gaps: list[float] = []
+        if shape == "chain":
+            with psycopg.connect(url) as conn:
+                gaps = [
+                    float(r[0]) * 1000
+                    for r in conn.execute(
+                        "SELECT extract(epoch FROM c.attempted_at - p.finished_at) "
+                        "FROM jobs_workflow_edges e JOIN jobs p ON p.id = e.parent_id "
+                        "JOIN jobs c ON c.id = e.child_id"
                     )
-            finally:
-                worker.stop()
+                ]
+    return seconds / count * 1000, count, gaps
+
+
+def drain(n: int, chain: int) -> list[run.Row]:
+    """Every shape, in one run, side by side; printed and returned as ``run.py`` rows."""
+    print(f"drain: one worker process, concurrency 4; fans of {n:,}, a chain of {chain:,}")
+    got = {shape: drain_shape(shape, n, chain) for shape in SHAPES}
+    base = got["independent"][0]
+    rows = []
+    for shape in SHAPES:
+        per_step, count, gaps = got[shape]
+        print(f"  {shape:<13} {per_step:7.3f} ms/step over {count:,} ({per_step / base:.2f}x)")
+        if shape == "chain":
+            print(
+                f"  chain pickup after the parent's finish: median "
+                f"{statistics.median(gaps):.1f} ms, p99 {run._percentile(sorted(gaps), 0.99):.1f}"
+                f" ms, max {max(gaps):.1f} ms"
+            )
+    peer = f"{n + 1:,} independent jobs"
+    rows.append(
+        run.Row(
+            "workflows",
+            f"{n + 1:,} independent jobs, the workflow triggers dropped: ms per job",
+            got["no triggers"][0],
+            "ms",
+            peer,
+            base,
+        )
+    )
+    for shape, what in (
+        ("fan-out 1->N", f"fan-out 1 -> {n:,}"),
+        ("fan-in N->1", f"fan-in {n:,} -> 1"),
+    ):
+        rows.append(
+            run.Row.at_most(
+                "workflows",
+                f"{what}: ms per step (one worker, concurrency 4)",
+                got[shape][0],
+                "ms",
+                peer,
+                base,
+                TARGET_RATIO,
+            )
+        )
+    per_step, count, gaps = got["chain"]
+    rows.append(
+        run.Row(
+            "workflows",
+            f"chain of {chain:,}: ms per step (each waits for the previous)",
+            per_step,
+            "ms",
+        )
+    )
+    for label, q in (("p50", 0.5), ("p99", 0.99)):
+        rows.append(
+            run.Row(
+                "workflows",
+                f"chain of {chain:,}: {label} pickup, parent's finish -> step's start",
+                run._percentile(sorted(gaps), q),
+                "ms",
+            )
+        )
+    return rows
+
+
+def section(quick: bool, step: Callable[[str], None]) -> list[run.Row]:
+    """The ``workflows`` rows of ``run.py``'s table (#26): the issue's sizes."""
+    n, chain = QUICK_SIZES if quick else FULL_SIZES
+    step(f"workflows: fan-out 1->{n:,}, fan-in {n:,}->1, chain of {chain:,} vs independent")
+    return drain(n, chain)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("n", nargs="?", type=int, default=2000)
+    parser.add_argument("n", nargs="?", type=int, default=FULL_SIZES[0])
     parser.add_argument("--threads", type=int, default=8)
-    parser.add_argument("--chain", type=int, default=200)
+    parser.add_argument("--chain", type=int, default=FULL_SIZES[1])
     parser.add_argument("--only", choices=("contention", "drain"))
     args = parser.parse_args(argv)
     if args.only in (None, "contention"):

@@ -736,7 +736,7 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]], right: set[int]
 
 def _stats_text(s: Any) -> str:
     header = (
-        *("QUEUE", "KIND", "READY", "SCHEDULED", "RUNNING", "EXPIRED", "DEAD"),
+        *("QUEUE", "KIND", "READY", "SCHEDULED", "WAITING", "RUNNING", "EXPIRED", "DEAD"),
         *("CANCELLED", "DONE/1M", "DONE/1H", "OLDEST READY"),
     )
 
@@ -744,7 +744,8 @@ def _stats_text(s: Any) -> str:
         return [
             queue,
             kind,
-            *(f"{getattr(k, f):,}" for f in ("ready", "scheduled", "running", "expired")),
+            *(f"{getattr(k, f):,}" for f in ("ready", "scheduled", "waiting", "running")),
+            f"{k.expired:,}",
             *(f"{getattr(k, f):,}" for f in ("dead", "cancelled")),
             f"{k.done_last_minute:,}",
             f"{k.done_last_hour:,}",
@@ -753,7 +754,7 @@ def _stats_text(s: Any) -> str:
 
     lines = [f"sqla_jobs stats at {s.taken_at.isoformat(timespec='seconds')}", ""]
     body = [row(k, k.queue, k.kind) for k in s.by_kind]
-    lines += _table(header, [*body, row(s.total, "TOTAL", "")], set(range(2, 11)))
+    lines += _table(header, [*body, row(s.total, "TOTAL", "")], set(range(2, 12)))
     t = s.table
     split = ", ".join(f"{status} ~{n:,}" for status, n in sorted(t.estimated_by_status.items()))
     vacuum = t.last_autovacuum.isoformat(timespec="seconds") if t.last_autovacuum else "never"

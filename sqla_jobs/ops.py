@@ -155,6 +155,9 @@ class KindStats:
     done_last_minute: int = 0
     done_last_hour: int = 0
     oldest_ready_seconds: float | None = None
+    #: Workflow steps waiting for their dependencies (revision 0014): neither ready
+    #: nor scheduled, no worker claims them until their last dependency ends.
+    waiting: int = 0
 
 
 @dataclass(frozen=True)
@@ -226,16 +229,17 @@ class UnservedJobs:
 class Stats:
     """A snapshot of the queue, all figures as of ``taken_at`` (the database's clock).
 
-    ``by_kind`` has one entry per (queue, kind) that has anything queued, running, dead,
-    cancelled, or done in the last hour, sorted. ``unknown_kinds`` lists the kinds with
-    jobs queued, running or dead that the registry given to :func:`stats` has no handler
-    for (its workers never claim them, and a retry of a dead one would not run; kinds
-    with only done or cancelled jobs are history, not listed); ``unserved_queues``,
-    queues holding ready jobs that no handler of that registry declares (a worker
-    started without ``--queues`` does not claim from them). ``unserved_jobs`` (with or
-    without a registry) lists the ready jobs, per kind and queue, of kinds some live
-    worker runs, waiting in a queue none of those workers serves: usually jobs a plain
-    ``enqueue`` put in ``default`` while the workers serve their handler's queue.
+    ``by_kind`` has one entry per (queue, kind) that has anything queued, waiting (a
+    workflow step, #26), running, dead, cancelled, or done in the last hour, sorted.
+    ``unknown_kinds`` lists the kinds with jobs queued, running or dead that the
+    registry given to :func:`stats` has no handler for (its workers never claim them,
+    and a retry of a dead one would not run; kinds with only done or cancelled jobs are
+    history, not listed); ``unserved_queues``, queues holding ready jobs that no handler
+    of that registry declares (a worker started without ``--queues`` does not claim from
+    them). ``unserved_jobs`` (with or without a registry) lists the ready jobs, per kind
+    and queue, of kinds some live worker runs, waiting in a queue none of those workers
+    serves: usually jobs a plain ``enqueue`` put in ``default`` while the workers serve
+    their handler's queue.
     """
 
     taken_at: datetime
@@ -248,7 +252,8 @@ class Stats:
     unserved_jobs: tuple[UnservedJobs, ...] = ()
     controls: tuple[ControlState, ...] = ()
     workers: tuple[WorkerInfo, ...] = ()
-    #: The figures (``ready``, ``scheduled``, ``oldest_ready``, ``dead``, ``cancelled``)
+    #: The figures (``ready``, ``scheduled``, ``oldest_ready``, ``waiting``, ``dead``,
+    #: ``cancelled``)
     #: that are estimates, not counts (``stats(exact_up_to=...)``); empty: all exact.
     estimated: frozenset[str] = frozenset()
 
@@ -284,7 +289,7 @@ def _jsonable(value: Any) -> Any:
 
 _COUNTS = (
     *("ready", "scheduled", "running", "expired", "dead", "cancelled"),
-    *("done_last_minute", "done_last_hour"),
+    *("done_last_minute", "done_last_hour", "waiting"),
 )
 
 
@@ -293,8 +298,15 @@ _COUNTS = (
 _ESTIMABLE = (
     ((JobStatus.QUEUED,), stats_sql.stats_queued, ("ready", "scheduled", "oldest_ready")),
     ((JobStatus.DEAD, JobStatus.CANCELLED), stats_sql.stats_dead, ("dead", "cancelled")),
+    ((JobStatus.WAITING,), stats_sql.stats_waiting, ("waiting",)),
 )
-_STATUS_OF = {"ready": "queued", "scheduled": "queued", "dead": "dead", "cancelled": "cancelled"}
+_STATUS_OF = {
+    "ready": "queued",
+    "scheduled": "queued",
+    "dead": "dead",
+    "cancelled": "cancelled",
+    "waiting": "waiting",
+}
 
 
 @_sessions.sync_form
@@ -308,13 +320,13 @@ def stats(
     own transaction, if any, is not touched.
 
     Every count is exact unless ``exact_up_to`` is given (the dashboard's overview):
-    then queued, dead and cancelled jobs are read from the newest ``exact_up_to + 1``
-    of each status. A status with no more than ``exact_up_to`` jobs is counted exactly
-    so; above that, counting it per (queue, kind) would read every row, and its figures
-    are estimates instead: the shares of each (queue, kind) among those newest jobs,
-    scaled to the planner's total for the status (``pg_stats``, as of the last ANALYZE,
-    never less than the jobs seen), and for queued jobs the oldest ready among them (a
-    lower bound of the age). :attr:`Stats.estimated` names those figures.
+    then queued, waiting, dead and cancelled jobs are read from the newest ``exact_up_to
+    + 1`` of each status. A status with no more than ``exact_up_to`` jobs is counted
+    exactly so; above that, counting it per (queue, kind) would read every row, and its
+    figures are estimates instead: the shares of each (queue, kind) among those newest
+    jobs, scaled to the planner's total for the status (``pg_stats``, as of the last
+    ANALYZE, never less than the jobs seen), and for queued jobs the oldest ready among
+    them (a lower bound of the age). :attr:`Stats.estimated` names those figures.
     """
     if exact_up_to is not None:
         exact_up_to = _positive_int("exact_up_to", exact_up_to)
@@ -393,7 +405,9 @@ def stats(
     unknown: tuple[str, ...] = ()
     unserved: tuple[str, ...] = ()
     if registry is not None:
-        pending = {k.kind for k in by_kind if k.ready or k.scheduled or k.running or k.dead}
+        pending = {
+            k.kind for k in by_kind if k.ready or k.scheduled or k.waiting or k.running or k.dead
+        }
         unknown = tuple(sorted(pending - set(registry.kinds)))
         ready_in = {k.queue for k in by_kind if k.ready}
         unserved = tuple(sorted(ready_in - set(registry.queues())))
@@ -612,6 +626,9 @@ class JobRecord:
     #: The job's metadata (revision 0013): ``{}`` and ``[]`` when it has none.
     meta: dict[str, Any] = field(default_factory=dict)
     tags: list[str] = field(default_factory=list)
+    #: The workflow this job is a step of, and its step name (revision 0014; else None).
+    workflow_id: uuid.UUID | None = None
+    step: str | None = None
 
     @property
     def archived(self) -> bool:
@@ -1432,6 +1449,9 @@ class WorkflowStep:
     last_error: str | None
     waiting_on: tuple[str, ...]
     archived: bool
+    #: Every dependency (by step name; a deleted one by its job id), ended or not: the
+    #: graph's edges into this step. Empty for an archived step (its edges went with it).
+    depends_on: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -1476,6 +1496,7 @@ def _workflow_steps(session: Session, workflow_id: uuid.UUID) -> tuple[WorkflowS
             last_error=r.last_error,
             waiting_on=tuple(r.waiting_on or ()),
             archived=r.archived,
+            depends_on=tuple(r.depends_on or ()),
         )
         for r in found
     )

@@ -32,6 +32,7 @@ from sqlalchemy.orm import Session
 
 from sqla_jobs import Worker, WorkerConfig, enqueue, ops, testing
 from sqla_jobs.dashboard import _live, create_app
+from sqla_jobs.workflows import Workflow
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -44,6 +45,7 @@ try:
     )
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
 except ImportError:  # pragma: no cover - the dev extra installs it
     webdriver = None  # type: ignore[assignment]
 
@@ -733,3 +735,52 @@ def test_a_rule_denying_delete_hides_and_refuses_it_and_allows_the_rest(
         assert flash(driver, "put back") == "1 job(s) put back in the queue."
     assert status_of(db, dead) != "dead"
     assert audit_entries(db, str(dead)) == 1
+
+
+def test_a_workflow_cancelled_and_retried_from_its_page_is_run_by_the_worker(
+    driver: Any, base_url: str, db: sa.Engine, worker: Worker
+) -> None:
+    flow = Workflow(registry=app_registry)
+    flow.add("start", "noop", {"n": 1}, delay=3600)  # held: nothing runs before the cancel
+    flow.add("left", "noop", {"n": 2}, after="start")
+    flow.add("right", "noop", {"n": 3}, after="start")
+    flow.add("end", "noop", {"n": 4}, after=["left", "right"])
+    with Session(db) as session:
+        ids = flow.enqueue(session)
+        session.commit()
+    path = f"{base_url}/workflows/{ids.id}"
+    driver.get_log("browser")
+    driver.set_window_size(390, 844)
+    try:
+        driver.get(path)
+        overflow = driver.execute_script(
+            "return document.documentElement.scrollWidth - window.innerWidth"
+        )
+        assert overflow <= 0, overflow
+        shoot(driver, "workflow-phone")
+    finally:
+        driver.set_window_size(1280, 900)
+    driver.get(path)
+    end = driver.find_element(By.ID, f"step-{ids['end']}")
+    assert "left, right" in end.text and end.find_element(By.CSS_SELECTOR, ".status-waiting")
+    # By keyboard: a dependency's link leads to its row.
+    end.find_element(By.LINK_TEXT, "left").send_keys(Keys.ENTER)
+    wait_for(lambda: driver.current_url.endswith(f"#step-{ids['left']}"), message="the jump")
+    shoot(driver, "workflow")
+    driver.find_element(By.XPATH, "//button[text()='Cancel workflow']").click()
+    driver.switch_to.alert.accept()
+    flash(driver, "step(s) cancelled")
+    assert {status_of(db, ids[s]) for s in ("start", "left", "right", "end")} == {"cancelled"}
+    driver.find_element(By.XPATH, "//button[text()='Retry failed steps']").click()
+    assert flash(driver, "run again") == "4 step(s) run again."
+
+    def all_done() -> bool:
+        driver.refresh()
+        return len(driver.find_elements(By.CSS_SELECTOR, "table.steps .status-done")) == 4
+
+    wait_for(all_done, timeout=30, interval=0.3, message="the worker to run every step")
+    driver.find_element(By.LINK_TEXT, str(ids["end"])).click()
+    wait_for(lambda: driver.current_url.endswith(f"/jobs/{ids['end']}"), message="the job")
+    driver.find_element(By.PARTIAL_LINK_TEXT, "step end of workflow").click()
+    wait_for(lambda: driver.current_url.endswith(f"/workflows/{ids.id}"), message="back")
+    assert console_problems(driver) == []

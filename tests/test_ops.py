@@ -110,6 +110,7 @@ STATS_QUERIES = {
     "queued": (stats.stats_queued, ("jobs_claim_idx", "jobs_status_id_idx")),
     "running": (stats.stats_running, ("jobs_lease_idx", "jobs_status_id_idx")),
     "dead": (stats.stats_dead, ("jobs_finished_idx", "jobs_status_id_idx")),
+    "waiting": (stats.stats_waiting, ("jobs_status_id_idx",)),
     "done_recent": (stats.stats_done_recent, ("jobs_finished_idx",)),
 }
 

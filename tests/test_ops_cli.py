@@ -58,14 +58,14 @@ def test_stats_prints_a_table_and_json(engine: sa.Engine, db_url: URL) -> None:
     lines = text.splitlines()
     header = next(line for line in lines if line.startswith("QUEUE"))
     assert header.split() == [
-        "QUEUE", "KIND", "READY", "SCHEDULED", "RUNNING", "EXPIRED", "DEAD", "CANCELLED",
+        "QUEUE", "KIND", "READY", "SCHEDULED", "WAITING", "RUNNING", "EXPIRED", "DEAD", "CANCELLED",
         "DONE/1M", "DONE/1H", "OLDEST", "READY",
     ]  # fmt: skip
     noop = next(line for line in lines if line.startswith("default  noop")).split()
-    assert noop[2:10] == ["2", "1", "2", "1", "0", "0", "1", "2"]
-    assert noop[10].startswith("1m")
+    assert noop[2:11] == ["2", "1", "0", "2", "1", "0", "0", "1", "2"]
+    assert noop[11].startswith("1m")
     total = next(line for line in lines if line.startswith("TOTAL")).split()
-    assert total[1:4] == ["3", "1", "2"]
+    assert total[1:5] == ["3", "1", "0", "2"]
     assert "unknown kinds (no handler in the app): ghost" in text
     assert "bloat:" in text and "last autovacuum" in text
     data = json.loads(ok(db_url, "stats", "--json"))

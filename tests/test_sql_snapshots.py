@@ -148,6 +148,7 @@ CASES: dict[str, Callable[[], Any]] = {
     "stats.stats_queued": lambda: stats.stats_queued(),
     "stats.stats_running": lambda: stats.stats_running(),
     "stats.stats_dead": lambda: stats.stats_dead(),
+    "stats.stats_waiting": lambda: stats.stats_waiting(),
     "stats.stats_done_recent": lambda: stats.stats_done_recent(),
     "stats.stats_table": lambda: stats.stats_table(),
     "stats.stats_status_estimates": lambda: stats.stats_status_estimates(),

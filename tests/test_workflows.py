@@ -442,6 +442,40 @@ def test_workflow_status_shows_each_step_and_what_it_waits_on(flow_engine: sa.En
     by_step = {step.step: step for step in status.steps}
     assert by_step["c"].waiting_on == ("b0", "b1")
     assert by_step["a"].waiting_on == ()
+    assert by_step["c"].depends_on == ("b0", "b1")
+    assert by_step["b0"].depends_on == ("a",)
+    assert by_step["a"].depends_on == ()
+
+
+def test_workflow_status_keeps_ended_dependencies_and_a_step_knows_its_workflow(
+    flow_engine: sa.Engine,
+) -> None:
+    ids = enqueue(flow_engine, fan_in(2))
+    with Session(flow_engine) as s:
+        ops.cancel(s, [ids["a"]])
+        s.commit()
+        status = ops.workflow_status(s, ids.id)
+        job = ops.get_job(s, ids["b0"])
+    by_step = {step.step: step for step in status.steps}
+    assert by_step["b0"].status == models.JobStatus.CANCELLED
+    assert by_step["b0"].waiting_on == ()
+    assert by_step["b0"].depends_on == ("a",)
+    assert (job.workflow_id, job.step) == (ids.id, "b0")
+
+
+def test_workflow_status_async_reads_the_same_steps(db_url: URL, flow_engine: sa.Engine) -> None:
+    ids = enqueue(flow_engine, fan_in(2))
+
+    async def read() -> ops.WorkflowStatus:
+        engine = create_async_engine(db_url)
+        try:
+            async with AsyncSession(engine) as s:
+                return await ops.workflow_status_async(s, ids.id)
+        finally:
+            await engine.dispose()
+
+    status = asyncio.run(read())
+    assert {st.step: st.depends_on for st in status.steps}["c"] == ("b0", "b1")
 
 
 def test_workflow_status_of_an_unknown_or_malformed_id_says_so(flow_engine: sa.Engine) -> None:
@@ -521,6 +555,24 @@ def test_cli_workflow_show_cancel_and_retry(db_url: URL, flow_engine: sa.Engine)
     assert statuses(flow_engine, ids) == {"a": "queued", "b0": "waiting", "c": "waiting"}
     shown = ok(db_url, "workflow", "show", str(ids.id), "--json")
     assert json.loads(shown)["counts"] == {"queued": 1, "waiting": 2}
+
+
+def test_stats_count_waiting_steps_apart_from_ready_and_scheduled(
+    db_url: URL, flow_engine: sa.Engine
+) -> None:
+    enqueue(flow_engine, fan_in(2))  # a queued; b0, b1 (flow.step) and c (flow.sum) waiting
+    with Session(flow_engine) as s:
+        exact = ops.stats(s)
+        sampled = ops.stats(s, exact_up_to=2)  # 3 waiting > 2: an estimate
+    assert exact.total.waiting == 3 and exact.total.ready == 1
+    assert {k.kind: k.waiting for k in exact.by_kind} == {"flow.step": 2, "flow.sum": 1}
+    assert "waiting" not in exact.estimated
+    assert "waiting" in sampled.estimated and sampled.total.waiting >= 3
+    table = ok(db_url, "stats")
+    header = next(line for line in table.splitlines() if line.startswith("QUEUE")).split()
+    total = next(line for line in table.splitlines() if line.startswith("TOTAL")).split()
+    assert total[1 + header.index("WAITING") - 2] == "3"
+    assert json.loads(ok(db_url, "stats", "--json"))["total"]["waiting"] == 3
 
 
 def test_steps_appended_to_a_running_workflow_wait_for_its_steps_or_run_at_once(

@@ -73,6 +73,7 @@ def create_app(
         Route("/jobs/go", page(views.goto), name="goto"),
         # {job_id} is any text, not {job_id:int}: "/jobs/abc" gets a clear 400, not a 404.
         Route("/jobs/{job_id}", page(views.job), name="job"),
+        Route("/workflows/{workflow_id}", page(views.workflow), name="workflow"),
         Route("/periodic", page(views.periodic), name="periodic"),
         Route("/workers", page(views.workers), name="workers"),
         Route("/audit", page(views.audit), name="audit"),
@@ -82,6 +83,16 @@ def create_app(
         Route("/jobs/{job_id}/retry", action("retry")(views.retry), methods=["POST"]),
         Route("/jobs/{job_id}/cancel", action("cancel")(views.cancel), methods=["POST"]),
         Route("/jobs/{job_id}/delete", action("delete")(views.delete), methods=["POST"]),
+        Route(
+            "/workflows/{workflow_id}/cancel",
+            action("cancel")(views.cancel_workflow),
+            methods=["POST"],
+        ),
+        Route(
+            "/workflows/{workflow_id}/retry",
+            action("retry")(views.retry_workflow),
+            methods=["POST"],
+        ),
         Route("/queues/pause", action("pause")(views.pause), methods=["POST"]),
         Route("/queues/resume", action("pause")(views.resume), methods=["POST"]),
         Route("/queues/limit", action("limit")(views.limit), methods=["POST"]),

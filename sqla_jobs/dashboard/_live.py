@@ -121,6 +121,7 @@ def counts_of(stats: ops.Stats) -> dict[str, Any]:
         "taken_at": _render.moment(stats.taken_at),
         "ready": total.ready,
         "scheduled": total.scheduled,
+        "waiting": total.waiting,
         "running": running_handlers(stats),
         "workers": len(stats.workers),
         "claimed": total.running,

@@ -142,3 +142,41 @@ def chart(data: ops.Throughput) -> Chart:
         f"{dead} dead; busiest minute {peak}."
     )
     return Chart(CHART_WIDTH, CHART_HEIGHT, base, peak, tuple(bars), ticks, summary)
+
+
+@dataclass(frozen=True)
+class StepRow:
+    """One step on the workflow page: its stage (1 + the deepest of its dependencies'),
+    and its dependencies as ``(name, job id or None)`` for the links between rows."""
+
+    step: ops.WorkflowStep
+    stage: int
+    depends_on: tuple[tuple[str, int | None], ...]
+    waiting_on: tuple[tuple[str, int | None], ...]
+
+    @property
+    def name(self) -> str:
+        return self.step.step or str(self.step.id)
+
+
+def workflow_graph(status: ops.WorkflowStatus) -> list[StepRow]:
+    """The steps in stage order (then id order), each with the job ids of its dependencies.
+
+    Id order is a topological order (a step is written after every step it depends on,
+    appended ones too), so one pass finds each step's stage.
+    """
+    ids = {(s.step or str(s.id)): s.id for s in status.steps}
+    stages: dict[str, int] = {}
+    rows = []
+    for s in status.steps:
+        name = s.step or str(s.id)
+        stages[name] = 1 + max((stages.get(d, 0) for d in s.depends_on), default=0)
+        rows.append(
+            StepRow(
+                step=s,
+                stage=stages[name],
+                depends_on=tuple((d, ids.get(d)) for d in s.depends_on),
+                waiting_on=tuple((d, ids.get(d)) for d in s.waiting_on),
+            )
+        )
+    return sorted(rows, key=lambda r: (r.stage, r.step.id))

@@ -60,6 +60,9 @@ MESSAGES = {
     "clear": "Operator's limits of {name} cleared: the code's limits apply.",
     "gone": "Job {n} is not in the jobs table (deleted, archived or never enqueued): "
     "nothing to do.",
+    "workflow-cancel": "{n} waiting or queued step(s) cancelled; {name} running step(s) asked "
+    "to stop.",
+    "workflow-retry": "{n} step(s) run again.",
 }
 #: Why an action on one job did nothing: the job is in a status the action does not
 #: apply to ("retry-queued": retrying a queued job).
@@ -446,6 +449,23 @@ class Views:
         live = None if data["job"].archived else f"ids={job_id}"
         return self.render(request, viewer, "job.html", live=live, nav="jobs", **data)
 
+    async def workflow(self, request: Request, viewer: Viewer) -> Response:
+        workflow_id = request.path_params["workflow_id"]
+
+        def load(session: Session) -> dict[str, Any]:
+            status = ops.workflow_status(session, workflow_id)
+            target = str(status.id)
+            return {
+                "flow": status,
+                "graph": _render.workflow_graph(status),
+                "audit": ops.audit_log(session, scope="jobs", target=target, limit=AUDIT_ROWS),
+            }
+
+        data = await self.read(load)
+        return self.render(
+            request, viewer, "workflow.html", nav="jobs", modes=ops.RETRY_MODES, **data
+        )
+
     async def periodic(self, request: Request, viewer: Viewer) -> Response:
         registry = self.settings.registry
         schedules: tuple[ops.ScheduleStatus, ...] = ()
@@ -620,6 +640,42 @@ class Views:
         if why is not None:
             return self.back(request, f"/jobs/{job_id}", why, job_id)
         return self.back(request, f"/jobs/{job_id}", did, n)
+
+    # --- actions on a workflow (#26) -----------------------------------------------
+
+    async def cancel_workflow(
+        self, request: Request, viewer: Viewer, form: dict[str, str]
+    ) -> Response:
+        asked = request.path_params["workflow_id"]
+
+        def act(session: Session) -> tuple[str, ops.CancelResult]:
+            done = ops.cancel_workflow(session, asked)
+            target = str(ops.workflow_status(session, asked).id)
+            detail = {"cancelled": len(done.cancelled), "asked_to_stop": len(done.stopping)}
+            _record(session, viewer, "cancel-workflow", "jobs", target, detail)
+            return target, done
+
+        target, done = await self.write(act)
+        path = f"/workflows/{target}"
+        return self.back(
+            request, path, "workflow-cancel", len(done.cancelled), name=str(len(done.stopping))
+        )
+
+    async def retry_workflow(
+        self, request: Request, viewer: Viewer, form: dict[str, str]
+    ) -> Response:
+        asked = request.path_params["workflow_id"]
+        mode = form.get("mode", "failed")
+
+        def act(session: Session) -> tuple[str, tuple[int, ...]]:
+            retried = ops.retry_workflow(session, asked, mode=mode)
+            target = str(ops.workflow_status(session, asked).id)
+            detail = {"mode": mode, "retried": len(retried)}
+            _record(session, viewer, "retry-workflow", "jobs", target, detail)
+            return target, retried
+
+        target, retried = await self.write(act)
+        return self.back(request, f"/workflows/{target}", "workflow-retry", len(retried))
 
     # --- actions on a queue or kind ------------------------------------------------
 

@@ -61,6 +61,16 @@ def stats_running(now: Now = None) -> sa.Select[Any]:
     )
 
 
+def stats_waiting(now: Now = None) -> sa.Select[Any]:
+    """Per (queue, kind): workflow steps waiting for their dependencies (revision 0014;
+    jobs_status_id_idx: no partial index covers them, the claim never reads them)."""
+    return (
+        sa.select(jobs.c.queue, jobs.c.kind, sa.func.count().label("waiting"))
+        .where(jobs.c.status == _common.status(JobStatus.WAITING))
+        .group_by(jobs.c.queue, jobs.c.kind)
+    )
+
+
 def stats_dead(now: Now = None) -> sa.Select[Any]:
     """Per (queue, kind): dead and cancelled rows (jobs_finished_idx, by status).
 
@@ -231,7 +241,7 @@ def throughput_now(minutes: int) -> sa.Select[Any]:
 
 
 def stats_sample(status: JobStatus, size: int, now: Now = None) -> sa.Select[Any]:
-    """Per (queue, kind): ready, scheduled, dead and cancelled among the newest ``size``
+    """Per (queue, kind): ready, scheduled, waiting, dead and cancelled among the newest ``size``
     rows of ``status``, and the oldest ready among them: the shares an estimate scales
     to the planner's total for the status.
 
@@ -255,6 +265,9 @@ def stats_sample(status: JobStatus, size: int, now: Now = None) -> sa.Select[Any
         newest.c.kind,
         sa.func.count().filter(ready).label("ready"),
         sa.func.count().filter(sa.and_(queued, sa.not_(ready))).label("scheduled"),
+        sa.func.count()
+        .filter(newest.c.status == _common.status(JobStatus.WAITING))
+        .label("waiting"),
         sa.func.count().filter(newest.c.status == _common.status(JobStatus.DEAD)).label("dead"),
         sa.func.count()
         .filter(newest.c.status == _common.status(JobStatus.CANCELLED))

@@ -147,7 +147,8 @@ def sweep(*, limit: int = 1000) -> sa.Select[Any]:
 
 def steps(workflow_id: Any) -> sa.Select[Any]:
     """Every step of a workflow, live and archived: ``id, step, kind, status, last_error,
-    waiting_on`` (the names of the dependencies that have not ended), in id order."""
+    waiting_on`` (the names of the dependencies that have not ended), ``archived``,
+    ``depends_on`` (the names of all its live dependencies), in id order."""
     wid = sa.bindparam("workflow_id", workflow_id, sa.Uuid)
     archive = models.jobs_archive
     parent = jobs.alias("parent")
@@ -162,6 +163,21 @@ def steps(workflow_id: Any) -> sa.Select[Any]:
         .where(workflow_edges.c.child_id == jobs.c.id, workflow_edges.c.parent_outcome.is_(None))
         .scalar_subquery()
     )
+    # Every dependency, ended or not (a deleted one by its id; an archived step's edges
+    # went with it: none).
+    depends_on = (
+        sa.select(
+            sa.func.coalesce(
+                sa.func.array_agg(
+                    sa.func.coalesce(parent.c.step, sa.cast(workflow_edges.c.parent_id, sa.Text))
+                ),
+                sa.cast(sa.literal("{}"), ARRAY(sa.Text)),
+            )
+        )
+        .select_from(workflow_edges.outerjoin(parent, parent.c.id == workflow_edges.c.parent_id))
+        .where(workflow_edges.c.child_id == jobs.c.id)
+        .scalar_subquery()
+    )
     live = sa.select(
         jobs.c.id,
         jobs.c.step,
@@ -170,6 +186,7 @@ def steps(workflow_id: Any) -> sa.Select[Any]:
         jobs.c.last_error,
         waiting_on.label("waiting_on"),
         sa.false().label("archived"),
+        depends_on.label("depends_on"),
     ).where(jobs.c.workflow_id == wid)
     archived = sa.select(
         archive.c.id,
@@ -179,6 +196,7 @@ def steps(workflow_id: Any) -> sa.Select[Any]:
         archive.c.last_error,
         sa.cast(sa.literal("{}"), ARRAY(sa.Text)).label("waiting_on"),
         sa.true().label("archived"),
+        sa.cast(sa.literal("{}"), ARRAY(sa.Text)).label("depends_on"),
     ).where(archive.c.workflow_id == wid)
     found = sa.union_all(live, archived).subquery("found")
     return sa.select(found).order_by(found.c.id)

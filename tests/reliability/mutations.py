@@ -55,6 +55,13 @@ FLOW_STALE = _FLOWS + (
 FLOW_ARCHIVER = _FLOWS + "test_the_archiver_leaves_every_step_of_an_unfinished_workflow"
 FLOW_CALLBACKS = _FLOWS + "test_batch_callbacks_on_success_on_failure_and_on_complete"
 FLOW_SWEEP = _FLOWS + "test_the_sweep_releases_a_step_whose_release_was_missed"
+FLOW_STATS_WAITING = _FLOWS + "test_stats_count_waiting_steps_apart_from_ready_and_scheduled"
+FLOW_DASHBOARD_PERMISSIONS = "tests/test_dashboard_workflows.py::" + (
+    "test_read_only_and_unpermitted_viewers_see_no_workflow_action_and_cannot_post_one"
+)
+FLOW_DASHBOARD_BUTTONS = "tests/test_dashboard_workflows.py::" + (
+    "test_each_workflow_action_shows_only_to_a_viewer_with_its_permission"
+)
 FLOW_STALE_PROCESS = (
     f"{REL}/test_workflow_crashes.py::test_a_stale_workers_step_is_fenced_out_and_releases_nothing"
 )
@@ -1016,6 +1023,30 @@ MUTATIONS: list[Mutation] = [
         "sa.or_(parent.c.id.is_(None), ended))",
         "        .where(sa.false())  # MUTATION",
         (FLOW_SWEEP,),
+    ),
+    Mutation(
+        "workflow_retry_needs_its_permission",
+        "the dashboard's workflow retry is behind the retry permission",
+        "sqla_jobs/dashboard/_app.py",
+        '            action("retry")(views.retry_workflow),\n',
+        '            action("pause")(views.retry_workflow),  # MUTATION\n',
+        (FLOW_DASHBOARD_PERMISSIONS,),
+    ),
+    Mutation(
+        "workflow_page_hides_actions_not_permitted",
+        "the workflow page shows its cancel button only to a viewer who may cancel",
+        "sqla_jobs/dashboard/templates/workflow.html",
+        '  {% if viewer.can("cancel") and not flow.finished %}{{ button(',
+        "  {% if not flow.finished %}{{ button(",
+        (FLOW_DASHBOARD_BUTTONS,),
+    ),
+    Mutation(
+        "stats_count_waiting_steps",
+        "ops.stats counts waiting workflow steps",
+        "sqla_jobs/ops.py",
+        '    ((JobStatus.WAITING,), stats_sql.stats_waiting, ("waiting",)),\n',
+        "",
+        (FLOW_STATS_WAITING,),
     ),
     # --- failover and network faults (#24) -----------------------------------------------
     Mutation(

@@ -3,6 +3,7 @@ SELECT %(param_1)s::VARCHAR AS part,
        part_0.kind,
        part_0.ready,
        part_0.scheduled,
+       part_0.waiting,
        part_0.dead,
        part_0.cancelled,
        part_0.oldest_ready,
@@ -20,6 +21,8 @@ FROM
                            WHERE newest.status = 'queued'::job_status
                              AND NOT (newest.status = 'queued'::job_status
                                       AND newest.run_at <= statement_timestamp())) AS scheduled,
+          count(*) FILTER (
+                           WHERE newest.status = 'waiting'::job_status) AS waiting,
           count(*) FILTER (
                            WHERE newest.status = 'dead'::job_status) AS dead,
           count(*) FILTER (
@@ -46,6 +49,7 @@ SELECT %(param_2)s::VARCHAR AS part,
        part_1.kind,
        CAST(NULL AS INTEGER) AS ready,
        CAST(NULL AS INTEGER) AS scheduled,
+       CAST(NULL AS INTEGER) AS waiting,
        CAST(NULL AS INTEGER) AS dead,
        CAST(NULL AS INTEGER) AS cancelled,
        CAST(NULL AS INTEGER) AS oldest_ready,
@@ -69,6 +73,7 @@ SELECT %(param_3)s::VARCHAR AS part,
        part_2.kind,
        CAST(NULL AS INTEGER) AS ready,
        CAST(NULL AS INTEGER) AS scheduled,
+       CAST(NULL AS INTEGER) AS waiting,
        CAST(NULL AS INTEGER) AS dead,
        CAST(NULL AS INTEGER) AS cancelled,
        CAST(NULL AS INTEGER) AS oldest_ready,

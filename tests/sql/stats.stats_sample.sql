@@ -8,6 +8,8 @@ SELECT newest.queue,
                           AND NOT (newest.status = 'queued'::job_status
                                    AND newest.run_at <= statement_timestamp())) AS scheduled,
        count(*) FILTER (
+                        WHERE newest.status = 'waiting'::job_status) AS waiting,
+       count(*) FILTER (
                         WHERE newest.status = 'dead'::job_status) AS dead,
        count(*) FILTER (
                         WHERE newest.status = 'cancelled'::job_status) AS cancelled,

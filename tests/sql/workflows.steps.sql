@@ -4,7 +4,8 @@ SELECT found.id,
        found.status,
        found.last_error,
        found.waiting_on,
-       found.archived
+       found.archived,
+       found.depends_on
 FROM
   (SELECT jobs.id AS id,
           jobs.step AS step,
@@ -17,7 +18,12 @@ FROM
       JOIN jobs AS parent ON parent.id = jobs_workflow_edges.parent_id
       WHERE jobs_workflow_edges.child_id = jobs.id
         AND jobs_workflow_edges.parent_outcome IS NULL) AS waiting_on,
-          false AS archived
+          false AS archived,
+
+     (SELECT coalesce(array_agg(coalesce(parent.step, CAST(jobs_workflow_edges.parent_id AS TEXT))), CAST(%(param_2)s::VARCHAR AS TEXT[])) AS coalesce_2
+      FROM jobs_workflow_edges
+      LEFT OUTER JOIN jobs AS parent ON parent.id = jobs_workflow_edges.parent_id
+      WHERE jobs_workflow_edges.child_id = jobs.id) AS depends_on
    FROM jobs
    WHERE jobs.workflow_id = %(workflow_id)s::UUID
    UNION ALL SELECT jobs_archive.id AS id,
@@ -25,8 +31,9 @@ FROM
                     jobs_archive.kind AS kind,
                     jobs_archive.status AS status,
                     jobs_archive.last_error AS last_error,
-                    CAST(%(param_2)s::VARCHAR AS TEXT[]) AS waiting_on,
-                    true AS archived
+                    CAST(%(param_3)s::VARCHAR AS TEXT[]) AS waiting_on,
+                    true AS archived,
+                            CAST(%(param_4)s::VARCHAR AS TEXT[]) AS depends_on
    FROM jobs_archive
    WHERE jobs_archive.workflow_id = %(workflow_id)s::UUID) AS found
 ORDER BY found.id;

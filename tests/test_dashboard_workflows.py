@@ -1,0 +1,199 @@
+"""The dashboard's workflow page over HTTP (#26), against real PostgreSQL: the steps, their
+dependencies and what each waits on, the link from a step's job page, and the cancel and
+retry actions behind the permissions, CSRF and the audit trail."""
+
+from __future__ import annotations
+
+import html
+import re
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import flowapp
+import pytest
+import sqlalchemy as sa
+from dashboard_client import Client, forms, landing, said
+from flowapp import registry
+from helpers import rows
+from sqlalchemy.orm import Session
+
+from sqla_jobs import ops
+from sqla_jobs.dashboard import Decision, create_app
+from sqla_jobs.workflows import Workflow, WorkflowIds
+
+MakeClient = Callable[..., Client]
+
+
+@pytest.fixture
+def make_client(engine: sa.Engine) -> Iterator[MakeClient]:
+    flowapp.setup(engine)
+    made: list[Client] = []
+
+    def make(**options: Any) -> Client:
+        client = Client(create_app(engine, registry=registry, **options))
+        made.append(client)
+        return client
+
+    yield make
+    for client in made:
+        client.close()
+
+
+def fan_in(engine: sa.Engine) -> WorkflowIds:
+    flow = Workflow(registry=registry)
+    flow.add("fetch", "flow.step", {"value": 1})
+    flow.add("left", "flow.step", {"value": 2}, after="fetch")
+    flow.add("right", "flow.step", {"value": 3}, after="fetch")
+    flow.add("zip", "flow.sum", after=["left", "right"])
+    with Session(engine) as s:
+        ids = flow.enqueue(s)
+        s.commit()
+    return ids
+
+
+def step_rows(page: str) -> dict[str, dict[str, str]]:
+    """Each step row of the page: its cells' text by their data-label."""
+    found: dict[str, dict[str, str]] = {}
+    for row in re.findall(r'<tr id="step-\d+">(.*?)</tr>', page, re.S):
+        cells = {
+            label: html.unescape(re.sub(r"<[^>]+>", "", text)).strip()
+            for label, text in re.findall(r'data-label="([^"]+)">(.*?)</t[dh]>', row, re.S)
+        }
+        found[cells["Step"]] = cells
+    return found
+
+
+def statuses(engine: sa.Engine, ids: WorkflowIds) -> dict[str, str]:
+    found = rows(engine, "SELECT step, status::text FROM jobs WHERE workflow_id = :w", w=ids.id)
+    return {str(step): str(status) for step, status in found}
+
+
+def test_workflow_page_shows_each_step_its_dependencies_and_what_it_waits_on(
+    engine: sa.Engine, make_client: MakeClient
+) -> None:
+    ids = fan_in(engine)
+    client = make_client()
+    page = client.get(f"/workflows/{ids.id}")
+    assert page.status_code == 200
+    steps = step_rows(page.text)
+    assert {name: (s["Stage"], s["State"]) for name, s in steps.items()} == {
+        "fetch": ("1", "queued"),
+        "left": ("2", "waiting"),
+        "right": ("2", "waiting"),
+        "zip": ("3", "waiting"),
+    }
+    assert steps["zip"]["Depends on"] == "left, right"
+    assert steps["zip"]["Waits on"] == "left, right"
+    assert steps["left"]["Waits on"] == "fetch" and steps["fetch"]["Depends on"] == "-"
+    # Each step links to its job, and each dependency to the dependency's row.
+    assert f'href="/jobs/{ids["zip"]}"' in page.text
+    assert f'href="#step-{ids["left"]}"' in page.text
+    # The job page of a step links back to its workflow.
+    job_page = client.get(f"/jobs/{ids['left']}").text
+    assert f'href="/workflows/{ids.id}"' in job_page and "step left of workflow" in job_page
+
+
+def test_workflow_page_of_an_unknown_or_malformed_id_says_so(make_client: MakeClient) -> None:
+    client = make_client()
+    missing = client.get(f"/workflows/{uuid.uuid4()}")
+    assert missing.status_code == 404 and "no workflow with id" in missing.text
+    bad = client.get("/workflows/not-a-uuid")
+    assert bad.status_code == 400 and "a workflow id is a UUID" in bad.text
+
+
+def test_cancel_and_retry_a_workflow_act_through_ops_and_are_audited(
+    engine: sa.Engine, make_client: MakeClient
+) -> None:
+    ids = fan_in(engine)
+    client = make_client(auth=lambda request: Decision("allow", user="alice"))
+    page = client.get(f"/workflows/{ids.id}").text
+    assert forms(page) == [f"/workflows/{ids.id}/cancel"]  # nothing failed: no retry yet
+    cancelled = client.post(f"/workflows/{ids.id}/cancel")
+    assert cancelled.status_code == 303 and landing(cancelled) == f"/workflows/{ids.id}"
+    assert said(client, cancelled) == (
+        "4 waiting or queued step(s) cancelled; 0 running step(s) asked to stop."
+    )
+    assert set(statuses(engine, ids).values()) == {"cancelled"}
+    page = client.get(f"/workflows/{ids.id}").text
+    assert forms(page) == [f"/workflows/{ids.id}/retry"] * 2
+    retried = client.post(f"/workflows/{ids.id}/retry", {"mode": "failed"})
+    assert said(client, retried) == "4 step(s) run again."
+    assert statuses(engine, ids) == {
+        "fetch": "queued",
+        "left": "waiting",
+        "right": "waiting",
+        "zip": "waiting",
+    }
+    bad = client.post(f"/workflows/{ids.id}/retry", {"mode": "everything"})
+    assert bad.status_code == 400 and "mode must be one of" in bad.text
+    entries = rows(
+        engine, "SELECT actor, action, scope, target, detail FROM jobs_audit ORDER BY id"
+    )
+    assert [tuple(e)[:4] for e in entries] == [
+        ("alice", "cancel-workflow", "jobs", str(ids.id)),
+        ("alice", "retry-workflow", "jobs", str(ids.id)),
+    ]
+    assert entries[1].detail == {"mode": "failed", "retried": 4}
+    page = client.get(f"/workflows/{ids.id}").text
+    assert "Actions on this workflow" in page and "retry-workflow" in page
+
+
+def test_retry_of_failed_and_downstream_reruns_done_steps_after_a_failure(
+    engine: sa.Engine, make_client: MakeClient
+) -> None:
+    ids = fan_in(engine)
+    with Session(engine) as s:
+        ops.cancel(s, [ids["right"]])
+        s.commit()
+    client = make_client()
+    client.get("/")
+    client.post(f"/workflows/{ids.id}/retry", {"mode": "failed_and_downstream"})
+    assert statuses(engine, ids)["right"] == "waiting"
+    assert statuses(engine, ids)["zip"] == "waiting"
+
+
+def test_read_only_and_unpermitted_viewers_see_no_workflow_action_and_cannot_post_one(
+    engine: sa.Engine, make_client: MakeClient
+) -> None:
+    ids = fan_in(engine)
+    for client in (
+        make_client(read_only=True),
+        make_client(auth=lambda request: "read-only"),
+        make_client(permissions={"pause"}),
+    ):
+        page = client.get(f"/workflows/{ids.id}")
+        assert page.status_code == 200 and forms(page.text) == []
+        refused = client.post(f"/workflows/{ids.id}/cancel")
+        assert refused.status_code == 403 and "You may not cancel" in refused.text
+        refused = client.post(f"/workflows/{ids.id}/retry", {"mode": "failed"})
+        assert refused.status_code == 403 and "You may not retry" in refused.text
+    assert set(statuses(engine, ids).values()) == {"queued", "waiting"}
+    assert rows(engine, "SELECT id FROM jobs_audit") == []
+
+
+def test_each_workflow_action_shows_only_to_a_viewer_with_its_permission(
+    engine: sa.Engine, make_client: MakeClient
+) -> None:
+    flow = Workflow(registry=registry)
+    flow.add("a", "flow.step", {"value": 1})
+    flow.add("b", "flow.step", {"value": 2})
+    with Session(engine) as s:
+        ids = flow.enqueue(s)
+        s.commit()
+        ops.cancel(s, [ids["b"]])  # one step failed, one still queued
+        s.commit()
+    retry_only = make_client(permissions={"retry"}).get(f"/workflows/{ids.id}").text
+    assert forms(retry_only) == [f"/workflows/{ids.id}/retry"] * 2
+    cancel_only = make_client(permissions={"cancel"}).get(f"/workflows/{ids.id}").text
+    assert forms(cancel_only) == [f"/workflows/{ids.id}/cancel"]
+
+
+def test_a_workflow_action_needs_this_browsers_csrf_token(
+    engine: sa.Engine, make_client: MakeClient
+) -> None:
+    ids = fan_in(engine)
+    client = make_client()
+    forged = client.post(f"/workflows/{ids.id}/cancel", csrf=False)
+    assert forged.status_code == 403 and "Refused" in forged.text
+    assert "cancelled" not in statuses(engine, ids).values()
