@@ -5,10 +5,12 @@ not). Without the API installed nothing is imported after the first look; instal
 but with no SDK configured (no span is ever recording), an enqueue costs one
 ``get_current_span()`` and a worker's attempt one non-recording span.
 
-* **Enqueue**: when a valid span is current (a request's, say), a short PRODUCER span
-  ``publish {queue}`` is recorded and the W3C trace context of that span is stored in
-  the job's ``meta`` (``traceparent``, and ``tracestate`` when there is one), so it
-  commits with the job. A trace context already in the meta is kept.
+* **Insert**: when a job is inserted (``enqueue``, ``enqueue_many``, or the flush of a
+  ``session.add(Job(...))``) while a valid span is current (a request's, say), a short
+  PRODUCER span ``publish {queue}`` is recorded and the W3C trace context of that span
+  is stored in the job's ``meta`` (``traceparent``, and ``tracestate`` when there is
+  one), so it commits with the job. Building a ``NewJob`` or a ``Job`` records nothing:
+  the context is the inserting code's. A trace context already in the meta is kept.
 * **Worker**: each attempt runs in a CONSUMER span ``process {queue}`` made a child of
   the stored context (:data:`PARENT`, the default) or a new trace linked to it
   (:data:`LINK`, ``SQLA_JOBS_OTEL_PARENT=link``), with the messaging semantic
@@ -48,6 +50,12 @@ def _otel() -> Any:
         else:
             _api = (trace, propagate)
     return _api or None
+
+
+def recording() -> bool:
+    """Whether a valid span is current (so an insert now records a publish span)."""
+    api = _otel()
+    return api is not None and bool(api[0].get_current_span().get_span_context().is_valid)
 
 
 def with_trace_context(meta: Mapping[str, Any] | None, queue: str | None) -> Any:

@@ -210,3 +210,68 @@ def test_no_trace_context_is_stored_without_a_current_span_as_for_a_periodic_tic
         session.commit()
     assert [r.meta for r in rows(engine, "SELECT meta FROM jobs")] == [None, None]
     assert spans.get_finished_spans() == ()
+
+
+def test_a_job_built_in_a_span_but_never_inserted_records_no_publish_span(
+    engine: sa.Engine, spans: InMemorySpanExporter
+) -> None:
+    from sqla_jobs import Job
+
+    with trace.get_tracer("app").start_as_current_span("request"):
+        NewJob("k", meta={"tenant": 7})
+        Job(kind="k", payload={}, meta={"tenant": 7})
+    assert [s.name for s in spans.get_finished_spans()] == ["request"]
+
+
+@pytest.mark.parametrize("how", ["enqueue", "enqueue_many", "flush", "flush_keyed", "flush_many"])
+def test_the_stored_context_is_the_inserting_codes_not_the_building_codes(
+    engine: sa.Engine, spans: InMemorySpanExporter, how: str
+) -> None:
+    """``flush`` inserts one job as enqueue does, ``flush_many`` four with the ORM's own
+    insert (more than ONE_BY_ONE_UP_TO), ``flush_keyed`` one with a key."""
+    from sqla_jobs import Job
+    from sqla_jobs.producer import insert_one
+
+    tracer = trace.get_tracer("app")
+    count = 4 if how == "flush_many" else 1
+    with tracer.start_as_current_span("built"):
+        if how.startswith("flush"):
+            key = "k1" if how == "flush_keyed" else None
+            jobs: list[Any] = [
+                Job(kind="k", payload={}, meta={"tenant": 7}, key=key) for _ in range(count)
+            ]
+        else:
+            jobs = [NewJob("k", meta={"tenant": 7})]
+    with tracer.start_as_current_span("inserted") as inserting, Session(engine) as session:
+        if how == "enqueue":
+            insert_one(session, jobs[0])
+        elif how == "enqueue_many":
+            enqueue_many(session, jobs)
+        else:
+            session.add_all(jobs)
+            session.flush()
+        session.commit()
+    publish = [span_record(s) for s in spans.get_finished_spans() if s.name.startswith("publish")]
+    assert len(publish) == count
+    parent = f"{inserting.get_span_context().span_id:016x}"
+    assert {p["parent_id"] for p in publish} == {parent}
+    trace_id = f"{inserting.get_span_context().trace_id:032x}"
+    stored = [r.meta for r in rows(engine, "SELECT meta FROM jobs ORDER BY id")]
+    assert sorted(m.pop("traceparent").split("-")[1:3] for m in stored) == sorted(
+        [trace_id, p["span_id"]] for p in publish
+    )
+    assert stored == [{"tenant": 7}] * count
+
+
+def test_a_job_built_in_a_span_and_inserted_outside_any_stores_no_context(
+    engine: sa.Engine, spans: InMemorySpanExporter
+) -> None:
+    from sqla_jobs import Job
+
+    with trace.get_tracer("app").start_as_current_span("built"):
+        new, added = NewJob("k"), Job(kind="k", payload={})
+    with Session(engine) as session:
+        enqueue_many(session, [new])
+        session.add(added)
+        session.commit()
+    assert [r.meta for r in rows(engine, "SELECT meta FROM jobs")] == [None, None]

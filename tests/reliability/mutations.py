@@ -950,6 +950,29 @@ MUTATIONS: list[Mutation] = [
             "test_one_trace_runs_from_the_request_through_enqueue_to_the_handler_in_another_process",
         ),
     ),
+    Mutation(
+        "otel_context_at_insert_not_construction",
+        "building a NewJob in a span records nothing: the context is taken at insert",
+        "sqla_jobs/producer.py",
+        '        object.__setattr__(self, "meta_json", validation.dump_meta(self.meta))\n',
+        '        object.__setattr__(self, "meta_json", validation.dump_meta('
+        "_otel.with_trace_context(self.meta, self.queue)))  # MUTATION\n",
+        (
+            "tests/test_tracing.py::"
+            "test_a_job_built_in_a_span_but_never_inserted_records_no_publish_span",
+        ),
+    ),
+    Mutation(
+        "otel_flush_takes_the_context",
+        "jobs the ORM's own insert writes get the flushing code's trace context",
+        "sqla_jobs/producer.py",
+        "    if _otel.recording():\n        _add_trace_context(session, instances)\n",
+        "    pass  # MUTATION\n",
+        (
+            "tests/test_tracing.py::"
+            "test_the_stored_context_is_the_inserting_codes_not_the_building_codes",
+        ),
+    ),
     # --- workflows (#26) -----------------------------------------------------------------
     Mutation(
         "workflow_release_waits_for_every_edge",
