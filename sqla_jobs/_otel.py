@@ -14,8 +14,10 @@ but with no SDK configured (no span is ever recording), an enqueue costs one
 * **Worker**: each attempt runs in a CONSUMER span ``process {queue}`` made a child of
   the stored context (:data:`PARENT`, the default) or a new trace linked to it
   (:data:`LINK`, ``SQLA_JOBS_OTEL_PARENT=link``), with the messaging semantic
-  conventions' attributes. It is the current span while the handler runs, so the
-  handler's own spans (SQLAlchemy's instrumentation of its session) nest under it.
+  conventions' attributes and the time the job waited in the queue (from its
+  ``run_at`` to the claim, both database times). It is the current span while the
+  handler runs, so the handler's own spans (SQLAlchemy's instrumentation of its
+  session) nest under it.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol
 
 #: The stored context becomes the process span's parent (one trace), or a link of a
 #: span that starts a new trace; from ``SQLA_JOBS_OTEL_PARENT`` (``child`` / ``link``).
@@ -35,6 +37,8 @@ SYSTEM = "sqla_jobs"
 TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"
 _SCOPE = "sqla_jobs"
+#: Seconds the job waited in the queue before this attempt was claimed (from its run_at).
+QUEUE_WAIT = "sqla_jobs.job.queue_wait"
 
 _api: Any = None  # the opentelemetry modules once looked up; False: not installed
 
@@ -92,15 +96,31 @@ def _mode() -> str:
     return LINK if os.environ.get(MODE_ENV, PARENT).strip().lower() == LINK else PARENT
 
 
+class ClaimedJob(Protocol):
+    """What the process span reads of a claimed job (the worker's ``Claimed``)."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def queue(self) -> str: ...
+    @property
+    def attempt(self) -> int: ...
+    @property
+    def meta(self) -> dict[str, Any] | None: ...
+    @property
+    def waited(self) -> float | None: ...
+
+
 @contextmanager
-def process_span(
-    *, job_id: int, kind: str, queue: str, attempt: int, meta: Mapping[str, Any] | None
-) -> Iterator[Any]:
+def process_span(job: ClaimedJob) -> Iterator[Any]:
     """The span of one attempt, current inside the block; None without the API.
 
     Yields the span so the caller records the outcome (:func:`ended`). An exception
     escaping the block is recorded on it.
     """
+    meta = job.meta
     api = _otel()
     if api is None:
         yield None
@@ -115,24 +135,33 @@ def process_span(
         parent = None
     tracer = trace.get_tracer(_SCOPE)
     span = tracer.start_span(
-        f"process {queue}",
+        f"process {job.queue}",
         context=parent,
         kind=trace.SpanKind.CONSUMER,
         links=links,
-        attributes={
-            "messaging.system": SYSTEM,
-            "messaging.operation.type": "process",
-            "messaging.operation.name": "process",
-            "messaging.destination.name": queue,
-            "messaging.message.id": str(job_id),
-            "sqla_jobs.job.kind": kind,
-            "sqla_jobs.job.attempt": attempt,
-        },
+        attributes=_attributes(job),
     )
     with trace.use_span(
         span, end_on_exit=True, record_exception=True, set_status_on_exception=True
     ):
         yield span
+
+
+def _attributes(job: ClaimedJob) -> dict[str, Any]:
+    attributes: dict[str, Any] = {
+        "messaging.system": SYSTEM,
+        "messaging.operation.type": "process",
+        "messaging.operation.name": "process",
+        "messaging.destination.name": job.queue,
+        "messaging.message.id": str(job.id),
+        "sqla_jobs.job.kind": job.kind,
+        "sqla_jobs.job.attempt": job.attempt,
+    }
+    if job.waited is not None:
+        # From the job's run_at to its claim, both by the database's clock (the claim
+        # computes it): a worker whose clock is off does not skew it.
+        attributes[QUEUE_WAIT] = job.waited
+    return attributes
 
 
 def ended(span: Any, error: BaseException | None, outcome: str) -> None:

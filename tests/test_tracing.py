@@ -10,6 +10,9 @@ span, which the test reads.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -17,7 +20,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from helpers import rows, start_worker, stop, wait_for
+from helpers import rows, start_worker, stop, url_text, wait_for
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -53,14 +56,37 @@ def worker_spans(path: Path, count: int) -> list[dict[str, Any]]:
     return wait_for(read, message=f"{count} process spans")
 
 
+def skewed_worker(db_url: URL, env: dict[str, str]) -> subprocess.Popen[str]:
+    """A worker of ``otelapp`` whose wall clock is ``SQLA_JOBS_TEST_CLOCK_OFFSET`` off."""
+    tests = Path(__file__).parent
+    return subprocess.Popen(
+        [sys.executable, str(tests / "skewed_worker.py"), "otelapp:registry"],
+        env={
+            **os.environ,
+            "DATABASE_URL": url_text(db_url),
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": os.pathsep.join(
+                p for p in (str(tests), os.environ.get("PYTHONPATH")) if p
+            ),
+            **env,
+        },
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
 def run_worker(
     db_url: URL, path: Path, processes: int, until: str | None = None, **env: str
 ) -> list[dict[str, Any]]:
     """A worker of ``otelapp`` until it exported ``processes`` process spans (and the
-    engine's query ``until`` returns a row); its spans."""
-    proc = start_worker(
-        db_url, app="otelapp:registry", env={"SQLA_JOBS_TEST_SPANS": str(path), **env}
-    )
+    engine's query ``until`` returns a row); its spans. With
+    ``SQLA_JOBS_TEST_CLOCK_OFFSET`` in ``env``, its wall clock is that far off."""
+    env = {"SQLA_JOBS_TEST_SPANS": str(path), **env}
+    if "SQLA_JOBS_TEST_CLOCK_OFFSET" in env:
+        proc = skewed_worker(db_url, env)
+    else:
+        proc = start_worker(db_url, app="otelapp:registry", env=env)
     try:
         found = worker_spans(path, processes)
         if until is not None:
@@ -108,8 +134,10 @@ def test_one_trace_runs_from_the_request_through_enqueue_to_the_handler_in_anoth
         "messaging.message.id": str(job_id),
         "sqla_jobs.job.kind": "traced.ok",
         "sqla_jobs.job.attempt": 1,
+        "sqla_jobs.job.queue_wait": process["attributes"]["sqla_jobs.job.queue_wait"],
         "sqla_jobs.job.outcome": "done",
     }
+    assert process["attributes"]["sqla_jobs.job.queue_wait"] >= 0
     work = next(s for s in found if s["name"] == "handler work")
     assert work["parent_id"] == process["span_id"]  # the handler's spans nest under it
 
@@ -275,3 +303,21 @@ def test_a_job_built_in_a_span_and_inserted_outside_any_stores_no_context(
         session.add(added)
         session.commit()
     assert [r.meta for r in rows(engine, "SELECT meta FROM jobs")] == [None, None]
+
+
+def test_the_process_span_tells_the_time_in_queue_by_the_databases_clock_not_the_workers(
+    engine: sa.Engine, db_url: URL, tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    """The job was due an hour ago (by the database); the worker's wall clock is two
+    hours behind: the wait is still about an hour, not minus one."""
+    [due] = rows(engine, "SELECT now() - interval '1 hour' AS at")
+    with Session(engine) as session:
+        enqueue(session, "traced.ok", run_at=due.at)
+        session.commit()
+    found = run_worker(
+        db_url, tmp_path / "spans.jsonl", 1, SQLA_JOBS_TEST_CLOCK_OFFSET=str(-2 * 3600)
+    )
+    process = next(s for s in found if s["kind"] == "CONSUMER")
+    waited = process["attributes"]["sqla_jobs.job.queue_wait"]
+    [row] = rows(engine, "SELECT extract(epoch FROM attempted_at - run_at)::float AS w FROM jobs")
+    assert 3600 <= waited == pytest.approx(row.w, abs=1e-3)

@@ -361,9 +361,7 @@ class AsyncExecutor:
         """The handler's run as an Attempt, in its OpenTelemetry span when tracing is
         installed; None if the drain cancelled it."""
         job = running.job
-        with _otel.process_span(
-            job_id=job.id, kind=job.kind, queue=job.queue, attempt=job.attempt, meta=job.meta
-        ) as span:
+        with _otel.process_span(job) as span:
             attempt = await self._run_handler(running, session, conn, control)
             if attempt is not None:
                 _otel.ended(span, attempt.error, _otel.outcome_of(attempt.error))

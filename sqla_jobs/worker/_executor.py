@@ -162,9 +162,7 @@ class ThreadExecutor:
         try:
             # The span covers the child's run; spans the child itself records (none by
             # default) would start traces of their own.
-            with _otel.process_span(
-                job_id=job.id, kind=job.kind, queue=job.queue, attempt=job.attempt, meta=job.meta
-            ) as span:
+            with _otel.process_span(job) as span:
                 outcome, error = _isolated.run(
                     self.engine, self.config.worker_id, job, handler, control
                 )
@@ -201,9 +199,7 @@ class ThreadExecutor:
         control: Control,
     ) -> Attempt:
         """The handler's run, in its OpenTelemetry span when tracing is installed."""
-        with _otel.process_span(
-            job_id=job.id, kind=job.kind, queue=job.queue, attempt=job.attempt, meta=job.meta
-        ) as span:
+        with _otel.process_span(job) as span:
             attempt = self._run_handler(job, session, thread_conn, control)
             _otel.ended(span, attempt.error, _otel.outcome_of(attempt.error))
         return attempt

@@ -973,6 +973,17 @@ MUTATIONS: list[Mutation] = [
             "test_the_stored_context_is_the_inserting_codes_not_the_building_codes",
         ),
     ),
+    Mutation(
+        "otel_queue_wait_from_the_claim",
+        "the process span's queue wait is the claim's, by the database's clock",
+        "sqla_jobs/_otel.py",
+        "        attributes[QUEUE_WAIT] = job.waited\n",
+        "        attributes[QUEUE_WAIT] = 0.0  # MUTATION\n",
+        (
+            "tests/test_tracing.py::"
+            "test_the_process_span_tells_the_time_in_queue_by_the_databases_clock_not_the_workers",
+        ),
+    ),
     # --- workflows (#26) -----------------------------------------------------------------
     Mutation(
         "workflow_release_waits_for_every_edge",
