@@ -176,6 +176,32 @@ def ended(span: Any, error: BaseException | None, outcome: str) -> None:
         span.add_event(outcome, {"exception.type": type(error).__name__})
 
 
+#: What the worker recorded for the attempt (the completer's outcome: ``done``,
+#: ``retry``, ``dead``, ``lost``, ``snoozed``, ``cancelled``), once it is known.
+RECORDED = "sqla_jobs.job.recorded_outcome"
+#: The event each recorded outcome adds to the span (the others add none).
+_EVENTS = {"retry": "retry scheduled", "dead": "dead", "lost": "claim lost"}
+
+
+def settled(span: Any, outcome: Any) -> None:
+    """Record on the attempt's span what the worker recorded for it (an ``Outcome``):
+    a failure's retry or death, or a lost claim (its fenced update matched nothing:
+    the lease expired and another worker took the job, or an operator changed it), which
+    also sets the span's status to ERROR."""
+    if span is None or not span.is_recording():
+        return
+    value = str(getattr(outcome, "value", outcome))
+    span.set_attribute(RECORDED, value)
+    event = _EVENTS.get(value)
+    if event is not None:
+        span.add_event(event)
+    if value == "lost":
+        trace = _otel()[0]
+        span.set_status(
+            trace.Status(trace.StatusCode.ERROR, "claim lost: nothing of this run was recorded")
+        )
+
+
 def outcome_of(error: BaseException | None) -> str:
     """The attempt's outcome as its span tells it (a failure's retry or death is the
     completer's to decide: ``failed`` covers both)."""

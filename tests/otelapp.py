@@ -13,6 +13,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+import sqlalchemy as sa
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -82,3 +83,18 @@ async def traced_async(session: AsyncSession, payload: dict[str, Any]) -> None:
 @registry.handler("traced.isolated", isolation="process")
 def traced_isolated(session: Session, payload: dict[str, Any]) -> None:
     pass
+
+
+@registry.handler("traced.lost")
+def traced_lost(session: Session, payload: dict[str, Any], job: JobContext) -> str:
+    """Writes, then loses its claim before the done-mark: another worker "takes the job
+    over" (its fence no longer matches), as after an expired lease."""
+    engine = sa.create_engine(os.environ["DATABASE_URL"])
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                sa.text("UPDATE jobs SET worker = 'someone else' WHERE id = :id"), {"id": job.id}
+            )
+    finally:
+        engine.dispose()
+    return "written"  # a result: its done-mark goes in the handler's transaction

@@ -135,7 +135,7 @@ def test_one_trace_runs_from_the_request_through_enqueue_to_the_handler_in_anoth
         "sqla_jobs.job.kind": "traced.ok",
         "sqla_jobs.job.attempt": 1,
         "sqla_jobs.job.queue_wait": process["attributes"]["sqla_jobs.job.queue_wait"],
-        "sqla_jobs.job.outcome": "done",
+        "sqla_jobs.job.outcome": "done",  # no recorded_outcome: a batched done-mark
     }
     assert process["attributes"]["sqla_jobs.job.queue_wait"] >= 0
     work = next(s for s in found if s["name"] == "handler work")
@@ -162,6 +162,26 @@ def test_each_retry_is_a_process_span_of_the_same_trace_with_the_error_recorded(
         assert span["status"] == "ERROR"
         assert span["attributes"]["sqla_jobs.job.outcome"] == "failed"
         assert "exception" in span["events"] and "failed" in span["events"]
+    retried, last = attempts
+    assert retried["attributes"]["sqla_jobs.job.recorded_outcome"] == "retry"
+    assert "retry scheduled" in retried["events"] and "dead" not in retried["events"]
+    assert last["attributes"]["sqla_jobs.job.recorded_outcome"] == "dead"
+    assert "dead" in last["events"] and "retry scheduled" not in last["events"]
+
+
+def test_a_lost_claim_is_an_event_and_the_error_status_of_its_process_span(
+    engine: sa.Engine, db_url: URL, tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    with Session(engine) as session:
+        enqueue(session, "traced.lost")
+        session.commit()
+    found = run_worker(db_url, tmp_path / "spans.jsonl", 1)
+    process = next(s for s in found if s["kind"] == "CONSUMER")
+    assert process["attributes"]["sqla_jobs.job.outcome"] == "done"  # the handler's
+    assert process["attributes"]["sqla_jobs.job.recorded_outcome"] == "lost"
+    assert process["events"] == ["claim lost"] and process["status"] == "ERROR"
+    [job] = rows(engine, "SELECT status, worker FROM jobs")
+    assert (job.status, job.worker) == ("running", "someone else")  # nothing recorded
 
 
 def test_an_async_handler_runs_in_the_process_span(

@@ -984,6 +984,32 @@ MUTATIONS: list[Mutation] = [
             "test_the_process_span_tells_the_time_in_queue_by_the_databases_clock_not_the_workers",
         ),
     ),
+    Mutation(
+        "otel_span_tells_retry_from_dead",
+        "a failed attempt's process span records whether the job was retried or is dead",
+        "sqla_jobs/worker/_executor.py",
+        "                    self.completer.complete_later(attempt)\n"
+        "                else:\n"
+        "                    _otel.settled(span, self.completer.fail(attempt))\n",
+        "                    self.completer.complete_later(attempt)\n"
+        "                else:\n"
+        "                    self.completer.fail(attempt)  # MUTATION\n",
+        (
+            "tests/test_tracing.py::"
+            "test_each_retry_is_a_process_span_of_the_same_trace_with_the_error_recorded",
+        ),
+    ),
+    Mutation(
+        "otel_lost_claim_on_the_span",
+        "a lost claim sets its process span's status to ERROR",
+        "sqla_jobs/_otel.py",
+        '    if value == "lost":\n',
+        "    if False:  # MUTATION\n",
+        (
+            "tests/test_tracing.py::"
+            "test_a_lost_claim_is_an_event_and_the_error_status_of_its_process_span",
+        ),
+    ),
     # --- workflows (#26) -----------------------------------------------------------------
     Mutation(
         "workflow_release_waits_for_every_edge",
