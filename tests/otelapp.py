@@ -59,6 +59,14 @@ if _path:
     _provider.add_span_processor(SimpleSpanProcessor(FileExporter(_path)))
     trace.set_tracer_provider(_provider)
 
+if os.environ.get("SQLA_JOBS_TEST_INSTRUMENT_SQLALCHEMY"):
+    # As an app would, before its engines are made: the worker's engine (so each
+    # handler's session) is instrumented; its statements' spans nest under the span
+    # current when they run.
+    from opentelemetry.instrumentation.sqlalchemy import SQLAlchemyInstrumentor
+
+    SQLAlchemyInstrumentor().instrument()
+
 registry = Registry()
 tracer = trace.get_tracer("otelapp")
 
@@ -98,3 +106,13 @@ def traced_lost(session: Session, payload: dict[str, Any], job: JobContext) -> s
     finally:
         engine.dispose()
     return "written"  # a result: its done-mark goes in the handler's transaction
+
+
+@registry.handler("traced.sql")
+def traced_sql(session: Session, payload: dict[str, Any]) -> None:
+    session.execute(sa.text("SELECT 41 + 1 AS sync_handler_sql"))
+
+
+@registry.handler("traced.async_sql")
+async def traced_async_sql(session: AsyncSession, payload: dict[str, Any]) -> None:
+    await session.execute(sa.text("SELECT 41 + 1 AS async_handler_sql"))

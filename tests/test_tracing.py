@@ -341,3 +341,42 @@ def test_the_process_span_tells_the_time_in_queue_by_the_databases_clock_not_the
     waited = process["attributes"]["sqla_jobs.job.queue_wait"]
     [row] = rows(engine, "SELECT extract(epoch FROM attempted_at - run_at)::float AS w FROM jobs")
     assert 3600 <= waited == pytest.approx(row.w, abs=1e-3)
+
+
+@pytest.mark.parametrize("kind", ["traced.sql", "traced.async_sql"])
+def test_the_handlers_session_sql_nests_under_the_process_span_with_sqlalchemy_instrumented(
+    engine: sa.Engine, db_url: URL, tmp_path: Path, spans: InMemorySpanExporter, kind: str
+) -> None:
+    """opentelemetry-instrumentation-sqlalchemy, enabled in the worker process as an app
+    would, records the handler's statement as a span of the job's trace."""
+    tracer = trace.get_tracer("app")
+    with tracer.start_as_current_span("request") as request, Session(engine) as session:
+        enqueue(session, kind)
+        session.commit()
+    marker = "async_handler_sql" if kind == "traced.async_sql" else "sync_handler_sql"
+
+    def handler_sql(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [s for s in found if marker in json.dumps(s["attributes"])]
+
+    def exported() -> list[dict[str, Any]]:
+        if not path.exists():
+            return []
+        found = [json.loads(line) for line in path.read_text().splitlines()]
+        done = handler_sql(found) and any(s["kind"] == "CONSUMER" for s in found)
+        return found if done else []
+
+    path = tmp_path / "spans.jsonl"
+    proc = start_worker(
+        db_url,
+        app="otelapp:registry",
+        env={"SQLA_JOBS_TEST_SPANS": str(path), "SQLA_JOBS_TEST_INSTRUMENT_SQLALCHEMY": "1"},
+    )
+    try:
+        found = wait_for(exported, message="the handler's SQL span")
+    finally:
+        stop(proc)
+    process = next(s for s in found if s["kind"] == "CONSUMER")
+    [sql] = handler_sql(found)
+    assert sql["kind"] == "CLIENT"
+    assert sql["parent_id"] == process["span_id"]
+    assert sql["trace_id"] == f"{request.get_span_context().trace_id:032x}"

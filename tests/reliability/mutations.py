@@ -1010,6 +1010,20 @@ MUTATIONS: list[Mutation] = [
             "test_a_lost_claim_is_an_event_and_the_error_status_of_its_process_span",
         ),
     ),
+    Mutation(
+        "otel_process_span_is_current_in_the_handler",
+        "the handler's session SQL (instrumented SQLAlchemy) nests under the process span",
+        "sqla_jobs/_otel.py",
+        "    with trace.use_span(\n"
+        "        span, end_on_exit=True, record_exception=True, set_status_on_exception=True\n"
+        "    ):\n"
+        "        yield span\n",
+        "    try:  # MUTATION\n        yield span\n    finally:\n        span.end()\n",
+        (
+            "tests/test_tracing.py::"
+            "test_the_handlers_session_sql_nests_under_the_process_span_with_sqlalchemy_instrumented",
+        ),
+    ),
     # --- workflows (#26) -----------------------------------------------------------------
     Mutation(
         "workflow_release_waits_for_every_edge",
