@@ -17,7 +17,7 @@ but with no SDK configured (no span is ever recording), an enqueue costs one
   conventions' attributes and the time the job waited in the queue (from its
   ``run_at`` to the claim, both database times). It is the current span while the
   handler runs, so the handler's own spans (SQLAlchemy's instrumentation of its
-  session) nest under it.
+  session) nest under it; a process-isolated handler's child gets its context too.
 """
 
 from __future__ import annotations
@@ -90,6 +90,33 @@ def with_trace_context(meta: Mapping[str, Any] | None, queue: str | None) -> Any
         propagate.inject(carrier)
     found = {k: carrier[k] for k in (TRACEPARENT, TRACESTATE) if k in carrier}
     return {**(meta or {}), **found}
+
+
+def carrier() -> dict[str, str]:
+    """The current trace context as W3C headers, for another process (empty without
+    the API or a current span)."""
+    api = _otel()
+    found: dict[str, str] = {}
+    if api is not None:
+        api[1].inject(found)
+    return found
+
+
+@contextmanager
+def attached(headers: Mapping[str, str] | None) -> Iterator[None]:
+    """Inside the block the trace context of ``headers`` (:func:`carrier`) is current:
+    spans started there are its children."""
+    api = _otel()
+    if api is None or not headers:
+        yield
+        return
+    from opentelemetry import context
+
+    token = context.attach(api[1].extract(dict(headers)))
+    try:
+        yield
+    finally:
+        context.detach(token)
 
 
 def _mode() -> str:

@@ -90,7 +90,8 @@ async def traced_async(session: AsyncSession, payload: dict[str, Any]) -> None:
 
 @registry.handler("traced.isolated", isolation="process")
 def traced_isolated(session: Session, payload: dict[str, Any]) -> None:
-    pass
+    with tracer.start_as_current_span("isolated handler work"):  # in the child process
+        pass
 
 
 @registry.handler("traced.lost")

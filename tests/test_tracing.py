@@ -209,6 +209,10 @@ def test_a_handler_in_a_child_process_runs_in_the_process_span_of_its_attempt(
     process = next(s for s in found if s["kind"] == "CONSUMER")
     assert process["trace_id"] == f"{request.get_span_context().trace_id:032x}"
     assert process["attributes"]["sqla_jobs.job.outcome"] == "done"
+    # The child's own span (exported by the child, which imported otelapp) nests under
+    # the process span of the attempt: the worker handed it its context.
+    work = next(s for s in found if s["name"] == "isolated handler work")
+    assert (work["trace_id"], work["parent_id"]) == (process["trace_id"], process["span_id"])
 
 
 def test_link_mode_starts_a_trace_per_attempt_linked_to_the_enqueue(

@@ -1024,6 +1024,17 @@ MUTATIONS: list[Mutation] = [
             "test_the_handlers_session_sql_nests_under_the_process_span_with_sqlalchemy_instrumented",
         ),
     ),
+    Mutation(
+        "otel_isolated_child_gets_the_context",
+        "a process-isolated handler's own spans nest under its attempt's process span",
+        "sqla_jobs/worker/_isolated.py",
+        '        "trace": _otel.carrier(),\n',
+        '        "trace": {},  # MUTATION\n',
+        (
+            "tests/test_tracing.py::"
+            "test_a_handler_in_a_child_process_runs_in_the_process_span_of_its_attempt",
+        ),
+    ),
     # --- workflows (#26) -----------------------------------------------------------------
     Mutation(
         "workflow_release_waits_for_every_edge",
