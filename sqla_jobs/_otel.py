@@ -2,8 +2,8 @@
 
 Only ``opentelemetry-api`` is used; the application installs and configures the SDK (or
 not). Without the API installed nothing is imported after the first look; installed
-but with no SDK configured (no span is ever recording), an enqueue costs one
-``get_current_span()`` and a worker's attempt one non-recording span.
+but with no SDK configured (no span is ever recording), an inserted job (and a flush)
+costs one ``get_current_span()`` and a worker's attempt one non-recording span.
 
 * **Insert**: when a job is inserted (``enqueue``, ``enqueue_many``, or the flush of a
   ``session.add(Job(...))``) while a valid span is current (a request's, say), a short
@@ -18,6 +18,8 @@ but with no SDK configured (no span is ever recording), an enqueue costs one
   ``run_at`` to the claim, both database times). It is the current span while the
   handler runs, so the handler's own spans (SQLAlchemy's instrumentation of its
   session) nest under it; a process-isolated handler's child gets its context too.
+  It ends once the worker has recorded the attempt (:func:`settled`: a retry, a death,
+  a lost claim), except for a done-mark left to the worker's next batch.
 """
 
 from __future__ import annotations
