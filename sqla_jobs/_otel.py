@@ -2,18 +2,24 @@
 
 Only ``opentelemetry-api`` is used; the application installs and configures the SDK (or
 not). Without the API installed nothing is imported after the first look; installed
-but with no SDK configured (no span is ever recording), an enqueue costs one
-``get_current_span()`` and a worker's attempt one non-recording span.
+but with no SDK configured (no span is ever recording), an inserted job (and a flush)
+costs one ``get_current_span()`` and a worker's attempt one non-recording span.
 
-* **Enqueue**: when a valid span is current (a request's, say), a short PRODUCER span
-  ``publish {queue}`` is recorded and the W3C trace context of that span is stored in
-  the job's ``meta`` (``traceparent``, and ``tracestate`` when there is one), so it
-  commits with the job. A trace context already in the meta is kept.
+* **Insert**: when a job is inserted (``enqueue``, ``enqueue_many``, or the flush of a
+  ``session.add(Job(...))``) while a valid span is current (a request's, say), a short
+  PRODUCER span ``publish {queue}`` is recorded and the W3C trace context of that span
+  is stored in the job's ``meta`` (``traceparent``, and ``tracestate`` when there is
+  one), so it commits with the job. Building a ``NewJob`` or a ``Job`` records nothing:
+  the context is the inserting code's. A trace context already in the meta is kept.
 * **Worker**: each attempt runs in a CONSUMER span ``process {queue}`` made a child of
   the stored context (:data:`PARENT`, the default) or a new trace linked to it
   (:data:`LINK`, ``SQLA_JOBS_OTEL_PARENT=link``), with the messaging semantic
-  conventions' attributes. It is the current span while the handler runs, so the
-  handler's own spans (SQLAlchemy's instrumentation of its session) nest under it.
+  conventions' attributes and the time the job waited in the queue (from its
+  ``run_at`` to the claim, both database times). It is the current span while the
+  handler runs, so the handler's own spans (SQLAlchemy's instrumentation of its
+  session) nest under it; a process-isolated handler's child gets its context too.
+  It ends once the worker has recorded the attempt (:func:`settled`: a retry, a death,
+  a lost claim), except for a done-mark left to the worker's next batch.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol
 
 #: The stored context becomes the process span's parent (one trace), or a link of a
 #: span that starts a new trace; from ``SQLA_JOBS_OTEL_PARENT`` (``child`` / ``link``).
@@ -33,6 +39,8 @@ SYSTEM = "sqla_jobs"
 TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"
 _SCOPE = "sqla_jobs"
+#: Seconds the job waited in the queue before this attempt was claimed (from its run_at).
+QUEUE_WAIT = "sqla_jobs.job.queue_wait"
 
 _api: Any = None  # the opentelemetry modules once looked up; False: not installed
 
@@ -48,6 +56,12 @@ def _otel() -> Any:
         else:
             _api = (trace, propagate)
     return _api or None
+
+
+def recording() -> bool:
+    """Whether a valid span is current (so an insert now records a publish span)."""
+    api = _otel()
+    return api is not None and bool(api[0].get_current_span().get_span_context().is_valid)
 
 
 def with_trace_context(meta: Mapping[str, Any] | None, queue: str | None) -> Any:
@@ -80,19 +94,62 @@ def with_trace_context(meta: Mapping[str, Any] | None, queue: str | None) -> Any
     return {**(meta or {}), **found}
 
 
+def carrier() -> dict[str, str]:
+    """The current trace context as W3C headers, for another process (empty without
+    the API or a current span)."""
+    api = _otel()
+    found: dict[str, str] = {}
+    if api is not None:
+        api[1].inject(found)
+    return found
+
+
+@contextmanager
+def attached(headers: Mapping[str, str] | None) -> Iterator[None]:
+    """Inside the block the trace context of ``headers`` (:func:`carrier`) is current:
+    spans started there are its children."""
+    api = _otel()
+    if api is None or not headers:
+        yield
+        return
+    from opentelemetry import context
+
+    token = context.attach(api[1].extract(dict(headers)))
+    try:
+        yield
+    finally:
+        context.detach(token)
+
+
 def _mode() -> str:
     return LINK if os.environ.get(MODE_ENV, PARENT).strip().lower() == LINK else PARENT
 
 
+class ClaimedJob(Protocol):
+    """What the process span reads of a claimed job (the worker's ``Claimed``)."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def queue(self) -> str: ...
+    @property
+    def attempt(self) -> int: ...
+    @property
+    def meta(self) -> dict[str, Any] | None: ...
+    @property
+    def waited(self) -> float | None: ...
+
+
 @contextmanager
-def process_span(
-    *, job_id: int, kind: str, queue: str, attempt: int, meta: Mapping[str, Any] | None
-) -> Iterator[Any]:
+def process_span(job: ClaimedJob) -> Iterator[Any]:
     """The span of one attempt, current inside the block; None without the API.
 
     Yields the span so the caller records the outcome (:func:`ended`). An exception
     escaping the block is recorded on it.
     """
+    meta = job.meta
     api = _otel()
     if api is None:
         yield None
@@ -107,24 +164,33 @@ def process_span(
         parent = None
     tracer = trace.get_tracer(_SCOPE)
     span = tracer.start_span(
-        f"process {queue}",
+        f"process {job.queue}",
         context=parent,
         kind=trace.SpanKind.CONSUMER,
         links=links,
-        attributes={
-            "messaging.system": SYSTEM,
-            "messaging.operation.type": "process",
-            "messaging.operation.name": "process",
-            "messaging.destination.name": queue,
-            "messaging.message.id": str(job_id),
-            "sqla_jobs.job.kind": kind,
-            "sqla_jobs.job.attempt": attempt,
-        },
+        attributes=_attributes(job),
     )
     with trace.use_span(
         span, end_on_exit=True, record_exception=True, set_status_on_exception=True
     ):
         yield span
+
+
+def _attributes(job: ClaimedJob) -> dict[str, Any]:
+    attributes: dict[str, Any] = {
+        "messaging.system": SYSTEM,
+        "messaging.operation.type": "process",
+        "messaging.operation.name": "process",
+        "messaging.destination.name": job.queue,
+        "messaging.message.id": str(job.id),
+        "sqla_jobs.job.kind": job.kind,
+        "sqla_jobs.job.attempt": job.attempt,
+    }
+    if job.waited is not None:
+        # From the job's run_at to its claim, both by the database's clock (the claim
+        # computes it): a worker whose clock is off does not skew it.
+        attributes[QUEUE_WAIT] = job.waited
+    return attributes
 
 
 def ended(span: Any, error: BaseException | None, outcome: str) -> None:
@@ -137,6 +203,32 @@ def ended(span: Any, error: BaseException | None, outcome: str) -> None:
         span.record_exception(error)
         span.set_status(trace.Status(trace.StatusCode.ERROR, f"{type(error).__name__}: {error}"))
         span.add_event(outcome, {"exception.type": type(error).__name__})
+
+
+#: What the worker recorded for the attempt (the completer's outcome: ``done``,
+#: ``retry``, ``dead``, ``lost``, ``snoozed``, ``cancelled``), once it is known.
+RECORDED = "sqla_jobs.job.recorded_outcome"
+#: The event each recorded outcome adds to the span (the others add none).
+_EVENTS = {"retry": "retry scheduled", "dead": "dead", "lost": "claim lost"}
+
+
+def settled(span: Any, outcome: Any) -> None:
+    """Record on the attempt's span what the worker recorded for it (an ``Outcome``):
+    a failure's retry or death, or a lost claim (its fenced update matched nothing:
+    the lease expired and another worker took the job, or an operator changed it), which
+    also sets the span's status to ERROR."""
+    if span is None or not span.is_recording():
+        return
+    value = str(getattr(outcome, "value", outcome))
+    span.set_attribute(RECORDED, value)
+    event = _EVENTS.get(value)
+    if event is not None:
+        span.add_event(event)
+    if value == "lost":
+        trace = _otel()[0]
+        span.set_status(
+            trace.Status(trace.StatusCode.ERROR, "claim lost: nothing of this run was recorded")
+        )
 
 
 def outcome_of(error: BaseException | None) -> str:

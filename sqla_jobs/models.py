@@ -58,7 +58,7 @@ from sqlalchemy.orm import (
     validates,
 )
 
-from sqla_jobs import _otel, validation
+from sqla_jobs import validation
 from sqla_jobs.exceptions import InvalidJobError
 
 NAMING_CONVENTION = {
@@ -315,10 +315,6 @@ class Job(Base):
             if values.get("run_at") is not None:
                 raise InvalidJobError("give run_at or delay, not both")
             values["run_at"] = DelayedRunAt(seconds)
-        # Before the validator: the trace context counts towards meta's size limit.
-        meta = _otel.with_trace_context(values.get("meta"), values.get("queue"))
-        if meta is not None:
-            values["meta"] = meta
         super().__init__(**values)
 
     def __repr__(self) -> str:

@@ -89,8 +89,9 @@ class NewJob:
         if self.max_attempts is not None:
             validation.check_max_attempts(self.max_attempts)
         object.__setattr__(self, "timeout", validation.check_timeout(self.timeout))
-        meta = _otel.with_trace_context(self.meta, self.queue)
-        object.__setattr__(self, "meta_json", validation.dump_meta(meta))
+        # The trace context is added when the job is inserted (_meta_json), not here: a
+        # NewJob built in one span may be inserted in another, or never.
+        object.__setattr__(self, "meta_json", validation.dump_meta(self.meta))
         object.__setattr__(self, "tags", validation.check_tags(self.tags))
 
 
@@ -105,14 +106,22 @@ _OPTIONAL_COLUMNS = (
 )
 
 
+def _meta_json(job: NewJob) -> str | None:
+    """``job.meta_json`` plus the inserting code's trace context, when a span is current
+    (a publish span is recorded for the job then: this is called as it is inserted)."""
+    meta = _otel.with_trace_context(job.meta, job.queue)
+    return job.meta_json if meta is job.meta else validation.dump_meta(meta)
+
+
 def _single_insert(
     job: NewJob, *, with_defaults: bool = False
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """``(shape, params)`` of the one-row insert for ``job`` (see _build)."""
     params: dict[str, Any] = {"kind": job.kind, "payload": job.payload_json}
     columns = []
+    meta_json = _meta_json(job)
     for attr, column in _OPTIONAL_COLUMNS:
-        value = getattr(job, attr)
+        value = meta_json if attr == "meta_json" else getattr(job, attr)
         if value is not None:
             columns.append(column)
             params[column] = list(value) if column == "tags" else value
@@ -321,6 +330,7 @@ class _RowsWriter:
     def row(self, job: NewJob) -> tuple[str, bool]:
         """The job's JSON object, and whether it has more than a kind and a payload."""
         head = '{"k":' + self._text(job.kind) + ',"p":' + job.payload_json
+        meta_json = _meta_json(job)
         if (
             job.queue is None
             and job.priority is None
@@ -329,7 +339,7 @@ class _RowsWriter:
             and job.run_at is None
             and job.delay is None
             and job.timeout is None
-            and job.meta_json is None
+            and meta_json is None
             and job.tags is None
         ):
             return head + "}", False
@@ -348,8 +358,8 @@ class _RowsWriter:
             parts.append(f',"d":{job.delay!r}')  # a float since __post_init__
         if job.timeout is not None:
             parts.append(f',"t":{job.timeout!r}')  # a float since __post_init__
-        if job.meta_json is not None:
-            parts.append(',"mt":' + job.meta_json)
+        if meta_json is not None:
+            parts.append(',"mt":' + meta_json)
         if job.tags is not None:
             parts.append(',"tg":[' + ",".join(self._text(t) for t in job.tags) + "]")
         parts.append("}")
@@ -513,6 +523,18 @@ def _new_job(job: Job) -> NewJob:
     )
 
 
+def _add_trace_context(session: Session, instances: Sequence[Any] | None) -> None:
+    """The flush inserts the pending Jobs: each gets the current trace context (and its
+    publish span) now, not when it was built. Through ``meta``'s validator, so the
+    context counts towards its size limit."""
+    for obj in session.new:
+        if isinstance(obj, Job) and (instances is None or obj in instances):
+            meta = obj.__dict__.get("meta")
+            traced = _otel.with_trace_context(meta, obj.__dict__.get("queue"))
+            if traced is not meta:
+                obj.meta = traced
+
+
 def _insert_jobs_as_enqueue_does(
     session: Session, _flush_context: Any, instances: Sequence[Any] | None
 ) -> None:
@@ -526,6 +548,8 @@ def _insert_jobs_as_enqueue_does(
     ``id`` None. Every job is checked before the first insert. The rest of the flush
     (other jobs included) is the ORM's own.
     """
+    if _otel.recording():
+        _add_trace_context(session, instances)
     pending = _routed(session, instances)  # the first of two equal keys wins
     if not pending:
         return

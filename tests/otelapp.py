@@ -13,6 +13,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+import sqlalchemy as sa
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -58,6 +59,14 @@ if _path:
     _provider.add_span_processor(SimpleSpanProcessor(FileExporter(_path)))
     trace.set_tracer_provider(_provider)
 
+if os.environ.get("SQLA_JOBS_TEST_INSTRUMENT_SQLALCHEMY"):
+    # As an app would, before its engines are made: the worker's engine (so each
+    # handler's session) is instrumented; its statements' spans nest under the span
+    # current when they run.
+    from opentelemetry.instrumentation.sqlalchemy import SQLAlchemyInstrumentor
+
+    SQLAlchemyInstrumentor().instrument()
+
 registry = Registry()
 tracer = trace.get_tracer("otelapp")
 
@@ -81,4 +90,30 @@ async def traced_async(session: AsyncSession, payload: dict[str, Any]) -> None:
 
 @registry.handler("traced.isolated", isolation="process")
 def traced_isolated(session: Session, payload: dict[str, Any]) -> None:
-    pass
+    with tracer.start_as_current_span("isolated handler work"):  # in the child process
+        pass
+
+
+@registry.handler("traced.lost")
+def traced_lost(session: Session, payload: dict[str, Any], job: JobContext) -> str:
+    """Writes, then loses its claim before the done-mark: another worker "takes the job
+    over" (its fence no longer matches), as after an expired lease."""
+    engine = sa.create_engine(os.environ["DATABASE_URL"])
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                sa.text("UPDATE jobs SET worker = 'someone else' WHERE id = :id"), {"id": job.id}
+            )
+    finally:
+        engine.dispose()
+    return "written"  # a result: its done-mark goes in the handler's transaction
+
+
+@registry.handler("traced.sql")
+def traced_sql(session: Session, payload: dict[str, Any]) -> None:
+    session.execute(sa.text("SELECT 41 + 1 AS sync_handler_sql"))
+
+
+@registry.handler("traced.async_sql")
+async def traced_async_sql(session: AsyncSession, payload: dict[str, Any]) -> None:
+    await session.execute(sa.text("SELECT 41 + 1 AS async_handler_sql"))

@@ -10,6 +10,9 @@ span, which the test reads.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -17,7 +20,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from helpers import rows, start_worker, stop, wait_for
+from helpers import rows, start_worker, stop, url_text, wait_for
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -53,14 +56,37 @@ def worker_spans(path: Path, count: int) -> list[dict[str, Any]]:
     return wait_for(read, message=f"{count} process spans")
 
 
+def skewed_worker(db_url: URL, env: dict[str, str]) -> subprocess.Popen[str]:
+    """A worker of ``otelapp`` whose wall clock is ``SQLA_JOBS_TEST_CLOCK_OFFSET`` off."""
+    tests = Path(__file__).parent
+    return subprocess.Popen(
+        [sys.executable, str(tests / "skewed_worker.py"), "otelapp:registry"],
+        env={
+            **os.environ,
+            "DATABASE_URL": url_text(db_url),
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": os.pathsep.join(
+                p for p in (str(tests), os.environ.get("PYTHONPATH")) if p
+            ),
+            **env,
+        },
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
 def run_worker(
     db_url: URL, path: Path, processes: int, until: str | None = None, **env: str
 ) -> list[dict[str, Any]]:
     """A worker of ``otelapp`` until it exported ``processes`` process spans (and the
-    engine's query ``until`` returns a row); its spans."""
-    proc = start_worker(
-        db_url, app="otelapp:registry", env={"SQLA_JOBS_TEST_SPANS": str(path), **env}
-    )
+    engine's query ``until`` returns a row); its spans. With
+    ``SQLA_JOBS_TEST_CLOCK_OFFSET`` in ``env``, its wall clock is that far off."""
+    env = {"SQLA_JOBS_TEST_SPANS": str(path), **env}
+    if "SQLA_JOBS_TEST_CLOCK_OFFSET" in env:
+        proc = skewed_worker(db_url, env)
+    else:
+        proc = start_worker(db_url, app="otelapp:registry", env=env)
     try:
         found = worker_spans(path, processes)
         if until is not None:
@@ -108,8 +134,10 @@ def test_one_trace_runs_from_the_request_through_enqueue_to_the_handler_in_anoth
         "messaging.message.id": str(job_id),
         "sqla_jobs.job.kind": "traced.ok",
         "sqla_jobs.job.attempt": 1,
-        "sqla_jobs.job.outcome": "done",
+        "sqla_jobs.job.queue_wait": process["attributes"]["sqla_jobs.job.queue_wait"],
+        "sqla_jobs.job.outcome": "done",  # no recorded_outcome: a batched done-mark
     }
+    assert process["attributes"]["sqla_jobs.job.queue_wait"] >= 0
     work = next(s for s in found if s["name"] == "handler work")
     assert work["parent_id"] == process["span_id"]  # the handler's spans nest under it
 
@@ -134,6 +162,26 @@ def test_each_retry_is_a_process_span_of_the_same_trace_with_the_error_recorded(
         assert span["status"] == "ERROR"
         assert span["attributes"]["sqla_jobs.job.outcome"] == "failed"
         assert "exception" in span["events"] and "failed" in span["events"]
+    retried, last = attempts
+    assert retried["attributes"]["sqla_jobs.job.recorded_outcome"] == "retry"
+    assert "retry scheduled" in retried["events"] and "dead" not in retried["events"]
+    assert last["attributes"]["sqla_jobs.job.recorded_outcome"] == "dead"
+    assert "dead" in last["events"] and "retry scheduled" not in last["events"]
+
+
+def test_a_lost_claim_is_an_event_and_the_error_status_of_its_process_span(
+    engine: sa.Engine, db_url: URL, tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    with Session(engine) as session:
+        enqueue(session, "traced.lost")
+        session.commit()
+    found = run_worker(db_url, tmp_path / "spans.jsonl", 1)
+    process = next(s for s in found if s["kind"] == "CONSUMER")
+    assert process["attributes"]["sqla_jobs.job.outcome"] == "done"  # the handler's
+    assert process["attributes"]["sqla_jobs.job.recorded_outcome"] == "lost"
+    assert process["events"] == ["claim lost"] and process["status"] == "ERROR"
+    [job] = rows(engine, "SELECT status, worker FROM jobs")
+    assert (job.status, job.worker) == ("running", "someone else")  # nothing recorded
 
 
 def test_an_async_handler_runs_in_the_process_span(
@@ -161,6 +209,10 @@ def test_a_handler_in_a_child_process_runs_in_the_process_span_of_its_attempt(
     process = next(s for s in found if s["kind"] == "CONSUMER")
     assert process["trace_id"] == f"{request.get_span_context().trace_id:032x}"
     assert process["attributes"]["sqla_jobs.job.outcome"] == "done"
+    # The child's own span (exported by the child, which imported otelapp) nests under
+    # the process span of the attempt: the worker handed it its context.
+    work = next(s for s in found if s["name"] == "isolated handler work")
+    assert (work["trace_id"], work["parent_id"]) == (process["trace_id"], process["span_id"])
 
 
 def test_link_mode_starts_a_trace_per_attempt_linked_to_the_enqueue(
@@ -210,3 +262,125 @@ def test_no_trace_context_is_stored_without_a_current_span_as_for_a_periodic_tic
         session.commit()
     assert [r.meta for r in rows(engine, "SELECT meta FROM jobs")] == [None, None]
     assert spans.get_finished_spans() == ()
+
+
+def test_a_job_built_in_a_span_but_never_inserted_records_no_publish_span(
+    engine: sa.Engine, spans: InMemorySpanExporter
+) -> None:
+    from sqla_jobs import Job
+
+    with trace.get_tracer("app").start_as_current_span("request"):
+        NewJob("k", meta={"tenant": 7})
+        Job(kind="k", payload={}, meta={"tenant": 7})
+    assert [s.name for s in spans.get_finished_spans()] == ["request"]
+
+
+@pytest.mark.parametrize("how", ["enqueue", "enqueue_many", "flush", "flush_keyed", "flush_many"])
+def test_the_stored_context_is_the_inserting_codes_not_the_building_codes(
+    engine: sa.Engine, spans: InMemorySpanExporter, how: str
+) -> None:
+    """``flush`` inserts one job as enqueue does, ``flush_many`` four with the ORM's own
+    insert (more than ONE_BY_ONE_UP_TO), ``flush_keyed`` one with a key."""
+    from sqla_jobs import Job
+    from sqla_jobs.producer import insert_one
+
+    tracer = trace.get_tracer("app")
+    count = 4 if how == "flush_many" else 1
+    with tracer.start_as_current_span("built"):
+        if how.startswith("flush"):
+            key = "k1" if how == "flush_keyed" else None
+            jobs: list[Any] = [
+                Job(kind="k", payload={}, meta={"tenant": 7}, key=key) for _ in range(count)
+            ]
+        else:
+            jobs = [NewJob("k", meta={"tenant": 7})]
+    with tracer.start_as_current_span("inserted") as inserting, Session(engine) as session:
+        if how == "enqueue":
+            insert_one(session, jobs[0])
+        elif how == "enqueue_many":
+            enqueue_many(session, jobs)
+        else:
+            session.add_all(jobs)
+            session.flush()
+        session.commit()
+    publish = [span_record(s) for s in spans.get_finished_spans() if s.name.startswith("publish")]
+    assert len(publish) == count
+    parent = f"{inserting.get_span_context().span_id:016x}"
+    assert {p["parent_id"] for p in publish} == {parent}
+    trace_id = f"{inserting.get_span_context().trace_id:032x}"
+    stored = [r.meta for r in rows(engine, "SELECT meta FROM jobs ORDER BY id")]
+    assert sorted(m.pop("traceparent").split("-")[1:3] for m in stored) == sorted(
+        [trace_id, p["span_id"]] for p in publish
+    )
+    assert stored == [{"tenant": 7}] * count
+
+
+def test_a_job_built_in_a_span_and_inserted_outside_any_stores_no_context(
+    engine: sa.Engine, spans: InMemorySpanExporter
+) -> None:
+    from sqla_jobs import Job
+
+    with trace.get_tracer("app").start_as_current_span("built"):
+        new, added = NewJob("k"), Job(kind="k", payload={})
+    with Session(engine) as session:
+        enqueue_many(session, [new])
+        session.add(added)
+        session.commit()
+    assert [r.meta for r in rows(engine, "SELECT meta FROM jobs")] == [None, None]
+
+
+def test_the_process_span_tells_the_time_in_queue_by_the_databases_clock_not_the_workers(
+    engine: sa.Engine, db_url: URL, tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    """The job was due an hour ago (by the database); the worker's wall clock is two
+    hours behind: the wait is still about an hour, not minus one."""
+    [due] = rows(engine, "SELECT now() - interval '1 hour' AS at")
+    with Session(engine) as session:
+        enqueue(session, "traced.ok", run_at=due.at)
+        session.commit()
+    found = run_worker(
+        db_url, tmp_path / "spans.jsonl", 1, SQLA_JOBS_TEST_CLOCK_OFFSET=str(-2 * 3600)
+    )
+    process = next(s for s in found if s["kind"] == "CONSUMER")
+    waited = process["attributes"]["sqla_jobs.job.queue_wait"]
+    [row] = rows(engine, "SELECT extract(epoch FROM attempted_at - run_at)::float AS w FROM jobs")
+    assert 3600 <= waited == pytest.approx(row.w, abs=1e-3)
+
+
+@pytest.mark.parametrize("kind", ["traced.sql", "traced.async_sql"])
+def test_the_handlers_session_sql_nests_under_the_process_span_with_sqlalchemy_instrumented(
+    engine: sa.Engine, db_url: URL, tmp_path: Path, spans: InMemorySpanExporter, kind: str
+) -> None:
+    """opentelemetry-instrumentation-sqlalchemy, enabled in the worker process as an app
+    would, records the handler's statement as a span of the job's trace."""
+    tracer = trace.get_tracer("app")
+    with tracer.start_as_current_span("request") as request, Session(engine) as session:
+        enqueue(session, kind)
+        session.commit()
+    marker = "async_handler_sql" if kind == "traced.async_sql" else "sync_handler_sql"
+
+    def handler_sql(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [s for s in found if marker in json.dumps(s["attributes"])]
+
+    def exported() -> list[dict[str, Any]]:
+        if not path.exists():
+            return []
+        found = [json.loads(line) for line in path.read_text().splitlines()]
+        done = handler_sql(found) and any(s["kind"] == "CONSUMER" for s in found)
+        return found if done else []
+
+    path = tmp_path / "spans.jsonl"
+    proc = start_worker(
+        db_url,
+        app="otelapp:registry",
+        env={"SQLA_JOBS_TEST_SPANS": str(path), "SQLA_JOBS_TEST_INSTRUMENT_SQLALCHEMY": "1"},
+    )
+    try:
+        found = wait_for(exported, message="the handler's SQL span")
+    finally:
+        stop(proc)
+    process = next(s for s in found if s["kind"] == "CONSUMER")
+    [sql] = handler_sql(found)
+    assert sql["kind"] == "CLIENT"
+    assert sql["parent_id"] == process["span_id"]
+    assert sql["trace_id"] == f"{request.get_span_context().trace_id:032x}"

@@ -68,6 +68,9 @@ def claim(
     or passes ``room`` (:func:`sqla_jobs.sql.control.room`), which the statement
     computes itself and claims at most (see :mod:`sqla_jobs.sql.control`).
 
+    Each row ends with ``waited``: seconds from the job's ``run_at`` to this claim, both
+    database times (its time in the queue for this attempt, on the process span).
+
     Rows come back in claim order (priority, run_at, id): ``UPDATE ... RETURNING`` alone
     returns them in whatever order the join produced, and a worker that buffers a batch
     runs it in the order returned.
@@ -149,7 +152,13 @@ def claim(
             max_attempts=_resolved_max_attempts(max_attempts or {}),
             attempted_at=_common.clock(now),
         )
-        .returning(*_common.CLAIMED_COLUMNS, jobs.c.run_at)
+        .returning(
+            *_common.CLAIMED_COLUMNS,
+            jobs.c.run_at,
+            # How long the job waited to run, from the database's clock at both ends
+            # (run_at, and the claim's time): the worker's clock is never compared.
+            sa.cast(_common.epoch(_common.clock(now) - jobs.c.run_at), sa.Float).label("waited"),
+        )
         .cte("claimed")
     )
     # An uncorrelated scalar subquery: an InitPlan, run once, whatever the plan.
@@ -159,7 +168,7 @@ def claim(
         )
     ).scalar_subquery()
     return (
-        sa.select(*(claimed.c[c.name] for c in _common.CLAIMED_COLUMNS))
+        sa.select(*(claimed.c[c.name] for c in _common.CLAIMED_COLUMNS), claimed.c.waited)
         .where(no_flush.is_not(None))
         .order_by(claimed.c.priority, claimed.c.run_at, claimed.c.id)
     )

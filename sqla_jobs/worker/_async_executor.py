@@ -320,33 +320,37 @@ class AsyncExecutor:
         )
         handler_session: HandlerSession = session.sync_session  # type: ignore[assignment]
         handler_session._sqla_jobs_thread_conn = conn
-        try:
+        # The span stays open until the outcome is recorded (see _executor._run).
+        with _otel.process_span(job) as span:
             try:
-                attempt = await self._attempt(running, session, conn, control)
-                if attempt is None:
-                    log.warning(
-                        "job %s: cancelled at the shutdown timeout; its writes were rolled "
-                        "back and it runs again when its lease expires",
-                        job.id,
-                        extra=fields(job, outcome="cancelled"),
-                    )
-                    self.ledger.remove([job])
-                    return
-                self.job_took(attempt.duration)
-                if attempt.error is None and (attempt.wrote or attempt.result is not None):
-                    await self.completer.complete_in_async(session, attempt)
-                    return
-            finally:
-                if conn.conn is not None or _has_state(handler_session):
-                    await session.run_sync(_release, conn)
-                # else: a session that never took a connection or held an object has
-                # nothing to end; a greenlet to say so cost a tenth of a no-op job.
-            if attempt.error is None:
-                self.completer.complete_later(attempt)
-            else:
-                await asyncio.to_thread(self.completer.fail, attempt)
-        except Exception as exc:  # bookkeeping itself failed (database down or lost)
-            await asyncio.to_thread(self.completer.outcome_unknown, job, exc)
+                try:
+                    attempt = await self._attempt(running, session, conn, control, span)
+                    if attempt is None:
+                        log.warning(
+                            "job %s: cancelled at the shutdown timeout; its writes were rolled "
+                            "back and it runs again when its lease expires",
+                            job.id,
+                            extra=fields(job, outcome="cancelled"),
+                        )
+                        self.ledger.remove([job])
+                        return
+                    self.job_took(attempt.duration)
+                    if attempt.error is None and (attempt.wrote or attempt.result is not None):
+                        _otel.settled(
+                            span, await self.completer.complete_in_async(session, attempt)
+                        )
+                        return
+                finally:
+                    if conn.conn is not None or _has_state(handler_session):
+                        await session.run_sync(_release, conn)
+                    # else: a session that never took a connection or held an object has
+                    # nothing to end; a greenlet to say so cost a tenth of a no-op job.
+                if attempt.error is None:
+                    self.completer.complete_later(attempt)
+                else:
+                    _otel.settled(span, await asyncio.to_thread(self.completer.fail, attempt))
+            except Exception as exc:  # bookkeeping itself failed (database down or lost)
+                await asyncio.to_thread(self.completer.outcome_unknown, job, exc)
 
     def _interrupt(self, running: _Running) -> None:
         """On the loop: the run's timeout passed, an operator cancelled it, or the worker
@@ -356,17 +360,18 @@ class AsyncExecutor:
             running.task.cancel()
 
     async def _attempt(
-        self, running: _Running, session: AsyncSession, conn: ThreadConnection, control: Control
+        self,
+        running: _Running,
+        session: AsyncSession,
+        conn: ThreadConnection,
+        control: Control,
+        span: Any,
     ) -> Attempt | None:
-        """The handler's run as an Attempt, in its OpenTelemetry span when tracing is
-        installed; None if the drain cancelled it."""
-        job = running.job
-        with _otel.process_span(
-            job_id=job.id, kind=job.kind, queue=job.queue, attempt=job.attempt, meta=job.meta
-        ) as span:
-            attempt = await self._run_handler(running, session, conn, control)
-            if attempt is not None:
-                _otel.ended(span, attempt.error, _otel.outcome_of(attempt.error))
+        """The handler's run as an Attempt, how it ended on its OpenTelemetry ``span``;
+        None if the drain cancelled it."""
+        attempt = await self._run_handler(running, session, conn, control)
+        if attempt is not None:
+            _otel.ended(span, attempt.error, _otel.outcome_of(attempt.error))
         return attempt
 
     async def _run_handler(

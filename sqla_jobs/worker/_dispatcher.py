@@ -474,7 +474,7 @@ class Dispatcher:
                 conn, sql, values, prepare=prepare, json_loads=_db.load_payload, tuples=True
             )
         # Columns: id, kind, queue, payload, attempts, max_attempts, timeout, snoozes,
-        # priority, meta, tags (sql.lease.claim).
+        # priority, meta, tags, waited (sql.lease.claim).
         return [Claimed(*r) for r in found]
 
     def _set_idle_flag(self, up: bool) -> bool:

@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -135,55 +136,55 @@ class ThreadExecutor:
             return self._run_isolated(job, control)
         thread_conn.control = control
         control.on_interrupt(thread_conn.cancel_statement)
-        try:
-            session = _session.open_session(self.engine, thread_conn)
+        # The span stays open until the outcome is recorded (a retry, a death, a lost
+        # claim: _otel.settled), except a done-mark left to the next batch.
+        with _otel.process_span(job) as span:
             try:
-                attempt = self._attempt(job, session, thread_conn, control)
-                thread_conn.control = None
-                self.job_took(attempt.duration)
-                if attempt.error is None and (attempt.wrote or attempt.result is not None):
-                    self.completer.complete_in(session, attempt)
-                    return self._given_up(control)
-            finally:
-                thread_conn.control = None
-                _session.discard(session, thread_conn)
-            if attempt.error is None:
-                self.completer.complete_later(attempt)
-            else:
-                self.completer.fail(attempt)
-        except Exception as exc:  # bookkeeping itself failed (database down or lost)
-            self.completer.outcome_unknown(job, exc)
+                session = _session.open_session(self.engine, thread_conn)
+                try:
+                    attempt = self._attempt(job, session, thread_conn, control, span)
+                    thread_conn.control = None
+                    self.job_took(attempt.duration)
+                    if attempt.error is None and (attempt.wrote or attempt.result is not None):
+                        _otel.settled(span, self.completer.complete_in(session, attempt))
+                        return self._given_up(control)
+                finally:
+                    thread_conn.control = None
+                    _session.discard(session, thread_conn)
+                if attempt.error is None:
+                    self.completer.complete_later(attempt)
+                else:
+                    _otel.settled(span, self.completer.fail(attempt))
+            except Exception as exc:  # bookkeeping itself failed (database down or lost)
+                self.completer.outcome_unknown(job, exc)
         return self._given_up(control)
 
     def _run_isolated(self, job: Claimed, control: Control) -> bool:
         """``isolation="process"``: the handler runs in a child that is killed at its
         deadline or a cancel; this thread only waits for it (see _isolated)."""
         handler = self.registry[job.kind]
-        try:
-            # The span covers the child's run; spans the child itself records (none by
-            # default) would start traces of their own.
-            with _otel.process_span(
-                job_id=job.id, kind=job.kind, queue=job.queue, attempt=job.attempt, meta=job.meta
-            ) as span:
+        with _otel.process_span(job) as span:
+            try:
                 outcome, error = _isolated.run(
                     self.engine, self.config.worker_id, job, handler, control
                 )
                 _otel.ended(span, error, _otel.outcome_of(error))
-            control.finish()
-            attempt = Attempt(job, time.monotonic() - control.started, error, control=control)
-            self.job_took(attempt.duration)
-            if outcome is not None:
-                self.completer.finished_in_child(attempt, outcome == _isolated.DONE)
-            else:
-                self.completer.fail(attempt)
-        except Exception:
-            log.exception(
-                "could not run or record job %s in a child process; it will be retried "
-                "after its lease expires",
-                job.id,
-                extra={"job_id": job.id, "kind": job.kind, "attempt": job.attempt},
-            )
-            self.ledger.remove([job])
+                control.finish()
+                attempt = Attempt(job, time.monotonic() - control.started, error, control=control)
+                self.job_took(attempt.duration)
+                if outcome is not None:
+                    done = outcome == _isolated.DONE
+                    _otel.settled(span, self.completer.finished_in_child(attempt, done))
+                else:
+                    _otel.settled(span, self.completer.fail(attempt))
+            except Exception:
+                log.exception(
+                    "could not run or record job %s in a child process; it will be retried "
+                    "after its lease expires",
+                    job.id,
+                    extra={"job_id": job.id, "kind": job.kind, "attempt": job.attempt},
+                )
+                self.ledger.remove([job])
         return self._given_up(control)
 
     def _given_up(self, control: Control) -> bool:
@@ -199,13 +200,11 @@ class ThreadExecutor:
         session: HandlerSession,
         thread_conn: ThreadConnection,
         control: Control,
+        span: Any,
     ) -> Attempt:
-        """The handler's run, in its OpenTelemetry span when tracing is installed."""
-        with _otel.process_span(
-            job_id=job.id, kind=job.kind, queue=job.queue, attempt=job.attempt, meta=job.meta
-        ) as span:
-            attempt = self._run_handler(job, session, thread_conn, control)
-            _otel.ended(span, attempt.error, _otel.outcome_of(attempt.error))
+        """The handler's run; how it ended goes on its OpenTelemetry ``span``."""
+        attempt = self._run_handler(job, session, thread_conn, control)
+        _otel.ended(span, attempt.error, _otel.outcome_of(attempt.error))
         return attempt
 
     def _run_handler(

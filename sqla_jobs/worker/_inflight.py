@@ -62,6 +62,8 @@ class Claimed(NamedTuple):
     #: The job's metadata (revision 0013); None when it has none.
     meta: dict[str, Any] | None = None
     tags: list[str] | None = None
+    #: Seconds from its run_at to its claim, both by the database's clock.
+    waited: float | None = None
 
     @property
     def lease(self) -> tuple[int, int]:

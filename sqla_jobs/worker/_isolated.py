@@ -36,6 +36,7 @@ from typing import IO, Any
 
 import sqlalchemy as sa
 
+from sqla_jobs import _otel
 from sqla_jobs.control import Control
 from sqla_jobs.exceptions import (
     Discard,
@@ -107,6 +108,8 @@ def run(
         "tags": job.tags,
         "worker": worker_id,
         "time_left": control.time_left(),
+        # The attempt's process span (current here): the child's own spans nest under it.
+        "trace": _otel.carrier(),
     }
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     child = subprocess.Popen(
@@ -221,7 +224,8 @@ def _child(spec: dict[str, Any], proto: IO[str]) -> dict[str, Any]:
         tags=tuple(spec["tags"] or ()),
     )
     try:
-        value = handler(session, spec["payload"], ctx)
+        with _otel.attached(spec.get("trace")):
+            value = handler(session, spec["payload"], ctx)
         control.finish()
         _session.disarm(thread_conn)
         _session.check_ran(value)

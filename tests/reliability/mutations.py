@@ -957,6 +957,91 @@ MUTATIONS: list[Mutation] = [
             "test_one_trace_runs_from_the_request_through_enqueue_to_the_handler_in_another_process",
         ),
     ),
+    Mutation(
+        "otel_context_at_insert_not_construction",
+        "building a NewJob in a span records nothing: the context is taken at insert",
+        "sqla_jobs/producer.py",
+        '        object.__setattr__(self, "meta_json", validation.dump_meta(self.meta))\n',
+        '        object.__setattr__(self, "meta_json", validation.dump_meta('
+        "_otel.with_trace_context(self.meta, self.queue)))  # MUTATION\n",
+        (
+            "tests/test_tracing.py::"
+            "test_a_job_built_in_a_span_but_never_inserted_records_no_publish_span",
+        ),
+    ),
+    Mutation(
+        "otel_flush_takes_the_context",
+        "jobs the ORM's own insert writes get the flushing code's trace context",
+        "sqla_jobs/producer.py",
+        "    if _otel.recording():\n        _add_trace_context(session, instances)\n",
+        "    pass  # MUTATION\n",
+        (
+            "tests/test_tracing.py::"
+            "test_the_stored_context_is_the_inserting_codes_not_the_building_codes",
+        ),
+    ),
+    Mutation(
+        "otel_queue_wait_from_the_claim",
+        "the process span's queue wait is the claim's, by the database's clock",
+        "sqla_jobs/_otel.py",
+        "        attributes[QUEUE_WAIT] = job.waited\n",
+        "        attributes[QUEUE_WAIT] = 0.0  # MUTATION\n",
+        (
+            "tests/test_tracing.py::"
+            "test_the_process_span_tells_the_time_in_queue_by_the_databases_clock_not_the_workers",
+        ),
+    ),
+    Mutation(
+        "otel_span_tells_retry_from_dead",
+        "a failed attempt's process span records whether the job was retried or is dead",
+        "sqla_jobs/worker/_executor.py",
+        "                    self.completer.complete_later(attempt)\n"
+        "                else:\n"
+        "                    _otel.settled(span, self.completer.fail(attempt))\n",
+        "                    self.completer.complete_later(attempt)\n"
+        "                else:\n"
+        "                    self.completer.fail(attempt)  # MUTATION\n",
+        (
+            "tests/test_tracing.py::"
+            "test_each_retry_is_a_process_span_of_the_same_trace_with_the_error_recorded",
+        ),
+    ),
+    Mutation(
+        "otel_lost_claim_on_the_span",
+        "a lost claim sets its process span's status to ERROR",
+        "sqla_jobs/_otel.py",
+        '    if value == "lost":\n',
+        "    if False:  # MUTATION\n",
+        (
+            "tests/test_tracing.py::"
+            "test_a_lost_claim_is_an_event_and_the_error_status_of_its_process_span",
+        ),
+    ),
+    Mutation(
+        "otel_process_span_is_current_in_the_handler",
+        "the handler's session SQL (instrumented SQLAlchemy) nests under the process span",
+        "sqla_jobs/_otel.py",
+        "    with trace.use_span(\n"
+        "        span, end_on_exit=True, record_exception=True, set_status_on_exception=True\n"
+        "    ):\n"
+        "        yield span\n",
+        "    try:  # MUTATION\n        yield span\n    finally:\n        span.end()\n",
+        (
+            "tests/test_tracing.py::"
+            "test_the_handlers_session_sql_nests_under_the_process_span_with_sqlalchemy_instrumented",
+        ),
+    ),
+    Mutation(
+        "otel_isolated_child_gets_the_context",
+        "a process-isolated handler's own spans nest under its attempt's process span",
+        "sqla_jobs/worker/_isolated.py",
+        '        "trace": _otel.carrier(),\n',
+        '        "trace": {},  # MUTATION\n',
+        (
+            "tests/test_tracing.py::"
+            "test_a_handler_in_a_child_process_runs_in_the_process_span_of_its_attempt",
+        ),
+    ),
     # --- workflows (#26) -----------------------------------------------------------------
     Mutation(
         "workflow_release_waits_for_every_edge",

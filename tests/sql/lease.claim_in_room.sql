@@ -80,7 +80,9 @@ WITH picked AS MATERIALIZED
                                                                      jobs.priority,
                                                                      jobs.meta,
                                                                      jobs.tags,
-                                                                     jobs.run_at)
+                                                                     jobs.run_at,
+                                                                     CAST(EXTRACT(epoch
+                                                                                  FROM statement_timestamp() - jobs.run_at) AS FLOAT) AS waited)
 SELECT claimed.id,
        claimed.kind,
        claimed.queue,
@@ -91,7 +93,8 @@ SELECT claimed.id,
        claimed.snoozes,
        claimed.priority,
        claimed.meta,
-       claimed.tags
+       claimed.tags,
+       claimed.waited
 FROM claimed
 WHERE
     (SELECT set_config('synchronous_commit', 'off', true) AS set_config_1) IS NOT NULL
