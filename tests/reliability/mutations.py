@@ -836,11 +836,23 @@ MUTATIONS: list[Mutation] = [
         "queue_row_oldest_ready_in_live_counts",
         "the counts event carries each queue's oldest ready age, so its cell follows it",
         "sqla_jobs/dashboard/_live.py",
-        "        q[\"oldest\"] = _render.age(oldest.get(name))\n",
-        "        q[\"oldest\"] = \"-\"  # MUTATION\n",
+        '        q["oldest"] = _render.age(oldest.get(name))\n',
+        '        q["oldest"] = "-"  # MUTATION\n',
         (
             "tests/test_dashboard_browser.py::"
             "test_a_queue_rows_dead_link_and_oldest_ready_follow_the_counts_live",
+        ),
+    ),
+    Mutation(
+        "stats_statement_reused_with_each_reads_instant",
+        "ops.stats reuses its built statement but gives it each read's own instant",
+        "sqla_jobs/ops.py",
+        '            for row in conn.execute(statement, {"taken_at": taken_at}):\n',
+        '            for row in conn.execute(statement, {"taken_at": taken_at.replace(second=0)}):'
+        "  # MUTATION\n",
+        (
+            "tests/test_ops.py::"
+            "test_stats_figures_refer_to_each_reads_own_instant_though_its_statement_is_reused",
         ),
     ),
     Mutation(
