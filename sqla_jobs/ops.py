@@ -72,7 +72,7 @@ from sqla_jobs.exceptions import (
     SchemaNotReadyError,
 )
 from sqla_jobs.models import JobStatus
-from sqla_jobs.sql import admin, locks, schema
+from sqla_jobs.sql import _common, admin, locks, schema
 from sqla_jobs.sql import audit as audit_sql
 from sqla_jobs.sql import control as control_sql
 from sqla_jobs.sql import periodic as periodic_sql
@@ -362,13 +362,13 @@ def stats(
         # (one round trip fewer than a SET TRANSACTION after it).
         options = {"isolation_level": "REPEATABLE READ", "postgresql_readonly": True}
         with engine.connect().execution_options(**options) as conn:
-            head = conn.execute(stats_sql.stats_head()).one()
+            head = conn.execute(_stats_head()).one()
             taken_at, table = head.taken_at, _table_stats(head)
             # Every figure as of taken_at (each statement's own time would differ), all
             # asked in one statement (the overview's time is mostly round trips).
-            parts = _stats_parts(taken_at, exact_up_to)
-            found: dict[str, list[Any]] = {name: [] for name, _ in parts}
-            for row in conn.execute(stats_sql.stats_parts(parts)):
+            names, statement = _stats_statement(exact_up_to)
+            found: dict[str, list[Any]] = {name: [] for name in names}
+            for row in conn.execute(statement, {"taken_at": taken_at}):
                 found[row.part].append(row)
             for statuses, _, names in _ESTIMABLE:
                 if exact_up_to is None:
@@ -378,8 +378,8 @@ def stats(
                     merge_sample(status, names, found[status.value])
             merge(found["running"], ("running", "expired"))
             merge(found["done"], ("done_last_minute", "done_last_hour"))
-            controls_ = tuple(_control(r) for r in conn.execute(control_sql.controls()))
-            workers_ = tuple(_worker(r) for r in conn.execute(workers_sql.live()))
+            controls_ = tuple(_control(r) for r in conn.execute(_controls()))
+            workers_ = tuple(_worker(r) for r in conn.execute(_live_workers()))
             conn.rollback()
     except sa_exc.ProgrammingError as exc:
         raise SchemaNotReadyError(
@@ -486,7 +486,24 @@ def _float(value: Any) -> float | None:
     return None if value is None else max(0.0, float(value))
 
 
-def _stats_parts(taken_at: datetime, exact_up_to: int | None) -> list[tuple[str, sa.Select[Any]]]:
+# The statements of stats() and throughput() are built once and reused (their instant a
+# parameter, _common.TAKEN_AT): building them and computing their SQLAlchemy cache keys
+# cost more CPU than the database spends answering them (the dashboard asks every second).
+_stats_head = functools.cache(stats_sql.stats_head)
+_controls = functools.cache(control_sql.controls)
+_live_workers = functools.cache(workers_sql.live)
+_throughput_now = functools.lru_cache(maxsize=8)(stats_sql.throughput_now)
+
+
+@functools.lru_cache(maxsize=8)
+def _stats_statement(exact_up_to: int | None) -> tuple[tuple[str, ...], sa.Select[Any]]:
+    """:func:`stats`' per-(queue, kind) statement, as of ``{"taken_at": ...}``, and the
+    names of its parts."""
+    parts = _stats_parts(_common.TAKEN_AT, exact_up_to)
+    return tuple(name for name, _ in parts), stats_sql.stats_parts(parts)
+
+
+def _stats_parts(taken_at: _common.At, exact_up_to: int | None) -> list[tuple[str, sa.Select[Any]]]:
     """The per-(queue, kind) statements of :func:`stats`, named: exact counts, or the
     newest ``exact_up_to + 1`` rows of each status the overview may estimate."""
     parts: list[tuple[str, sa.Select[Any]]] = []
@@ -1317,7 +1334,7 @@ def throughput(session: Session, minutes: int = 60) -> Throughput:
     """
     span = _positive_int("minutes", minutes, MAX_THROUGHPUT_MINUTES)
     found: dict[datetime, tuple[int, int]] = {}
-    for row in session.execute(stats_sql.throughput_now(span)):
+    for row in session.execute(_throughput_now(span)):
         taken_at = row.taken_at
         if row.minute is not None:
             found[row.minute] = (int(row.done), int(row.dead))

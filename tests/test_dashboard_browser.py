@@ -463,6 +463,60 @@ def test_the_estimate_marks_follow_the_counts_live_without_a_reload(
     assert not_reloaded(driver)
 
 
+def test_a_queue_rows_dead_link_and_oldest_ready_follow_the_counts_live(
+    driver: Any, base_url: str, db: sa.Engine
+) -> None:
+    """The overview's per-queue row: its Dead cell turns into a link to that queue's dead
+    jobs when one dies (and back to a plain 0), its Oldest ready cell follows the oldest
+    ready job, on the open page."""
+    queue = "live.row"
+
+    def row_cell(field: str) -> Any:
+        return driver.find_element(
+            By.CSS_SELECTOR, f"tr[data-queue='{queue}'] [data-field='{field}']"
+        )
+
+    def dead_links() -> list[Any]:
+        return list(row_cell("dead").find_elements(By.TAG_NAME, "a"))
+
+    def add(status: str, age: str) -> int:
+        return insert(
+            db,
+            "INSERT INTO jobs (kind, queue, payload, status, run_at, created_at)"
+            " VALUES ('live.row', :q, '{}', CAST(:s AS job_status),"
+            " now() - CAST(:age AS interval), now() - CAST(:age AS interval)) RETURNING id",
+            q=queue,
+            s=status,
+            age=age,
+        )
+
+    add("queued", "-1 hour")  # scheduled: the queue has a row, nothing ready
+    try:
+        driver.get(base_url + "/")
+        assert (row_cell("dead").text, dead_links()) == ("0", [])
+        assert row_cell("oldest").text == "-"
+        mark_page(driver)
+        ready = add("queued", "2 hours")
+        dead = add("dead", "1 minute")
+        wait_for(lambda: dead_links(), message="the dead cell to become a link")
+        link = dead_links()[0]
+        assert link.text == "1"
+        assert link.get_attribute("href") == base_url + "/dead?queue=live.row"
+        wait_for(
+            lambda: row_cell("oldest").text.startswith("2h"),
+            message="the oldest ready cell to show the 2-hour-old job",
+        )
+        with db.begin() as conn:
+            conn.execute(sa.text("DELETE FROM jobs WHERE id IN (:a, :b)"), {"a": ready, "b": dead})
+        wait_for(lambda: row_cell("oldest").text == "-", message="no ready job left")
+        wait_for(lambda: not dead_links(), message="the dead link to go")
+        assert row_cell("dead").text == "0"
+        assert not_reloaded(driver)
+    finally:
+        with db.begin() as conn:
+            conn.execute(sa.text("DELETE FROM jobs WHERE queue = :q"), {"q": queue})
+
+
 def test_bulk_retry_of_ticked_dead_jobs_after_confirming_the_count(
     driver: Any, base_url: str, db: sa.Engine, worker: Worker
 ) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -84,6 +85,27 @@ def test_stats_counts_every_state_per_queue_and_kind(session: Session, engine: s
     assert s.unknown_kinds == ("ghost",)
     data = json.loads(json.dumps(s.to_dict()))
     assert data["total"]["dead"] == 2 and "dead_tuple_ratio" in data["table"]
+
+
+@pytest.mark.parametrize("exact_up_to", [None, 500])
+def test_stats_figures_refer_to_each_reads_own_instant_though_its_statement_is_reused(
+    session: Session, engine: sa.Engine, exact_up_to: int | None
+) -> None:
+    """ops.stats builds its statement once and gives it the instant at execution: a
+    later read's oldest ready age has grown by exactly the time between the reads."""
+    insert(
+        engine,
+        "INSERT INTO jobs (kind, payload, run_at) VALUES ('noop', '{}', now() - interval '1 hour')",
+    )
+    first = ops.stats(session, exact_up_to=exact_up_to)
+    time.sleep(1.0)  # so the second read's instant is another one
+    second = ops.stats(session, exact_up_to=exact_up_to)
+    assert first.total.oldest_ready_seconds is not None
+    assert second.total.oldest_ready_seconds is not None
+    between = (second.taken_at - first.taken_at).total_seconds()
+    grown = second.total.oldest_ready_seconds - first.total.oldest_ready_seconds
+    assert between >= 1.0
+    assert abs(grown - between) < 0.001
 
 
 def test_stats_table_figures_come_from_planner_estimates(

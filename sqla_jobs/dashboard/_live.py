@@ -108,6 +108,7 @@ def counts_of(stats: ops.Stats) -> dict[str, Any]:
     """
     total = stats.total
     queues: dict[str, dict[str, Any]] = {}
+    oldest: dict[str, float] = {}
     for k in stats.by_kind:
         q = queues.setdefault(
             k.queue,
@@ -117,6 +118,11 @@ def counts_of(stats: ops.Stats) -> dict[str, Any]:
             q[name] += getattr(k, name)
         q["claimed"] += k.running
         q["done"] += k.done_last_hour
+        if k.oldest_ready_seconds is not None:
+            oldest[k.queue] = max(oldest.get(k.queue, 0.0), k.oldest_ready_seconds)
+    # The oldest ready job's age, as the table's cell prints it ("-" for none).
+    for name, q in queues.items():
+        q["oldest"] = _render.age(oldest.get(name))
     return {
         "taken_at": _render.moment(stats.taken_at),
         "ready": total.ready,

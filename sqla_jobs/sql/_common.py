@@ -22,6 +22,12 @@ from sqla_jobs import models, validation
 from sqla_jobs.models import JobStatus, jobs
 
 Now = datetime | None
+#: ``now`` as a value, or as a parameter given at execution (``{"taken_at": ...}`` for
+#: :data:`TAKEN_AT`): a statement built with the parameter is built once and reused, its
+#: SQLAlchemy cache key computed once (the dashboard's overview, several times a second).
+At = datetime | sa.BindParameter[datetime] | None
+#: The instant every figure of a stats read refers to, given at execution.
+TAKEN_AT: sa.BindParameter[datetime] = sa.bindparam("taken_at", type_=sa.DateTime(timezone=True))
 
 
 CLAIMED_COLUMNS = (
@@ -39,10 +45,13 @@ CLAIMED_COLUMNS = (
 )
 
 
-def clock(now: Now) -> sa.ColumnElement[datetime]:
-    """``now`` as a literal, else the time of the statement that reads it."""
+def clock(now: At) -> sa.ColumnElement[datetime]:
+    """``now`` as a literal (or the parameter given), else the time of the statement that
+    reads it."""
     if now is None:
         return sa.func.statement_timestamp(type_=sa.DateTime(timezone=True))
+    if isinstance(now, sa.BindParameter):
+        return now
     return sa.literal(now, sa.DateTime(timezone=True))
 
 
@@ -82,7 +91,7 @@ def payload_param(name: str = "payload") -> sa.ColumnElement[Any]:
     return sa.cast(sa.bindparam(name, type_=sa.Text), JSONB)
 
 
-def ago(amount: float | sa.ColumnElement[Any], now: Now = None) -> sa.ColumnElement[datetime]:
+def ago(amount: float | sa.ColumnElement[Any], now: At = None) -> sa.ColumnElement[datetime]:
     """``now - amount`` seconds."""
     value = amount if isinstance(amount, sa.ColumnElement) else sa.literal(float(amount))
     return clock(now) - seconds(value)

@@ -21,7 +21,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, REGCLASS
 
 from sqla_jobs.models import JobStatus, jobs
 from sqla_jobs.sql import _common
-from sqla_jobs.sql._common import Now
+from sqla_jobs.sql._common import At, Now
 
 
 def stats_now(now: Now = None) -> sa.Select[Any]:
@@ -29,7 +29,7 @@ def stats_now(now: Now = None) -> sa.Select[Any]:
     return sa.select(_common.clock(now))
 
 
-def stats_queued(now: Now = None) -> sa.Select[Any]:
+def stats_queued(now: At = None) -> sa.Select[Any]:
     """Per (queue, kind): ready, scheduled, age of the oldest ready job (jobs_claim_idx)."""
     ready = jobs.c.run_at <= _common.clock(now)
     return (
@@ -47,7 +47,7 @@ def stats_queued(now: Now = None) -> sa.Select[Any]:
     )
 
 
-def stats_running(now: Now = None) -> sa.Select[Any]:
+def stats_running(now: At = None) -> sa.Select[Any]:
     """Per (queue, kind): running, and expired leases among them (jobs_lease_idx)."""
     return (
         sa.select(
@@ -61,7 +61,7 @@ def stats_running(now: Now = None) -> sa.Select[Any]:
     )
 
 
-def stats_waiting(now: Now = None) -> sa.Select[Any]:
+def stats_waiting(now: At = None) -> sa.Select[Any]:
     """Per (queue, kind): workflow steps waiting for their dependencies (revision 0014;
     jobs_status_id_idx: no partial index covers them, the claim never reads them)."""
     return (
@@ -71,7 +71,7 @@ def stats_waiting(now: Now = None) -> sa.Select[Any]:
     )
 
 
-def stats_dead(now: Now = None) -> sa.Select[Any]:
+def stats_dead(now: At = None) -> sa.Select[Any]:
     """Per (queue, kind): dead and cancelled rows (jobs_finished_idx, by status).
 
     ``finished_at > '-infinity'`` is always true for these rows (they all have one); it
@@ -93,7 +93,7 @@ def stats_dead(now: Now = None) -> sa.Select[Any]:
     )
 
 
-def stats_done_recent(now: Now = None) -> sa.Select[Any]:
+def stats_done_recent(now: At = None) -> sa.Select[Any]:
     """Per (queue, kind): done in the last minute and hour (a range on jobs_finished_idx)."""
     minute = jobs.c.finished_at >= _common.ago(60.0, now)
     return (
@@ -240,7 +240,7 @@ def throughput_now(minutes: int) -> sa.Select[Any]:
     )
 
 
-def stats_sample(status: JobStatus, size: int, now: Now = None) -> sa.Select[Any]:
+def stats_sample(status: JobStatus, size: int, now: At = None) -> sa.Select[Any]:
     """Per (queue, kind): ready, scheduled, waiting, dead and cancelled among the newest ``size``
     rows of ``status``, and the oldest ready among them: the shares an estimate scales
     to the planner's total for the status.

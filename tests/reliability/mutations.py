@@ -829,6 +829,40 @@ MUTATIONS: list[Mutation] = [
         ),
     ),
     Mutation(
+        "queue_row_dead_link_follows_live_counts",
+        "the overview's per-queue Dead cell becomes a link to the queue's dead jobs live",
+        "sqla_jobs/dashboard/static/dashboard.js",
+        "        if (cell.dataset.link && value) {\n",
+        "        if (false) {  // MUTATION\n",
+        (
+            "tests/test_dashboard_browser.py::"
+            "test_a_queue_rows_dead_link_and_oldest_ready_follow_the_counts_live",
+        ),
+    ),
+    Mutation(
+        "queue_row_oldest_ready_in_live_counts",
+        "the counts event carries each queue's oldest ready age, so its cell follows it",
+        "sqla_jobs/dashboard/_live.py",
+        '        q["oldest"] = _render.age(oldest.get(name))\n',
+        '        q["oldest"] = "-"  # MUTATION\n',
+        (
+            "tests/test_dashboard_browser.py::"
+            "test_a_queue_rows_dead_link_and_oldest_ready_follow_the_counts_live",
+        ),
+    ),
+    Mutation(
+        "stats_statement_reused_with_each_reads_instant",
+        "ops.stats reuses its built statement but gives it each read's own instant",
+        "sqla_jobs/ops.py",
+        '            for row in conn.execute(statement, {"taken_at": taken_at}):\n',
+        '            for row in conn.execute(statement, {"taken_at": taken_at.replace(second=0)}):'
+        "  # MUTATION\n",
+        (
+            "tests/test_ops.py::"
+            "test_stats_figures_refer_to_each_reads_own_instant_though_its_statement_is_reused",
+        ),
+    ),
+    Mutation(
         "newer_than_bound_is_the_lowest_id_since",
         "a newer_than page walks from the lowest id created since its bound, not from the "
         "first job by created_at (exact when created_at is out of step with id)",

@@ -89,7 +89,17 @@ document.addEventListener("submit", (event) => {
     for (const row of document.querySelectorAll("tr[data-queue]")) {
       const queue = counts.queues[row.dataset.queue];
       for (const cell of row.querySelectorAll("[data-field]")) {
-        cell.textContent = String(queue ? queue[cell.dataset.field] : 0);
+        // A queue gone from the counts has none of anything ("-" for an age).
+        const value = queue ? queue[cell.dataset.field] : cell.dataset.none || 0;
+        // A cell with data-link (dead) links to its jobs while there are some, as drawn.
+        if (cell.dataset.link && value) {
+          const link = document.createElement("a");
+          link.href = cell.dataset.link;
+          link.textContent = String(value);
+          cell.replaceChildren(link);
+        } else {
+          cell.textContent = String(value);
+        }
       }
     }
   };
