@@ -430,6 +430,11 @@ def upstream_results(
     them), live or archived; ``job`` defaults to the running handler's
     (:func:`sqla_jobs.current_job`). A dependency that ended without a result (or did
     not end done, for a step that runs anyway) maps to None."""
+    if not isinstance(session, Session | Connection):
+        raise TypeError(
+            f"upstream_results() takes a Session or Connection, got {type(session).__name__}:"
+            " with an AsyncSession use `await upstream_results_async(...)`"
+        )
     rows = _connection(session).execute(workflows_sql.upstream_results(_job_id(job)))
     return _results(rows)
 
@@ -438,14 +443,17 @@ async def upstream_results_async(
     session: AsyncSession | AsyncConnection, job: JobContext | int | None = None
 ) -> dict[str, Any]:
     """:func:`upstream_results` for an AsyncSession or AsyncConnection."""
+    if not isinstance(session, AsyncSession | AsyncConnection):
+        raise TypeError(
+            "upstream_results_async() takes an AsyncSession or AsyncConnection, got "
+            f"{type(session).__name__}: with a Session use upstream_results(...)"
+        )
     # The job id is read here, in the handler's task (current_job is a context variable).
     job_id = _job_id(job)
     if isinstance(session, AsyncSession):
         conn = await session.connection(bind_arguments={"mapper": Job})
-    elif isinstance(session, AsyncConnection):
-        conn = session
     else:
-        raise producer._wrong_session(session, async_=True)
+        conn = session
     return _results(await conn.execute(workflows_sql.upstream_results(job_id)))
 
 

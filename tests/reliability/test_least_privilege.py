@@ -29,6 +29,7 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE jobs TO {role};
 GRANT SELECT, INSERT, UPDATE ON TABLE jobs_controls TO {role};
 GRANT SELECT, INSERT, DELETE ON TABLE jobs_rate_starts TO {role};
 GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE jobs_workers TO {role};
+GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE jobs_workflow_edges TO {role};
 """
 #: The test handlers' own tables (not sqla_jobs'), as an application would grant them.
 APP_GRANTS = """
