@@ -445,6 +445,10 @@ class _Parser(argparse.ArgumentParser):
     """Usage errors as one ``sqla_jobs: error: ...`` line and exit status 2."""
 
     def error(self, message: str) -> NoReturn:
+        if message.endswith(": expected one argument"):
+            # argparse reads a value such as "-1s" as an option and reports it missing.
+            flag = message.removeprefix("argument ").split(":")[0].split("/")[-1]
+            message += f" (a value starting with '-' is written {flag}=VALUE)"
         _fail(f"{message} (see {self.prog} --help)")
         raise SystemExit(EXIT_USAGE)
 

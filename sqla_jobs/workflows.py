@@ -381,7 +381,7 @@ class Workflow:
         elif isinstance(session, AsyncConnection):
             conn = session
         else:
-            raise producer._wrong_session(session, async_=True)
+            raise _wrong_session(session, async_=True)
         return await conn.run_sync(self.enqueue)
 
 
@@ -408,7 +408,20 @@ def _connection(session: object) -> Connection:
         return session.connection(bind_arguments={"mapper": Job})
     if isinstance(session, Connection):
         return session
-    raise producer._wrong_session(session, async_=False)
+    raise _wrong_session(session, async_=False)
+
+
+def _wrong_session(session: object, *, async_: bool) -> TypeError:
+    given = type(session).__name__
+    if async_:
+        return TypeError(
+            "Workflow.enqueue_async() takes an AsyncSession or AsyncConnection, got "
+            f"{given}: with a Session use flow.enqueue(session)"
+        )
+    return TypeError(
+        f"Workflow.enqueue() takes a Session or Connection, got {given}: with an "
+        "AsyncSession use `await flow.enqueue_async(session)`"
+    )
 
 
 def _job_id(job: JobContext | int | None) -> int:

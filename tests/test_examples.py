@@ -40,6 +40,12 @@ def fresh_providers() -> Iterator[None]:
     reset()
 
 
+def users_url(db_url: URL) -> str:
+    """``DATABASE_URL`` as a user's environment holds it: plain ``postgresql://``, no driver
+    (the README's examples must pick psycopg themselves)."""
+    return url_text(db_url.set(drivername="postgresql"))
+
+
 def test_public_api_is_exactly_what_all_lists() -> None:
     public = {n for n in dir(sqla_jobs) if not n.startswith("_")} | {"Worker"}
     modules = {n for n in public if type(getattr(sqla_jobs, n)).__name__ == "module"}
@@ -54,7 +60,7 @@ def test_readme_enqueue_example_runs(engine: sa.Engine, db_url: URL) -> None:
     section = readme.split("## Enqueue", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S)
     assert code is not None
-    os.environ["DATABASE_URL"] = url_text(db_url)
+    os.environ["DATABASE_URL"] = users_url(db_url)
     namespace: dict[str, object] = {"__name__": "readme"}
     try:
         exec(compile(code.group(1), "README.md", "exec"), namespace)
@@ -73,7 +79,7 @@ def test_readme_periodic_example_runs_and_registers_its_schedules(
     section = readme.split("## Periodic jobs", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S)
     assert code is not None
-    os.environ["DATABASE_URL"] = url_text(db_url)
+    os.environ["DATABASE_URL"] = users_url(db_url)
     namespace: dict[str, object] = {"__name__": "readme_periodic"}
     try:
         exec(compile(code.group(1), "README.md", "exec"), namespace)
@@ -230,7 +236,7 @@ def test_readme_pausing_and_limits_example_runs(engine: sa.Engine, db_url: URL) 
     section = readme.split("## Pausing and limits", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S)
     assert code is not None
-    os.environ["DATABASE_URL"] = url_text(db_url)
+    os.environ["DATABASE_URL"] = users_url(db_url)
     namespace: dict[str, object] = {"__name__": "readme"}
     try:
         exec(compile(code.group(1), "README.md", "exec"), namespace)
@@ -249,7 +255,7 @@ def test_readme_async_handlers_example_runs(engine: sa.Engine, db_url: URL) -> N
     section = readme.split("### Async handlers", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S)
     assert code is not None
-    os.environ["DATABASE_URL"] = url_text(db_url)
+    os.environ["DATABASE_URL"] = users_url(db_url)
     namespace: dict[str, object] = {"__name__": "readme_async"}
     try:
         exec(compile(code.group(1), "README.md", "exec"), namespace)
@@ -269,7 +275,7 @@ def test_readme_workflows_example_runs_the_fan_in_and_the_batch_callbacks(
     section = readme.split("## Workflows", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```python\n(.*?)```", section, re.S)
     assert len(blocks) == 2
-    os.environ["DATABASE_URL"] = url_text(db_url)
+    os.environ["DATABASE_URL"] = users_url(db_url)
     namespace: dict[str, object] = {"__name__": "readme_workflows"}
     try:
         for block in blocks:
@@ -317,7 +323,7 @@ def test_readme_running_for_years_health_example_names_the_open_transaction(
         held.exec_driver_sql("BEGIN ISOLATION LEVEL REPEATABLE READ")
         held.exec_driver_sql("SELECT count(*) FROM jobs").scalar_one()
         pid = held.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
-        os.environ["DATABASE_URL"] = url_text(db_url)
+        os.environ["DATABASE_URL"] = users_url(db_url)
         namespace: dict[str, object] = {"__name__": "readme_health"}
         try:
             exec(compile(code.group(1), "README.md", "exec"), namespace)
@@ -335,7 +341,7 @@ def test_readme_job_metadata_example_runs(engine: sa.Engine, db_url: URL) -> Non
     section = readme.split("### Job metadata: meta and tags", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S)
     assert code is not None
-    os.environ["DATABASE_URL"] = url_text(db_url)
+    os.environ["DATABASE_URL"] = users_url(db_url)
     namespace: dict[str, object] = {"__name__": "readme_meta"}
     try:
         exec(compile(code.group(1), "README.md", "exec"), namespace)
@@ -369,7 +375,7 @@ def test_readme_tracing_example_draws_one_trace_from_request_to_handler(
     script.write_text(code.group(1))
     result = subprocess.run(
         [sys.executable, str(script)],
-        env={**os.environ, "DATABASE_URL": url_text(db_url)},
+        env={**os.environ, "DATABASE_URL": users_url(db_url)},
         capture_output=True,
         text=True,
         timeout=120,

@@ -315,3 +315,17 @@ def test_health_reads_no_history_on_200k_finished_rows(engine: sa.Engine) -> Non
             plan = "\n".join(conn.exec_driver_sql(f"EXPLAIN {compiled}", compiled.params).scalars())
             assert " on jobs " not in plan and " on jobs_archive " not in plan, plan
     print(json.dumps(plans, indent=1))  # the evidence, with -s
+
+
+def test_health_threshold_written_with_a_leading_minus_is_explained_not_reported_missing(
+    db_url: URL,
+) -> None:
+    spaced = cli(db_url, "health", "--max-transaction-age", "-1s")
+    assert spaced.returncode == 2
+    assert (
+        "argument --max-transaction-age: expected one argument "
+        "(a value starting with '-' is written --max-transaction-age=VALUE)"
+    ) in spaced.stderr
+    joined = cli(db_url, "health", "--max-transaction-age=-1s")
+    assert joined.returncode == 2
+    assert "--max-transaction-age '-1s': invalid duration '-1s'" in joined.stderr

@@ -538,3 +538,30 @@ def test_output_cut_short_by_its_reader_ends_quietly(engine: sa.Engine, db_url: 
         err = proc.stderr.read().decode()
     assert proc.wait(60) == 141, err
     assert err == ""
+
+
+def test_the_operations_guide_lists_every_command_with_every_option() -> None:
+    """docs/operations.md's command table names each ``sqla-jobs`` command of the ops
+    group and each of its long options (the worker and dashboard have README sections)."""
+    import argparse
+
+    from sqla_jobs import cli
+
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "operations.md").read_text()
+    table = [line for line in guide.splitlines() if line.startswith("| `sqla-jobs ")]
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers()
+    cli._add_ops_commands(sub)
+    missing = []
+    for name, command in sub.choices.items():
+        rows_of = [line for line in table if line.startswith(f"| `sqla-jobs {name} ")]
+        if not rows_of:
+            missing.append(name)
+            continue
+        text = "\n".join(rows_of)
+        for action in command._actions:
+            for flag in action.option_strings:
+                ours = flag.startswith("--") and flag not in ("--help", "--database-url")
+                if ours and flag not in text:
+                    missing.append(f"{name} {flag}")
+    assert not missing, f"docs/operations.md's command table lacks {missing}"

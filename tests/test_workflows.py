@@ -161,6 +161,32 @@ def test_enqueue_async_writes_in_the_async_session(db_url: URL, flow_engine: sa.
     assert statuses(flow_engine, ids)["c"] == "waiting"
 
 
+def test_a_workflow_given_the_other_kind_of_session_fails_at_once_naming_its_twin(
+    db_url: URL, flow_engine: sa.Engine
+) -> None:
+    async def main() -> None:
+        engine = create_async_engine(db_url)
+        try:
+            async with AsyncSession(engine) as s:
+                with pytest.raises(TypeError) as wrong:
+                    fan_in().enqueue(s)  # type: ignore[arg-type]
+                assert str(wrong.value) == (
+                    "Workflow.enqueue() takes a Session or Connection, got AsyncSession: "
+                    "with an AsyncSession use `await flow.enqueue_async(session)`"
+                )
+        finally:
+            await engine.dispose()
+
+    asyncio.run(main())
+    with Session(flow_engine) as s, pytest.raises(TypeError) as wrong:
+        asyncio.run(fan_in().enqueue_async(s))  # type: ignore[arg-type]
+    assert str(wrong.value) == (
+        "Workflow.enqueue_async() takes an AsyncSession or AsyncConnection, got Session: "
+        "with a Session use flow.enqueue(session)"
+    )
+    assert scalar(flow_engine, "SELECT count(*) FROM jobs") == 0
+
+
 # --- running -------------------------------------------------------------------------
 
 
