@@ -114,6 +114,20 @@ def noop(session: Session, payload: dict[str, Any]) -> None:
     pass
 
 
+@registry.handler("prepared")
+def prepared(session: Session, payload: dict[str, Any]) -> dict[str, Any]:
+    """Returns its connection's backend pid and the statements prepared on that backend
+    (the handler thread keeps its connection from job to job, so the worker's done-mark
+    of the previous job on it is among them once prepared)."""
+    pid, statements = session.execute(
+        sa.text(
+            "SELECT pg_backend_pid(), coalesce(array_agg(statement ORDER BY name), '{}') "
+            "FROM pg_prepared_statements"
+        )
+    ).one()
+    return {"pid": pid, "statements": list(statements)}
+
+
 @registry.handler("sql_error_code", backoff=FAST)
 def sql_error_code(session: Session, payload: dict[str, Any], job: JobContext) -> None:
     """Writes its effect, then fails with a real server error of SQLSTATE ``code``."""

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from helpers import scalar, wait_for
+from helpers import rows, scalar, wait_for
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
@@ -274,3 +274,71 @@ def test_jobs_enqueued_while_the_listener_was_away_are_picked_up_when_it_is_back
     finally:
         stop_all([proc])
     assert oracle(engine) == exactly_once(3), log.read_text()[-3000:]
+
+
+#: Jobs run on the handler's connection before and after the restart: past psycopg's
+#: prepare_threshold (5), so the handler's own statement is prepared too, not only the
+#: worker's done-mark (prepared on its first run).
+PREPARED_JOBS = 8
+
+
+def _run_prepared_jobs(engine: sa.Engine, n: int) -> list[dict[str, Any]]:
+    with Session(engine) as s:
+        ids = [enqueue(s, "prepared", {}) for _ in range(n)]
+        s.commit()
+    wait_for(
+        lambda: (
+            scalar(
+                engine,
+                "SELECT count(*) FROM jobs WHERE id = ANY(:ids) AND status = 'done'",
+                ids=ids,
+            )
+            == n
+        ),
+        timeout=90,
+        message=f"{n} jobs done",
+    )
+    found = rows(engine, "SELECT result FROM jobs WHERE id = ANY(:ids) ORDER BY id", ids=ids)
+    return [r[0] for r in found]
+
+
+def _done_mark(result: dict[str, Any]) -> bool:
+    return any(s.startswith("UPDATE jobs SET status=") for s in result["statements"])
+
+
+def _handler_select(result: dict[str, Any]) -> bool:
+    return any("FROM pg_prepared_statements" in s for s in result["statements"])
+
+
+def test_after_a_postgresql_restart_the_workers_statements_are_prepared_again_on_new_backends(
+    private_server: tuple[URL, Callable[[], None]], tmp_path: Path
+) -> None:
+    """A restarted server has no prepared statement. The worker's connections are new
+    ones, so psycopg prepares the claim and the done-mark again there; a connection that
+    trusted its old statements would fail every claim or done-mark with "prepared
+    statement ... does not exist" (26000), and no job after the restart would be done.
+    The handler reads pg_prepared_statements on its own backend: the worker's done-mark
+    of the previous job is there before the restart, and again on the new backend."""
+    admin, restart = private_server
+    log = tmp_path / "worker.log"
+    with testing.scratch_database(admin, migrate=True) as url:
+        engine = sa.create_engine(url, poolclass=sa.NullPool)
+        proc = spawn(url, log, "--concurrency", "1")
+        try:
+            before = _run_prepared_jobs(engine, PREPARED_JOBS)
+            restart()
+            after = _run_prepared_jobs(engine, PREPARED_JOBS)
+            assert proc.poll() is None, "the worker died"
+        finally:
+            stop_all([proc])
+            engine.dispose()
+    out = log.read_text()
+    assert "does not exist" not in out, out[-3000:]
+    old_backends = {r["pid"] for r in before}
+    assert _done_mark(before[-1]) and _handler_select(before[-1]), before[-1]
+    assert after[-1]["pid"] not in old_backends, (old_backends, after[-1])
+    # The first job on the new backend saw nothing prepared there; the last one sees the
+    # worker's done-mark and the handler's statement prepared again.
+    first_on_new = next(r for r in after if r["pid"] == after[-1]["pid"])
+    assert not _done_mark(first_on_new), first_on_new
+    assert _done_mark(after[-1]) and _handler_select(after[-1]), after[-1]
