@@ -118,6 +118,10 @@ PROBE_TIMEOUT_SETTING = (
     "tests/test_services.py::"
     "test_the_listener_gives_up_an_unanswered_probe_after_its_configured_timeout_and_reconnects"
 )
+FROZEN_HANDLER_LINK = (
+    f"{REL}/test_db_faults.py::"
+    "test_a_handler_connection_whose_peer_stops_acknowledging_is_given_up_by_tcp_user_timeout"
+)
 SHUTDOWN = f"{REL}/test_shutdown.py"
 GIVE_BACK = (
     f"{REL}/test_shutdown.py::"
@@ -1230,6 +1234,15 @@ MUTATIONS: list[Mutation] = [
         "        self.probe_timeout = config.listener_probe_timeout\n",
         "        self.probe_timeout = 5.0  # MUTATION\n",
         (PROBE_TIMEOUT_SETTING,),
+    ),
+    Mutation(
+        "timed_out_socket_is_a_lost_connection",
+        "a socket ended without a server answer (tcp_user_timeout) is a lost connection: "
+        "the job is given back, no attempt spent",
+        CONNLOST,
+        "            if isinstance(exc, psycopg.OperationalError) and exc.sqlstate is None:\n",
+        "            if False:  # MUTATION\n",
+        (FROZEN_HANDLER_LINK,),
     ),
     Mutation(
         "done_mark_prepared_after_restart",
