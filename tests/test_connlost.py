@@ -3,6 +3,7 @@ bound on its lost-connection warnings (``sqla_jobs.worker._connlost``)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
@@ -14,6 +15,7 @@ import pytest
 import sqlalchemy as sa
 from helpers import scalar, url_text, wait_for
 from sqlalchemy.engine import URL
+from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.orm import Session
 
 from sqla_jobs import JobContext, Registry, WorkerConfig, enqueue, testing
@@ -146,6 +148,26 @@ def test_an_engine_passed_in_gets_the_tcp_defaults_it_does_not_set_itself(
     assert {k: params.get(k) for k in _connlost.KEEPALIVES} == expected
     assert kernel == {k: int(v) for k, v in expected.items()}
     assert not caplog.records  # nothing to warn about
+
+
+def test_an_async_engine_gets_the_tcp_defaults_it_does_not_set_itself(db_url: URL) -> None:
+    """The async handlers' engine is hooked the same way (through its sync_engine)."""
+
+    async def parameters() -> dict[str, str]:
+        engine = create_async_engine(db_url.update_query_dict({"keepalives_idle": "7"}))
+        _connlost.install(engine.sync_engine)
+        try:
+            async with engine.connect() as conn:
+                raw = await conn.get_raw_connection()
+                driver = raw.driver_connection
+                assert isinstance(driver, psycopg.AsyncConnection)
+                return dict(driver.info.get_parameters())
+        finally:
+            await engine.dispose()
+
+    params = asyncio.run(parameters())
+    expected = {**_connlost.KEEPALIVES, "keepalives_idle": "7"}
+    assert {k: params.get(k) for k in _connlost.KEEPALIVES} == expected
 
 
 def test_an_engine_whose_creator_bypasses_the_defaults_is_warned_about_once(
