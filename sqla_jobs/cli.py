@@ -147,6 +147,22 @@ def worker_parser(prog: str = "python -m sqla_jobs.worker") -> argparse.Argument
     )
     p.add_argument("--no-listen", action="store_true", help="poll only; no LISTEN/NOTIFY")
     p.add_argument(
+        "--listener-probe-interval",
+        type=float,
+        default=config_mod.DEFAULT_LISTENER_PROBE_INTERVAL,
+        metavar="SECONDS",
+        help="how often the listener sends itself a NOTIFY to prove its connection alive; "
+        "default %(default)s",
+    )
+    p.add_argument(
+        "--listener-probe-timeout",
+        type=float,
+        default=config_mod.DEFAULT_LISTENER_PROBE_TIMEOUT,
+        metavar="SECONDS",
+        help="how long that NOTIFY may take to come back before the listener reconnects; "
+        "default %(default)s",
+    )
+    p.add_argument(
         "--no-periodic",
         action="store_true",
         help="do not enqueue the app's periodic ticks (other workers do)",
@@ -242,6 +258,8 @@ def _build_config(args: argparse.Namespace) -> config_mod.WorkerConfig:
         rescue_interval=args.rescue_interval,
         timeout_grace=args.timeout_grace,
         listen=not args.no_listen,
+        listener_probe_interval=args.listener_probe_interval,
+        listener_probe_timeout=args.listener_probe_timeout,
         prefetch=args.prefetch,
         prepared_statements=not args.no_prepared_statements,
         log_outcomes=args.log_outcomes,

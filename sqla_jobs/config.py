@@ -35,6 +35,10 @@ DEFAULT_ARCHIVE_EVERY: float | None = None
 DEFAULT_ARCHIVE_OLDER_THAN = 7 * 86400.0
 #: Seconds between two runs of the workflow repair sweep (#26) by some worker.
 DEFAULT_WORKFLOW_SWEEP_EVERY = 10.0
+#: The listener's self-NOTIFY (#24): sent every 5 s, answered within 5 s, so a dead LISTEN
+#: socket is noticed within 10 s.
+DEFAULT_LISTENER_PROBE_INTERVAL = 5.0
+DEFAULT_LISTENER_PROBE_TIMEOUT = 5.0
 MAX_PREFETCH = 10_000
 MAX_CONCURRENCY = 512
 MAX_ASYNC_CONCURRENCY = 10_000
@@ -127,6 +131,14 @@ class WorkerConfig:
             dependency ended in a transaction that could not see them (a step appended
             to a running workflow meanwhile). One worker of the fleet runs it at a time
             (an advisory lock). Defaults to 10.0.
+        listener_probe_interval: seconds between two probes of the LISTEN connection: a
+            NOTIFY the listener sends itself, which also checks that the server is still a
+            writable primary. A socket left open but dead (a failover, a network that drops
+            packets) delivers no notification and raises no error; the probe is how the
+            listener notices, reconnects and has the worker claim at once. Defaults to 5.0.
+        listener_probe_timeout: seconds the probe's NOTIFY may take to come back before
+            the listener gives its connection up; a dead LISTEN socket is noticed within
+            ``listener_probe_interval + listener_probe_timeout``. Defaults to 5.0.
         periodic: enqueue the ticks of the registry's periodic schedules (any number of
             workers may; each tick is enqueued once). Defaults to True.
         timeout_grace: seconds a handler may run past its timeout (or an operator's
@@ -154,6 +166,8 @@ class WorkerConfig:
     archive_every: float | None = DEFAULT_ARCHIVE_EVERY
     archive_older_than: float = DEFAULT_ARCHIVE_OLDER_THAN
     workflow_sweep_every: float = DEFAULT_WORKFLOW_SWEEP_EVERY
+    listener_probe_interval: float = DEFAULT_LISTENER_PROBE_INTERVAL
+    listener_probe_timeout: float = DEFAULT_LISTENER_PROBE_TIMEOUT
     periodic: bool = True
     timeout_grace: float = DEFAULT_TIMEOUT_GRACE
     worker_id: str = field(default_factory=default_worker_id)
@@ -185,6 +199,8 @@ class WorkerConfig:
             _positive("archive_every", self.archive_every)
         _positive("archive_older_than", self.archive_older_than, allow_zero=True)
         _positive("workflow_sweep_every", self.workflow_sweep_every)
+        _positive("listener_probe_interval", self.listener_probe_interval)
+        _positive("listener_probe_timeout", self.listener_probe_timeout)
         _positive("timeout_grace", self.timeout_grace, allow_zero=True)
         if not isinstance(self.worker_id, str) or not self.worker_id or "\x00" in self.worker_id:
             raise ConfigError("worker_id must be a non-empty string without NUL characters")

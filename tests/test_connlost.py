@@ -3,7 +3,9 @@ bound on its lost-connection warnings (``sqla_jobs.worker._connlost``)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 import socket
 import threading
 from typing import Any
@@ -13,6 +15,7 @@ import pytest
 import sqlalchemy as sa
 from helpers import scalar, url_text, wait_for
 from sqlalchemy.engine import URL
+from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.orm import Session
 
 from sqla_jobs import JobContext, Registry, WorkerConfig, enqueue, testing
@@ -107,6 +110,95 @@ def test_the_urls_own_tcp_settings_win_over_the_defaults(db_url: URL) -> None:
     assert "keepalives_idle=3" in dsn and "tcp_user_timeout=7000" in dsn, dsn
     assert "keepalives_count=3" in dsn, dsn
     assert _connlost.connect_kwargs(url)["keepalives_idle"] == "3"
+
+
+def _socket_options(driver: psycopg.Connection[Any]) -> dict[str, int]:
+    """The TCP options the kernel holds for ``driver``'s socket (what libpq set)."""
+    with socket.socket(fileno=os.dup(driver.pgconn.socket)) as sock:
+        return {
+            "keepalives": sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+            "keepalives_idle": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+            "keepalives_interval": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL),
+            "keepalives_count": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT),
+            "tcp_user_timeout": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT),
+        }
+
+
+def test_an_engine_passed_in_gets_the_tcp_defaults_it_does_not_set_itself(
+    db_url: URL, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Worker(engine=...): the user's URL and connect_args win; what they leave unset gets
+    the worker's default, on the connection libpq actually opened."""
+    engine = sa.create_engine(
+        db_url.update_query_dict({"keepalives_idle": "3"}), connect_args={"tcp_user_timeout": 7000}
+    )
+    worker = Worker(registry, WorkerConfig(database_url=url_text(db_url)), engine=engine)
+    try:
+        with (
+            caplog.at_level(logging.WARNING, logger="sqla_jobs.worker"),
+            worker.engine.connect() as conn,
+        ):
+            driver = conn.connection.driver_connection
+            assert isinstance(driver, psycopg.Connection)
+            params = driver.info.get_parameters()
+            kernel = _socket_options(driver)
+    finally:
+        engine.dispose()
+    expected = {**_connlost.KEEPALIVES, "keepalives_idle": "3", "tcp_user_timeout": "7000"}
+    assert {k: params.get(k) for k in _connlost.KEEPALIVES} == expected
+    assert kernel == {k: int(v) for k, v in expected.items()}
+    assert not caplog.records  # nothing to warn about
+
+
+def test_an_async_engine_gets_the_tcp_defaults_it_does_not_set_itself(db_url: URL) -> None:
+    """The async handlers' engine is hooked the same way (through its sync_engine)."""
+
+    async def parameters() -> dict[str, str]:
+        engine = create_async_engine(db_url.update_query_dict({"keepalives_idle": "7"}))
+        _connlost.install(engine.sync_engine)
+        try:
+            async with engine.connect() as conn:
+                raw = await conn.get_raw_connection()
+                driver = raw.driver_connection
+                assert isinstance(driver, psycopg.AsyncConnection)
+                return dict(driver.info.get_parameters())
+        finally:
+            await engine.dispose()
+
+    params = asyncio.run(parameters())
+    expected = {**_connlost.KEEPALIVES, "keepalives_idle": "7"}
+    assert {k: params.get(k) for k in _connlost.KEEPALIVES} == expected
+
+
+def test_an_engine_whose_creator_bypasses_the_defaults_is_warned_about_once(
+    db_url: URL, caplog: pytest.LogCaptureFixture
+) -> None:
+    conninfo = url_text(db_url.set(drivername="postgresql"))
+    engine = sa.create_engine(
+        "postgresql+psycopg://",
+        creator=lambda: psycopg.connect(conninfo, keepalives=1, keepalives_idle=20),
+    )
+    worker = Worker(registry, WorkerConfig(database_url=url_text(db_url)), engine=engine)
+    try:
+        with (
+            caplog.at_level(logging.WARNING, logger="sqla_jobs.worker"),
+            worker.engine.connect() as first,
+            worker.engine.connect() as second,
+        ):
+            driver = second.connection.driver_connection
+            assert isinstance(driver, psycopg.Connection)
+            assert first.connection.driver_connection is not driver
+            kernel = _socket_options(driver)
+    finally:
+        engine.dispose()
+    assert [r.getMessage() for r in caplog.records] == [
+        "the worker's engine connects without keepalives_interval, keepalives_count, "
+        "tcp_user_timeout (its connections bypass the worker's defaults: "
+        "keepalives_interval=5 keepalives_count=3 tcp_user_timeout=30000): a database host "
+        "that vanishes leaves its connections waiting for the kernel's TCP timeout, about "
+        "15 minutes; set them in the engine's URL or connect arguments"
+    ]
+    assert kernel["keepalives_idle"] == 20 and kernel["tcp_user_timeout"] == 0
 
 
 def test_lost_connection_warnings_are_bounded_then_summed_up(

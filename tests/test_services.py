@@ -1,4 +1,5 @@
-"""The worker's services keep going after a failed round, whatever failed."""
+"""The worker's services keep going after a failed round, whatever failed; the listener's
+probe follows its settings."""
 
 from __future__ import annotations
 
@@ -6,8 +7,12 @@ import logging
 import threading
 
 import pytest
-from helpers import wait_for
+import sqlalchemy as sa
+from helpers import scalar, url_text, wait_for
+from reliability.cluster import Proxy
+from sqlalchemy.engine import URL
 
+from sqla_jobs import ConfigError, WorkerConfig
 from sqla_jobs.worker import _services
 
 
@@ -40,3 +45,68 @@ def test_a_service_whose_round_raises_a_bug_logs_it_and_runs_again(
     (record,) = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert record.getMessage().startswith("flaky failed (next try in 0.0s)")
     assert record.exc_info is not None and "a bug in the first round" in str(record.exc_info[1])
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("listener_probe_interval", 0, "listener_probe_interval must be > 0, got 0"),
+        ("listener_probe_interval", -1.5, "listener_probe_interval must be > 0, got -1.5"),
+        ("listener_probe_timeout", 0.0, "listener_probe_timeout must be > 0, got 0.0"),
+        ("listener_probe_timeout", float("inf"), "listener_probe_timeout must be a finite number"),
+        ("listener_probe_timeout", "5", "listener_probe_timeout must be a finite number, got '5'"),
+    ],
+)
+def test_listener_probe_settings_are_checked_when_the_config_is_built(
+    db_url: URL, field: str, value: object, message: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        WorkerConfig(database_url=url_text(db_url), **{field: value})  # type: ignore[arg-type]
+    assert str(caught.value).startswith(message), caught.value
+
+
+_OTHER_CLIENT = (
+    "SELECT client_port FROM pg_stat_activity WHERE datname = current_database() "
+    "AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
+)
+
+
+def test_the_listener_gives_up_an_unanswered_probe_after_its_configured_timeout_and_reconnects(
+    db_url: URL, engine: sa.Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A TCP proxy stops forwarding the LISTEN connection's bytes without closing it: the
+    probe sent into it goes unanswered, and the listener gives the connection up after
+    ``listener_probe_timeout`` (its message names the configured value) and reconnects."""
+    proxy = Proxy(db_url.port or 5432)
+    config = WorkerConfig(
+        database_url=url_text(db_url.set(host="127.0.0.1", port=proxy.port)),
+        listener_probe_interval=0.2,
+        listener_probe_timeout=0.7,
+    )
+    until = threading.Event()
+    connections: list[int] = []
+    listener = _services.Listener(until, config, wake=lambda: None)
+    listener.connected = lambda: connections.append(listener._probes)
+    thread = threading.Thread(target=listener.run, daemon=True)
+    try:
+        with caplog.at_level(logging.WARNING, logger="sqla_jobs.worker"):
+            thread.start()
+            wait_for(lambda: listener._probes >= 3, message="three probes answered")
+            # The test's database has no other client: this is the listener's link.
+            proxy.black_hole_link(scalar(engine, _OTHER_CLIENT))
+            wait_for(
+                lambda: any("listener's probe" in r.getMessage() for r in caplog.records),
+                message="the unanswered probe given up",
+            )
+            wait_for(lambda: len(connections) == 2, message="the listener connected again")
+    finally:
+        until.set()
+        thread.join(10)
+        proxy.close()
+    assert not thread.is_alive()
+    lines = [r.getMessage() for r in caplog.records if "listener's probe" in r.getMessage()]
+    assert lines[0].startswith("listener connection lost (next try in "), lines
+    # Sent into the dead link (the watchdog's words), or sent and never answered.
+    assert lines[0].endswith(
+        ("no answer to the listener's probe within 0.7s (a dead socket)", "probe within 0.7s")
+    ), lines

@@ -255,6 +255,16 @@ def test_listen_wakes_an_idle_worker_without_waiting_for_the_poll(
             "async_concurrency must be between 1 and 10000",
         ),
         (["jobapp:registry", "--queues", "bad queue"], {}, "queue must match"),
+        (
+            ["jobapp:registry", "--listener-probe-interval", "0"],
+            {},
+            "listener_probe_interval must be > 0, got 0.0",
+        ),
+        (
+            ["jobapp:registry", "--listener-probe-timeout", "-2"],
+            {},
+            "listener_probe_timeout must be > 0, got -2.0",
+        ),
         (["jobapp:registry", "--log-level", "LOUD"], {}, "argument --log-level: invalid choice"),
         (["jobapp:registry", "--concurrency", "abc"], {}, "invalid int value: 'abc'"),
         (["jobapp:registry"], {"DATABASE_URL": "mysql://x@localhost/db"}, "must be PostgreSQL"),

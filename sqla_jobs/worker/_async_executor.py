@@ -198,12 +198,9 @@ class AsyncExecutor:
             pool_size=size,
             max_overflow=size,
             pool_timeout=60,
-            connect_args=_connlost.with_keepalives(
-                self.config.url,
-                {} if self.config.prepared_statements else {"prepare_threshold": None},
-            ),
+            connect_args={} if self.config.prepared_statements else {"prepare_threshold": None},
         )
-        _connlost.install(self.engine.sync_engine)  # as the worker's own engine
+        _connlost.install(self.engine.sync_engine)  # as the worker's own engine (keepalives too)
         self._started.set()
         try:
             self._hand_out()  # jobs put before the loop was attached

@@ -12,7 +12,10 @@ each of them as a lost connection, like a closed socket.
   connection is checked with ``pg_is_in_recovery()`` before use (libpq's
   ``target_session_attrs`` only looks at connect time, and a single-host URL not at all),
   and gets TCP keepalives and ``tcp_user_timeout`` unless the URL or ``connect_args``
-  already say otherwise (:data:`KEEPALIVES`).
+  already say otherwise (:data:`KEEPALIVES`). That holds for an engine the user passed
+  in (``Worker(engine=...)``) as for the worker's own: the defaults are added to each
+  connection's arguments where the user set nothing. An engine whose connections bypass
+  those arguments (its own ``creator``) is warned about once, naming the settings.
 * :func:`is_lost` tells such an error from a handler's own failure, so no attempt is
   spent on it (the claim is given back, see ``Completer.fail``).
 * :data:`THROTTLE` bounds the warnings a failover makes: :data:`BURST` lines per
@@ -28,6 +31,7 @@ import time
 from typing import Any
 
 import psycopg
+import psycopg.conninfo
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects.postgresql import psycopg as psycopg_dialect
@@ -106,12 +110,48 @@ def with_keepalives(url: URL, connect_args: dict[str, Any]) -> dict[str, Any]:
 
 
 def install(engine: sa.Engine) -> None:
-    """Classify lost connections on ``engine`` and check every new connection (once)."""
+    """Classify lost connections on ``engine``, give its new connections :data:`KEEPALIVES`
+    where nothing else is set, and check every new connection (once per engine)."""
     if getattr(engine, "_sqla_jobs_connlost", False):
         return
     engine._sqla_jobs_connlost = True  # type: ignore[attr-defined]
     sa.event.listen(engine, "handle_error", _on_error)
+    sa.event.listen(engine, "do_connect", _default_keepalives)
     sa.event.listen(engine, "connect", _check_writable)
+    sa.event.listen(engine, "connect", _warn_without_keepalives, once=True)
+
+
+def _default_keepalives(
+    _dialect: Any, _record: Any, cargs: list[Any], cparams: dict[str, Any]
+) -> None:
+    # cparams holds the URL's query and the engine's connect_args (already merged by
+    # SQLAlchemy); a conninfo string given as an argument counts too.
+    given = set(cparams)
+    for conninfo in (*cargs[:1], cparams.get("conninfo")):
+        if isinstance(conninfo, str) and conninfo:
+            given |= set(psycopg.conninfo.conninfo_to_dict(conninfo))
+    for key, value in KEEPALIVES.items():
+        if key not in given:
+            cparams[key] = value
+
+
+def _warn_without_keepalives(dbapi_conn: Any, _record: Any) -> None:
+    # An engine built with its own creator= (or pool=) never passes through do_connect:
+    # the first new connection's own parameters tell whether anything set the timeouts.
+    driver = getattr(dbapi_conn, "driver_connection", dbapi_conn)
+    info = getattr(driver, "info", None)
+    if info is None:
+        return
+    missing = [k for k in KEEPALIVES if k not in info.get_parameters()]
+    if missing:
+        log.warning(
+            "the worker's engine connects without %s (its connections bypass the worker's "
+            "defaults: %s): a database host that vanishes leaves its connections waiting "
+            "for the kernel's TCP timeout, about 15 minutes; set them in the engine's URL or "
+            "connect arguments",
+            ", ".join(missing),
+            " ".join(f"{k}={KEEPALIVES[k]}" for k in missing),
+        )
 
 
 def _on_error(ctx: sa.engine.ExceptionContext) -> None:

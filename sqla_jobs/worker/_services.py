@@ -45,10 +45,6 @@ log = logging.getLogger("sqla_jobs.worker")
 
 #: Longest pause between two tries of a service whose round failed.
 MAX_ERROR_BACKOFF = 5.0
-#: How often the listener sends itself a NOTIFY to prove its connection alive, and how
-#: long the answer may take: a dead LISTEN connection is noticed within their sum.
-LISTENER_PROBE_SECONDS = 5.0
-PROBE_TIMEOUT = 5.0
 #: How often a worker looks for ready jobs of its kinds in queues it does not serve.
 UNSERVED_CHECK_SECONDS = 60.0
 
@@ -199,7 +195,6 @@ class Listener(Service):
         wake: Callable[[], None],
         on_cancel: Callable[[int], object] | None = None,
         connected: Callable[[], None] | None = None,
-        probe_every: float | None = LISTENER_PROBE_SECONDS,
     ):
         super().__init__(until, 0.0)
         self.channel = config_mod.check_channel(locks.NOTIFY_CHANNEL)
@@ -208,7 +203,10 @@ class Listener(Service):
         # (?host=a:5432&host=b:5432) becomes libpq's host=a,b port=5432,5432.
         self.connect_kwargs = _connlost.connect_kwargs(config.url)
         self.probe_channel = config_mod.check_channel(locks.NOTIFY_CHANNEL + "_probe")
-        self.probe_every = probe_every
+        # How often the listener sends itself a NOTIFY to prove its connection alive, and
+        # how long the answer may take: a dead LISTEN connection is noticed within their sum.
+        self.probe_every: float | None = config.listener_probe_interval
+        self.probe_timeout = config.listener_probe_timeout
         self.worker_id = config.worker_id
         self._probes = 0
         self.wake = wake
@@ -232,12 +230,18 @@ class Listener(Service):
 
     def _listen(self, conn: psycopg.Connection[Any]) -> None:
         # The probe: a NOTIFY to ourselves every probe_every seconds, which must come back
-        # within PROBE_TIMEOUT. A socket that a failover or a network left open but dead
+        # within probe_timeout. A socket that a failover or a network left open but dead
         # delivers nothing and raises nothing; LISTEN would wait on it for ever.
         sent: str | None = None
         next_probe = time.monotonic() + (self.probe_every or 0.0)
         while not self.until.is_set():
-            for note in conn.notifies(timeout=1.0, stop_after=1):
+            # Wake for the next probe or its deadline when that comes before a second
+            # (settings under a second would otherwise be rounded up to one).
+            wait = 1.0
+            if self.probe_every is not None:
+                due = next_probe - self.probe_every + self.probe_timeout if sent else next_probe
+                wait = min(wait, max(0.01, due - time.monotonic()))
+            for note in conn.notifies(timeout=wait, stop_after=1):
                 if note.channel == self.cancel_channel:
                     self._cancel(note.payload)
                 elif note.channel == self.probe_channel:
@@ -248,22 +252,22 @@ class Listener(Service):
             if self.probe_every is None:
                 continue
             now = time.monotonic()
-            if sent is not None and now > next_probe - self.probe_every + PROBE_TIMEOUT:
+            if sent is not None and now > next_probe - self.probe_every + self.probe_timeout:
                 raise psycopg.OperationalError(
-                    f"no answer to the listener's probe within {PROBE_TIMEOUT:g}s"
+                    f"no answer to the listener's probe within {self.probe_timeout:g}s"
                 )
             if sent is None and now >= next_probe:
                 sent = self._probe(conn)
                 next_probe = now + self.probe_every
 
     def _probe(self, conn: psycopg.Connection[Any]) -> str:
-        """Send the probe (bounded by PROBE_TIMEOUT); fail on a server turned read-only."""
+        """Send the probe (bounded by ``probe_timeout``); fail on a server turned read-only."""
         self._probes += 1
         token = f"{self.worker_id}:{self._probes}"
         # A statement on a dead socket blocks in the driver: past the timeout, the socket
         # is shut down under it, and the statement fails like a closed connection.
         fired = threading.Event()
-        watchdog = threading.Timer(PROBE_TIMEOUT, _shut_down, (conn, fired))
+        watchdog = threading.Timer(self.probe_timeout, _shut_down, (conn, fired))
         watchdog.daemon = True
         watchdog.start()
         try:
@@ -271,7 +275,8 @@ class Listener(Service):
         except psycopg.OperationalError as exc:
             if fired.is_set():
                 raise psycopg.OperationalError(
-                    f"no answer to the listener's probe within {PROBE_TIMEOUT:g}s (a dead socket)"
+                    f"no answer to the listener's probe within {self.probe_timeout:g}s "
+                    "(a dead socket)"
                 ) from exc
             raise
         finally:

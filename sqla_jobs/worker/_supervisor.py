@@ -109,12 +109,11 @@ class Worker:
             pool_timeout=60,
             # Handlers' own statements keep psycopg's default (prepared on their 5th
             # run); the worker's statements choose explicitly (see _db.rows).
-            connect_args=_connlost.with_keepalives(
-                config.url, {} if config.prepared_statements else {"prepare_threshold": None}
-            ),
+            connect_args={} if config.prepared_statements else {"prepare_threshold": None},
         )
-        # A read-only or recovering server's errors lose the connection, and a new
-        # connection is used only on a primary (see _connlost).
+        # A read-only or recovering server's errors lose the connection, a new connection
+        # is used only on a primary, and gets TCP keepalives where nothing set them, on
+        # this engine or one passed in (see _connlost).
         _connlost.install(self.engine)
         self.lifecycle = Lifecycle()
         self.events = Events()

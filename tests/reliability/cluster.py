@@ -284,12 +284,16 @@ def cluster(*, synchronous: bool) -> Iterator[Cluster]:
 class Proxy:
     """Forwards 127.0.0.1:``port`` to a backend port: ``switch``, ``black_hole``, ``cut``."""
 
-    def __init__(self, backend: int) -> None:
+    def __init__(self, backend: int, *, receive_buffer: int | None = None) -> None:
         self.backend = backend
         self.port = free_port()
         self.holes = False
         #: Links black-holed one by one, by the server's client_port of each.
         self.dead_links: set[int] = set()
+        #: SO_RCVBUF of the client side of each link (see :meth:`freeze_link`).
+        self.receive_buffer = receive_buffer
+        #: The client side of each open link, by the server's client_port.
+        self._clients: dict[int, asyncio.StreamWriter] = {}
         self._loop = asyncio.new_event_loop()
         self._links: set[asyncio.StreamWriter] = set()
         self._started = threading.Event()
@@ -302,6 +306,9 @@ class Proxy:
         server = self._loop.run_until_complete(
             asyncio.start_server(self._accept, "127.0.0.1", self.port)
         )
+        if self.receive_buffer is not None:
+            for sock in server.sockets:  # inherited by accepted sockets, before the window
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.receive_buffer)
         self._started.set()
         try:
             self._loop.run_forever()
@@ -322,11 +329,13 @@ class Proxy:
         self._links.update((writer, up_writer))
         # The upstream socket's local port: the server's client_port for this link.
         port = int(up_writer.get_extra_info("sockname")[1])
+        self._clients[port] = writer
         await asyncio.gather(
             self._pump(reader, up_writer, port),
             self._pump(up_reader, writer, port),
             return_exceptions=True,
         )
+        self._clients.pop(port, None)
         for w in (writer, up_writer):
             self._links.discard(w)
             w.close()
@@ -356,6 +365,16 @@ class Proxy:
     def black_hole_link(self, client_port: int) -> None:
         """Forward nothing on the one link whose server backend sees ``client_port``."""
         self.dead_links.add(client_port)
+
+    def freeze_link(self, client_port: int) -> None:
+        """Stop reading the client's bytes on one link, closing nothing: its kernel buffer
+        fills, the client's data goes unacknowledged (a zero window), and only the
+        client's ``tcp_user_timeout`` ends its wait. The nearest a proxy gets to a peer
+        that vanished while data was in flight; an idle link it cannot make dead, since
+        this host's kernel answers keepalives. Needs ``receive_buffer`` set small."""
+        transport = self._clients[client_port].transport  # the link's one socket
+        assert isinstance(transport, asyncio.ReadTransport)
+        self._loop.call_soon_threadsafe(transport.pause_reading)
 
     def cut(self) -> None:
         """Close every connection now (the client sees a reset/EOF)."""

@@ -103,6 +103,25 @@ READ_ONLY_NODE = (
 DEAD_LISTEN_SOCKET = (
     f"{_FAILOVER}test_a_dead_listen_socket_is_noticed_by_the_probe_and_the_worker_claims_at_once"
 )
+RESTART_PREPARED = (
+    f"{REL}/test_db_faults.py::"
+    "test_after_a_postgresql_restart_the_workers_statements_are_prepared_again_on_new_backends"
+)
+ENGINE_KEEPALIVES = (
+    "tests/test_connlost.py::test_an_engine_passed_in_gets_the_tcp_defaults_it_does_not_set_itself"
+)
+ENGINE_KEEPALIVES_WARNING = (
+    "tests/test_connlost.py::"
+    "test_an_engine_whose_creator_bypasses_the_defaults_is_warned_about_once"
+)
+PROBE_TIMEOUT_SETTING = (
+    "tests/test_services.py::"
+    "test_the_listener_gives_up_an_unanswered_probe_after_its_configured_timeout_and_reconnects"
+)
+FROZEN_HANDLER_LINK = (
+    f"{REL}/test_db_faults.py::"
+    "test_a_handler_connection_whose_peer_stops_acknowledging_is_given_up_by_tcp_user_timeout"
+)
 SHUTDOWN = f"{REL}/test_shutdown.py"
 GIVE_BACK = (
     f"{REL}/test_shutdown.py::"
@@ -1180,8 +1199,8 @@ MUTATIONS: list[Mutation] = [
         "listener_probe",
         "the listener proves its connection with a self-NOTIFY; a dead socket is left",
         SERVICES,
-        "        probe_every: float | None = LISTENER_PROBE_SECONDS,\n",
-        "        probe_every: float | None = None,  # MUTATION\n",
+        "        self.probe_every: float | None = config.listener_probe_interval\n",
+        "        self.probe_every: float | None = None  # MUTATION\n",
         (DEAD_LISTEN_SOCKET,),
     ),
     Mutation(
@@ -1191,6 +1210,47 @@ MUTATIONS: list[Mutation] = [
         "                    self._drop_idle_flag()  # raised again below, on a new connection\n",
         "                    pass  # MUTATION\n",
         (IDLE_FAILOVER, SYNC_FAILOVER),
+    ),
+    Mutation(
+        "engine_passed_in_gets_keepalives",
+        "an engine passed to Worker(engine=...) gets the TCP keepalive defaults it does not set",
+        CONNLOST,
+        '    sa.event.listen(engine, "do_connect", _default_keepalives)\n',
+        "    pass  # MUTATION\n",
+        (ENGINE_KEEPALIVES,),
+    ),
+    Mutation(
+        "engine_without_keepalives_warned",
+        "an engine whose connections bypass the TCP defaults (its own creator) is warned about",
+        CONNLOST,
+        '    sa.event.listen(engine, "connect", _warn_without_keepalives, once=True)\n',
+        "    pass  # MUTATION\n",
+        (ENGINE_KEEPALIVES_WARNING,),
+    ),
+    Mutation(
+        "listener_probe_timeout_setting",
+        "the listener gives an unanswered probe up after listener_probe_timeout, not a constant",
+        SERVICES,
+        "        self.probe_timeout = config.listener_probe_timeout\n",
+        "        self.probe_timeout = 5.0  # MUTATION\n",
+        (PROBE_TIMEOUT_SETTING,),
+    ),
+    Mutation(
+        "timed_out_socket_is_a_lost_connection",
+        "a socket ended without a server answer (tcp_user_timeout) is a lost connection: "
+        "the job is given back, no attempt spent",
+        CONNLOST,
+        "            if isinstance(exc, psycopg.OperationalError) and exc.sqlstate is None:\n",
+        "            if False:  # MUTATION\n",
+        (FROZEN_HANDLER_LINK,),
+    ),
+    Mutation(
+        "done_mark_prepared_after_restart",
+        "the one-job done-mark is prepared on each connection, a restarted server's new ones too",
+        COMPLETER,
+        "                prepare=self.config.prepared_statements,\n",
+        "                prepare=False,  # MUTATION\n",
+        (RESTART_PREPARED,),
     ),
 ]
 

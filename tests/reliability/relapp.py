@@ -114,6 +114,41 @@ def noop(session: Session, payload: dict[str, Any]) -> None:
     pass
 
 
+@registry.handler("big_write")
+def big_write(session: Session, payload: dict[str, Any], job: JobContext) -> None:
+    """Opens its transaction, logs its run in ``runs``, waits until a ``gates`` row for
+    its job exists (the test freezes this connection's link in the proxy meanwhile), then
+    sends ``bytes`` bytes in one statement and writes its effect."""
+    session.execute(sa.text("SELECT 1"))
+    with _conn(session) as conn:
+        conn.execute(
+            sa.text("INSERT INTO runs (job_id, worker, attempt) VALUES (:j, :w, :a)"),
+            {"j": job.id, "w": job.worker, "a": job.attempt},
+        )
+        deadline = time.monotonic() + GATE_TIMEOUT
+        gate = sa.text("SELECT 1 FROM gates WHERE job_id = :j")
+        while conn.execute(gate, {"j": job.id}).first() is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"gate of job {job.id} never opened")
+            time.sleep(0.02)
+    session.execute(sa.text("SELECT length(:b)"), {"b": "x" * int(payload["bytes"])})
+    _effect(session, job)
+
+
+@registry.handler("prepared")
+def prepared(session: Session, payload: dict[str, Any]) -> dict[str, Any]:
+    """Returns its connection's backend pid and the statements prepared on that backend
+    (the handler thread keeps its connection from job to job, so the worker's done-mark
+    of the previous job on it is among them once prepared)."""
+    pid, statements = session.execute(
+        sa.text(
+            "SELECT pg_backend_pid(), coalesce(array_agg(statement ORDER BY name), '{}') "
+            "FROM pg_prepared_statements"
+        )
+    ).one()
+    return {"pid": pid, "statements": list(statements)}
+
+
 @registry.handler("sql_error_code", backoff=FAST)
 def sql_error_code(session: Session, payload: dict[str, Any], job: JobContext) -> None:
     """Writes its effect, then fails with a real server error of SQLSTATE ``code``."""

@@ -12,11 +12,13 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from helpers import scalar, wait_for
+from helpers import rows, scalar, wait_for
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
+from reliability.cluster import Proxy
 from reliability.support import (
+    GATED_SQL,
     WORKER_APP,
     all_done,
     exactly_once,
@@ -274,3 +276,142 @@ def test_jobs_enqueued_while_the_listener_was_away_are_picked_up_when_it_is_back
     finally:
         stop_all([proc])
     assert oracle(engine) == exactly_once(3), log.read_text()[-3000:]
+
+
+#: Jobs run on the handler's connection before and after the restart: past psycopg's
+#: prepare_threshold (5), so the handler's own statement is prepared too, not only the
+#: worker's done-mark (prepared on its first run).
+PREPARED_JOBS = 8
+
+
+def _run_prepared_jobs(engine: sa.Engine, n: int) -> list[dict[str, Any]]:
+    with Session(engine) as s:
+        ids = [enqueue(s, "prepared", {}) for _ in range(n)]
+        s.commit()
+    wait_for(
+        lambda: (
+            scalar(
+                engine,
+                "SELECT count(*) FROM jobs WHERE id = ANY(:ids) AND status = 'done'",
+                ids=ids,
+            )
+            == n
+        ),
+        timeout=90,
+        message=f"{n} jobs done",
+    )
+    found = rows(engine, "SELECT result FROM jobs WHERE id = ANY(:ids) ORDER BY id", ids=ids)
+    return [r[0] for r in found]
+
+
+def _done_mark(result: dict[str, Any]) -> bool:
+    return any(s.startswith("UPDATE jobs SET status=") for s in result["statements"])
+
+
+def _handler_select(result: dict[str, Any]) -> bool:
+    return any("FROM pg_prepared_statements" in s for s in result["statements"])
+
+
+def test_after_a_postgresql_restart_the_workers_statements_are_prepared_again_on_new_backends(
+    private_server: tuple[URL, Callable[[], None]], tmp_path: Path
+) -> None:
+    """A restarted server has no prepared statement. The worker's connections are new
+    ones, so psycopg prepares the claim and the done-mark again there; a connection that
+    trusted its old statements would fail every claim or done-mark with "prepared
+    statement ... does not exist" (26000), and no job after the restart would be done.
+    The handler reads pg_prepared_statements on its own backend: the worker's done-mark
+    of the previous job is there before the restart, and again on the new backend."""
+    admin, restart = private_server
+    log = tmp_path / "worker.log"
+    with testing.scratch_database(admin, migrate=True) as url:
+        engine = sa.create_engine(url, poolclass=sa.NullPool)
+        proc = spawn(url, log, "--concurrency", "1")
+        try:
+            before = _run_prepared_jobs(engine, PREPARED_JOBS)
+            restart()
+            after = _run_prepared_jobs(engine, PREPARED_JOBS)
+            assert proc.poll() is None, "the worker died"
+        finally:
+            stop_all([proc])
+            engine.dispose()
+    out = log.read_text()
+    assert "does not exist" not in out, out[-3000:]
+    old_backends = {r["pid"] for r in before}
+    assert _done_mark(before[-1]) and _handler_select(before[-1]), before[-1]
+    assert after[-1]["pid"] not in old_backends, (old_backends, after[-1])
+    # The first job on the new backend saw nothing prepared there; the last one sees the
+    # worker's done-mark and the handler's statement prepared again.
+    first_on_new = next(r for r in after if r["pid"] == after[-1]["pid"])
+    assert not _done_mark(first_on_new), first_on_new
+    assert _done_mark(after[-1]) and _handler_select(after[-1]), after[-1]
+
+
+#: More than the worker's socket send buffer can hold (Linux's tcp_wmem allows 4 MiB).
+BIG_WRITE = 16 * 1024 * 1024
+#: The scenario's tcp_user_timeout (ms), short to keep it quick; the default is 30 s.
+USER_TIMEOUT_MS = 3000
+
+
+def test_a_handler_connection_whose_peer_stops_acknowledging_is_given_up_by_tcp_user_timeout(
+    engine: sa.Engine, db_url: URL, tmp_path: Path
+) -> None:
+    """A proxy stops reading one handler connection mid-transaction, closing nothing: the
+    handler's big statement fills both socket buffers and waits on a zero window, as it
+    would on a peer that vanished with data in flight. ``tcp_user_timeout`` ends the
+    connection (without it the send waits for the kernel's ~15 minutes), the job is given
+    back without spending an attempt, and it is done on a new connection."""
+    setup_app(engine)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(GATED_SQL)
+    proxy = Proxy(db_url.port or 5432, receive_buffer=4096)
+    url = db_url.set(host="127.0.0.1", port=proxy.port).update_query_dict(
+        {"tcp_user_timeout": str(USER_TIMEOUT_MS)}
+    )
+    log = tmp_path / "worker.log"
+    with Session(engine) as s:
+        job_id = enqueue(s, "big_write", {"bytes": BIG_WRITE})
+        s.commit()
+    proc = spawn(url, log, "--concurrency", "1")
+    try:
+        wait_for(
+            lambda: scalar(engine, "SELECT count(*) FROM runs WHERE job_id = :j", j=job_id),
+            message="the handler's first run waiting at its gate",
+        )
+        # The handler's session: inside its transaction, its last statement its SELECT 1
+        # (a heartbeat's transaction may be open too, but never ran that).
+        port = wait_for(
+            lambda: scalar(
+                engine,
+                "SELECT client_port FROM pg_stat_activity WHERE datname = current_database() "
+                "AND application_name = :app AND state = 'idle in transaction' "
+                "AND query = 'SELECT 1'",
+                app=WORKER_APP,
+            ),
+            message="the handler's connection",
+        )
+        proxy.freeze_link(port)
+        with engine.begin() as conn:
+            conn.execute(
+                sa.text("INSERT INTO gates (job_id, worker, attempt) VALUES (:j, '', 0)"),
+                {"j": job_id},
+            )
+        frozen = time.monotonic()
+        wait_for(
+            lambda: (
+                scalar(engine, "SELECT status::text FROM jobs WHERE id = :j", j=job_id) == "done"
+            ),
+            timeout=60,
+            message="the job done on a new connection",
+        )
+        took = time.monotonic() - frozen
+        assert proc.poll() is None, "the worker died"
+    finally:
+        stop_all([proc])
+        proxy.close()
+    out = log.read_text()
+    print(f"\n[frozen handler link] job done {took:.1f}s after the freeze")
+    assert "given back without spending an attempt" in out, out[-3000:]
+    runs = rows(engine, "SELECT attempt FROM runs WHERE job_id = :j ORDER BY id", j=job_id)
+    assert [r[0] for r in runs] == [1, 1], out[-3000:]
+    assert scalar(engine, "SELECT attempts FROM jobs WHERE id = :j", j=job_id) == 1
+    assert oracle(engine) == exactly_once(1)
