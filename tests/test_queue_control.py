@@ -22,7 +22,7 @@ from reliability.support import spawn, stop_all
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
-from sqla_jobs import NewJob, enqueue, enqueue_many
+from sqla_jobs import NewJob, enqueue, enqueue_many, ops
 
 APP = "queuecontrolapp:registry"
 
@@ -223,9 +223,14 @@ def test_workers_register_with_their_heartbeat_and_a_killed_one_expires_after_it
     assert entry["id"] == f"{entry['host']}:{killed.pid}"
 
     with Session(engine) as s:  # `running` follows the heartbeat
-        enqueue(s, "plain", {"sleep": 2.0})
+        enqueue(s, "plain", {"sleep": 4.0})
         s.commit()
-    wait_for(lambda: sum(int(w["running"]) for w in listed_workers(db_url)) == 1)
+
+    def running() -> int:  # read in-process: a CLI run per poll can outlast the job when loaded
+        with Session(engine) as s:
+            return sum(w.running for w in ops.workers(s))
+
+    wait_for(lambda: running() == 1, message="the running job in a heartbeat")
 
     text = cli(db_url, "workers")
     assert text.stdout.startswith("ID "), text.stdout

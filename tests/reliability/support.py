@@ -105,6 +105,25 @@ class Supervisor:
         self.kills += 1
         return victim.pid
 
+    def kill_busy(self, engine: sa.Engine, rng: random.Random, wait: float = 5.0) -> int:
+        """SIGKILL a worker that holds a running job (jobs.worker is ``host:pid``), waiting
+        up to ``wait`` seconds for one; a random one if none does by then. On a loaded
+        host a worker can take longer to start than a random storm's pace, and a kill
+        that lands before it claims proves nothing."""
+        deadline = time.monotonic() + wait
+        while True:
+            running = rows(engine, "SELECT DISTINCT worker FROM jobs WHERE status = 'running'")
+            holders = {str(w).rpartition(":")[2] for (w,) in running}
+            busy = [p for p in self.alive() if str(p.pid) in holders]
+            if busy or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        victim = rng.choice(busy or self.alive())
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(10)
+        self.kills += 1
+        return victim.pid
+
     def alive(self) -> list[subprocess.Popen[bytes]]:
         return [p for p in self.slots if p is not None and p.poll() is None]
 

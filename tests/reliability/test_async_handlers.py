@@ -41,7 +41,7 @@ pytestmark = pytest.mark.reliability
 APP = "asyncapp:registry"
 WORKERS = 2
 JOBS = 300
-STORM_SECONDS = 8.0
+KILLS = 8
 
 
 def test_kill_storm_of_async_workers_loses_no_job_and_doubles_no_effect(
@@ -64,15 +64,15 @@ def test_kill_storm_of_async_workers_loses_no_job_and_doubles_no_effect(
     )  # fmt: skip
     try:
         sup.ensure()
-        storm_end = time.monotonic() + STORM_SECONDS
         done_mid_storm = None
-        while time.monotonic() < storm_end:
-            if done_mid_storm is None and storm_end - time.monotonic() < STORM_SECONDS / 2:
+        while sup.kills < KILLS:
+            if done_mid_storm is None and sup.kills >= KILLS // 2:
                 done_mid_storm = status_counts(engine).get("done", 0)
             # Pacing the storm, not synchronisation; slower than the sync storm's: with
-            # two workers, a worker must live long enough to start and claim.
+            # two workers, a worker must live long enough to start and claim. Each kill
+            # hits a worker holding a running job (a loaded host starts workers slowly).
             time.sleep(rng.uniform(0.6, 1.2))
-            sup.kill_random(rng)
+            sup.kill_busy(engine, rng)
             sup.ensure()
         wait_for(lambda: all_done(engine, JOBS), timeout=120, message="all jobs done")
     finally:
@@ -80,7 +80,6 @@ def test_kill_storm_of_async_workers_loses_no_job_and_doubles_no_effect(
     run_again = count(engine, "SELECT count(*) FROM jobs WHERE attempts > 1")
     print(f"async kill storm: {sup.kills} SIGKILLs, {len(sup.procs)} processes, {run_again} rerun")
     assert oracle(engine) == exactly_once(JOBS), out[-3000:]
-    assert sup.kills >= STORM_SECONDS / 1.2
     assert run_again > 0  # the storm really hit running jobs
     assert done_mid_storm is not None and done_mid_storm < JOBS, "the storm hit an empty queue"
 
