@@ -408,6 +408,7 @@ def run_dashboard(args: argparse.Namespace) -> int:
     from sqlalchemy.orm import Session
 
     from sqla_jobs import ops, tasks
+    from sqla_jobs.worker import _connlost
 
     setup_logging("INFO", "text")
     try:
@@ -421,7 +422,9 @@ def run_dashboard(args: argparse.Namespace) -> int:
             read_only=args.read_only,
         )
         registry = tasks.load_registry(args.app) if args.app else None
-        engine = sa.create_engine(config_mod.database_url(_url_arg(args)), pool_pre_ping=True)
+        engine = _connlost.keepalives_by_default(
+            sa.create_engine(config_mod.database_url(_url_arg(args)), pool_pre_ping=True)
+        )
         with Session(engine) as session:
             ops.check_schema(session)
         sock = _serve.listen(chosen)
@@ -453,7 +456,10 @@ def _reader_left() -> int:
 def _engine(url: str) -> sa.Engine:
     import sqlalchemy as sa
 
-    return sa.create_engine(config_mod.database_url(url), poolclass=sa.NullPool)
+    from sqla_jobs.worker import _connlost
+
+    engine = sa.create_engine(config_mod.database_url(url), poolclass=sa.NullPool)
+    return _connlost.keepalives_by_default(engine)
 
 
 # --- operations commands (sqla_jobs.ops) -----------------------------------------------

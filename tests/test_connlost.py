@@ -257,3 +257,31 @@ def test_a_handler_that_always_hits_25006_is_given_back_a_few_times_then_fails(
     assert RUNS == [1] * (_completer.MAX_LOST_GIVEBACKS + 1)
     error = scalar(engine, "SELECT last_error FROM jobs WHERE id = :i", i=job_id)
     assert "read-only transaction" in error
+
+
+def test_the_commands_engines_and_the_dashboards_listen_get_the_tcp_defaults(
+    db_url: URL,
+) -> None:
+    """``sqla-jobs stats`` (and every ops command), the dashboard command's engine and its
+    LISTEN connection: a vanished primary ends them in seconds, as it does the worker's."""
+    from sqla_jobs import cli
+    from sqla_jobs.dashboard._live import Hub
+
+    engine = cli._engine(url_text(db_url.update_query_dict({"keepalives_idle": "4"})))
+    try:
+        with engine.connect() as conn:
+            driver = conn.connection.driver_connection
+            assert isinstance(driver, psycopg.Connection)
+            params = driver.info.get_parameters()
+    finally:
+        engine.dispose()
+    expected = {**_connlost.KEEPALIVES, "keepalives_idle": "4"}
+    assert {k: params.get(k) for k in _connlost.KEEPALIVES} == expected
+    hub = Hub(
+        sa.create_engine(db_url.update_query_dict({"keepalives_idle": "4"})),
+        listen=True,
+        refresh=1.0,
+    )
+    assert hub.keepalives == {
+        k: v for k, v in _connlost.KEEPALIVES.items() if k != "keepalives_idle"
+    }

@@ -401,3 +401,35 @@ def test_readme_failover_url_reaches_libpq_with_every_host_and_the_override() ->
     assert kwargs["target_session_attrs"] == "primary"
     assert kwargs["keepalives_idle"] == "5"
     assert kwargs["tcp_user_timeout"] == _connlost.KEEPALIVES["tcp_user_timeout"]
+
+
+def test_readme_app_engine_for_failover_carries_the_workers_keepalive_defaults() -> None:
+    from sqla_jobs.worker import _connlost
+
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("**Your application's side.**", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S)
+    assert code is not None
+    namespace: dict[str, object] = {"__name__": "readme_app_engine"}
+    exec(compile(code.group(1), "README.md", "exec"), namespace)
+    engine = namespace["app_engine"]
+    assert isinstance(engine, sa.Engine)
+    seen: dict[str, Any] = {}
+
+    class Stop(Exception):
+        pass
+
+    def capture(_dialect: Any, _record: Any, _cargs: Any, cparams: dict[str, Any]) -> None:
+        seen.update(cparams)  # what psycopg.connect would get; connect to nothing
+        raise Stop
+
+    sa.event.listen(engine, "do_connect", capture)
+    try:
+        assert engine.pool._pre_ping  # type: ignore[attr-defined]
+        with pytest.raises(Stop):
+            engine.connect()
+    finally:
+        engine.dispose()
+    assert seen["host"] == "db1.internal,db2.internal"
+    assert seen["target_session_attrs"] == "primary"
+    assert {k: str(seen[k]) for k in _connlost.KEEPALIVES} == _connlost.KEEPALIVES

@@ -42,6 +42,7 @@ from sqla_jobs import config as config_mod
 from sqla_jobs import ops
 from sqla_jobs.dashboard import _render
 from sqla_jobs.exceptions import ConfigError
+from sqla_jobs.worker._connlost import KEEPALIVES
 
 log = logging.getLogger("sqla_jobs.dashboard")
 
@@ -168,6 +169,9 @@ class Hub:
         self.conninfo = engine.url.set(drivername="postgresql").render_as_string(
             hide_password=False
         )
+        # A LISTEN socket whose server vanished is noticed by keepalives, not by reads.
+        given = psycopg.conninfo.conninfo_to_dict(self.conninfo)
+        self.keepalives = {k: v for k, v in KEEPALIVES.items() if k not in given}
         self.watches: set[Watch] = set()
         self.snapshot = Snapshot(None, {}, frozenset())
         self.rounds = 0
@@ -262,7 +266,10 @@ class Hub:
     async def _connect(self) -> psycopg.AsyncConnection[Any] | None:
         try:
             conn = await psycopg.AsyncConnection.connect(
-                self.conninfo, autocommit=True, application_name=APPLICATION_NAME
+                self.conninfo,
+                autocommit=True,
+                application_name=APPLICATION_NAME,
+                **self.keepalives,
             )
         except psycopg.Error as exc:
             log.warning("dashboard: cannot LISTEN (%s); open pages refresh by polling", exc)

@@ -109,6 +109,14 @@ def with_keepalives(url: URL, connect_args: dict[str, Any]) -> dict[str, Any]:
     return {**{k: v for k, v in KEEPALIVES.items() if k not in given}, **connect_args}
 
 
+def keepalives_by_default(engine: sa.Engine) -> sa.Engine:
+    """Give ``engine``'s new connections :data:`KEEPALIVES` where its URL and
+    ``connect_args`` set nothing (the commands' engines: ``sqla-jobs stats`` or the
+    dashboard facing a vanished primary end in seconds, not the kernel's minutes)."""
+    sa.event.listen(engine, "do_connect", _default_keepalives)
+    return engine
+
+
 def install(engine: sa.Engine) -> None:
     """Classify lost connections on ``engine``, give its new connections :data:`KEEPALIVES`
     where nothing else is set, and check every new connection (once per engine)."""
