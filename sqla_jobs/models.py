@@ -259,6 +259,13 @@ class Job(Base):
             "workflow_id",
             postgresql_where=sa.text("workflow_id IS NOT NULL"),
         ),
+        # Revision 0015: the list of workflows by state, one descent per workflow shown.
+        sa.Index(
+            "jobs_workflow_status_idx",
+            "status",
+            "workflow_id",
+            postgresql_where=sa.text("workflow_id IS NOT NULL"),
+        ),
     )
 
     @validates("kind")
@@ -363,7 +370,15 @@ class JobArchive(Base):
         sa.DateTime(timezone=True), server_default=_statement_time()
     )
 
-    __table_args__ = (sa.Index("jobs_archive_finished_at_idx", "finished_at"),)
+    __table_args__ = (
+        sa.Index("jobs_archive_finished_at_idx", "finished_at"),
+        # Revision 0015: a workflow's archived steps.
+        sa.Index(
+            "jobs_archive_workflow_id_idx",
+            "workflow_id",
+            postgresql_where=sa.text("workflow_id IS NOT NULL"),
+        ),
+    )
 
     def __repr__(self) -> str:
         return f"<JobArchive id={self.id} kind={self.kind!r} status={self.status}>"

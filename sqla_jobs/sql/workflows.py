@@ -299,6 +299,84 @@ def reopen_steps(ids: list[int]) -> sa.Update:
     )
 
 
+#: How ``last_error`` begins for a step cancelled because an upstream step ended dead,
+#: cancelled or deleted (``jobs_workflow_resolve``, revision 0014, writes it).
+UPSTREAM_FAILED = "upstream step "
+
+
+def cancelled_downstream(ids: list[int]) -> sa.Select[Any]:
+    """Ids of the steps that depend on one of ``ids`` and were cancelled because an
+    upstream step failed, and of theirs, transitively (a step cancelled by an operator,
+    or a workflow cancel, is not one: its ``last_error`` says so)."""
+    chosen = sa.bindparam("ids", ids, ARRAY(sa.BigInteger))
+    child = jobs.alias("child")
+
+    def below(parents: sa.ColumnElement[Any]) -> sa.Select[Any]:
+        return (
+            sa.select(workflow_edges.c.child_id.label("id"))
+            .join(child, child.c.id == workflow_edges.c.child_id)
+            .where(
+                parents,
+                child.c.status == _common.status(JobStatus.CANCELLED),
+                child.c.last_error.startswith(UPSTREAM_FAILED, autoescape=True),
+            )
+        )
+
+    found = below(workflow_edges.c.parent_id == sa.any_(chosen)).cte("found", recursive=True)
+    found = found.union(below(workflow_edges.c.parent_id == found.c.id))
+    return sa.select(found.c.id).order_by(found.c.id)
+
+
+def reopen_cancelled(ids: list[int], kept: list[int]) -> sa.Update:
+    """The steps ``ids`` (cancelled because an upstream step failed) back to waiting,
+    with a fresh set of attempts; RETURNING their ids. ``kept``: the steps that run
+    again (the retried ones and these): a step with a dependency that failed and is not
+    among them stays cancelled (it would otherwise run without it)."""
+    chosen = sa.bindparam("ids", ids, ARRAY(sa.BigInteger))
+    kept_ = sa.bindparam("kept", kept, ARRAY(sa.BigInteger))
+    failed_elsewhere = sa.exists().where(
+        workflow_edges.c.child_id == jobs.c.id,
+        workflow_edges.c.requires == "succeeded",
+        workflow_edges.c.parent_outcome.is_not(None),
+        workflow_edges.c.parent_outcome != "done",
+        workflow_edges.c.parent_id != sa.all_(kept_),
+    )
+    return (
+        sa.update(jobs)
+        .where(
+            jobs.c.id == sa.any_(chosen),
+            jobs.c.status == _common.status(JobStatus.CANCELLED),
+            sa.not_(failed_elsewhere),
+        )
+        .values(
+            status=_common.status(JobStatus.WAITING),
+            attempts=0,
+            run_at=_common.clock(None),
+            locked_until=None,
+            worker=None,
+            finished_at=None,
+            cancel_requested_at=None,
+            snoozes=0,
+        )
+        .returning(jobs.c.id)
+    )
+
+
+def reopen_edges_into(parents: list[int], children: list[int]) -> sa.Update:
+    """The edges from ``parents`` (steps that run again) into ``children`` (steps that
+    wait again) wait for their parent's new outcome."""
+    return (
+        sa.update(workflow_edges)
+        .where(
+            workflow_edges.c.parent_id
+            == sa.any_(sa.bindparam("parents", parents, ARRAY(sa.BigInteger))),
+            workflow_edges.c.child_id
+            == sa.any_(sa.bindparam("children", children, ARRAY(sa.BigInteger))),
+        )
+        .values(parent_outcome=None)
+    )
+
+
 def upstream_results(job_id: int) -> sa.Select[Any]:
     """``step, id, status, result`` of each dependency of a step, live or archived."""
     child = sa.bindparam("job_id", job_id, sa.BigInteger)
@@ -324,4 +402,104 @@ def unfinished_workflow(table: sa.Table) -> sa.ColumnElement[bool]:
             other.c.workflow_id == table.c.workflow_id,
             other.c.status.in_(_statuses(*OPEN_STATUSES)),
         ),
+    )
+
+
+#: ``list_workflows(state=...)``: workflows with a step not ended yet, workflows whose
+#: every step ended, workflows with a step that ended dead or cancelled (running or not).
+LIST_STATES = ("running", "finished", "failed")
+_STATE_STATUSES = {
+    "running": OPEN_STATUSES,
+    "failed": (JobStatus.DEAD, JobStatus.CANCELLED),
+}
+
+
+def _below(bound: sa.ColumnElement[Any] | None, status: JobStatus | None) -> sa.ScalarSelect[Any]:
+    """The highest workflow id below ``bound`` (of a step in ``status``): one descent of
+    ``jobs_workflow_id_idx`` (or, with a status, of ``jobs_workflow_status_idx``)."""
+    conditions = [jobs.c.workflow_id.is_not(None)]
+    if bound is not None:
+        conditions.append(jobs.c.workflow_id < bound)
+    if status is not None:
+        conditions.append(jobs.c.status == _common.status(status))
+    # ORDER BY ... LIMIT 1, not max(): PostgreSQL has no max(uuid).
+    return (
+        sa.select(jobs.c.workflow_id)
+        .where(*conditions)
+        .order_by(jobs.c.workflow_id.desc())
+        .limit(1)
+        .scalar_subquery()
+    )
+
+
+def _next(bound: sa.ColumnElement[Any] | None, state: str | None) -> sa.ColumnElement[Any]:
+    statuses = _STATE_STATUSES.get(state or "")
+    if statuses is None:
+        return _below(bound, None)
+    # One descent per status (an IN list would not give the ids in order on PostgreSQL
+    # 15): the highest of them is the next workflow with a step in one of the statuses.
+    return sa.func.greatest(*(_below(bound, s) for s in statuses))
+
+
+def list_workflows(*, state: str | None, before: bool, limit: int = 50) -> sa.Select[Any]:
+    """One page of workflows, newest (highest id) first: ``id, size`` and a count per
+    status, ``created_at`` (the first step's), ``finished_at`` (the last step's end, NULL
+    while a step has not ended). Parameters: ``before`` (with ``before=True``: the ids
+    below it) and ``limit``.
+
+    Workflow ids are time-ordered (UUID version 7), so "newest first" is a walk down
+    the ids: a recursive CTE that takes the highest id below the previous one, an index
+    descent each (a loose index scan), stopped by the LIMIT after ``limit`` workflows.
+    Each workflow's figures are one aggregate over its steps (``jobs_workflow_id_idx``):
+    a page costs its workflows' steps, not the table. ``state="finished"`` walks every
+    workflow and skips those with a step not ended (three index probes each).
+    Only steps still in ``jobs`` are counted (a finished workflow is archived as a unit).
+    """
+    if state is not None and state not in LIST_STATES:
+        raise ValueError(f"state must be one of {LIST_STATES}, got {state!r}")
+    cursor = sa.bindparam("before", type_=sa.Uuid) if before else None
+    first = sa.select(_next(cursor, state).label("id")).cte("walk", recursive=True)
+    prior = first.alias("prior")
+    walk = first.union_all(sa.select(_next(prior.c.id, state)).where(prior.c.id.is_not(None)))
+    conditions: list[sa.ColumnElement[bool]] = [walk.c.id.is_not(None)]
+    if state == "finished":
+        step = jobs.alias("step")
+        conditions.append(
+            sa.not_(
+                sa.or_(
+                    *(
+                        sa.exists().where(
+                            step.c.status == _common.status(s), step.c.workflow_id == walk.c.id
+                        )
+                        for s in OPEN_STATUSES
+                    )
+                )
+            )
+        )
+    page = (
+        sa.select(walk.c.id)
+        .where(*conditions)
+        .limit(sa.bindparam("limit", limit, sa.Integer))
+        .subquery("page")
+    )
+    counts = [
+        sa.func.count().filter(jobs.c.status == _common.status(s)).label(s.value) for s in JobStatus
+    ]
+    open_ = sa.func.count().filter(jobs.c.status.in_(_statuses(*OPEN_STATUSES)))
+    figures = (
+        sa.select(
+            sa.func.count().label("size"),
+            *counts,
+            sa.func.min(jobs.c.created_at).label("created_at"),
+            sa.case((open_ == sa.literal_column("0"), sa.func.max(jobs.c.finished_at))).label(
+                "finished_at"
+            ),
+        )
+        .where(jobs.c.workflow_id == page.c.id)
+        .lateral("figures")
+    )
+    return (
+        sa.select(page.c.id, figures)
+        .select_from(page.join(figures, sa.true()))
+        .order_by(page.c.id.desc())
     )
