@@ -414,14 +414,20 @@ _STATE_STATUSES = {
 }
 
 
-def _below(bound: sa.ColumnElement[Any] | None, status: JobStatus | None) -> sa.ScalarSelect[Any]:
+def _below(
+    bound: sa.ColumnElement[Any] | None, status: JobStatus | None, *, inclusive: bool = False
+) -> sa.ScalarSelect[Any]:
     """The highest workflow id below ``bound`` (of a step in ``status``): one descent of
     ``jobs_workflow_id_idx`` (or, with a status, of ``jobs_workflow_status_idx``)."""
     conditions = [jobs.c.workflow_id.is_not(None)]
     if bound is not None:
-        conditions.append(jobs.c.workflow_id < bound)
+        conditions.append(jobs.c.workflow_id <= bound if inclusive else jobs.c.workflow_id < bound)
     if status is not None:
-        conditions.append(jobs.c.status == _common.status(status))
+        # The status as a sub-select, not a literal: the planner cannot then prove the
+        # predicate of jobs_claim_idx (status = 'queued') or jobs_lease_idx ('running')
+        # and pick one of them, filtering every queued job of the table by workflow
+        # and sorting them, when statistics say few are queued (seen on an empty table).
+        conditions.append(jobs.c.status == sa.select(_common.status(status)).scalar_subquery())
     # ORDER BY ... LIMIT 1, not max(): PostgreSQL has no max(uuid).
     return (
         sa.select(jobs.c.workflow_id)
@@ -452,7 +458,7 @@ def list_workflows(*, state: str | None, before: bool, limit: int = 50) -> sa.Se
     descent each (a loose index scan), stopped by the LIMIT after ``limit`` workflows.
     Each workflow's figures are one aggregate over its steps (``jobs_workflow_id_idx``):
     a page costs its workflows' steps, not the table. ``state="finished"`` walks every
-    workflow and skips those with a step not ended (three index probes each).
+    workflow and skips those with a step not ended (three index descents each).
     Only steps still in ``jobs`` are counted (a finished workflow is archived as a unit).
     """
     if state is not None and state not in LIST_STATES:
@@ -463,14 +469,15 @@ def list_workflows(*, state: str | None, before: bool, limit: int = 50) -> sa.Se
     walk = first.union_all(sa.select(_next(prior.c.id, state)).where(prior.c.id.is_not(None)))
     conditions: list[sa.ColumnElement[bool]] = [walk.c.id.is_not(None)]
     if state == "finished":
-        step = jobs.alias("step")
+        # "Has a step in this status" as the same ordered descent (the highest id at or
+        # below this one is this one), not an EXISTS: under misleading statistics the
+        # planner answered that from jobs_claim_idx or jobs_lease_idx, filtering every
+        # queued or running job by workflow.
         conditions.append(
             sa.not_(
                 sa.or_(
                     *(
-                        sa.exists().where(
-                            step.c.status == _common.status(s), step.c.workflow_id == walk.c.id
-                        )
+                        _below(walk.c.id, s, inclusive=True).is_not_distinct_from(walk.c.id)
                         for s in OPEN_STATUSES
                     )
                 )
