@@ -1529,23 +1529,72 @@ def _workflow_id(value: uuid.UUID | str) -> uuid.UUID:
         raise ConfigError(f"a workflow id is a UUID, got {value!r}") from None
 
 
+def _workflow_step(r: Any) -> WorkflowStep:
+    return WorkflowStep(
+        id=r.id,
+        step=r.step,
+        kind=r.kind,
+        status=JobStatus(r.status),
+        last_error=r.last_error,
+        waiting_on=tuple(r.waiting_on or ()),
+        archived=r.archived,
+        depends_on=tuple(r.depends_on or ()),
+    )
+
+
 def _workflow_steps(session: Session, workflow_id: uuid.UUID) -> tuple[WorkflowStep, ...]:
     found = session.execute(workflows_sql.steps(workflow_id)).all()
     if not found:
         raise JobNotFoundError(f"no workflow with id {workflow_id}")
-    return tuple(
-        WorkflowStep(
-            id=r.id,
-            step=r.step,
-            kind=r.kind,
-            status=JobStatus(r.status),
-            last_error=r.last_error,
-            waiting_on=tuple(r.waiting_on or ()),
-            archived=r.archived,
-            depends_on=tuple(r.depends_on or ()),
-        )
-        for r in found
-    )
+    return tuple(_workflow_step(r) for r in found)
+
+
+@dataclass(frozen=True)
+class WorkflowPage:
+    """One page of a workflow's steps (:func:`workflow_page`), with the whole workflow's
+    counts."""
+
+    id: uuid.UUID
+    #: Every step of the workflow (live and archived) by status.
+    counts: dict[str, int]
+    #: This page's steps, in id order (a step comes after every step it depends on).
+    steps: tuple[WorkflowStep, ...]
+    #: True when steps with higher ids follow: pass the last one's id as ``after_id``.
+    more: bool
+
+    @property
+    def size(self) -> int:
+        return sum(self.counts.values())
+
+    @property
+    def finished(self) -> bool:
+        """True once no step waits, is queued or runs."""
+        return not any(self.counts.get(s.value) for s in workflows_sql.OPEN_STATUSES)
+
+
+@_sessions.sync_form
+def workflow_page(
+    session: Session,
+    workflow_id: uuid.UUID | str,
+    *,
+    after_id: int | None = None,
+    limit: int = DEFAULT_LIMIT,
+) -> WorkflowPage:
+    """One page of a workflow's steps (live or archived) in id order, from a keyset
+    cursor (``after_id``: the last id of the previous page), and how many steps of the
+    whole workflow are in each status: :func:`workflow_status` for a workflow too big
+    to read at once. :class:`~sqla_jobs.JobNotFoundError` if no step has this id."""
+    wid = _workflow_id(workflow_id)
+    limit = _positive_int("limit", limit, MAX_LIMIT)
+    after = None if after_id is None else _non_negative_id(after_id)
+    counts = {
+        JobStatus(r.status).value: r.n for r in session.execute(workflows_sql.step_counts(wid))
+    }
+    if not counts:
+        raise JobNotFoundError(f"no workflow with id {wid}")
+    found = session.execute(workflows_sql.step_page(wid, after_id=after, limit=limit + 1)).all()
+    steps = tuple(_workflow_step(r) for r in found[:limit])
+    return WorkflowPage(wid, counts, steps, more=len(found) > limit)
 
 
 @_sessions.sync_form
@@ -1712,6 +1761,7 @@ workflow_status_async = _sessions.async_form(workflow_status)
 cancel_workflow_async = _sessions.async_form(cancel_workflow)
 retry_workflow_async = _sessions.async_form(retry_workflow)
 list_workflows_async = _sessions.async_form(list_workflows)
+workflow_page_async = _sessions.async_form(workflow_page)
 workers_async = _sessions.async_form(workers)
 throughput_async = _sessions.async_form(throughput)
 record_action_async = _sessions.async_form(record_action)

@@ -23,8 +23,8 @@ from sqlalchemy.orm import Session
 from test_fence_plans import _nodes, _plans
 from test_ops_cli import cli, ok
 
-from sqla_jobs import ops, workflows
-from sqla_jobs.exceptions import ConfigError
+from sqla_jobs import models, ops, workflows
+from sqla_jobs.exceptions import ConfigError, JobNotFoundError
 from sqla_jobs.sql import workflows as workflows_sql
 from sqla_jobs.workflows import Workflow, WorkflowIds
 
@@ -269,3 +269,39 @@ def test_each_list_of_workflows_is_a_walk_down_an_index_whatever_the_statistics(
     assert [w.id.int >> 80 for w in finished] == list(
         range(WORKFLOWS // 2 - 1, WORKFLOWS // 2 - 51, -1)
     )
+
+
+def test_workflow_page_reads_a_page_of_steps_and_counts_the_whole_workflow(
+    db_url: URL, flow_engine: sa.Engine
+) -> None:
+    ids = chain(flow_engine, 5)
+    set_status(flow_engine, "done", ids["s0"])
+    names = ", ".join(c.name for c in models.jobs.c)
+    with flow_engine.begin() as conn:  # s0 archived: still a step of its workflow
+        conn.exec_driver_sql(
+            "WITH moved AS (DELETE FROM jobs WHERE id = %(id)s RETURNING *)"
+            f" INSERT INTO jobs_archive ({names}) SELECT {names} FROM moved",
+            {"id": ids["s0"]},
+        )
+    with Session(flow_engine) as s:
+        first = ops.workflow_page(s, ids.id, limit=2)
+        rest = ops.workflow_page(s, str(ids.id), after_id=first.steps[-1].id, limit=3)
+        with pytest.raises(JobNotFoundError, match=f"no workflow with id {uuid.UUID(int=1)}"):
+            ops.workflow_page(s, uuid.UUID(int=1))
+        with pytest.raises(ConfigError, match="after_id"):
+            ops.workflow_page(s, ids.id, after_id=-1)
+    assert [st.step for st in first.steps] == ["s0", "s1"] and first.more
+    assert first.steps[0].archived and first.counts == {"done": 1, "queued": 1, "waiting": 3}
+    assert (first.size, first.finished) == (5, False)
+    assert [st.step for st in rest.steps] == ["s2", "s3", "s4"] and not rest.more
+    assert rest.steps[0].waiting_on == ("s1",)
+
+    async def read() -> ops.WorkflowPage:
+        engine = create_async_engine(db_url)
+        try:
+            async with AsyncSession(engine) as s:
+                return await ops.workflow_page_async(s, ids.id, limit=1)
+        finally:
+            await engine.dispose()
+
+    assert [st.step for st in asyncio.run(read()).steps] == ["s0"]
