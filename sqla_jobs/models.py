@@ -29,6 +29,11 @@ a job, with GIN indexes ``jobs_meta_idx`` (``jsonb_path_ops``) and ``jobs_tags_i
 and both indexes are partial (``IS NOT NULL``) so such a job's status changes write no
 entry to them.
 
+Revision 0014 adds ``jobs_workflow_id_idx (workflow_id)`` and revision 0015
+``jobs_workflow_status_idx (status, workflow_id)``, both partial (``workflow_id IS NOT
+NULL``): a workflow's steps, and the list of workflows by state (one descent per
+workflow); 0015 also ``jobs_archive_workflow_id_idx`` (a workflow's archived steps).
+
 Finished rows are moved to ``jobs_archive`` (:class:`JobArchive`, same columns plus
 ``archived_at``) by :func:`sqla_jobs.ops.archive`, so the live table stays small.
 

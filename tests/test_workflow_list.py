@@ -193,8 +193,8 @@ WORKFLOWS, STEPS, OTHERS = 2_000, 5, 10_000
 
 def _load(engine: sa.Engine, stats: str) -> None:
     """Finished workflows, three old running ones and a few failed ones spread among
-    them, beside a backlog of queued jobs outside workflows; the statistics taken on an empty table, or when
-    every workflow step was waiting (a big fan-out just enqueued)."""
+    them, beside a backlog of queued jobs outside workflows; the statistics taken on an
+    empty table, or when every workflow step was waiting (a big fan-out just enqueued)."""
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.exec_driver_sql("ALTER TABLE jobs SET (autovacuum_enabled = false)")
         if stats == "empty-table":

@@ -479,7 +479,7 @@ def _below(
 ) -> sa.ScalarSelect[Any]:
     """The highest workflow id below ``bound`` (of a step in ``status``): one descent of
     ``jobs_workflow_id_idx`` (or, with a status, of ``jobs_workflow_status_idx``)."""
-    conditions = [jobs.c.workflow_id.is_not(None)]
+    conditions: list[sa.ColumnElement[bool]] = [jobs.c.workflow_id.is_not(None)]
     if bound is not None:
         conditions.append(jobs.c.workflow_id <= bound if inclusive else jobs.c.workflow_id < bound)
     if status is not None:
