@@ -1725,6 +1725,12 @@ def list_workflows(
     if before is not None:
         params["before"] = _workflow_id(before)
     stmt = workflows_sql.list_workflows(state=state, before=before is not None)
+    # JIT off for this statement only (see sql.workflows.set_jit), then as it was.
+    jit = session.execute(workflows_sql.set_jit("off")).scalar_one()
+    try:
+        found = session.execute(stmt, params).all()
+    finally:
+        session.execute(workflows_sql.set_jit(jit))
     return [
         WorkflowSummary(
             id=row.id,
@@ -1733,7 +1739,7 @@ def list_workflows(
             created_at=row.created_at,
             finished_at=row.finished_at,
         )
-        for row in session.execute(stmt, params)
+        for row in found
     ]
 
 

@@ -192,6 +192,7 @@ CASES: dict[str, Callable[[], Any]] = {
     ),
     "workflows.step_page": lambda: workflows.step_page(WORKFLOW, after_id=10, limit=51),
     "workflows.step_counts": lambda: workflows.step_counts(WORKFLOW),
+    "workflows.set_jit": lambda: workflows.set_jit("off"),
     "workflows.cancelled_downstream": lambda: workflows.cancelled_downstream([1, 2]),
     "workflows.reopen_cancelled": lambda: workflows.reopen_cancelled([3], [1, 3]),
     "workflows.reopen_edges_into": lambda: workflows.reopen_edges_into([1, 3], [3]),

@@ -82,7 +82,10 @@ def test_workflows_are_listed_newest_first_with_their_counts_and_times_by_keyset
 ) -> None:
     old, middle, new = chain(flow_engine), chain(flow_engine, 2), chain(flow_engine, 4)
     with Session(flow_engine) as s:
+        s.execute(sa.text("SET LOCAL jit = on"))
         page = ops.list_workflows(s)
+        # Read with JIT off (see sql.workflows.set_jit); the caller's setting is back.
+        assert s.execute(sa.text("SELECT current_setting('jit')")).scalar() == "on"
     assert [w.id for w in page] == [new.id, middle.id, old.id]
     assert [w.size for w in page] == [4, 2, 3]
     assert page[0].counts == {"queued": 1, "waiting": 3}

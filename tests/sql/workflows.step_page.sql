@@ -1,21 +1,10 @@
-WITH page AS
-  (SELECT "both".id AS id
-   FROM (
-           (SELECT jobs.id AS id
-            FROM jobs
-            WHERE jobs.workflow_id = %(workflow_id)s::UUID
-              AND jobs.id > %(after_id)s::BIGINT
-            ORDER BY jobs.id
-            LIMIT %(limit)s::INTEGER)
-         UNION ALL
-           (SELECT jobs_archive.id AS id
-            FROM jobs_archive
-            WHERE jobs_archive.workflow_id = %(workflow_id)s::UUID
-              AND jobs_archive.id > %(after_id)s::BIGINT
-            ORDER BY jobs_archive.id
-            LIMIT %(limit)s::INTEGER)) AS "both"
-   ORDER BY "both".id
-   LIMIT %(limit)s::INTEGER)
+WITH live_steps AS MATERIALIZED
+  (SELECT jobs.id AS id
+   FROM jobs
+   WHERE jobs.workflow_id = %(workflow_id)s::UUID), archived_steps AS MATERIALIZED
+  (SELECT jobs_archive.id AS id
+   FROM jobs_archive
+   WHERE jobs_archive.workflow_id = %(workflow_id)s::UUID)
 SELECT found.id,
        found.step,
        found.kind,
@@ -43,9 +32,22 @@ FROM
       LEFT OUTER JOIN jobs AS parent ON parent.id = jobs_workflow_edges.parent_id
       WHERE jobs_workflow_edges.child_id = jobs.id) AS depends_on
    FROM jobs
-   WHERE jobs.id IN
-       (SELECT page.id
-        FROM page)
+   WHERE jobs.id = ANY (array(
+                                (SELECT "both".id
+                                 FROM (
+                                         (SELECT live_steps.id AS id
+                                          FROM live_steps
+                                          WHERE live_steps.id > %(after_id)s::BIGINT
+                                          ORDER BY live_steps.id
+                                          LIMIT %(limit)s::INTEGER)
+                                       UNION ALL
+                                         (SELECT archived_steps.id AS id
+                                          FROM archived_steps
+                                          WHERE archived_steps.id > %(after_id)s::BIGINT
+                                          ORDER BY archived_steps.id
+                                          LIMIT %(limit)s::INTEGER)) AS "both"
+                                 ORDER BY "both".id
+                                 LIMIT %(limit)s::INTEGER)))
    UNION ALL SELECT jobs_archive.id AS id,
                     jobs_archive.step AS step,
                     jobs_archive.kind AS kind,
@@ -55,7 +57,20 @@ FROM
                     true AS archived,
                             CAST(%(param_4)s::VARCHAR AS TEXT[]) AS depends_on
    FROM jobs_archive
-   WHERE jobs_archive.id IN
-       (SELECT page.id
-        FROM page)) AS found
+   WHERE jobs_archive.id = ANY (array(
+                                        (SELECT "both".id
+                                         FROM (
+                                                 (SELECT live_steps.id AS id
+                                                  FROM live_steps
+                                                  WHERE live_steps.id > %(after_id)s::BIGINT
+                                                  ORDER BY live_steps.id
+                                                  LIMIT %(limit)s::INTEGER)
+                                               UNION ALL
+                                                 (SELECT archived_steps.id AS id
+                                                  FROM archived_steps
+                                                  WHERE archived_steps.id > %(after_id)s::BIGINT
+                                                  ORDER BY archived_steps.id
+                                                  LIMIT %(limit)s::INTEGER)) AS "both"
+                                         ORDER BY "both".id
+                                         LIMIT %(limit)s::INTEGER)))) AS found
 ORDER BY found.id;
