@@ -71,6 +71,19 @@ cancelled.
 time under an advisory lock): an edge appended by a transaction that had not committed
 when its parent ended, or edges of parents ended while the triggers were disabled.
 
+*Retrying a step resumes its workflow.* :func:`sqla_jobs.ops.retry_jobs` on a step that
+ended dead or cancelled reopens, in its transaction, the steps that its failure
+cancelled (their ``last_error`` begins ``upstream step``), transitively: they wait
+again, their edges from the retried steps reopened. One that also depends on another
+failed step that is not retried stays cancelled (it would otherwise run without it), and
+the resolve cancels again the steps reopened after it, naming it.
+:func:`sqla_jobs.ops.retry_workflow` retries every failed step at once.
+
+*Workflow ids are time-ordered* (:func:`new_workflow_id`, UUID version 7), so the list
+of recent workflows (:func:`sqla_jobs.ops.list_workflows`) walks
+``jobs_workflow_id_idx`` downwards, one descent per workflow, with no table of
+workflows to keep.
+
 *Results flow downstream.* :func:`upstream_results` reads the stored results
 (``result``, revision 0005) of a step's dependencies, live or archived. The archiver
 leaves every finished step of a workflow that has not ended in ``jobs``.
@@ -102,6 +115,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Workflow",
     "WorkflowIds",
+    "new_workflow_id",
     "sweep",
     "upstream_results",
     "upstream_results_async",
