@@ -20,6 +20,7 @@ from helpers import scalar
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
+from test_dashboard_plans import _assert_uses
 from test_fence_plans import _nodes, _plans
 from test_ops_cli import cli, ok
 
@@ -261,6 +262,17 @@ def test_each_list_of_workflows_is_a_walk_down_an_index_whatever_the_statistics(
             for mode, plan in _plans(driver, stmt).items():
                 where = f"{stats}, state={state}, before={before}, {mode}"
                 assert _index_scans(plan) == indexes, where
+    # A page of one workflow's steps starts from its index entries, never from a walk of
+    # the primary key testing each job's workflow.
+    for after_id in (None, OTHERS + 3):
+        stmt = workflows_sql.step_page(uuid.UUID(int=1 << 80), after_id=after_id, limit=51)
+        for mode, plan in _plans(driver, stmt).items():
+            try:
+                _assert_uses(plan, "jobs_workflow_id_idx")
+            except AssertionError as exc:
+                raise AssertionError(
+                    f"{stats}, step_page after {after_id}, {mode}: {exc}"
+                ) from None
     with Session(engine) as s:
         # What the plans read: the three old running workflows, the failed ones.
         running = ops.list_workflows(s, state="running", limit=10)
