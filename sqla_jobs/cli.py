@@ -600,15 +600,31 @@ def _add_ops_commands(sub: Any) -> None:
     p = command("workers", "list live workers (the registry their heartbeats refresh)")
     p.add_argument("--json", action="store_true")
 
-    p = command("workflow", "a workflow's steps: show them, cancel it, or retry its failed steps")
-    p.add_argument("action", choices=("show", "cancel", "retry"))
-    p.add_argument("workflow_id", metavar="WORKFLOW_ID")
+    p = command(
+        "workflow",
+        "workflows: list the recent ones; a workflow's steps: show them, cancel it, or retry "
+        "its failed steps",
+    )
+    p.add_argument("action", choices=("list", "show", "cancel", "retry"))
+    p.add_argument("workflow_id", metavar="WORKFLOW_ID", nargs="?")
+    p.add_argument(
+        "--state",
+        choices=("running", "finished", "failed"),
+        help="list: workflows with a step not ended (running), with every step ended "
+        "(finished), or with a step that ended dead or cancelled (failed)",
+    )
+    p.add_argument("--limit", type=int, default=50, help="list: at most this many (defaults to 50)")
+    p.add_argument(
+        "--before",
+        metavar="WORKFLOW_ID",
+        help="list: the workflows older than this one (the last id of the previous page)",
+    )
     p.add_argument(
         "--downstream",
         action="store_true",
         help="retry: also every step downstream of a failed one (done ones included)",
     )
-    p.add_argument("--json", action="store_true", help="show: one JSON document")
+    p.add_argument("--json", action="store_true", help="list, show: JSON")
 
 
 #: ``sqla-jobs health`` threshold flags: each overrides one field of
@@ -1357,9 +1373,41 @@ def _workflow_text(status: Any) -> str:
     return "\n".join(lines)
 
 
+def _workflows_text(page: Sequence[Any]) -> list[str]:
+    body = [
+        (
+            str(w.id),
+            w.state,
+            w.size,
+            ", ".join(f"{n} {name}" for name, n in sorted(w.counts.items())),
+            _when(w.created_at),
+            _when(w.finished_at) if w.finished_at else "-",
+        )
+        for w in page
+    ]
+    return _table(("ID", "STATE", "STEPS", "BY STATUS", "CREATED", "FINISHED"), body, {2})
+
+
 def _cmd_workflow(session: Any, args: argparse.Namespace) -> int:
     from sqla_jobs import ops
 
+    if args.action == "list":
+        if args.workflow_id is not None:
+            raise ConfigError(
+                "workflow list takes no WORKFLOW_ID (give --before ID for the page after it)"
+            )
+        page = ops.list_workflows(session, state=args.state, limit=args.limit, before=args.before)
+        if args.json:
+            _print_json([w.to_dict() for w in page])
+        elif not page:
+            print("no workflow")
+        else:
+            print("\n".join(_workflows_text(page)))
+            if len(page) == args.limit:
+                print(f"\nnext page: --before {page[-1].id}")
+        return 0
+    if args.workflow_id is None:
+        raise ConfigError(f"workflow {args.action} needs a WORKFLOW_ID")
     if args.action == "show":
         status = ops.workflow_status(session, args.workflow_id)
         if args.json:

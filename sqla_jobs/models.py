@@ -29,6 +29,11 @@ a job, with GIN indexes ``jobs_meta_idx`` (``jsonb_path_ops``) and ``jobs_tags_i
 and both indexes are partial (``IS NOT NULL``) so such a job's status changes write no
 entry to them.
 
+Revision 0014 adds ``jobs_workflow_id_idx (workflow_id)`` and revision 0015
+``jobs_workflow_status_idx (status, workflow_id)``, both partial (``workflow_id IS NOT
+NULL``): a workflow's steps, and the list of workflows by state (one descent per
+workflow); 0015 also ``jobs_archive_workflow_id_idx`` (a workflow's archived steps).
+
 Finished rows are moved to ``jobs_archive`` (:class:`JobArchive`, same columns plus
 ``archived_at``) by :func:`sqla_jobs.ops.archive`, so the live table stays small.
 
@@ -259,6 +264,13 @@ class Job(Base):
             "workflow_id",
             postgresql_where=sa.text("workflow_id IS NOT NULL"),
         ),
+        # Revision 0015: the list of workflows by state, one descent per workflow shown.
+        sa.Index(
+            "jobs_workflow_status_idx",
+            "status",
+            "workflow_id",
+            postgresql_where=sa.text("workflow_id IS NOT NULL"),
+        ),
     )
 
     @validates("kind")
@@ -363,7 +375,15 @@ class JobArchive(Base):
         sa.DateTime(timezone=True), server_default=_statement_time()
     )
 
-    __table_args__ = (sa.Index("jobs_archive_finished_at_idx", "finished_at"),)
+    __table_args__ = (
+        sa.Index("jobs_archive_finished_at_idx", "finished_at"),
+        # Revision 0015: a workflow's archived steps.
+        sa.Index(
+            "jobs_archive_workflow_id_idx",
+            "workflow_id",
+            postgresql_where=sa.text("workflow_id IS NOT NULL"),
+        ),
+    )
 
     def __repr__(self) -> str:
         return f"<JobArchive id={self.id} kind={self.kind!r} status={self.status}>"

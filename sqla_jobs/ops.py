@@ -892,6 +892,13 @@ def retry_jobs(
     become ``queued`` with ``run_at = now()`` and ``attempts = 0``, so they get their
     full ``max_attempts`` again. ``last_error`` is kept until the next failure replaces
     it. Only ``dead`` and ``cancelled`` jobs can be retried. Never commits.
+
+    A retried workflow step reopens, in the same transaction, the steps downstream of it
+    that were cancelled because it failed (transitively): they wait for it again, and
+    the workflow resumes when it succeeds. One that also depends on another step that
+    failed and is not retried stays cancelled, and so do its dependents (retry that
+    step too, or the whole workflow with :func:`retry_workflow`). The count returned is
+    of the jobs matched, not of the steps reopened.
     """
     statuses = _statuses(status) or []
     bad = [s.value for s in statuses if s not in _RETRYABLE]
@@ -906,7 +913,29 @@ def retry_jobs(
         queue=queue,
         older_than=_seconds("older_than", older_than),
     )
-    return len(session.execute(stmt).all())
+    retried = session.execute(stmt).all()
+    steps = sorted(r.id for r in retried if r.workflow_id is not None)
+    if steps:
+        _reopen_downstream(session, steps)
+    return len(retried)
+
+
+def _reopen_downstream(session: Session, retried: list[int]) -> None:
+    """The steps cancelled because a step of ``retried`` failed wait for it again (#26)."""
+    below = list(session.execute(workflows_sql.cancelled_downstream(retried)).scalars())
+    if not below:
+        return
+    kept = sorted({*retried, *below})
+    reopened = set(session.execute(workflows_sql.reopen_cancelled(below, kept)).scalars())
+    # Into every one of them, reopened or not: an edge from a step that runs again
+    # waits for its new outcome (a step left cancelled now is reopened by a later retry
+    # of its other failed dependency only if this one's edge no longer says it failed).
+    session.execute(workflows_sql.reopen_edges_into(kept, below))
+    blocked = sorted(set(below) - reopened)
+    if blocked:
+        # A step left cancelled (another dependency failed) cancels again, with a reason
+        # naming it, the steps reopened after it (their edge from it was just reopened).
+        session.execute(workflows_sql.resolve(blocked))
 
 
 @dataclass(frozen=True)
@@ -1500,23 +1529,72 @@ def _workflow_id(value: uuid.UUID | str) -> uuid.UUID:
         raise ConfigError(f"a workflow id is a UUID, got {value!r}") from None
 
 
+def _workflow_step(r: Any) -> WorkflowStep:
+    return WorkflowStep(
+        id=r.id,
+        step=r.step,
+        kind=r.kind,
+        status=JobStatus(r.status),
+        last_error=r.last_error,
+        waiting_on=tuple(r.waiting_on or ()),
+        archived=r.archived,
+        depends_on=tuple(r.depends_on or ()),
+    )
+
+
 def _workflow_steps(session: Session, workflow_id: uuid.UUID) -> tuple[WorkflowStep, ...]:
     found = session.execute(workflows_sql.steps(workflow_id)).all()
     if not found:
         raise JobNotFoundError(f"no workflow with id {workflow_id}")
-    return tuple(
-        WorkflowStep(
-            id=r.id,
-            step=r.step,
-            kind=r.kind,
-            status=JobStatus(r.status),
-            last_error=r.last_error,
-            waiting_on=tuple(r.waiting_on or ()),
-            archived=r.archived,
-            depends_on=tuple(r.depends_on or ()),
-        )
-        for r in found
-    )
+    return tuple(_workflow_step(r) for r in found)
+
+
+@dataclass(frozen=True)
+class WorkflowPage:
+    """One page of a workflow's steps (:func:`workflow_page`), with the whole workflow's
+    counts."""
+
+    id: uuid.UUID
+    #: Every step of the workflow (live and archived) by status.
+    counts: dict[str, int]
+    #: This page's steps, in id order (a step comes after every step it depends on).
+    steps: tuple[WorkflowStep, ...]
+    #: True when steps with higher ids follow: pass the last one's id as ``after_id``.
+    more: bool
+
+    @property
+    def size(self) -> int:
+        return sum(self.counts.values())
+
+    @property
+    def finished(self) -> bool:
+        """True once no step waits, is queued or runs."""
+        return not any(self.counts.get(s.value) for s in workflows_sql.OPEN_STATUSES)
+
+
+@_sessions.sync_form
+def workflow_page(
+    session: Session,
+    workflow_id: uuid.UUID | str,
+    *,
+    after_id: int | None = None,
+    limit: int = DEFAULT_LIMIT,
+) -> WorkflowPage:
+    """One page of a workflow's steps (live or archived) in id order, from a keyset
+    cursor (``after_id``: the last id of the previous page), and how many steps of the
+    whole workflow are in each status: :func:`workflow_status` for a workflow too big
+    to read at once. :class:`~sqla_jobs.JobNotFoundError` if no step has this id."""
+    wid = _workflow_id(workflow_id)
+    limit = _positive_int("limit", limit, MAX_LIMIT)
+    after = None if after_id is None else _non_negative_id(after_id)
+    counts = {
+        JobStatus(r.status).value: r.n for r in session.execute(workflows_sql.step_counts(wid))
+    }
+    if not counts:
+        raise JobNotFoundError(f"no workflow with id {wid}")
+    found = session.execute(workflows_sql.step_page(wid, after_id=after, limit=limit + 1)).all()
+    steps = tuple(_workflow_step(r) for r in found[:limit])
+    return WorkflowPage(wid, counts, steps, more=len(found) > limit)
 
 
 @_sessions.sync_form
@@ -1578,6 +1656,93 @@ def retry_workflow(
     return tuple(sorted(r.id for r in session.execute(workflows_sql.reopen_steps(ids))))
 
 
+@dataclass(frozen=True)
+class WorkflowSummary:
+    """One workflow as :func:`list_workflows` reads it: its steps still in ``jobs``
+    counted by status, when its first step was created and when its last one ended."""
+
+    id: uuid.UUID
+    size: int
+    #: Steps by status (only statuses some step is in).
+    counts: dict[str, int]
+    created_at: datetime
+    #: When its last step ended; None while a step waits, is queued or runs.
+    finished_at: datetime | None
+
+    @property
+    def finished(self) -> bool:
+        """True once no step waits, is queued or runs."""
+        return not any(self.counts.get(s.value) for s in workflows_sql.OPEN_STATUSES)
+
+    @property
+    def failed(self) -> int:
+        """How many steps ended dead or cancelled."""
+        return self.counts.get("dead", 0) + self.counts.get("cancelled", 0)
+
+    @property
+    def state(self) -> str:
+        """``running`` while a step has not ended, then ``failed`` if a step ended dead or
+        cancelled, else ``succeeded``."""
+        if not self.finished:
+            return "running"
+        return "failed" if self.failed else "succeeded"
+
+    def to_dict(self) -> dict[str, Any]:
+        data = _jsonable(asdict(self))
+        data["state"] = self.state
+        return data  # type: ignore[no-any-return]
+
+
+#: ``list_workflows(state=...)``: a step not ended yet; every step ended; a step ended
+#: dead or cancelled (the workflow running or not).
+WORKFLOW_STATES = workflows_sql.LIST_STATES
+
+
+@_sessions.sync_form
+def list_workflows(
+    session: Session,
+    *,
+    state: str | None = None,
+    limit: int = DEFAULT_LIMIT,
+    before: uuid.UUID | str | None = None,
+) -> list[WorkflowSummary]:
+    """One page of workflows, newest first: each one's id, size, steps by status, and
+    when it was created and finished.
+
+    ``state``: ``"running"`` (a step waits, is queued or runs), ``"finished"`` (every
+    step ended) or ``"failed"`` (a step ended dead or cancelled, whether or not the rest
+    still runs). Pages by keyset: pass the last id of a page as ``before`` for the next
+    one. Newest first is by workflow id, which is time-ordered (a UUID version 7 made
+    at enqueue, by the enqueuing host's clock). A workflow shows while a step of it is
+    in ``jobs``: an archived one is not listed (:func:`workflow_status` still reads it).
+    A page reads its workflows' steps (one aggregate each) and one index descent per
+    workflow, not the table (revision 0015).
+    """
+    if state is not None and state not in WORKFLOW_STATES:
+        raise ConfigError(f"state must be one of {', '.join(WORKFLOW_STATES)}, got {state!r}")
+    limit = _positive_int("limit", limit, MAX_LIMIT)
+    params: dict[str, Any] = {"limit": limit}
+    if before is not None:
+        params["before"] = _workflow_id(before)
+    stmt = workflows_sql.list_workflows(state=state, before=before is not None)
+    # JIT off for this statement only (see sql.workflows.set_jit), then as it was.
+    jit = session.execute(workflows_sql.set_jit("off")).scalar_one()
+    try:
+        found = session.execute(stmt, params).all()
+    finally:
+        session.execute(workflows_sql.set_jit(jit))
+    return [
+        WorkflowSummary(
+            id=row.id,
+            size=row.size,
+            counts={s.value: getattr(row, s.value) for s in JobStatus if getattr(row, s.value)},
+            created_at=row.created_at,
+            finished_at=row.finished_at,
+        )
+        for row in found
+    ]
+
+
 check_schema_async = _sessions.async_form(check_schema)
 stats_async = _sessions.async_form(stats)
 health_async = _sessions.async_form(health)
@@ -1601,6 +1766,8 @@ controls_async = _sessions.async_form(controls)
 workflow_status_async = _sessions.async_form(workflow_status)
 cancel_workflow_async = _sessions.async_form(cancel_workflow)
 retry_workflow_async = _sessions.async_form(retry_workflow)
+list_workflows_async = _sessions.async_form(list_workflows)
+workflow_page_async = _sessions.async_form(workflow_page)
 workers_async = _sessions.async_form(workers)
 throughput_async = _sessions.async_form(throughput)
 record_action_async = _sessions.async_form(record_action)

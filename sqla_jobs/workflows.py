@@ -71,6 +71,19 @@ cancelled.
 time under an advisory lock): an edge appended by a transaction that had not committed
 when its parent ended, or edges of parents ended while the triggers were disabled.
 
+*Retrying a step resumes its workflow.* :func:`sqla_jobs.ops.retry_jobs` on a step that
+ended dead or cancelled reopens, in its transaction, the steps that its failure
+cancelled (their ``last_error`` begins ``upstream step``), transitively: they wait
+again, their edges from the retried steps reopened. One that also depends on another
+failed step that is not retried stays cancelled (it would otherwise run without it), and
+the resolve cancels again the steps reopened after it, naming it.
+:func:`sqla_jobs.ops.retry_workflow` retries every failed step at once.
+
+*Workflow ids are time-ordered* (:func:`new_workflow_id`, UUID version 7), so the list
+of recent workflows (:func:`sqla_jobs.ops.list_workflows`) walks
+``jobs_workflow_id_idx`` downwards, one descent per workflow, with no table of
+workflows to keep.
+
 *Results flow downstream.* :func:`upstream_results` reads the stored results
 (``result``, revision 0005) of a step's dependencies, live or archived. The archiver
 leaves every finished step of a workflow that has not ended in ``jobs``.
@@ -79,6 +92,8 @@ leaves every finished step of a workflow that has not ended in ``jobs``.
 from __future__ import annotations
 
 import json
+import os
+import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -100,6 +115,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Workflow",
     "WorkflowIds",
+    "new_workflow_id",
     "sweep",
     "upstream_results",
     "upstream_results_async",
@@ -107,6 +123,19 @@ __all__ = [
 
 #: What a step needs of its dependencies unless the workflow or the step says otherwise.
 DEFAULT_WHEN = "succeeded"
+
+
+def new_workflow_id() -> uuid.UUID:
+    """A new workflow id: a UUID version 7 (RFC 9562), the Unix time in milliseconds in
+    its first 48 bits, then random bits. Workflow ids therefore sort by creation time
+    (to the millisecond, by the clocks of the hosts that enqueue them), and the list of
+    workflows reads them newest first from ``jobs_workflow_id_idx`` with one index
+    descent per workflow (:func:`sqla_jobs.ops.list_workflows`)."""
+    value = (time.time_ns() // 1_000_000 & (1 << 48) - 1) << 80
+    value |= int.from_bytes(os.urandom(10), "big")
+    value = (value & ~(0xF << 76)) | 7 << 76  # version 7
+    value = (value & ~(0x3 << 62)) | 0x2 << 62  # the RFC 4122 variant
+    return uuid.UUID(int=value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,7 +365,7 @@ class Workflow:
         existing: dict[str, int] = {}
         if self.append_to is None:
             order = self.check()
-            workflow_id = uuid.uuid4()
+            workflow_id = new_workflow_id()
         else:
             workflow_id, existing = self._existing(conn)
             order = self.check(existing)

@@ -197,3 +197,100 @@ def test_a_workflow_action_needs_this_browsers_csrf_token(
     forged = client.post(f"/workflows/{ids.id}/cancel", csrf=False)
     assert forged.status_code == 403 and "Refused" in forged.text
     assert "cancelled" not in statuses(engine, ids).values()
+
+
+# --- the list of workflows, and a big workflow a page at a time -----------------------
+
+
+def one_step(engine: sa.Engine) -> WorkflowIds:
+    flow = Workflow(registry=registry)
+    flow.add("only", "flow.step")
+    with Session(engine) as s:
+        ids = flow.enqueue(s)
+        s.commit()
+    return ids
+
+
+def listed(page: str) -> list[str]:
+    return re.findall(r'<a href="/workflows/([0-9a-f-]{36})"><code>', page)
+
+
+def test_workflows_page_lists_the_newest_first_links_each_and_pages_by_keyset(
+    engine: sa.Engine, make_client: MakeClient
+) -> None:
+    from sqla_jobs.dashboard import _views
+
+    made = [one_step(engine).id for _ in range(_views.WORKFLOW_ROWS + 1)]
+    newest_first = [str(w) for w in sorted(made, reverse=True)]
+    client = make_client()
+    page = client.get("/workflows")
+    assert page.status_code == 200
+    assert '<a href="/workflows" aria-current="page">Workflows</a>' in page.text
+    assert listed(page.text) == newest_first[: _views.WORKFLOW_ROWS]
+    older = re.search(r'<a href="\?([^"]+)" rel="next">Older workflows</a>', page.text)
+    assert older is not None
+    second = client.get("/workflows?" + html.unescape(older.group(1))).text
+    assert listed(second) == newest_first[_views.WORKFLOW_ROWS :]
+    assert "Older workflows" not in second and "Newest workflows" in second
+    # Every page links to the list; a workflow's page is under it in the navigation.
+    assert 'href="/workflows"' in client.get("/").text
+    flow_page = client.get(f"/workflows/{made[0]}").text
+    assert '<a href="/workflows" aria-current="page">Workflows</a>' in flow_page
+
+
+def test_workflows_page_filters_by_state_and_refuses_an_unknown_one(
+    engine: sa.Engine, make_client: MakeClient
+) -> None:
+    running = one_step(engine)
+    failed = one_step(engine)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text("UPDATE jobs SET status = 'dead', finished_at = now() WHERE id = :id"),
+            {"id": failed["only"]},
+        )
+    client = make_client()
+    both = client.get("/workflows").text
+    assert listed(both) == [str(failed.id), str(running.id)]
+    assert "running" in both and "failed" in both
+    assert listed(client.get("/workflows?state=failed").text) == [str(failed.id)]
+    assert listed(client.get("/workflows?state=running").text) == [str(running.id)]
+    bad = client.get("/workflows?state=done")
+    assert bad.status_code == 400 and "state must be one of running, finished, failed" in bad.text
+    bad = client.get("/workflows?before=nope")
+    assert bad.status_code == 400 and "a workflow id is a UUID" in bad.text
+
+
+def test_a_big_workflows_page_shows_its_steps_a_page_at_a_time_with_live_states(
+    engine: sa.Engine, make_client: MakeClient
+) -> None:
+    flow = Workflow(registry=registry)
+    flow.add("root", "flow.step")
+    parents = [flow.add(f"p{i:03}", "flow.step", after="root") for i in range(70)]
+    flow.add("join", "flow.sum", after=parents)
+    with Session(engine) as s:
+        ids = flow.enqueue(s)
+        s.commit()
+    client = make_client()
+    first = client.get(f"/workflows/{ids.id}").text
+    assert "72 step(s):" in first and 'data-label="Stage"' not in first
+    steps = step_rows(first)
+    assert list(steps) == ["root", *parents[:49]]
+    assert steps["p000"]["Depends on"] == "root"
+    assert f'href="#step-{ids["root"]}"' in first
+    # Each step's state updates live: the page watches its own steps' jobs.
+    live = re.search(r'data-live="/events\?ids=([0-9,]+)"', first)
+    assert live is not None
+    assert live.group(1).split(",") == [str(ids[n]) for n in steps]
+    assert f'data-job="{ids["root"]}"' in first
+    after = re.search(r'<a href="\?after=(\d+)" rel="next">Next steps</a>', first)
+    assert after is not None and int(after.group(1)) == ids[parents[48]]
+    second = client.get(f"/workflows/{ids.id}?after={after.group(1)}").text
+    steps = step_rows(second)
+    assert list(steps) == [*parents[49:], "join"]
+    # A fan-in's row names its first dependencies, then how many more; those on
+    # another page are not links.
+    assert steps["join"]["Depends on"] == ", ".join(parents[:20]) + " and 50 more"
+    assert f'href="#step-{ids["p000"]}"' not in second
+    assert "Next steps" not in second and "First steps" in second
+    bad = client.get(f"/workflows/{ids.id}?after=x")
+    assert bad.status_code == 400

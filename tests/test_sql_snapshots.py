@@ -183,6 +183,19 @@ CASES: dict[str, Callable[[], Any]] = {
     "workflows.reopen_edges": lambda: workflows.reopen_edges([1, 2]),
     "workflows.reopen_steps": lambda: workflows.reopen_steps([1, 2]),
     "workflows.upstream_results": lambda: workflows.upstream_results(1),
+    "workflows.list_workflows": lambda: workflows.list_workflows(state=None, before=False),
+    "workflows.list_workflows_running": lambda: workflows.list_workflows(
+        state="running", before=True
+    ),
+    "workflows.list_workflows_finished": lambda: workflows.list_workflows(
+        state="finished", before=True
+    ),
+    "workflows.step_page": lambda: workflows.step_page(WORKFLOW, after_id=10, limit=51),
+    "workflows.step_counts": lambda: workflows.step_counts(WORKFLOW),
+    "workflows.set_jit": lambda: workflows.set_jit("off"),
+    "workflows.cancelled_downstream": lambda: workflows.cancelled_downstream([1, 2]),
+    "workflows.reopen_cancelled": lambda: workflows.reopen_cancelled([3], [1, 3]),
+    "workflows.reopen_edges_into": lambda: workflows.reopen_edges_into([1, 3], [3]),
     "workflows.unfinished_workflow": lambda: sa.select(models.jobs.c.id).where(
         workflows.unfinished_workflow(models.jobs)
     ),
@@ -299,6 +312,8 @@ def test_every_statement_builder_has_a_snapshot_case() -> None:
         "admin.list_jobs_meta_tags",
         "admin.list_jobs_newer_than_near",
         "admin.list_jobs_newer_than_matches",
+        "workflows.list_workflows_running",
+        "workflows.list_workflows_finished",
     }
     assert _builders() == set(CASES) - variants
 

@@ -552,6 +552,123 @@ def test_retry_workflow_runs_the_failed_steps_again_and_their_dependents_wait(
             ops.retry_workflow(s, ids.id, mode="everything")
 
 
+def fix(engine: sa.Engine, *job_ids: int) -> None:
+    """The operator fixed the cause: the step now succeeds when it runs again."""
+    with engine.begin() as conn:
+        for job_id in job_ids:
+            conn.execute(
+                sa.text("UPDATE jobs SET kind = 'flow.step' WHERE id = :id"), {"id": job_id}
+            )
+
+
+def test_retrying_a_dead_step_reopens_the_steps_it_cancelled_and_the_workflow_resumes(
+    db_url: URL, flow_engine: sa.Engine
+) -> None:
+    flow = Workflow(registry=registry)
+    flow.add("a", "flow.step", {"value": 1})
+    flow.add("bad", "flow.fail", after="a")
+    flow.add("c", "flow.step", after="bad")
+    flow.add("d", "flow.step", after="c")
+    flow.add("side", "flow.step", after="a")
+    ids = enqueue(flow_engine, flow)
+    drain(db_url)
+    assert statuses(flow_engine, ids) == {
+        "a": "done",
+        "bad": "dead",
+        "c": "cancelled",
+        "d": "cancelled",
+        "side": "done",
+    }
+    fix(flow_engine, ids["bad"])
+    with Session(flow_engine) as s:
+        assert ops.retry_jobs(s, ids=[ids["bad"]]) == 1
+        s.commit()
+    assert statuses(flow_engine, ids) == {
+        "a": "done",
+        "bad": "queued",
+        "c": "waiting",
+        "d": "waiting",
+        "side": "done",
+    }
+    with Session(flow_engine) as s:
+        waits = {st.step: st.waiting_on for st in ops.workflow_status(s, ids.id).steps}
+    assert waits["c"] == ("bad",) and waits["d"] == ("c",)
+    drain(db_url)
+    assert set(statuses(flow_engine, ids).values()) == {"done"}
+
+
+def test_a_retried_steps_dependent_that_another_failed_step_cancelled_stays_cancelled(
+    db_url: URL, flow_engine: sa.Engine
+) -> None:
+    flow = Workflow(registry=registry)
+    flow.add("x", "flow.fail")
+    flow.add("y", "flow.fail")
+    flow.add("c", "flow.step", after=["x", "y"])
+    flow.add("d", "flow.step", after="c")
+    ids = enqueue(flow_engine, flow)
+    drain(db_url)
+    assert statuses(flow_engine, ids) == {
+        "x": "dead",
+        "y": "dead",
+        "c": "cancelled",
+        "d": "cancelled",
+    }
+    fix(flow_engine, ids["x"], ids["y"])
+    with Session(flow_engine) as s:
+        assert ops.retry_jobs(s, ids=[ids["x"]]) == 1
+        s.commit()
+    # c still lacks y (dead): it and d stay cancelled, nothing waits for a step that
+    # will not run; d's reason names c again.
+    assert statuses(flow_engine, ids) == {
+        "x": "queued",
+        "y": "dead",
+        "c": "cancelled",
+        "d": "cancelled",
+    }
+    assert last_error(flow_engine, ids["d"]).startswith(
+        f'upstream step "c" (job {ids["c"]}) ended cancelled'
+    )
+    drain(db_url)
+    assert statuses(flow_engine, ids) == {
+        "x": "done",
+        "y": "dead",
+        "c": "cancelled",
+        "d": "cancelled",
+    }
+    # Retrying y later resumes the rest: x's edge now says done.
+    with Session(flow_engine) as s:
+        assert ops.retry_jobs(s, ids=[ids["y"]]) == 1
+        s.commit()
+    assert statuses(flow_engine, ids) == {
+        "x": "done",
+        "y": "queued",
+        "c": "waiting",
+        "d": "waiting",
+    }
+    drain(db_url)
+    assert set(statuses(flow_engine, ids).values()) == {"done"}
+
+
+def test_retrying_a_step_leaves_a_dependent_an_operator_cancelled_cancelled(
+    flow_engine: sa.Engine,
+) -> None:
+    flow = Workflow(registry=registry)
+    flow.add("a", "flow.step")
+    flow.add("b", "flow.step", after="a")
+    ids = enqueue(flow_engine, flow)
+    with Session(flow_engine) as s:
+        ops.cancel_jobs(s, ids=[ids["a"]])  # b: cancelled because of a
+        s.commit()
+    with flow_engine.begin() as conn:  # as if an operator had cancelled b instead
+        conn.execute(
+            sa.text("UPDATE jobs SET last_error = 'not wanted' WHERE id = :id"), {"id": ids["b"]}
+        )
+    with Session(flow_engine) as s:
+        assert ops.retry_jobs(s, ids=[ids["a"]], status="cancelled") == 1
+        s.commit()
+    assert statuses(flow_engine, ids) == {"a": "queued", "b": "cancelled"}
+
+
 def test_retry_downstream_reruns_done_dependents_too(flow_engine: sa.Engine) -> None:
     flow = Workflow(registry=registry, when="finished")
     flow.add("a", "flow.step")

@@ -73,6 +73,7 @@ def create_app(
         Route("/jobs/go", page(views.goto), name="goto"),
         # {job_id} is any text, not {job_id:int}: "/jobs/abc" gets a clear 400, not a 404.
         Route("/jobs/{job_id}", page(views.job), name="job"),
+        Route("/workflows", page(views.workflows), name="workflows"),
         Route("/workflows/{workflow_id}", page(views.workflow), name="workflow"),
         Route("/periodic", page(views.periodic), name="periodic"),
         Route("/workers", page(views.workers), name="workers"),

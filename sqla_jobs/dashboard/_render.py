@@ -8,6 +8,7 @@ error or result holding markup renders as text. Nothing here marks a value safe.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -144,39 +145,54 @@ def chart(data: ops.Throughput) -> Chart:
     return Chart(CHART_WIDTH, CHART_HEIGHT, base, peak, tuple(bars), ticks, summary)
 
 
+#: Most dependencies a step's row names (a fan-in's has thousands): "and N more" after.
+LISTED_DEPENDENCIES = 20
+
+
 @dataclass(frozen=True)
 class StepRow:
-    """One step on the workflow page: its stage (1 + the deepest of its dependencies'),
-    and its dependencies as ``(name, job id or None)`` for the links between rows."""
+    """One step on the workflow page: its stage (1 + the deepest of its dependencies';
+    None on a page of a workflow too big for one), and its dependencies as ``(name, job
+    id or None)`` for the links between rows, the first :data:`LISTED_DEPENDENCIES` of
+    them (``more_depends``, ``more_waiting``: how many are not listed)."""
 
     step: ops.WorkflowStep
-    stage: int
+    stage: int | None
     depends_on: tuple[tuple[str, int | None], ...]
     waiting_on: tuple[tuple[str, int | None], ...]
+    more_depends: int = 0
+    more_waiting: int = 0
 
     @property
     def name(self) -> str:
         return self.step.step or str(self.step.id)
 
 
-def workflow_graph(status: ops.WorkflowStatus) -> list[StepRow]:
-    """The steps in stage order (then id order), each with the job ids of its dependencies.
+def workflow_graph(steps: Sequence[ops.WorkflowStep], *, whole: bool = True) -> list[StepRow]:
+    """The steps, each with the job ids of its dependencies on this page (a link to
+    their row). ``whole``: every step of the workflow is here, shown in stage order
+    (then id order); else a page, in id order, without stages.
 
     Id order is a topological order (a step is written after every step it depends on,
     appended ones too), so one pass finds each step's stage.
     """
-    ids = {(s.step or str(s.id)): s.id for s in status.steps}
+    ids = {(s.step or str(s.id)): s.id for s in steps}
     stages: dict[str, int] = {}
     rows = []
-    for s in status.steps:
+    n = LISTED_DEPENDENCIES
+    for s in steps:
         name = s.step or str(s.id)
         stages[name] = 1 + max((stages.get(d, 0) for d in s.depends_on), default=0)
         rows.append(
             StepRow(
                 step=s,
-                stage=stages[name],
-                depends_on=tuple((d, ids.get(d)) for d in s.depends_on),
-                waiting_on=tuple((d, ids.get(d)) for d in s.waiting_on),
+                stage=stages[name] if whole else None,
+                depends_on=tuple((d, ids.get(d)) for d in s.depends_on[:n]),
+                waiting_on=tuple((d, ids.get(d)) for d in s.waiting_on[:n]),
+                more_depends=max(0, len(s.depends_on) - n),
+                more_waiting=max(0, len(s.waiting_on) - n),
             )
         )
-    return sorted(rows, key=lambda r: (r.stage, r.step.id))
+    if not whole:
+        return rows
+    return sorted(rows, key=lambda r: (r.stage or 0, r.step.id))

@@ -81,6 +81,9 @@ MESSAGES.update(
     }
 )
 AUDIT_ROWS = 20
+#: Workflows on a page of the workflows list (each one's steps are counted: a page of
+#: big workflows reads all their steps).
+WORKFLOW_ROWS = 20
 #: The audit page's query parameters: its two filters, its page cursor and the flash.
 AUDIT_PARAMETERS = ("scope", "target", "before", _flash.PARAM)
 #: Who a request is when the app's hooks failed: nobody, allowed nothing (fail closed).
@@ -454,21 +457,69 @@ class Views:
         live = None if data["job"].archived else f"ids={job_id}"
         return self.render(request, viewer, "job.html", live=live, nav="jobs", **data)
 
+    async def workflows(self, request: Request, viewer: Viewer) -> Response:
+        """The recent workflows, newest first, by state, a page at a time."""
+        query = request.query_params
+        state = query.get("state") or None
+        before = query.get("before") or None
+        size = WORKFLOW_ROWS
+        error = None
+        page: list[ops.WorkflowSummary] = []
+        try:
+            page = await self.read(
+                lambda s: ops.list_workflows(s, state=state, before=before, limit=size + 1)
+            )
+        except ConfigError as exc:
+            error = str(exc)
+        older = len(page) > size
+        page = page[:size]
+        kept = {"state": state} if state else {}
+        older_query = urlencode({**kept, "before": str(page[-1].id)}) if older else None
+        return self.render(
+            request,
+            viewer,
+            "workflows.html",
+            status=400 if error else 200,
+            nav="workflows",
+            flows=page,
+            error=error,
+            state=state,
+            states=ops.WORKFLOW_STATES,
+            first_page=before is None,
+            first_query=urlencode(kept),
+            older_query=older_query,
+        )
+
     async def workflow(self, request: Request, viewer: Viewer) -> Response:
         workflow_id = request.path_params["workflow_id"]
+        after = _forms.cursor(request.query_params.get("after"))
 
         def load(session: Session) -> dict[str, Any]:
-            status = ops.workflow_status(session, workflow_id)
-            target = str(status.id)
+            flow = ops.workflow_page(session, workflow_id, after_id=after, limit=_forms.PAGE_SIZE)
+            target = str(flow.id)
             return {
-                "flow": status,
-                "graph": _render.workflow_graph(status),
+                "flow": flow,
                 "audit": ops.audit_log(session, scope="jobs", target=target, limit=AUDIT_ROWS),
             }
 
         data = await self.read(load)
+        flow: ops.WorkflowPage = data["flow"]
+        # A workflow on one page is drawn by stage; a bigger one a page at a time, in id
+        # order (a step after every step it depends on).
+        whole = after is None and not flow.more
+        live = [str(s.id) for s in flow.steps if not s.archived]
         return self.render(
-            request, viewer, "workflow.html", nav="jobs", modes=ops.RETRY_MODES, **data
+            request,
+            viewer,
+            "workflow.html",
+            live="ids=" + ",".join(live) if live else None,
+            nav="workflows",
+            modes=ops.RETRY_MODES,
+            graph=_render.workflow_graph(flow.steps, whole=whole),
+            whole=whole,
+            after=after,
+            next_after=flow.steps[-1].id if flow.more and flow.steps else None,
+            **data,
         )
 
     async def periodic(self, request: Request, viewer: Viewer) -> Response:
@@ -655,7 +706,7 @@ class Views:
 
         def act(session: Session) -> tuple[str, ops.CancelResult]:
             done = ops.cancel_workflow(session, asked)
-            target = str(ops.workflow_status(session, asked).id)
+            target = str(ops.workflow_page(session, asked, limit=1).id)
             detail = {"cancelled": len(done.cancelled), "asked_to_stop": len(done.stopping)}
             _record(session, viewer, "cancel-workflow", "jobs", target, detail)
             return target, done
@@ -674,7 +725,7 @@ class Views:
 
         def act(session: Session) -> tuple[str, tuple[int, ...]]:
             retried = ops.retry_workflow(session, asked, mode=mode)
-            target = str(ops.workflow_status(session, asked).id)
+            target = str(ops.workflow_page(session, asked, limit=1).id)
             detail = {"mode": mode, "retried": len(retried)}
             _record(session, viewer, "retry-workflow", "jobs", target, detail)
             return target, retried

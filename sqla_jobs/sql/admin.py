@@ -316,7 +316,8 @@ def retry_jobs(
     """Finished jobs back to queued, ready now, with a fresh set of attempts.
 
     ``last_error`` is kept (the next failure replaces it), so the reason the job died
-    stays visible until it runs again. RETURNING the ids changed.
+    stays visible until it runs again. RETURNING the ids changed and their
+    ``workflow_id`` (a retried workflow step reopens its cancelled dependents, #26).
     """
     conditions = _job_filters(
         ids=ids, statuses=statuses, kind=kind, queue=queue, older_than=older_than, now=now
@@ -335,7 +336,7 @@ def retry_jobs(
             cancel_requested_at=None,
             snoozes=0,
         )
-        .returning(jobs.c.id)
+        .returning(jobs.c.id, jobs.c.workflow_id)
     )
 
 

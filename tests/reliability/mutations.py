@@ -56,6 +56,12 @@ FLOW_ARCHIVER = _FLOWS + "test_the_archiver_leaves_every_step_of_an_unfinished_w
 FLOW_CALLBACKS = _FLOWS + "test_batch_callbacks_on_success_on_failure_and_on_complete"
 FLOW_SWEEP = _FLOWS + "test_the_sweep_releases_a_step_whose_release_was_missed"
 FLOW_STATS_WAITING = _FLOWS + "test_stats_count_waiting_steps_apart_from_ready_and_scheduled"
+FLOW_RETRY_REOPENS = _FLOWS + (
+    "test_retrying_a_dead_step_reopens_the_steps_it_cancelled_and_the_workflow_resumes"
+)
+FLOW_RETRY_BLOCKED = _FLOWS + (
+    "test_a_retried_steps_dependent_that_another_failed_step_cancelled_stays_cancelled"
+)
 FLOW_DASHBOARD_PERMISSIONS = "tests/test_dashboard_workflows.py::" + (
     "test_read_only_and_unpermitted_viewers_see_no_workflow_action_and_cannot_post_one"
 )
@@ -1185,6 +1191,22 @@ MUTATIONS: list[Mutation] = [
         '    ((JobStatus.WAITING,), stats_sql.stats_waiting, ("waiting",)),\n',
         "",
         (FLOW_STATS_WAITING,),
+    ),
+    Mutation(
+        "retry_jobs_reopens_cancelled_dependents",
+        "retrying a workflow step reopens the steps its failure cancelled, in its transaction",
+        "sqla_jobs/ops.py",
+        "    if steps:\n        _reopen_downstream(session, steps)\n",
+        "    # MUTATION\n",
+        (FLOW_RETRY_REOPENS,),
+    ),
+    Mutation(
+        "retry_jobs_keeps_steps_another_failure_cancelled",
+        "a step that also depends on a failed step not retried stays cancelled",
+        "sqla_jobs/sql/workflows.py",
+        "            sa.not_(failed_elsewhere),\n",
+        "            sa.true(),  # MUTATION\n",
+        (FLOW_RETRY_BLOCKED,),
     ),
     # --- failover and network faults (#24) -----------------------------------------------
     Mutation(

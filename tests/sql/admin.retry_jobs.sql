@@ -15,4 +15,5 @@ SET status='queued'::job_status,
                                                                                                         snoozes=%(snoozes)s::INTEGER,
                                                                                                         cancel_requested_at=%(cancel_requested_at)s::TIMESTAMP WITH TIME ZONE
 FROM picked
-WHERE jobs.id = picked.id RETURNING jobs.id;
+WHERE jobs.id = picked.id RETURNING jobs.id,
+                                    jobs.workflow_id;
