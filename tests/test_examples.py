@@ -425,7 +425,7 @@ def test_readme_app_engine_for_failover_carries_the_workers_keepalive_defaults()
 
     sa.event.listen(engine, "do_connect", capture)
     try:
-        assert engine.pool._pre_ping  # type: ignore[attr-defined]
+        assert engine.pool._pre_ping
         with pytest.raises(Stop):
             engine.connect()
     finally:

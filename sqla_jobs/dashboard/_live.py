@@ -171,7 +171,7 @@ class Hub:
         )
         # A LISTEN socket whose server vanished is noticed by keepalives, not by reads.
         given = psycopg.conninfo.conninfo_to_dict(self.conninfo)
-        self.keepalives = {k: v for k, v in KEEPALIVES.items() if k not in given}
+        self.keepalives: dict[str, Any] = {k: v for k, v in KEEPALIVES.items() if k not in given}
         self.watches: set[Watch] = set()
         self.snapshot = Snapshot(None, {}, frozenset())
         self.rounds = 0

@@ -124,7 +124,7 @@ def install(engine: sa.Engine) -> None:
         return
     engine._sqla_jobs_connlost = True  # type: ignore[attr-defined]
     sa.event.listen(engine, "handle_error", _on_error)
-    sa.event.listen(engine, "do_connect", _default_keepalives)
+    keepalives_by_default(engine)
     sa.event.listen(engine, "connect", _check_writable)
     sa.event.listen(engine, "connect", _warn_without_keepalives, once=True)
 
