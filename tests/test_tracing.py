@@ -30,6 +30,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
 from sqla_jobs import NewJob, Registry, enqueue, enqueue_many, periodic
+from sqla_jobs.workflows import Workflow
 
 _EXPORTER = InMemorySpanExporter()
 
@@ -245,6 +246,41 @@ def test_enqueue_many_gives_each_job_the_context_of_its_own_publish_span(
     contexts = [traceparent(engine, i).split("-") for i in sorted(ids)]
     assert {c[1] for c in contexts} == {trace_id}
     assert sorted(published[c[2]] for c in contexts) == ["publish default", "publish mail"]
+
+
+def test_workflow_steps_carry_the_enqueuing_trace_to_their_process_spans(
+    engine: sa.Engine, db_url: URL, tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    """Each step gets a publish span of its own when the workflow is enqueued (not when
+    it is built), and a step released by its dependency continues that trace too."""
+    with trace.get_tracer("app").start_as_current_span("built"):
+        flow = Workflow()
+        flow.add("first", "traced.ok", meta={"tenant": 7}, tags=["flow"])
+        flow.add("then", "traced.ok", after="first")
+    assert [s.name for s in spans.get_finished_spans()] == ["built"]  # add records nothing
+    spans.clear()
+    tracer = trace.get_tracer("app")
+    with tracer.start_as_current_span("request") as request, Session(engine) as session:
+        ids = flow.enqueue(session)
+        session.commit()
+    trace_id = f"{request.get_span_context().trace_id:032x}"
+    publish = [span_record(s) for s in spans.get_finished_spans() if s.name != "request"]
+    assert [s["name"] for s in publish] == ["publish default"] * 2
+    for span in publish:
+        assert span["trace_id"] == trace_id and span["kind"] == "PRODUCER"
+        assert span["parent_id"] == f"{request.get_span_context().span_id:016x}"
+    [first] = rows(engine, "SELECT meta, tags FROM jobs WHERE id = :id", id=ids["first"])
+    assert first.meta["tenant"] == 7 and first.tags == ["flow"]
+    published = {step: traceparent(engine, ids[step]).split("-")[2] for step in ids.steps}
+    assert sorted(published.values()) == sorted(s["span_id"] for s in publish)
+
+    found = run_worker(db_url, tmp_path / "spans.jsonl", 2)
+    process = {
+        int(s["attributes"]["messaging.message.id"]): s for s in found if s["kind"] == "CONSUMER"
+    }
+    for step, job_id in ids.steps.items():
+        assert process[job_id]["parent_id"] == published[step]
+        assert process[job_id]["trace_id"] == trace_id
 
 
 def test_no_trace_context_is_stored_without_a_current_span_as_for_a_periodic_tick(
