@@ -12,7 +12,9 @@
 
 Every statement is fenced on ``(id, attempt, worker, status running)``; a claim found
 lost is logged here, in :meth:`_lost`, and nowhere else. Each outcome is emitted as a
-:class:`~sqla_jobs.worker.WorkerEvent`.
+:class:`~sqla_jobs.worker.WorkerEvent` and recorded on the attempt's OpenTelemetry
+process span (:meth:`_emit`), whichever path recorded it; a batched done-mark's span
+is ended here, after its batch (see ``_otel.AttemptSpan``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from sqla_jobs import _otel
 from sqla_jobs.config import WorkerConfig
 from sqla_jobs.control import Control
 from sqla_jobs.exceptions import (
@@ -160,7 +163,10 @@ class Completer:
             self.ledger.remove([job])
 
     def complete_later(self, attempt: Attempt) -> None:
-        """A handler that wrote nothing: its done-mark goes in the next batch."""
+        """A handler that wrote nothing: its done-mark goes in the next batch (which
+        then records the outcome on the attempt's span and ends it)."""
+        if attempt.span is not None:
+            attempt.span.hand_over()  # before the put: the batch may end it at once
         self.ledger.move(attempt.job, State.COMPLETING)
         self._batch.put(attempt)
 
@@ -252,6 +258,7 @@ class Completer:
             extra={**fields(job), "outcome": "connection_lost"},
         )
         self._release_lost(job)
+        _otel.settled(attempt.span, Outcome.RELEASED)
         return Outcome.RELEASED
 
     def _release_lost(self, job: Claimed) -> None:
@@ -400,6 +407,8 @@ class Completer:
                 self._done(item)
             else:
                 self._lost(item, "before its done-mark; it may run again")
+            if item.span is not None:
+                item.span.end()  # handed over by complete_later; its outcome is on it
 
     # --- outcomes ----------------------------------------------------------------------
 
@@ -491,6 +500,8 @@ class Completer:
             )
 
     def _emit(self, outcome: Outcome, attempt: Attempt) -> None:
+        if attempt.span is not None:
+            _otel.settled(attempt.span, outcome)
         if not self.events:
             return
         job, exc = attempt.job, attempt.error
