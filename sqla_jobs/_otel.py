@@ -274,6 +274,27 @@ def settled(traced: AttemptSpan | None, outcome: Any) -> None:
         )
 
 
+def given_up(traced: AttemptSpan | None, outcome: Any) -> None:
+    """The worker gave up on the run (its handler ignored its timeout or cancel past
+    the grace) and recorded ``outcome`` (an ``Outcome``: a retry, a death, a cancel)
+    without it; the handler came back since, too late to change anything. ``outcome``
+    None: not known here (the handler came back while it was being recorded)."""
+    if traced is None:
+        return
+    trace = _otel()[0]
+    traced.span.add_event("given up")
+    if outcome is None:
+        settled(traced, "lost")
+        return
+    settled(traced, outcome)
+    traced.span.set_status(
+        trace.Status(
+            trace.StatusCode.ERROR,
+            "the worker gave up on the handler: it ran past its timeout or cancel and grace",
+        )
+    )
+
+
 def outcome_of(error: BaseException | None) -> str:
     """The attempt's outcome as its span tells it (a failure's retry or death is the
     completer's to decide: ``failed`` covers both)."""

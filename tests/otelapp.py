@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -155,3 +156,9 @@ def traced_sql(session: Session, payload: dict[str, Any]) -> None:
 @registry.handler("traced.async_sql")
 async def traced_async_sql(session: AsyncSession, payload: dict[str, Any]) -> None:
     await session.execute(sa.text("SELECT 41 + 1 AS async_handler_sql"))
+
+
+@registry.handler("traced.stubborn", timeout=0.3, max_attempts=1)
+def traced_stubborn(session: Session, payload: dict[str, Any]) -> None:
+    """Ignores its timeout (a sleep no cancel reaches): the worker gives up on it."""
+    time.sleep(payload["sleep"])

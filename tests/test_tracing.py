@@ -79,16 +79,21 @@ def skewed_worker(db_url: URL, env: dict[str, str]) -> subprocess.Popen[str]:
 
 
 def run_worker(
-    db_url: URL, path: Path, processes: int, until: str | None = None, **env: str
+    db_url: URL,
+    path: Path,
+    processes: int,
+    until: str | None = None,
+    args: tuple[str, ...] = (),
+    **env: str,
 ) -> list[dict[str, Any]]:
-    """A worker of ``otelapp`` until it exported ``processes`` process spans (and the
-    engine's query ``until`` returns a row); its spans. With
+    """A worker of ``otelapp`` (with ``args``) until it exported ``processes`` process
+    spans (and the engine's query ``until`` returns a row); its spans. With
     ``SQLA_JOBS_TEST_CLOCK_OFFSET`` in ``env``, its wall clock is that far off."""
     env = {"SQLA_JOBS_TEST_SPANS": str(path), **env}
     if "SQLA_JOBS_TEST_CLOCK_OFFSET" in env:
         proc = skewed_worker(db_url, env)
     else:
-        proc = start_worker(db_url, app="otelapp:registry", env=env)
+        proc = start_worker(db_url, *args, app="otelapp:registry", env=env)
     try:
         found = worker_spans(path, processes)
         if until is not None:
@@ -241,6 +246,26 @@ def test_a_claim_lost_at_a_batched_or_child_done_mark_is_on_the_process_span(
         )
     found_rows = rows(engine, "SELECT status::text AS status, worker FROM jobs")
     assert {(r.status, r.worker) for r in found_rows} == {("running", "someone else")}
+
+
+def test_a_handler_the_worker_gave_up_on_has_the_given_up_runs_outcome_on_its_span(
+    engine: sa.Engine, db_url: URL, tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    """The handler ignores its 0.3 s timeout; 0.2 s later the worker records the attempt
+    (dead: its last) without it. When the handler comes back, its span ends with that
+    outcome, not with its own late return's fenced-away done-mark."""
+    with Session(engine) as session:
+        enqueue(session, "traced.stubborn", {"sleep": 2})
+        session.commit()
+    found = run_worker(db_url, tmp_path / "spans.jsonl", 1, args=("--timeout-grace", "0.2"))
+    process = next(s for s in found if s["kind"] == "CONSUMER")
+    assert process["attributes"][RECORDED] == "dead"
+    # The handler's own late end (its timeout), then what the worker had recorded.
+    assert process["events"] == ["exception", "timeout", "given up", "dead"]
+    assert process["attributes"]["sqla_jobs.job.outcome"] == "timeout"
+    assert process["status"] == "ERROR"
+    [job] = rows(engine, "SELECT status::text AS status, last_error FROM jobs")
+    assert job.status == "dead" and "the worker gave up on it" in job.last_error
 
 
 def test_an_async_handler_runs_in_the_process_span(

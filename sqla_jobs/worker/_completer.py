@@ -108,6 +108,9 @@ class Completer:
         self._batch: queue.SimpleQueue[Attempt | None] = queue.SimpleQueue()
         self._givebacks: collections.OrderedDict[int, int] = collections.OrderedDict()
         self._givebacks_lock = threading.Lock()
+        #: What :meth:`give_up` recorded for a run whose handler has not come back yet
+        #: (by lease): its span, still open on the handler's thread or task, gets it then.
+        self._given_up: dict[tuple[int, int], Outcome] = {}
 
     # --- on the handler's thread -------------------------------------------------------
 
@@ -316,7 +319,9 @@ class Completer:
         )
         duration = time.monotonic() - control.started
         attempt = Attempt(job, duration, exc, control=control)
-        self.fail(attempt)
+        outcome = self.fail(attempt)
+        if len(self._given_up) < 10_000:  # one per stuck handler; bounded all the same
+            self._given_up[job.lease] = outcome
         return None
 
     def release(self, jobs: Iterable[Claimed], *, quiet: bool = False) -> None:
@@ -439,7 +444,10 @@ class Completer:
                 what,
                 extra=fields(job, outcome="late"),
             )
-            self._emit(Outcome.LOST, attempt)
+            # The span tells what the worker recorded when it gave up (a retry, a
+            # death), not this late return's fenced-away write.
+            _otel.given_up(attempt.span, self._given_up.pop(job.lease, None))
+            self._emit(Outcome.LOST, attempt._replace(span=None))
             return Outcome.LOST
         log.warning(
             "job %s: claim lost (lease expired and the job was taken over, or an operator "

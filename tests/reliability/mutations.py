@@ -1078,6 +1078,19 @@ MUTATIONS: list[Mutation] = [
         ),
     ),
     Mutation(
+        "otel_given_up_outcome_on_the_span",
+        "a handler the worker gave up on: its span ends with what the worker recorded "
+        "then (retry, dead), not as a lost claim when the handler comes back",
+        "sqla_jobs/worker/_completer.py",
+        "            _otel.given_up(attempt.span, self._given_up.pop(job.lease, None))\n"
+        "            self._emit(Outcome.LOST, attempt._replace(span=None))\n",
+        "            self._emit(Outcome.LOST, attempt)  # MUTATION\n",
+        (
+            "tests/test_tracing.py::"
+            "test_a_handler_the_worker_gave_up_on_has_the_given_up_runs_outcome_on_its_span",
+        ),
+    ),
+    Mutation(
         "otel_process_span_is_current_in_the_handler",
         "the handler's session SQL (instrumented SQLAlchemy) nests under the process span",
         "sqla_jobs/_otel.py",
