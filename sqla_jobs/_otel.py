@@ -18,8 +18,9 @@ costs one ``get_current_span()`` and a worker's attempt one non-recording span.
   ``run_at`` to the claim, both database times). It is the current span while the
   handler runs, so the handler's own spans (SQLAlchemy's instrumentation of its
   session) nest under it; a process-isolated handler's child gets its context too.
-  It ends once the worker has recorded the attempt (:func:`settled`: a retry, a death,
-  a lost claim), except for a done-mark left to the worker's next batch.
+  It ends once the worker has recorded the attempt, with what it recorded on it
+  (:func:`settled`: done, a retry, a death, a lost claim, ...), whichever path records
+  it: see :class:`AttemptSpan` for a done-mark left to the worker's next batch.
 """
 
 from __future__ import annotations
@@ -142,12 +143,45 @@ class ClaimedJob(Protocol):
     def waited(self) -> float | None: ...
 
 
-@contextmanager
-def process_span(job: ClaimedJob) -> Iterator[Any]:
-    """The span of one attempt, current inside the block; None without the API.
+class AttemptSpan:
+    """One attempt's recording process span, and who ends it.
 
-    Yields the span so the caller records the outcome (:func:`ended`). An exception
-    escaping the block is recorded on it.
+    The executor's block (:func:`process_span`) ends it when the attempt's outcome was
+    recorded on the executor's own thread or task: a done-mark in the handler's
+    transaction, a failure, a process-isolated child's done-mark. A handler that wrote
+    nothing is marked done later, in the completer's next batch (one statement for up
+    to a thousand jobs, on the completer's thread), and only that batch's commit tells
+    whether the attempt is done or its claim was lost. So the completer takes the span
+    over when it queues the done-mark (:meth:`hand_over`), and ends it after the batch,
+    with the outcome on it: the span's end is then a little later than the handler's,
+    but its recorded outcome is the real one. Ending it on the handler's thread and
+    recording the outcome as a separate span (or not at all) would leave the attempt's
+    own span without the one fact an operator looks for.
+    """
+
+    __slots__ = ("handed_over", "span")
+
+    def __init__(self, span: Any) -> None:
+        self.span = span
+        #: The completer ends the span (after its batch); the executor's block does not.
+        self.handed_over = False
+
+    def hand_over(self) -> None:
+        """The completer ends the span from now on (after the batch that marks it done)."""
+        self.handed_over = True
+
+    def end(self) -> None:
+        self.span.end()
+
+
+@contextmanager
+def process_span(job: ClaimedJob) -> Iterator[AttemptSpan | None]:
+    """The span of one attempt, current inside the block; None without the API or
+    when the span records nothing (no SDK, not sampled).
+
+    Yields it so the worker records the outcome (:func:`ended`, :func:`settled`). An
+    exception escaping the block is recorded on it. It ends with the block unless it
+    was handed over to the completer (:class:`AttemptSpan`).
     """
     meta = job.meta
     api = _otel()
@@ -170,10 +204,15 @@ def process_span(job: ClaimedJob) -> Iterator[Any]:
         links=links,
         attributes=_attributes(job),
     )
-    with trace.use_span(
-        span, end_on_exit=True, record_exception=True, set_status_on_exception=True
-    ):
-        yield span
+    traced = AttemptSpan(span) if span.is_recording() else None
+    try:
+        with trace.use_span(
+            span, end_on_exit=False, record_exception=True, set_status_on_exception=True
+        ):
+            yield traced
+    finally:
+        if traced is None or not traced.handed_over:
+            span.end()
 
 
 def _attributes(job: ClaimedJob) -> dict[str, Any]:
@@ -193,10 +232,12 @@ def _attributes(job: ClaimedJob) -> dict[str, Any]:
     return attributes
 
 
-def ended(span: Any, error: BaseException | None, outcome: str) -> None:
-    """Record how the attempt ended on its span: the outcome, and the error if any."""
-    if span is None or not span.is_recording():
+def ended(traced: AttemptSpan | None, error: BaseException | None, outcome: str) -> None:
+    """Record how the handler ended on its attempt's span: the outcome, and the error if
+    any."""
+    if traced is None:
         return
+    span = traced.span
     trace = _otel()[0]
     span.set_attribute("sqla_jobs.job.outcome", outcome)
     if error is not None:
@@ -212,13 +253,15 @@ RECORDED = "sqla_jobs.job.recorded_outcome"
 _EVENTS = {"retry": "retry scheduled", "dead": "dead", "lost": "claim lost"}
 
 
-def settled(span: Any, outcome: Any) -> None:
+def settled(traced: AttemptSpan | None, outcome: Any) -> None:
     """Record on the attempt's span what the worker recorded for it (an ``Outcome``):
-    a failure's retry or death, or a lost claim (its fenced update matched nothing:
+    done, a failure's retry or death, or a lost claim (its fenced update matched nothing:
     the lease expired and another worker took the job, or an operator changed it), which
-    also sets the span's status to ERROR."""
-    if span is None or not span.is_recording():
+    also sets the span's status to ERROR. The completer calls it, wherever it records
+    an outcome."""
+    if traced is None:
         return
+    span = traced.span
     value = str(getattr(outcome, "value", outcome))
     span.set_attribute(RECORDED, value)
     event = _EVENTS.get(value)
@@ -229,6 +272,27 @@ def settled(span: Any, outcome: Any) -> None:
         span.set_status(
             trace.Status(trace.StatusCode.ERROR, "claim lost: nothing of this run was recorded")
         )
+
+
+def given_up(traced: AttemptSpan | None, outcome: Any) -> None:
+    """The worker gave up on the run (its handler ignored its timeout or cancel past
+    the grace) and recorded ``outcome`` (an ``Outcome``: a retry, a death, a cancel)
+    without it; the handler came back since, too late to change anything. ``outcome``
+    None: not known here (the handler came back while it was being recorded)."""
+    if traced is None:
+        return
+    trace = _otel()[0]
+    traced.span.add_event("given up")
+    if outcome is None:
+        settled(traced, "lost")
+        return
+    settled(traced, outcome)
+    traced.span.set_status(
+        trace.Status(
+            trace.StatusCode.ERROR,
+            "the worker gave up on the handler: it ran past its timeout or cancel and grace",
+        )
+    )
 
 
 def outcome_of(error: BaseException | None) -> str:

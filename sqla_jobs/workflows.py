@@ -105,7 +105,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
 from sqla_jobs import producer, validation
-from sqla_jobs.exceptions import RegistryError, WorkflowError
+from sqla_jobs.exceptions import InvalidJobError, RegistryError, WorkflowError
 from sqla_jobs.models import WORKFLOW_REQUIRES, Job
 from sqla_jobs.sql import workflows as workflows_sql
 
@@ -212,12 +212,16 @@ class Workflow:
         priority: int | None = None,
         max_attempts: int | None = None,
         timeout: float | timedelta | None = None,
+        meta: Mapping[str, Any] | None = None,
+        tags: Sequence[str] | None = None,
     ) -> str:
         """Add step ``name``, a job of ``kind`` that runs after the steps named in
         ``after`` (added before or after this one); returns ``name``.
 
         ``run_at`` / ``delay`` hold the step back further: it runs at that time or when
-        released, whichever is later.
+        released, whichever is later. ``meta`` and ``tags`` are the step's metadata,
+        checked as :func:`~sqla_jobs.enqueue` checks them; :meth:`enqueue` adds the
+        inserting code's trace context to each step's meta, as any insert does.
         """
         if not isinstance(name, str) or not name or len(name) > validation.MAX_KIND_LENGTH:
             raise WorkflowError(
@@ -245,13 +249,15 @@ class Workflow:
             "priority": priority,
             "max_attempts": max_attempts,
             "timeout": timeout,
+            "meta": meta,
+            "tags": tags,
         }
         try:
             if self.registry is not None:
                 job = self.registry.new(kind, payload, **options)
             else:
                 job = producer.NewJob(kind, {} if payload is None else payload, **options)
-        except RegistryError as exc:
+        except (RegistryError, InvalidJobError) as exc:
             raise WorkflowError(f"step {name!r}: {exc}") from None
         step_when = self.when if when is None else _check_when(when, f"step {name!r}")
         self._steps[name] = _Step(name, job, deps, step_when)
@@ -343,6 +349,13 @@ class Workflow:
                 row["d"] = job.delay
             if job.timeout is not None:
                 row["t"] = job.timeout
+            # At enqueue, not at add: the publish span and trace context are the
+            # inserting code's, as for any insert (producer._meta_json).
+            meta_json = producer._meta_json(job)
+            if meta_json is not None:
+                row["mt"] = json.loads(meta_json)
+            if job.tags is not None:
+                row["tg"] = list(job.tags)
             rows.append(row)
         return json.dumps(rows)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -94,19 +95,57 @@ def traced_isolated(session: Session, payload: dict[str, Any]) -> None:
         pass
 
 
-@registry.handler("traced.lost")
-def traced_lost(session: Session, payload: dict[str, Any], job: JobContext) -> str:
-    """Writes, then loses its claim before the done-mark: another worker "takes the job
-    over" (its fence no longer matches), as after an expired lease."""
+def take_over(job_id: int) -> None:
+    """Another worker "takes the job over" (the running claim's fence no longer
+    matches), as after an expired lease; on a connection of its own."""
     engine = sa.create_engine(os.environ["DATABASE_URL"])
     try:
         with engine.begin() as conn:
             conn.execute(
-                sa.text("UPDATE jobs SET worker = 'someone else' WHERE id = :id"), {"id": job.id}
+                sa.text("UPDATE jobs SET worker = 'someone else' WHERE id = :id"), {"id": job_id}
             )
     finally:
         engine.dispose()
+
+
+@registry.handler("traced.lost")
+def traced_lost(session: Session, payload: dict[str, Any], job: JobContext) -> str:
+    """Writes, then loses its claim before the done-mark."""
+    take_over(job.id)
     return "written"  # a result: its done-mark goes in the handler's transaction
+
+
+@registry.handler("traced.quiet_lost")
+def traced_quiet_lost(session: Session, payload: dict[str, Any], job: JobContext) -> None:
+    """Loses its claim, writes and returns nothing: its done-mark goes in a batch."""
+    take_over(job.id)
+
+
+@registry.handler("traced.async_quiet_lost")
+async def traced_async_quiet_lost(
+    session: AsyncSession, payload: dict[str, Any], job: JobContext
+) -> None:
+    take_over(job.id)  # blocks the loop for a moment: fine in a test
+
+
+@registry.handler("traced.isolated_lost", isolation="process")
+def traced_isolated_lost(session: Session, payload: dict[str, Any], job: JobContext) -> None:
+    take_over(job.id)  # the child's own done-mark then matches nothing
+
+
+@registry.handler("traced.result")
+def traced_result(session: Session, payload: dict[str, Any]) -> int:
+    return 42  # a result: its done-mark goes in the handler's transaction
+
+
+@registry.handler("traced.async_result")
+async def traced_async_result(session: AsyncSession, payload: dict[str, Any]) -> int:
+    return 42
+
+
+@registry.handler("traced.async_fail", max_attempts=2, backoff=Backoff(base=0.05, cap=0.1))
+async def traced_async_fail(session: AsyncSession, payload: dict[str, Any]) -> None:
+    raise ValueError("boom")
 
 
 @registry.handler("traced.sql")
@@ -117,3 +156,9 @@ def traced_sql(session: Session, payload: dict[str, Any]) -> None:
 @registry.handler("traced.async_sql")
 async def traced_async_sql(session: AsyncSession, payload: dict[str, Any]) -> None:
     await session.execute(sa.text("SELECT 41 + 1 AS async_handler_sql"))
+
+
+@registry.handler("traced.stubborn", timeout=0.3, max_attempts=1)
+def traced_stubborn(session: Session, payload: dict[str, Any]) -> None:
+    """Ignores its timeout (a sleep no cancel reaches): the worker gives up on it."""
+    time.sleep(payload["sleep"])

@@ -29,7 +29,9 @@ from sqla_jobs import (
     ops,
     periodic,
 )
+from sqla_jobs.exceptions import WorkflowError
 from sqla_jobs.validation import MAX_META_BYTES, MAX_TAG_LENGTH, MAX_TAGS
+from sqla_jobs.workflows import Workflow
 
 META = {"tenant": 7, "request": "r-1"}
 TAGS = ["vip", "signup"]
@@ -178,6 +180,40 @@ def test_periodic_ticks_carry_their_schedules_metadata(engine: sa.Engine) -> Non
     periodic.enqueue_due(engine, registry, now=t0 + timedelta(minutes=1))
     found = rows(engine, "SELECT meta, tags FROM jobs WHERE kind = 'meta.tick'")
     assert [(r.meta, r.tags) for r in found] == [({"source": "cron"}, ["periodic"])]
+
+
+@pytest.mark.parametrize(("options", "error"), BAD, ids=BAD_IDS)
+@pytest.mark.parametrize("with_registry", [False, True], ids=["plain", "registry"])
+def test_bad_metadata_on_a_workflow_step_is_refused_at_add_naming_the_step(
+    options: dict[str, Any], error: str, with_registry: bool
+) -> None:
+    registry = Registry()
+    registry.handler("meta.k")(lambda session, payload: None)
+    flow = Workflow(registry=registry if with_registry else None)
+    flow.add("first", "meta.k")
+    with pytest.raises(InvalidJobError, match=None) as raised:
+        flow.add("second", "meta.k", **options)
+    assert isinstance(raised.value, WorkflowError)
+    assert str(raised.value).startswith("step 'second': ")
+    assert error in str(raised.value)
+    assert flow.steps == ("first",)  # the refused step was not added
+
+
+def test_workflow_steps_store_their_meta_and_tags(engine: sa.Engine, session: Session) -> None:
+    flow = Workflow()
+    flow.add("a", "k", meta=META, tags=TAGS)
+    flow.add("b", "k", after="a", tags=["b", "a", "b"])
+    flow.add("c", "k", after="a", meta={}, tags=[])
+    ids = flow.enqueue(session)
+    more = Workflow(append_to=ids.id)
+    more.add("d", "k", after="b", meta={"appended": True})
+    appended = more.enqueue(session)
+    session.commit()
+    assert stored(engine, ids["a"]) == (META, TAGS)
+    assert stored(engine, ids["b"]) == (None, ["b", "a"])
+    assert stored(engine, ids["c"]) == (None, None)
+    assert stored(engine, appended["d"]) == ({"appended": True}, None)
+    assert [j.id for j in ops.list_jobs(session, tag="vip")] == [ids["a"]]
 
 
 # --- the handler reads them -------------------------------------------------------------

@@ -30,8 +30,10 @@ from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
 from sqla_jobs import NewJob, Registry, enqueue, enqueue_many, periodic
+from sqla_jobs.workflows import Workflow
 
 _EXPORTER = InMemorySpanExporter()
+RECORDED = "sqla_jobs.job.recorded_outcome"
 
 
 @pytest.fixture
@@ -77,16 +79,21 @@ def skewed_worker(db_url: URL, env: dict[str, str]) -> subprocess.Popen[str]:
 
 
 def run_worker(
-    db_url: URL, path: Path, processes: int, until: str | None = None, **env: str
+    db_url: URL,
+    path: Path,
+    processes: int,
+    until: str | None = None,
+    args: tuple[str, ...] = (),
+    **env: str,
 ) -> list[dict[str, Any]]:
-    """A worker of ``otelapp`` until it exported ``processes`` process spans (and the
-    engine's query ``until`` returns a row); its spans. With
+    """A worker of ``otelapp`` (with ``args``) until it exported ``processes`` process
+    spans (and the engine's query ``until`` returns a row); its spans. With
     ``SQLA_JOBS_TEST_CLOCK_OFFSET`` in ``env``, its wall clock is that far off."""
     env = {"SQLA_JOBS_TEST_SPANS": str(path), **env}
     if "SQLA_JOBS_TEST_CLOCK_OFFSET" in env:
         proc = skewed_worker(db_url, env)
     else:
-        proc = start_worker(db_url, app="otelapp:registry", env=env)
+        proc = start_worker(db_url, *args, app="otelapp:registry", env=env)
     try:
         found = worker_spans(path, processes)
         if until is not None:
@@ -99,6 +106,8 @@ def run_worker(
     finally:
         out = stop(proc)
         assert "Traceback" not in out or "boom" in out, out
+        # The SDK's warnings of a span changed or ended twice (its end is handed over).
+        assert "ended span" not in out, out
 
 
 def traceparent(engine: sa.Engine, job_id: int | None) -> str:
@@ -135,19 +144,22 @@ def test_one_trace_runs_from_the_request_through_enqueue_to_the_handler_in_anoth
         "sqla_jobs.job.kind": "traced.ok",
         "sqla_jobs.job.attempt": 1,
         "sqla_jobs.job.queue_wait": process["attributes"]["sqla_jobs.job.queue_wait"],
-        "sqla_jobs.job.outcome": "done",  # no recorded_outcome: a batched done-mark
+        "sqla_jobs.job.outcome": "done",
+        "sqla_jobs.job.recorded_outcome": "done",  # from the batch: the handler wrote nothing
     }
     assert process["attributes"]["sqla_jobs.job.queue_wait"] >= 0
     work = next(s for s in found if s["name"] == "handler work")
     assert work["parent_id"] == process["span_id"]  # the handler's spans nest under it
 
 
+@pytest.mark.parametrize("kind", ["traced.fail", "traced.async_fail"])
 def test_each_retry_is_a_process_span_of_the_same_trace_with_the_error_recorded(
-    engine: sa.Engine, db_url: URL, tmp_path: Path, spans: InMemorySpanExporter
+    engine: sa.Engine, db_url: URL, tmp_path: Path, spans: InMemorySpanExporter, kind: str
 ) -> None:
+    """A thread's handler and an ``async def`` one: the same spans."""
     tracer = trace.get_tracer("app")
     with tracer.start_as_current_span("request") as request, Session(engine) as session:
-        enqueue(session, "traced.fail")
+        enqueue(session, kind)
         session.commit()
     dead = "SELECT 1 FROM jobs WHERE status = 'dead'"
     found = run_worker(db_url, tmp_path / "spans.jsonl", 2, until=dead)
@@ -182,6 +194,78 @@ def test_a_lost_claim_is_an_event_and_the_error_status_of_its_process_span(
     assert process["events"] == ["claim lost"] and process["status"] == "ERROR"
     [job] = rows(engine, "SELECT status, worker FROM jobs")
     assert (job.status, job.worker) == ("running", "someone else")  # nothing recorded
+
+
+def enqueued(engine: sa.Engine, kinds: list[str]) -> dict[str, int]:
+    with Session(engine) as session:
+        ids = {kind: enqueue(session, kind) for kind in kinds}
+        session.commit()
+    return {kind: job_id for kind, job_id in ids.items() if job_id is not None}
+
+
+def process_spans(found: list[dict[str, Any]], ids: dict[str, int]) -> dict[str, dict[str, Any]]:
+    """The process span of each job, by its kind."""
+    by_id = {s["attributes"]["messaging.message.id"]: s for s in found if s["kind"] == "CONSUMER"}
+    return {kind: by_id[str(job_id)] for kind, job_id in ids.items()}
+
+
+def test_every_path_that_marks_a_job_done_records_it_on_the_process_span(
+    engine: sa.Engine, db_url: URL, tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    """Done-marks in the worker's batch (a thread's or an async handler that wrote and
+    returned nothing), in the handler's transaction (one that returned a result) and in
+    a process-isolated handler's child: each attempt's span says ``done``."""
+    kinds = ["traced.ok", "traced.async", "traced.result", "traced.async_result"]
+    ids = enqueued(engine, [*kinds, "traced.isolated"])
+    found = process_spans(run_worker(db_url, tmp_path / "spans.jsonl", len(ids)), ids)
+    for kind, span in found.items():
+        attributes = span["attributes"]
+        recorded = attributes["sqla_jobs.job.outcome"], attributes[RECORDED]
+        assert (kind, recorded, span["status"]) == (kind, ("done", "done"), "UNSET")
+        assert span["events"] == []
+    statuses = rows(engine, "SELECT status::text AS status FROM jobs")
+    assert [r.status for r in statuses] == ["done"] * len(ids)
+
+
+def test_a_claim_lost_at_a_batched_or_child_done_mark_is_on_the_process_span(
+    engine: sa.Engine, db_url: URL, tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    """Handlers that wrote nothing (a thread's, an async one) lose their claim before
+    the batch marks them done, and a process-isolated one before its child does: each
+    attempt's span says ``lost``, with the event and the ERROR status."""
+    kinds = ["traced.quiet_lost", "traced.async_quiet_lost", "traced.isolated_lost"]
+    ids = enqueued(engine, kinds)
+    found = process_spans(run_worker(db_url, tmp_path / "spans.jsonl", len(ids)), ids)
+    for kind, span in found.items():
+        recorded = span["attributes"]["sqla_jobs.job.recorded_outcome"]
+        assert (kind, recorded, span["events"], span["status"]) == (
+            kind,
+            "lost",
+            ["claim lost"],
+            "ERROR",
+        )
+    found_rows = rows(engine, "SELECT status::text AS status, worker FROM jobs")
+    assert {(r.status, r.worker) for r in found_rows} == {("running", "someone else")}
+
+
+def test_a_handler_the_worker_gave_up_on_has_the_given_up_runs_outcome_on_its_span(
+    engine: sa.Engine, db_url: URL, tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    """The handler ignores its 0.3 s timeout; 0.2 s later the worker records the attempt
+    (dead: its last) without it. When the handler comes back, its span ends with that
+    outcome, not with its own late return's fenced-away done-mark."""
+    with Session(engine) as session:
+        enqueue(session, "traced.stubborn", {"sleep": 2})
+        session.commit()
+    found = run_worker(db_url, tmp_path / "spans.jsonl", 1, args=("--timeout-grace", "0.2"))
+    process = next(s for s in found if s["kind"] == "CONSUMER")
+    assert process["attributes"][RECORDED] == "dead"
+    # The handler's own late end (its timeout), then what the worker had recorded.
+    assert process["events"] == ["exception", "timeout", "given up", "dead"]
+    assert process["attributes"]["sqla_jobs.job.outcome"] == "timeout"
+    assert process["status"] == "ERROR"
+    [job] = rows(engine, "SELECT status::text AS status, last_error FROM jobs")
+    assert job.status == "dead" and "the worker gave up on it" in job.last_error
 
 
 def test_an_async_handler_runs_in_the_process_span(
@@ -245,6 +329,41 @@ def test_enqueue_many_gives_each_job_the_context_of_its_own_publish_span(
     contexts = [traceparent(engine, i).split("-") for i in sorted(ids)]
     assert {c[1] for c in contexts} == {trace_id}
     assert sorted(published[c[2]] for c in contexts) == ["publish default", "publish mail"]
+
+
+def test_workflow_steps_carry_the_enqueuing_trace_to_their_process_spans(
+    engine: sa.Engine, db_url: URL, tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    """Each step gets a publish span of its own when the workflow is enqueued (not when
+    it is built), and a step released by its dependency continues that trace too."""
+    with trace.get_tracer("app").start_as_current_span("built"):
+        flow = Workflow()
+        flow.add("first", "traced.ok", meta={"tenant": 7}, tags=["flow"])
+        flow.add("then", "traced.ok", after="first")
+    assert [s.name for s in spans.get_finished_spans()] == ["built"]  # add records nothing
+    spans.clear()
+    tracer = trace.get_tracer("app")
+    with tracer.start_as_current_span("request") as request, Session(engine) as session:
+        ids = flow.enqueue(session)
+        session.commit()
+    trace_id = f"{request.get_span_context().trace_id:032x}"
+    publish = [span_record(s) for s in spans.get_finished_spans() if s.name != "request"]
+    assert [s["name"] for s in publish] == ["publish default"] * 2
+    for span in publish:
+        assert span["trace_id"] == trace_id and span["kind"] == "PRODUCER"
+        assert span["parent_id"] == f"{request.get_span_context().span_id:016x}"
+    [first] = rows(engine, "SELECT meta, tags FROM jobs WHERE id = :id", id=ids["first"])
+    assert first.meta["tenant"] == 7 and first.tags == ["flow"]
+    published = {step: traceparent(engine, ids[step]).split("-")[2] for step in ids.steps}
+    assert sorted(published.values()) == sorted(s["span_id"] for s in publish)
+
+    found = run_worker(db_url, tmp_path / "spans.jsonl", 2)
+    process = {
+        int(s["attributes"]["messaging.message.id"]): s for s in found if s["kind"] == "CONSUMER"
+    }
+    for step, job_id in ids.steps.items():
+        assert process[job_id]["parent_id"] == published[step]
+        assert process[job_id]["trace_id"] == trace_id
 
 
 def test_no_trace_context_is_stored_without_a_current_span_as_for_a_periodic_tick(

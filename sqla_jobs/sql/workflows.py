@@ -33,7 +33,8 @@ def insert_steps() -> sa.Insert:
 
     Parameters: ``workflow_id`` and ``rows``, a JSON array of objects with ``s`` (step
     name), ``k``, ``p``, ``w`` (true: the step waits for dependencies) and the optional
-    ``q``, ``pr``, ``m``, ``at``, ``d``, ``t`` of :func:`sqla_jobs.sql.enqueue.insert_jobs_json`.
+    ``q``, ``pr``, ``m``, ``at``, ``d``, ``t``, ``mt``, ``tg`` of
+    :func:`sqla_jobs.sql.enqueue.insert_jobs_json`.
     No idempotency key: a step skipped by a conflict would leave a hole in the graph.
     """
     rows = (
@@ -49,6 +50,8 @@ def insert_steps() -> sa.Insert:
             sa.column("at", sa.DateTime(timezone=True)),
             sa.column("d", sa.Float),
             sa.column("t", sa.Float),
+            sa.column("mt", JSONB),
+            sa.column("tg", ARRAY(sa.Text)),
         )
         .render_derived(name="steps", with_types=True)
     )
@@ -64,6 +67,8 @@ def insert_steps() -> sa.Insert:
         "status",
         "workflow_id",
         "step",
+        "meta",
+        "tags",
     ]
     values = [
         c.k,
@@ -76,6 +81,8 @@ def insert_steps() -> sa.Insert:
         sa.case((c.w, _common.status(JobStatus.WAITING)), else_=_common.status(JobStatus.QUEUED)),
         sa.bindparam("workflow_id", type_=sa.Uuid),
         c.s,
+        c.mt,
+        c.tg,
     ]
     return pg_insert(jobs).from_select(names, sa.select(*values)).returning(jobs.c.id, jobs.c.step)
 

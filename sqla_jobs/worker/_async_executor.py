@@ -317,7 +317,7 @@ class AsyncExecutor:
         )
         handler_session: HandlerSession = session.sync_session  # type: ignore[assignment]
         handler_session._sqla_jobs_thread_conn = conn
-        # The span stays open until the outcome is recorded (see _executor._run).
+        # The attempt carries its span to the completer (see _executor._run).
         with _otel.process_span(job) as span:
             try:
                 try:
@@ -333,9 +333,7 @@ class AsyncExecutor:
                         return
                     self.job_took(attempt.duration)
                     if attempt.error is None and (attempt.wrote or attempt.result is not None):
-                        _otel.settled(
-                            span, await self.completer.complete_in_async(session, attempt)
-                        )
+                        await self.completer.complete_in_async(session, attempt)
                         return
                 finally:
                     if conn.conn is not None or _has_state(handler_session):
@@ -345,7 +343,7 @@ class AsyncExecutor:
                 if attempt.error is None:
                     self.completer.complete_later(attempt)
                 else:
-                    _otel.settled(span, await asyncio.to_thread(self.completer.fail, attempt))
+                    await asyncio.to_thread(self.completer.fail, attempt)
             except Exception as exc:  # bookkeeping itself failed (database down or lost)
                 await asyncio.to_thread(self.completer.outcome_unknown, job, exc)
 
@@ -362,14 +360,15 @@ class AsyncExecutor:
         session: AsyncSession,
         conn: ThreadConnection,
         control: Control,
-        span: Any,
+        span: _otel.AttemptSpan | None,
     ) -> Attempt | None:
-        """The handler's run as an Attempt, how it ended on its OpenTelemetry ``span``;
-        None if the drain cancelled it."""
+        """The handler's run as an Attempt, how it ended on its OpenTelemetry ``span``
+        (which the attempt carries to the completer); None if the drain cancelled it."""
         attempt = await self._run_handler(running, session, conn, control)
-        if attempt is not None:
-            _otel.ended(span, attempt.error, _otel.outcome_of(attempt.error))
-        return attempt
+        if attempt is None or span is None:
+            return attempt
+        _otel.ended(span, attempt.error, _otel.outcome_of(attempt.error))
+        return attempt._replace(span=span)
 
     async def _run_handler(
         self, running: _Running, session: AsyncSession, conn: ThreadConnection, control: Control

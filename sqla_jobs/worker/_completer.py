@@ -12,7 +12,9 @@
 
 Every statement is fenced on ``(id, attempt, worker, status running)``; a claim found
 lost is logged here, in :meth:`_lost`, and nowhere else. Each outcome is emitted as a
-:class:`~sqla_jobs.worker.WorkerEvent`.
+:class:`~sqla_jobs.worker.WorkerEvent` and recorded on the attempt's OpenTelemetry
+process span (:meth:`_emit`), whichever path recorded it; a batched done-mark's span
+is ended here, after its batch (see ``_otel.AttemptSpan``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from sqla_jobs import _otel
 from sqla_jobs.config import WorkerConfig
 from sqla_jobs.control import Control
 from sqla_jobs.exceptions import (
@@ -105,6 +108,9 @@ class Completer:
         self._batch: queue.SimpleQueue[Attempt | None] = queue.SimpleQueue()
         self._givebacks: collections.OrderedDict[int, int] = collections.OrderedDict()
         self._givebacks_lock = threading.Lock()
+        #: What :meth:`give_up` recorded for a run whose handler has not come back yet
+        #: (by lease): its span, still open on the handler's thread or task, gets it then.
+        self._given_up: dict[tuple[int, int], Outcome] = {}
 
     # --- on the handler's thread -------------------------------------------------------
 
@@ -160,7 +166,10 @@ class Completer:
             self.ledger.remove([job])
 
     def complete_later(self, attempt: Attempt) -> None:
-        """A handler that wrote nothing: its done-mark goes in the next batch."""
+        """A handler that wrote nothing: its done-mark goes in the next batch (which
+        then records the outcome on the attempt's span and ends it)."""
+        if attempt.span is not None:
+            attempt.span.hand_over()  # before the put: the batch may end it at once
         self.ledger.move(attempt.job, State.COMPLETING)
         self._batch.put(attempt)
 
@@ -252,6 +261,7 @@ class Completer:
             extra={**fields(job), "outcome": "connection_lost"},
         )
         self._release_lost(job)
+        _otel.settled(attempt.span, Outcome.RELEASED)
         return Outcome.RELEASED
 
     def _release_lost(self, job: Claimed) -> None:
@@ -309,7 +319,9 @@ class Completer:
         )
         duration = time.monotonic() - control.started
         attempt = Attempt(job, duration, exc, control=control)
-        self.fail(attempt)
+        outcome = self.fail(attempt)
+        if len(self._given_up) < 10_000:  # one per stuck handler; bounded all the same
+            self._given_up[job.lease] = outcome
         return None
 
     def release(self, jobs: Iterable[Claimed], *, quiet: bool = False) -> None:
@@ -400,6 +412,8 @@ class Completer:
                 self._done(item)
             else:
                 self._lost(item, "before its done-mark; it may run again")
+            if item.span is not None:
+                item.span.end()  # handed over by complete_later; its outcome is on it
 
     # --- outcomes ----------------------------------------------------------------------
 
@@ -430,7 +444,10 @@ class Completer:
                 what,
                 extra=fields(job, outcome="late"),
             )
-            self._emit(Outcome.LOST, attempt)
+            # The span tells what the worker recorded when it gave up (a retry, a
+            # death), not this late return's fenced-away write.
+            _otel.given_up(attempt.span, self._given_up.pop(job.lease, None))
+            self._emit(Outcome.LOST, attempt._replace(span=None))
             return Outcome.LOST
         log.warning(
             "job %s: claim lost (lease expired and the job was taken over, or an operator "
@@ -491,6 +508,8 @@ class Completer:
             )
 
     def _emit(self, outcome: Outcome, attempt: Attempt) -> None:
+        if attempt.span is not None:
+            _otel.settled(attempt.span, outcome)
         if not self.events:
             return
         job, exc = attempt.job, attempt.error

@@ -14,7 +14,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 import sqlalchemy as sa
 
@@ -136,8 +135,9 @@ class ThreadExecutor:
             return self._run_isolated(job, control)
         thread_conn.control = control
         control.on_interrupt(thread_conn.cancel_statement)
-        # The span stays open until the outcome is recorded (a retry, a death, a lost
-        # claim: _otel.settled), except a done-mark left to the next batch.
+        # The attempt carries its span to the completer, which records the outcome on
+        # it; the span ends with this block, or after the batch of a done-mark left to
+        # the completer (_otel.AttemptSpan).
         with _otel.process_span(job) as span:
             try:
                 session = _session.open_session(self.engine, thread_conn)
@@ -146,7 +146,7 @@ class ThreadExecutor:
                     thread_conn.control = None
                     self.job_took(attempt.duration)
                     if attempt.error is None and (attempt.wrote or attempt.result is not None):
-                        _otel.settled(span, self.completer.complete_in(session, attempt))
+                        self.completer.complete_in(session, attempt)
                         return self._given_up(control)
                 finally:
                     thread_conn.control = None
@@ -154,7 +154,7 @@ class ThreadExecutor:
                 if attempt.error is None:
                     self.completer.complete_later(attempt)
                 else:
-                    _otel.settled(span, self.completer.fail(attempt))
+                    self.completer.fail(attempt)
             except Exception as exc:  # bookkeeping itself failed (database down or lost)
                 self.completer.outcome_unknown(job, exc)
         return self._given_up(control)
@@ -170,13 +170,14 @@ class ThreadExecutor:
                 )
                 _otel.ended(span, error, _otel.outcome_of(error))
                 control.finish()
-                attempt = Attempt(job, time.monotonic() - control.started, error, control=control)
+                attempt = Attempt(
+                    job, time.monotonic() - control.started, error, control=control, span=span
+                )
                 self.job_took(attempt.duration)
                 if outcome is not None:
-                    done = outcome == _isolated.DONE
-                    _otel.settled(span, self.completer.finished_in_child(attempt, done))
+                    self.completer.finished_in_child(attempt, outcome == _isolated.DONE)
                 else:
-                    _otel.settled(span, self.completer.fail(attempt))
+                    self.completer.fail(attempt)
             except Exception:
                 log.exception(
                     "could not run or record job %s in a child process; it will be retried "
@@ -200,12 +201,15 @@ class ThreadExecutor:
         session: HandlerSession,
         thread_conn: ThreadConnection,
         control: Control,
-        span: Any,
+        span: _otel.AttemptSpan | None,
     ) -> Attempt:
-        """The handler's run; how it ended goes on its OpenTelemetry ``span``."""
+        """The handler's run; how it ended goes on its OpenTelemetry ``span``, which the
+        attempt carries to the completer."""
         attempt = self._run_handler(job, session, thread_conn, control)
+        if span is None:
+            return attempt
         _otel.ended(span, attempt.error, _otel.outcome_of(attempt.error))
-        return attempt
+        return attempt._replace(span=span)
 
     def _run_handler(
         self,

@@ -98,6 +98,9 @@ class Attempt(NamedTuple):
     result: str | None = None
     #: The run's deadline and cancel flag, when it had a handler run.
     control: Control | None = None
+    #: Its recording OpenTelemetry process span (an ``_otel.AttemptSpan``), on which
+    #: the completer records the outcome; None when nothing records.
+    span: Any = None
 
 
 class State(enum.Enum):

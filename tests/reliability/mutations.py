@@ -1052,17 +1052,43 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "otel_span_tells_retry_from_dead",
-        "a failed attempt's process span records whether the job was retried or is dead",
-        "sqla_jobs/worker/_executor.py",
-        "                    self.completer.complete_later(attempt)\n"
-        "                else:\n"
-        "                    _otel.settled(span, self.completer.fail(attempt))\n",
-        "                    self.completer.complete_later(attempt)\n"
-        "                else:\n"
-        "                    self.completer.fail(attempt)  # MUTATION\n",
+        "a failed attempt's process span records whether the job was retried or is dead "
+        "(thread and async handlers: the completer records it)",
+        "sqla_jobs/worker/_completer.py",
+        "            _otel.settled(attempt.span, outcome)\n",
+        "            _otel.settled(  # MUTATION\n"
+        "                attempt.span, Outcome.RETRY if outcome is Outcome.DEAD else outcome\n"
+        "            )\n",
         (
             "tests/test_tracing.py::"
             "test_each_retry_is_a_process_span_of_the_same_trace_with_the_error_recorded",
+        ),
+    ),
+    Mutation(
+        "otel_async_attempt_carries_its_span",
+        "an async handler's attempt takes its process span to the completer, which records "
+        "the outcome on it",
+        "sqla_jobs/worker/_async_executor.py",
+        "        return attempt._replace(span=span)\n",
+        "        return attempt  # MUTATION\n",
+        (
+            "tests/test_tracing.py::"
+            "test_each_retry_is_a_process_span_of_the_same_trace_with_the_error_recorded",
+        ),
+    ),
+    Mutation(
+        "otel_batched_done_mark_on_the_span",
+        "a handler that wrote nothing: its span ends after the batch done-mark, with the "
+        "batch's outcome (done or lost) on it",
+        "sqla_jobs/worker/_completer.py",
+        "        if attempt.span is not None:\n"
+        "            attempt.span.hand_over()  # before the put: the batch may end it at once\n",
+        "        pass  # MUTATION\n",
+        (
+            "tests/test_tracing.py::"
+            "test_every_path_that_marks_a_job_done_records_it_on_the_process_span",
+            "tests/test_tracing.py::"
+            "test_a_claim_lost_at_a_batched_or_child_done_mark_is_on_the_process_span",
         ),
     ),
     Mutation(
@@ -1077,14 +1103,27 @@ MUTATIONS: list[Mutation] = [
         ),
     ),
     Mutation(
+        "otel_given_up_outcome_on_the_span",
+        "a handler the worker gave up on: its span ends with what the worker recorded "
+        "then (retry, dead), not as a lost claim when the handler comes back",
+        "sqla_jobs/worker/_completer.py",
+        "            _otel.given_up(attempt.span, self._given_up.pop(job.lease, None))\n"
+        "            self._emit(Outcome.LOST, attempt._replace(span=None))\n",
+        "            self._emit(Outcome.LOST, attempt)  # MUTATION\n",
+        (
+            "tests/test_tracing.py::"
+            "test_a_handler_the_worker_gave_up_on_has_the_given_up_runs_outcome_on_its_span",
+        ),
+    ),
+    Mutation(
         "otel_process_span_is_current_in_the_handler",
         "the handler's session SQL (instrumented SQLAlchemy) nests under the process span",
         "sqla_jobs/_otel.py",
-        "    with trace.use_span(\n"
-        "        span, end_on_exit=True, record_exception=True, set_status_on_exception=True\n"
-        "    ):\n"
-        "        yield span\n",
-        "    try:  # MUTATION\n        yield span\n    finally:\n        span.end()\n",
+        "        with trace.use_span(\n"
+        "            span, end_on_exit=False, record_exception=True, set_status_on_exception=True\n"
+        "        ):\n"
+        "            yield traced\n",
+        "        if True:  # MUTATION\n            yield traced\n",
         (
             "tests/test_tracing.py::"
             "test_the_handlers_session_sql_nests_under_the_process_span_with_sqlalchemy_instrumented",
