@@ -180,3 +180,44 @@ def workflow_graph(status: ops.WorkflowStatus) -> list[StepRow]:
             )
         )
     return sorted(rows, key=lambda r: (r.stage, r.step.id))
+
+
+@dataclass(frozen=True)
+class Moment:
+    """One line of the job page's timeline: ``what`` happened (``enqueued``, ``ready``,
+    ``attempt``, ``cancel``, ``finished``, ``archived``) ``at``; an attempt's line is
+    placed at its claim."""
+
+    what: str
+    at: datetime | None
+    attempt: ops.AttemptRecord | None = None
+
+
+def timeline(job: ops.JobRecord) -> list[Moment]:
+    """The job's moments in time order.
+
+    ``run_at`` is when the *latest* attempt became ready, so it belongs after the
+    earlier attempts (and before the latest one's claim), or last when it is still
+    ahead. Sorted by time, stably: moments at the same instant keep the order they have
+    in the job's life (enqueued before ready, an attempt before its finish), and a
+    moment without a time stays after the one before it.
+    """
+    moments = [Moment("enqueued", job.created_at)]
+    moments += [Moment("attempt", a.claimed_at or a.ended_at, a) for a in job.history]
+    moments.append(Moment("ready", job.run_at))
+    moments += [
+        Moment(what, at)
+        for what, at in (
+            ("cancel", job.cancel_requested_at),
+            ("finished", job.finished_at),
+            ("archived", job.archived_at),
+        )
+        if at is not None
+    ]
+    keys = []
+    last = job.created_at
+    for m in moments:
+        last = m.at if m.at is not None else last
+        keys.append(last)
+    order = sorted(range(len(moments)), key=lambda i: keys[i])
+    return [moments[i] for i in order]

@@ -452,7 +452,10 @@ class Views:
 
         data = await self.read(load)
         live = None if data["job"].archived else f"ids={job_id}"
-        return self.render(request, viewer, "job.html", live=live, nav="jobs", **data)
+        timeline = _render.timeline(data["job"])
+        return self.render(
+            request, viewer, "job.html", live=live, nav="jobs", timeline=timeline, **data
+        )
 
     async def workflow(self, request: Request, viewer: Viewer) -> Response:
         workflow_id = request.path_params["workflow_id"]
