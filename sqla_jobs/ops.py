@@ -1154,24 +1154,26 @@ def _scope(queue: str | None, kind: str | None) -> tuple[str, str]:
 
 
 @_sessions.sync_form
-def pause(session: Session, queue: str | None = None, *, kind: str | None = None) -> None:
+def pause(session: Session, queue: str | None = None, *, kind: str | None = None) -> bool:
     """Stop every worker of the fleet from starting jobs of ``queue`` (or of ``kind``).
 
     Takes effect when the caller commits: every claim that begins after the commit
     leaves the queue out (the claim's own SQL reads the pause), on every host, and it
     stays paused across restarts until :func:`resume`. Running jobs finish; enqueueing
-    keeps working. Never commits.
+    keeps working. Returns False, writing nothing, when it was paused already. Any name
+    is accepted (a queue may get its first job later): :func:`unserved` says when no live
+    worker serves it. Never commits.
     """
     scope, name = _scope(queue, kind)
-    session.execute(control_sql.set_control(scope, name, paused=True))
+    return _changed(session, control_sql.set_control(scope, name, paused=True))
 
 
 @_sessions.sync_form
-def resume(session: Session, queue: str | None = None, *, kind: str | None = None) -> None:
-    """Undo :func:`pause`; at commit, a notification wakes the idle workers. Never commits."""
+def resume(session: Session, queue: str | None = None, *, kind: str | None = None) -> bool:
+    """Undo :func:`pause`; at commit, a notification wakes the idle workers. Returns
+    False, writing nothing, when it was not paused. Never commits."""
     scope, name = _scope(queue, kind)
-    session.execute(control_sql.set_control(scope, name, paused=False))
-    session.execute(control_sql.notify_control())
+    return _changed(session, control_sql.update_control(scope, name, paused=False), notify=True)
 
 
 @_sessions.sync_form
@@ -1182,42 +1184,96 @@ def set_limit(
     kind: str | None = None,
     concurrency: int | None = None,
     rate: str | validation.Rate | None = None,
-) -> None:
+) -> bool:
     """Override the limits of ``queue`` (or ``kind``) across the fleet, at run time.
 
     ``concurrency``: at most this many of its jobs run at once; ``rate`` (``"100/min"``):
     at most that many start in any window of that length. Only what is given changes;
     :func:`clear_limits` drops the overrides. Workers pick the change up within about a
-    second (at once for a raised or removed limit). Never commits.
+    second (at once for a raised or removed limit). Every bad value is named in one
+    ConfigError. Returns False, writing nothing, when the limits were so already. Never
+    commits.
     """
-    scope, name = _scope(queue, kind)
+    problems: list[str] = []
     values: dict[str, Any] = {}
+    try:
+        scope, name = _scope(queue, kind)
+    except ConfigError as exc:
+        problems.append(str(exc))
     if concurrency is not None:
-        values["concurrency"] = validation.check_limit("concurrency", concurrency, ConfigError)
+        try:
+            values["concurrency"] = validation.check_limit("concurrency", concurrency, ConfigError)
+        except ConfigError as exc:
+            problems.append(str(exc))
     if rate is not None:
-        checked = validation.check_rate("rate", rate, ConfigError)
-        values.update(rate_count=checked.count, rate_seconds=checked.seconds)
-    if not values:
-        raise ConfigError("set_limit needs a concurrency or a rate")
-    session.execute(control_sql.set_control(scope, name, **values))
-    session.execute(control_sql.notify_control())
+        try:
+            checked = validation.check_rate("rate", rate, ConfigError)
+            values.update(rate_count=checked.count, rate_seconds=checked.seconds)
+        except ConfigError as exc:
+            problems.append(str(exc))
+    if concurrency is None and rate is None:
+        problems.append("set_limit needs a concurrency or a rate")
+    if problems:
+        raise ConfigError("; ".join(problems))
+    return _changed(session, control_sql.set_control(scope, name, **values), notify=True)
 
 
 @_sessions.sync_form
 def clear_limits(
     session: Session, queue: str | None = None, *, kind: str | None = None, declared: bool = False
-) -> None:
+) -> bool:
     """Drop the operator's limits of ``queue`` (or ``kind``): the code's declared ones apply
     again; with ``declared``, those are dropped too (until a worker declaring them starts).
-    Never commits."""
+    Returns False, writing nothing, when there were none to drop. Never commits."""
     scope, name = _scope(queue, kind)
     values: dict[str, Any] = dict(concurrency=None, rate_count=None, rate_seconds=None)
     if declared:
         values.update(
             declared_concurrency=None, declared_rate_count=None, declared_rate_seconds=None
         )
-    session.execute(control_sql.set_control(scope, name, **values))
-    session.execute(control_sql.notify_control())
+    return _changed(session, control_sql.update_control(scope, name, **values), notify=True)
+
+
+def _changed(session: Session, statement: sa.Executable, notify: bool = False) -> bool:
+    """Run a control change; whether it changed anything (then, with ``notify``, wake
+    the listening workers at commit)."""
+    changed = session.execute(statement).first() is not None
+    if changed and notify:
+        session.execute(control_sql.notify_control())
+    return changed
+
+
+@dataclass(frozen=True)
+class Unserved:
+    """No live worker serves a queue (or kind) that has live workers around it: a pause
+    or limit of it is kept, but the name may be a typo. ``str()`` says so in a sentence."""
+
+    scope: str
+    name: str
+    live_workers: int
+
+    def __str__(self) -> str:
+        return (
+            f"none of the {self.live_workers} live worker(s) serves {self.scope} {self.name} "
+            "(a typo?); the setting is kept and applies to its jobs wherever they run"
+        )
+
+
+@_sessions.sync_form
+def unserved(
+    session: Session, queue: str | None = None, *, kind: str | None = None
+) -> Unserved | None:
+    """:class:`Unserved` when live workers exist and none of them serves ``queue`` (or
+    ``kind``); None when one does, or when no worker is live (nothing to compare with).
+
+    Any name is accepted by :func:`pause` and :func:`set_limit` (a queue may get its
+    first job later), so a typo would pass unnoticed: the CLI and the dashboard ask this
+    after those actions and show its sentence.
+    """
+    scope, name = _scope(queue, kind)
+    live = workers(session)
+    served = any(name in (w.queues if scope == control_sql.QUEUE else w.kinds) for w in live)
+    return Unserved(scope, name, len(live)) if live and not served else None
 
 
 def _control(row: Any) -> ControlState:
@@ -1595,6 +1651,7 @@ archive_async = _sessions.async_form(archive)
 prune_async = _sessions.async_form(prune)
 pause_async = _sessions.async_form(pause)
 resume_async = _sessions.async_form(resume)
+unserved_async = _sessions.async_form(unserved)
 set_limit_async = _sessions.async_form(set_limit)
 clear_limits_async = _sessions.async_form(clear_limits)
 controls_async = _sessions.async_form(controls)

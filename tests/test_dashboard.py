@@ -491,6 +491,105 @@ def test_pause_resume_and_limits_of_queues_and_kinds(
     assert client.post("/queues/pause", {"scope": "table", "name": "x"}).status_code == 400
 
 
+def live_worker(engine: sa.Engine, queues: str = "{default,mail}", kinds: str = "{noop}") -> None:
+    sql(
+        engine,
+        "INSERT INTO jobs_workers (id, host, pid, version, queues, kinds, concurrency, "
+        "started_at, heartbeat_at, expires_at) VALUES ('w-1', 'box', 42, '0.1.0', "
+        "CAST(:q AS text[]), CAST(:k AS text[]), 4, now(), now(), now() + interval '1 minute')",
+        q=queues,
+        k=kinds,
+    )
+
+
+def warning(page: str) -> str | None:
+    """The note a page adds after an action, if any."""
+    found = re.search(r'<p class="warn-box" role="alert">([^<]*)</p>', page)
+    return None if found is None else html.unescape(found.group(1))
+
+
+def test_pausing_or_limiting_a_name_no_live_worker_serves_notes_a_possible_typo(
+    engine: sa.Engine, make_client: MakeClient
+) -> None:
+    live_worker(engine)
+    client = make_client()
+    client.get("/queues")
+    typo = client.post("/queues/pause", {"scope": "queue", "name": "mial"})
+    page = client.get(typo.headers["location"]).text
+    assert flash(page) == "Paused queue mial: no worker starts its jobs until it is resumed."
+    # The sentence of ops.Unserved, the rule the CLI's pause and limit use too.
+    assert warning(page) == f"Note: {ops.Unserved('queue', 'mial', 1)}"
+    assert warning(page) == (
+        "Note: none of the 1 live worker(s) serves queue mial (a typo?); the setting is kept "
+        "and applies to its jobs wherever they run"
+    )
+    again = client.get(
+        client.post("/queues/pause", {"scope": "queue", "name": "mial"}).headers["location"]
+    )
+    assert warning(again.text) is not None  # paused already: still a typo
+    limited = client.post("/queues/limit", {"scope": "kind", "name": "nope", "concurrency": "2"})
+    assert warning(client.get(limited.headers["location"]).text) == (
+        f"Note: {ops.Unserved('kind', 'nope', 1)}"
+    )
+    for scope, name in (("queue", "mail"), ("kind", "noop")):  # served: no note
+        served = client.post("/queues/pause", {"scope": scope, "name": name})
+        assert warning(client.get(served.headers["location"]).text) is None
+    resumed = client.post("/queues/resume", {"scope": "queue", "name": "mial"})
+    assert warning(client.get(resumed.headers["location"]).text) is None  # only pause and limit
+
+
+def test_an_action_that_changes_nothing_says_so_and_is_not_recorded(
+    engine: sa.Engine, session: Session, make_client: MakeClient
+) -> None:
+    queued = new_job(session, "noop", {})
+    session.commit()
+    client = make_client(auth=lambda request: Decision("allow", user="olga"))
+    client.get("/queues")
+    for path, fields, said_ in (
+        ("/queues/resume", {"scope": "queue", "name": "mail"}, "queue mail was not paused."),
+        ("/queues/clear", {"scope": "kind", "name": "noop"}, "kind noop had no operator's limits."),
+    ):
+        response = client.post(path, fields)
+        assert html.unescape(said(client, response) or "") == (
+            f"Nothing changed, so nothing was recorded: {said_}"
+        )
+    assert audit(engine) == []
+    client.post("/queues/pause", {"scope": "queue", "name": "mail"})
+    paused = client.post("/queues/pause", {"scope": "queue", "name": "mail"})
+    assert said(client, paused) == (
+        "Nothing changed, so nothing was recorded: queue mail was paused already."
+    )
+    limit = {"scope": "kind", "name": "noop", "concurrency": "2", "rate": "10/min"}
+    client.post("/queues/limit", limit)
+    same = client.post("/queues/limit", {**limit, "rate": "10/60s"})  # the same rate
+    assert html.unescape(said(client, same) or "") == (
+        "Nothing changed, so nothing was recorded: the limits of kind noop were so already."
+    )
+    retried = client.post(f"/jobs/{queued}/retry")  # a queued job: nothing to retry
+    assert said(client, retried) == (
+        f"Job {queued} is queued: only jobs that are dead or cancelled can be retried."
+    )
+    assert [a[1:] for a in audit(engine)] == [
+        ("pause", "queue", "mail"),
+        ("limit", "kind", "noop"),
+    ]
+
+
+def test_limit_form_names_every_bad_value_at_once(
+    engine: sa.Engine, make_client: MakeClient
+) -> None:
+    client = make_client()
+    client.get("/queues")
+    bad = client.post(
+        "/queues/limit", {"scope": "queue", "name": "mail", "concurrency": "0", "rate": "fast"}
+    )
+    assert bad.status_code == 400
+    text = html.unescape(bad.text)
+    assert "Concurrency must be a whole number from 1 to 1000000, got '0'. Rate must be a " in text
+    assert "(like 100/min or 5/10s), got 'fast'" in text
+    assert audit(engine) == []
+
+
 # --- security ----------------------------------------------------------------------------
 
 

@@ -228,6 +228,9 @@ CASES: dict[str, Callable[[], Any]] = {
     "control.record_starts": lambda: control.record_starts(scope="kind", name="a", count=3),
     "control.forget_starts": lambda: control.forget_starts(scope="kind", name="a", older_than=60),
     "control.set_control": lambda: control.set_control("queue", "mail", paused=True),
+    "control.update_control": lambda: control.update_control(
+        "kind", "mail", concurrency=None, rate_count=None
+    ),
     "control.declare_limits": lambda: control.declare_limits(
         [
             {
