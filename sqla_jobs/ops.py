@@ -380,6 +380,8 @@ def stats(
             merge(found["done"], ("done_last_minute", "done_last_hour"))
             controls_ = tuple(_control(r) for r in conn.execute(_controls()))
             workers_ = tuple(_worker(r) for r in conn.execute(_live_workers()))
+            # The schedules in the same snapshot: no second connection and transaction.
+            schedules = _schedule_states(conn) if registry and registry.schedules else None
             conn.rollback()
     except sa_exc.ProgrammingError as exc:
         raise SchemaNotReadyError(
@@ -418,7 +420,11 @@ def stats(
         table=table,
         unknown_kinds=unknown,
         unserved_queues=unserved,
-        periodic=periodic_statuses(session, registry) if registry and registry.schedules else (),
+        periodic=(
+            _schedule_statuses(registry, taken_at, schedules)
+            if registry is not None and schedules is not None
+            else ()
+        ),
         controls=controls_,
         workers=workers_,
         unserved_jobs=_unserved_jobs(by_kind, workers_),
@@ -450,16 +456,27 @@ def periodic_statuses(session: Session, registry: Registry) -> tuple[ScheduleSta
     """
     bind = session.get_bind()
     engine = bind if isinstance(bind, sa.Engine) else bind.engine
+    with engine.connect() as conn:
+        now = conn.execute(periodic_sql.database_now()).scalar_one()
+        states = _schedule_states(conn)
+        conn.rollback()
+    return _schedule_statuses(registry, now, states)
+
+
+def _schedule_states(conn: sa.Connection) -> dict[str, Any]:
+    """The rows of ``jobs_periodic`` by name, with their last job's status."""
     try:
-        with engine.connect() as conn:
-            now = conn.execute(periodic_sql.database_now()).scalar_one()
-            states = {row.name: row for row in conn.execute(periodic_sql.list_states())}
-            conn.rollback()
+        return {row.name: row for row in conn.execute(_list_states())}
     except sa_exc.ProgrammingError as exc:
         raise SchemaNotReadyError(
             f"cannot read jobs_periodic (revision 0004); {schema.UPGRADE}: "
             f"{exceptions.db_error_text(exc)}"
         ) from None
+
+
+def _schedule_statuses(
+    registry: Registry, now: datetime, states: Mapping[str, Any]
+) -> tuple[ScheduleStatus, ...]:
     declared = {s.name: s for s in registry.schedules}
     found = []
     for name in sorted(set(declared) | set(states)):
@@ -490,6 +507,7 @@ def _float(value: Any) -> float | None:
 # parameter, _common.TAKEN_AT): building them and computing their SQLAlchemy cache keys
 # cost more CPU than the database spends answering them (the dashboard asks every second).
 _stats_head = functools.cache(stats_sql.stats_head)
+_list_states = functools.cache(periodic_sql.list_states)
 _controls = functools.cache(control_sql.controls)
 _live_workers = functools.cache(workers_sql.live)
 _throughput_now = functools.lru_cache(maxsize=8)(stats_sql.throughput_now)
@@ -1478,28 +1496,47 @@ def record_action(
 def audit_log(
     session: Session,
     *,
-    scope: str | None = None,
+    scope: str | Sequence[str] | None = None,
     target: str | int | None = None,
     limit: int = DEFAULT_LIMIT,
     before_id: int | None = None,
 ) -> list[AuditEntry]:
-    """Recorded actions, newest first; those of one ``scope`` (and ``target``) if given.
+    """Recorded actions, newest first; those of one ``scope`` (or of several, as
+    ``("queue", "kind")``; and ``target``) if given.
 
     Pages by keyset: pass the last entry's id as ``before_id``.
     """
     if target is not None and scope is None:
         raise ConfigError("audit_log: a target needs its scope (job, jobs, queue or kind)")
-    stmt = audit_sql.entries(
-        scope=None if scope is None else _audit_scope(scope),
-        target=None if target is None else str(target),
-        limit=_positive_int("limit", limit, MAX_LIMIT),
-        before_id=None if before_id is None else _non_negative_id(before_id, "before_id"),
-    )
+    scopes: str | tuple[str, ...] | None = None
+    if isinstance(scope, str):
+        scopes = _audit_scope(scope)
+    elif scope is not None:
+        scopes = tuple(_audit_scope(s) for s in dict.fromkeys(scope))
+        if not scopes:
+            raise ConfigError("audit_log: scope names no scope")
+    params = {
+        "target": None if target is None else str(target),
+        "limit": _positive_int("limit", limit, MAX_LIMIT),
+        "before_id": None if before_id is None else _non_negative_id(before_id, "before_id"),
+    }
+    stmt = _audit_entries(scopes, target is not None, before_id is not None)
     try:
-        found = session.execute(stmt).all()
+        found = session.execute(stmt, {k: v for k, v in params.items() if v is not None}).all()
     except sa_exc.ProgrammingError as exc:
         raise _audit_schema_error(exc) from None
     return [AuditEntry(**row._asdict()) for row in found]
+
+
+@functools.lru_cache(maxsize=32)
+def _audit_entries(
+    scope: str | tuple[str, ...] | None, by_target: bool, before: bool
+) -> sa.Select[Any]:
+    """:func:`audit_log`'s statement, built once per shape: its target, limit and
+    before_id are the execution's parameters."""
+    return audit_sql.entries(
+        scope=scope, target="" if by_target else None, limit=1, before_id=0 if before else None
+    )
 
 
 # --- the async twins (see sqla_jobs._sessions) --------------------------------------------

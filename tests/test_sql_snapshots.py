@@ -269,6 +269,7 @@ CASES: dict[str, Callable[[], Any]] = {
         actor="alice", action="retry", scope="job", target="1", detail='{"n": 1}'
     ),
     "audit.entries": lambda: audit.entries(scope="job", target="1", limit=20, before_id=9),
+    "audit.entries_scopes": lambda: audit.entries(scope=("queue", "kind"), limit=20),
 }
 
 
@@ -302,6 +303,7 @@ def test_every_statement_builder_has_a_snapshot_case() -> None:
         "admin.list_jobs_meta_tags",
         "admin.list_jobs_newer_than_near",
         "admin.list_jobs_newer_than_matches",
+        "audit.entries_scopes",
     }
     assert _builders() == set(CASES) - variants
 

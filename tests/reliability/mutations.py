@@ -1182,7 +1182,8 @@ MUTATIONS: list[Mutation] = [
         "control_change_only_when_different",
         "a control change writes (and reports a change) only when a value differs",
         "sqla_jobs/sql/control.py",
-        "        where=sa.or_(*(queue_controls.c[k].is_distinct_from(stmt.excluded[k]) for k in values)),\n"
+        "        where=sa.or_(*(queue_controls.c[k].is_distinct_from(stmt.excluded[k]) "
+        "for k in values)),\n"
         "    ).returning(queue_controls.c.scope)",
         "    ).returning(queue_controls.c.scope)  # MUTATION",
         (CONTROL_NO_CHANGE, DASHBOARD_NO_CHANGE),
@@ -1191,9 +1192,11 @@ MUTATIONS: list[Mutation] = [
         "dashboard_records_changes_only",
         "the dashboard records a queue or kind action only when it changed something",
         "sqla_jobs/dashboard/_views.py",
-        '            if changed:\n                action = "clear-limits" if verb == "clear" else verb\n'
+        "            if changed:\n"
+        '                action = "clear-limits" if verb == "clear" else verb\n'
         "                _record(",
-        '            if True:  # MUTATION\n                action = "clear-limits" if verb == "clear" else verb\n'
+        "            if True:  # MUTATION\n"
+        '                action = "clear-limits" if verb == "clear" else verb\n'
         "                _record(",
         (DASHBOARD_NO_CHANGE,),
     ),
@@ -1201,7 +1204,8 @@ MUTATIONS: list[Mutation] = [
         "dashboard_notes_unserved",
         "the dashboard notes a paused or limited name no live worker serves (ops.unserved)",
         "sqla_jobs/dashboard/_views.py",
-        "            unserved = ops.unserved(session, **{scope: name}) if verb in WARN_UNSERVED else None\n",
+        "            unserved = ops.unserved(session, **{scope: name}) "
+        "if verb in WARN_UNSERVED else None\n",
         "            unserved = None  # MUTATION\n",
         (DASHBOARD_UNSERVED,),
     ),
