@@ -204,6 +204,26 @@ def test_overview_counts_and_chart_come_from_ops(
     assert page.count('class="done"') >= 1 and page.count('class="dead"') >= 1
 
 
+def test_the_queues_page_reads_in_five_statements_on_two_connections(
+    engine: sa.Engine, session: Session, make_client: MakeClient
+) -> None:
+    seed(engine, session)
+    client = make_client(registry=periodic_registry)  # schedules: not read for this page
+    client.get("/queues")
+    statements: list[str] = []
+    checkouts: list[object] = []
+    sa.event.listen(engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+    sa.event.listen(engine, "checkout", lambda *a: checkouts.append(a))
+    page = client.get("/queues")
+    assert page.status_code == 200 and "Actions on queues and kinds" in page.text
+    # stats' snapshot: its head, the counts, the controls, the workers; then the audit
+    # entries of queues and kinds in one statement, on the read session.
+    assert len(statements) == 5, statements
+    assert len(checkouts) == 2
+    assert not [s for s in statements if "jobs_periodic" in s]
+    assert len([s for s in statements if "FROM jobs_audit" in s]) == 1
+
+
 def test_jobs_page_filters_and_pages_by_keyset(
     engine: sa.Engine, session: Session, make_client: MakeClient
 ) -> None:
