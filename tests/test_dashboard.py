@@ -1079,6 +1079,8 @@ def test_an_action_that_does_nothing_to_a_job_says_why(
         "nothing to do."
     )
     assert status_of(engine, done) == "done"
+    # Only the action that changed something is in the audit trail.
+    assert [a[1:] for a in audit(engine)] == [("delete", "job", str(queued))]
 
 
 def test_audit_page_filters_by_scope_and_target_and_names_unknown_parameters(
