@@ -307,3 +307,21 @@ def test_the_job_page_timeline_is_in_time_order_with_ready_at_before_the_attempt
     stamps = [re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", line) for line in lines]
     found = [s.group(0) for s in stamps if s is not None]
     assert len(found) == 3 and found == sorted(found)
+
+
+def test_the_timeline_starts_with_enqueued_and_ends_with_finished_whatever_the_clocks_say(
+    engine: sa.Engine,
+) -> None:
+    # finished_at from the transaction's start, created_at from the statement's: the
+    # finish microseconds before the enqueue, as a row written by hand can have.
+    with engine.begin() as conn:
+        conn.execute(sa.text("SELECT pg_sleep(0.01)"))
+        job_id = conn.execute(
+            sa.text(
+                "INSERT INTO jobs (kind, payload, status, attempts, created_at, run_at, "
+                "finished_at) VALUES ('flaky', '{}', 'dead', 3, clock_timestamp(), "
+                "clock_timestamp(), now()) RETURNING id"
+            )
+        ).scalar_one()
+    lines = timeline(engine, job_id)
+    assert [line.split(" ")[0] for line in lines] == ["Enqueued", "Latest", "Finished"]

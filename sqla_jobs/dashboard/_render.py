@@ -198,26 +198,25 @@ def timeline(job: ops.JobRecord) -> list[Moment]:
 
     ``run_at`` is when the *latest* attempt became ready, so it belongs after the
     earlier attempts (and before the latest one's claim), or last when it is still
-    ahead. Sorted by time, stably: moments at the same instant keep the order they have
-    in the job's life (enqueued before ready, an attempt before its finish), and a
-    moment without a time stays after the one before it.
+    ahead. Enqueued comes first and the finish, then the archiving, last, whatever
+    their clocks say (``created_at`` and ``finished_at`` may come from different clocks
+    of the server and be microseconds out of step); the attempts, the ready time and a
+    cancel request between them are sorted by time, stably (an attempt without a time
+    stays after the moment before it).
     """
-    moments = [Moment("enqueued", job.created_at)]
-    moments += [Moment("attempt", a.claimed_at or a.ended_at, a) for a in job.history]
-    moments.append(Moment("ready", job.run_at))
-    moments += [
-        Moment(what, at)
-        for what, at in (
-            ("cancel", job.cancel_requested_at),
-            ("finished", job.finished_at),
-            ("archived", job.archived_at),
-        )
-        if at is not None
-    ]
+    middle = [Moment("attempt", a.claimed_at or a.ended_at, a) for a in job.history]
+    middle.append(Moment("ready", job.run_at))
+    if job.cancel_requested_at is not None:
+        middle.append(Moment("cancel", job.cancel_requested_at))
     keys = []
     last = job.created_at
-    for m in moments:
+    for m in middle:
         last = m.at if m.at is not None else last
         keys.append(last)
-    order = sorted(range(len(moments)), key=lambda i: keys[i])
-    return [moments[i] for i in order]
+    order = sorted(range(len(middle)), key=lambda i: keys[i])
+    ends = [
+        Moment(what, at)
+        for what, at in (("finished", job.finished_at), ("archived", job.archived_at))
+        if at is not None
+    ]
+    return [Moment("enqueued", job.created_at), *(middle[i] for i in order), *ends]
