@@ -585,7 +585,11 @@ def _add_ops_commands(sub: Any) -> None:
     p = command("limit", "set fleet-wide limits of a queue (or --kind) at run time")
     p.add_argument("queue", nargs="?")
     p.add_argument("--kind")
-    p.add_argument("--concurrency", type=int, metavar="N", help="at most N running at once")
+    # Not type=int: argparse would stop at a bad N before a bad RATE is seen; ops.set_limit
+    # names every bad value at once.
+    p.add_argument(
+        "--concurrency", type=_whole_or_text, metavar="N", help="at most N running at once"
+    )
     p.add_argument("--rate", metavar="RATE", help="at most RATE starts, e.g. 100/min, 10/s")
     p.add_argument(
         "--clear", action="store_true", help="drop the overrides: the code's limits apply"
@@ -1208,6 +1212,15 @@ def _cmd_prune(session: Any, args: argparse.Namespace) -> int:
     return 0
 
 
+def _whole_or_text(text: str) -> int | str:
+    """``--concurrency``'s value: a whole number, else the text as given (refused by
+    ``ops.set_limit`` with every other bad value)."""
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
 def _scope_args(args: argparse.Namespace) -> dict[str, str | None]:
     if (args.queue is None) == (args.kind is None):
         raise ConfigError(f"{args.command} needs a queue name or --kind KIND (one of them)")
@@ -1221,9 +1234,12 @@ def _scope_text(args: argparse.Namespace) -> str:
 def _cmd_pause(session: Any, args: argparse.Namespace) -> int:
     from sqla_jobs import ops
 
-    ops.pause(session, **_scope_args(args))
+    changed = ops.pause(session, **_scope_args(args))
     session.commit()
-    print(f"paused {_scope_text(args)}: no worker starts its jobs until resumed")
+    if changed:
+        print(f"paused {_scope_text(args)}: no worker starts its jobs until resumed")
+    else:
+        print(f"{_scope_text(args)} was paused already: nothing changed")
     _note_if_unserved(session, args)
     return 0
 
@@ -1231,9 +1247,12 @@ def _cmd_pause(session: Any, args: argparse.Namespace) -> int:
 def _cmd_resume(session: Any, args: argparse.Namespace) -> int:
     from sqla_jobs import ops
 
-    ops.resume(session, **_scope_args(args))
+    changed = ops.resume(session, **_scope_args(args))
     session.commit()
-    print(f"resumed {_scope_text(args)}")
+    if changed:
+        print(f"resumed {_scope_text(args)}")
+    else:
+        print(f"{_scope_text(args)} was not paused: nothing changed")
     return 0
 
 
@@ -1246,39 +1265,32 @@ def _cmd_limit(session: Any, args: argparse.Namespace) -> int:
     if args.clear:
         if args.concurrency is not None or args.rate is not None:
             return _fail("--clear takes no --concurrency or --rate")
-        ops.clear_limits(session, **scope, declared=args.clear_declared)
+        changed = ops.clear_limits(session, **scope, declared=args.clear_declared)
     else:
-        ops.set_limit(session, **scope, concurrency=args.concurrency, rate=args.rate)
+        changed = ops.set_limit(session, **scope, concurrency=args.concurrency, rate=args.rate)
         _note_if_unserved(session, args)
     session.commit()
     found = [c for c in ops.controls(session) if (c.scope, c.name) == _scope_key(args)]
     if not found:
-        print(f"{_scope_text(args)}: no limits")
+        state = f"{_scope_text(args)}: no limits"
     else:
         c = found[0]
-        print(
+        state = (
             f"{_scope_text(args)}: concurrency {c.concurrency or 'unlimited'}, "
             f"rate {c.rate or 'unlimited'}" + (" (paused)" if c.paused else "")
         )
+    print(state if changed else f"{state} (so already: nothing changed)")
     return 0
 
 
 def _note_if_unserved(session: Any, args: argparse.Namespace) -> None:
-    """Any name is accepted (a queue may get its first job later), so a typo would pass
-    unnoticed: say so when live workers exist and none of them serves the name."""
+    """Say when live workers exist and none of them serves the name (a typo?): the rule
+    is :func:`sqla_jobs.ops.unserved`, shared with the dashboard."""
     from sqla_jobs import ops
 
-    live = ops.workers(session)
-    if args.queue is not None:
-        served = any(args.queue in w.queues for w in live)
-    else:
-        served = any(args.kind in w.kinds for w in live)
-    if live and not served:
-        print(
-            f"note: none of the {len(live)} live worker(s) serves {_scope_text(args)} "
-            "(a typo?); the setting is kept and applies to its jobs wherever they run",
-            file=sys.stderr,
-        )
+    found = ops.unserved(session, args.queue, kind=args.kind)
+    if found is not None:
+        print(f"note: {found}", file=sys.stderr)
 
 
 def _scope_key(args: argparse.Namespace) -> tuple[str, str]:

@@ -380,6 +380,8 @@ def stats(
             merge(found["done"], ("done_last_minute", "done_last_hour"))
             controls_ = tuple(_control(r) for r in conn.execute(_controls()))
             workers_ = tuple(_worker(r) for r in conn.execute(_live_workers()))
+            # The schedules in the same snapshot: no second connection and transaction.
+            schedules = _schedule_states(conn) if registry and registry.schedules else None
             conn.rollback()
     except sa_exc.ProgrammingError as exc:
         raise SchemaNotReadyError(
@@ -418,7 +420,11 @@ def stats(
         table=table,
         unknown_kinds=unknown,
         unserved_queues=unserved,
-        periodic=periodic_statuses(session, registry) if registry and registry.schedules else (),
+        periodic=(
+            _schedule_statuses(registry, taken_at, schedules)
+            if registry is not None and schedules is not None
+            else ()
+        ),
         controls=controls_,
         workers=workers_,
         unserved_jobs=_unserved_jobs(by_kind, workers_),
@@ -450,16 +456,27 @@ def periodic_statuses(session: Session, registry: Registry) -> tuple[ScheduleSta
     """
     bind = session.get_bind()
     engine = bind if isinstance(bind, sa.Engine) else bind.engine
+    with engine.connect() as conn:
+        now = conn.execute(periodic_sql.database_now()).scalar_one()
+        states = _schedule_states(conn)
+        conn.rollback()
+    return _schedule_statuses(registry, now, states)
+
+
+def _schedule_states(conn: sa.Connection) -> dict[str, Any]:
+    """The rows of ``jobs_periodic`` by name, with their last job's status."""
     try:
-        with engine.connect() as conn:
-            now = conn.execute(periodic_sql.database_now()).scalar_one()
-            states = {row.name: row for row in conn.execute(periodic_sql.list_states())}
-            conn.rollback()
+        return {row.name: row for row in conn.execute(_list_states())}
     except sa_exc.ProgrammingError as exc:
         raise SchemaNotReadyError(
             f"cannot read jobs_periodic (revision 0004); {schema.UPGRADE}: "
             f"{exceptions.db_error_text(exc)}"
         ) from None
+
+
+def _schedule_statuses(
+    registry: Registry, now: datetime, states: Mapping[str, Any]
+) -> tuple[ScheduleStatus, ...]:
     declared = {s.name: s for s in registry.schedules}
     found = []
     for name in sorted(set(declared) | set(states)):
@@ -490,6 +507,7 @@ def _float(value: Any) -> float | None:
 # parameter, _common.TAKEN_AT): building them and computing their SQLAlchemy cache keys
 # cost more CPU than the database spends answering them (the dashboard asks every second).
 _stats_head = functools.cache(stats_sql.stats_head)
+_list_states = functools.cache(periodic_sql.list_states)
 _controls = functools.cache(control_sql.controls)
 _live_workers = functools.cache(workers_sql.live)
 _throughput_now = functools.lru_cache(maxsize=8)(stats_sql.throughput_now)
@@ -1183,24 +1201,26 @@ def _scope(queue: str | None, kind: str | None) -> tuple[str, str]:
 
 
 @_sessions.sync_form
-def pause(session: Session, queue: str | None = None, *, kind: str | None = None) -> None:
+def pause(session: Session, queue: str | None = None, *, kind: str | None = None) -> bool:
     """Stop every worker of the fleet from starting jobs of ``queue`` (or of ``kind``).
 
     Takes effect when the caller commits: every claim that begins after the commit
     leaves the queue out (the claim's own SQL reads the pause), on every host, and it
     stays paused across restarts until :func:`resume`. Running jobs finish; enqueueing
-    keeps working. Never commits.
+    keeps working. Returns False, writing nothing, when it was paused already. Any name
+    is accepted (a queue may get its first job later): :func:`unserved` says when no live
+    worker serves it. Never commits.
     """
     scope, name = _scope(queue, kind)
-    session.execute(control_sql.set_control(scope, name, paused=True))
+    return _changed(session, control_sql.set_control(scope, name, paused=True))
 
 
 @_sessions.sync_form
-def resume(session: Session, queue: str | None = None, *, kind: str | None = None) -> None:
-    """Undo :func:`pause`; at commit, a notification wakes the idle workers. Never commits."""
+def resume(session: Session, queue: str | None = None, *, kind: str | None = None) -> bool:
+    """Undo :func:`pause`; at commit, a notification wakes the idle workers. Returns
+    False, writing nothing, when it was not paused. Never commits."""
     scope, name = _scope(queue, kind)
-    session.execute(control_sql.set_control(scope, name, paused=False))
-    session.execute(control_sql.notify_control())
+    return _changed(session, control_sql.update_control(scope, name, paused=False), notify=True)
 
 
 @_sessions.sync_form
@@ -1211,42 +1231,96 @@ def set_limit(
     kind: str | None = None,
     concurrency: int | None = None,
     rate: str | validation.Rate | None = None,
-) -> None:
+) -> bool:
     """Override the limits of ``queue`` (or ``kind``) across the fleet, at run time.
 
     ``concurrency``: at most this many of its jobs run at once; ``rate`` (``"100/min"``):
     at most that many start in any window of that length. Only what is given changes;
     :func:`clear_limits` drops the overrides. Workers pick the change up within about a
-    second (at once for a raised or removed limit). Never commits.
+    second (at once for a raised or removed limit). Every bad value is named in one
+    ConfigError. Returns False, writing nothing, when the limits were so already. Never
+    commits.
     """
-    scope, name = _scope(queue, kind)
+    problems: list[str] = []
     values: dict[str, Any] = {}
+    try:
+        scope, name = _scope(queue, kind)
+    except ConfigError as exc:
+        problems.append(str(exc))
     if concurrency is not None:
-        values["concurrency"] = validation.check_limit("concurrency", concurrency, ConfigError)
+        try:
+            values["concurrency"] = validation.check_limit("concurrency", concurrency, ConfigError)
+        except ConfigError as exc:
+            problems.append(str(exc))
     if rate is not None:
-        checked = validation.check_rate("rate", rate, ConfigError)
-        values.update(rate_count=checked.count, rate_seconds=checked.seconds)
-    if not values:
-        raise ConfigError("set_limit needs a concurrency or a rate")
-    session.execute(control_sql.set_control(scope, name, **values))
-    session.execute(control_sql.notify_control())
+        try:
+            checked = validation.check_rate("rate", rate, ConfigError)
+            values.update(rate_count=checked.count, rate_seconds=checked.seconds)
+        except ConfigError as exc:
+            problems.append(str(exc))
+    if concurrency is None and rate is None:
+        problems.append("set_limit needs a concurrency or a rate")
+    if problems:
+        raise ConfigError("; ".join(problems))
+    return _changed(session, control_sql.set_control(scope, name, **values), notify=True)
 
 
 @_sessions.sync_form
 def clear_limits(
     session: Session, queue: str | None = None, *, kind: str | None = None, declared: bool = False
-) -> None:
+) -> bool:
     """Drop the operator's limits of ``queue`` (or ``kind``): the code's declared ones apply
     again; with ``declared``, those are dropped too (until a worker declaring them starts).
-    Never commits."""
+    Returns False, writing nothing, when there were none to drop. Never commits."""
     scope, name = _scope(queue, kind)
     values: dict[str, Any] = dict(concurrency=None, rate_count=None, rate_seconds=None)
     if declared:
         values.update(
             declared_concurrency=None, declared_rate_count=None, declared_rate_seconds=None
         )
-    session.execute(control_sql.set_control(scope, name, **values))
-    session.execute(control_sql.notify_control())
+    return _changed(session, control_sql.update_control(scope, name, **values), notify=True)
+
+
+def _changed(session: Session, statement: sa.Executable, notify: bool = False) -> bool:
+    """Run a control change; whether it changed anything (then, with ``notify``, wake
+    the listening workers at commit)."""
+    changed = session.execute(statement).first() is not None
+    if changed and notify:
+        session.execute(control_sql.notify_control())
+    return changed
+
+
+@dataclass(frozen=True)
+class Unserved:
+    """No live worker serves a queue (or kind) that has live workers around it: a pause
+    or limit of it is kept, but the name may be a typo. ``str()`` says so in a sentence."""
+
+    scope: str
+    name: str
+    live_workers: int
+
+    def __str__(self) -> str:
+        return (
+            f"none of the {self.live_workers} live worker(s) serves {self.scope} {self.name} "
+            "(a typo?); the setting is kept and applies to its jobs wherever they run"
+        )
+
+
+@_sessions.sync_form
+def unserved(
+    session: Session, queue: str | None = None, *, kind: str | None = None
+) -> Unserved | None:
+    """:class:`Unserved` when live workers exist and none of them serves ``queue`` (or
+    ``kind``); None when one does, or when no worker is live (nothing to compare with).
+
+    Any name is accepted by :func:`pause` and :func:`set_limit` (a queue may get its
+    first job later), so a typo would pass unnoticed: the CLI and the dashboard ask this
+    after those actions and show its sentence.
+    """
+    scope, name = _scope(queue, kind)
+    live = workers(session)
+    served = any(name in (w.queues if scope == control_sql.QUEUE else w.kinds) for w in live)
+    return Unserved(scope, name, len(live)) if live and not served else None
 
 
 def _control(row: Any) -> ControlState:
@@ -1451,28 +1525,47 @@ def record_action(
 def audit_log(
     session: Session,
     *,
-    scope: str | None = None,
+    scope: str | Sequence[str] | None = None,
     target: str | int | None = None,
     limit: int = DEFAULT_LIMIT,
     before_id: int | None = None,
 ) -> list[AuditEntry]:
-    """Recorded actions, newest first; those of one ``scope`` (and ``target``) if given.
+    """Recorded actions, newest first; those of one ``scope`` (or of several, as
+    ``("queue", "kind")``; and ``target``) if given.
 
     Pages by keyset: pass the last entry's id as ``before_id``.
     """
     if target is not None and scope is None:
         raise ConfigError("audit_log: a target needs its scope (job, jobs, queue or kind)")
-    stmt = audit_sql.entries(
-        scope=None if scope is None else _audit_scope(scope),
-        target=None if target is None else str(target),
-        limit=_positive_int("limit", limit, MAX_LIMIT),
-        before_id=None if before_id is None else _non_negative_id(before_id, "before_id"),
-    )
+    scopes: str | tuple[str, ...] | None = None
+    if isinstance(scope, str):
+        scopes = _audit_scope(scope)
+    elif scope is not None:
+        scopes = tuple(_audit_scope(s) for s in dict.fromkeys(scope))
+        if not scopes:
+            raise ConfigError("audit_log: scope names no scope")
+    params = {
+        "target": None if target is None else str(target),
+        "limit": _positive_int("limit", limit, MAX_LIMIT),
+        "before_id": None if before_id is None else _non_negative_id(before_id, "before_id"),
+    }
+    stmt = _audit_entries(scopes, target is not None, before_id is not None)
     try:
-        found = session.execute(stmt).all()
+        found = session.execute(stmt, {k: v for k, v in params.items() if v is not None}).all()
     except sa_exc.ProgrammingError as exc:
         raise _audit_schema_error(exc) from None
     return [AuditEntry(**row._asdict()) for row in found]
+
+
+@functools.lru_cache(maxsize=32)
+def _audit_entries(
+    scope: str | tuple[str, ...] | None, by_target: bool, before: bool
+) -> sa.Select[Any]:
+    """:func:`audit_log`'s statement, built once per shape: its target, limit and
+    before_id are the execution's parameters."""
+    return audit_sql.entries(
+        scope=scope, target="" if by_target else None, limit=1, before_id=0 if before else None
+    )
 
 
 # --- the async twins (see sqla_jobs._sessions) --------------------------------------------
@@ -1760,6 +1853,7 @@ archive_async = _sessions.async_form(archive)
 prune_async = _sessions.async_form(prune)
 pause_async = _sessions.async_form(pause)
 resume_async = _sessions.async_form(resume)
+unserved_async = _sessions.async_form(unserved)
 set_limit_async = _sessions.async_form(set_limit)
 clear_limits_async = _sessions.async_form(clear_limits)
 controls_async = _sessions.async_form(controls)

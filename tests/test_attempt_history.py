@@ -248,3 +248,80 @@ def test_show_says_a_job_not_claimed_yet_has_no_history(engine: sa.Engine, db_ur
         job_id = enqueue(session, "flaky", {})
         session.commit()
     assert "history:         -" in ok(db_url, "show", str(job_id))
+
+
+def _timeline_job(engine: sa.Engine, status: str, run_in: str, **columns: Any) -> int:
+    """A job enqueued an hour ago whose first attempt failed 50 minutes ago and whose
+    latest attempt became ready ``run_in`` from now (negative: in the past)."""
+    failed = {
+        "attempt": 1,
+        "worker": "w-1",
+        "outcome": "failed",
+        "then": "queued",
+        "error": "boom",
+    }
+    values = {"attempted_at": None, "finished_at": None, "attempts": 1, **columns}
+    with engine.begin() as conn:
+        return int(
+            conn.execute(
+                sa.text(
+                    "INSERT INTO jobs (kind, payload, status, attempts, worker, created_at, "
+                    "run_at, attempted_at, finished_at, errors) VALUES ('flaky', '{}', "
+                    "CAST(:status AS job_status), :attempts, 'w-1', now() - interval '1 hour', "
+                    "now() + CAST(:run_in AS interval), :attempted_at, :finished_at, "
+                    "jsonb_build_array(CAST(:failed AS jsonb) || jsonb_build_object("
+                    "'claimed_at', now() - interval '55 minutes', "
+                    "'at', now() - interval '50 minutes'))) RETURNING id"
+                ),
+                {"status": status, "run_in": run_in, "failed": json.dumps(failed), **values},
+            ).scalar_one()
+        )
+
+
+def test_the_job_page_timeline_is_in_time_order_with_ready_at_before_the_attempt_it_readied(
+    engine: sa.Engine,
+) -> None:
+    now = scalar(engine, "SELECT now()")
+    done = _timeline_job(
+        engine,
+        "done",
+        "-40 minutes",
+        attempts=2,
+        attempted_at=now - timedelta(minutes=30),
+        finished_at=now - timedelta(minutes=29),
+    )
+    assert [line.split(" ")[0] for line in timeline(engine, done)] == [
+        "Enqueued",
+        "Attempt",  # 1, failed
+        "Latest",  # attempt 2 became ready 40 minutes ago ...
+        "Attempt",  # ... and was claimed 30 minutes ago
+        "Finished",
+    ]
+    lines = timeline(engine, done)
+    assert lines[1].startswith("Attempt 1 ") and lines[3].startswith("Attempt 2 ")
+    # A retry still ahead: its "Ready at" comes last, after the failed attempt.
+    later = _timeline_job(engine, "queued", "10 minutes")
+    lines = timeline(engine, later)
+    assert [line.split(" ")[0] for line in lines] == ["Enqueued", "Attempt", "Ready"]
+    # Every line's first timestamp (the attempt's claim) is no earlier than the one before.
+    stamps = [re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", line) for line in lines]
+    found = [s.group(0) for s in stamps if s is not None]
+    assert len(found) == 3 and found == sorted(found)
+
+
+def test_the_timeline_starts_with_enqueued_and_ends_with_finished_whatever_the_clocks_say(
+    engine: sa.Engine,
+) -> None:
+    # finished_at from the transaction's start, created_at from the statement's: the
+    # finish microseconds before the enqueue, as a row written by hand can have.
+    with engine.begin() as conn:
+        conn.execute(sa.text("SELECT pg_sleep(0.01)"))
+        job_id = conn.execute(
+            sa.text(
+                "INSERT INTO jobs (kind, payload, status, attempts, created_at, run_at, "
+                "finished_at) VALUES ('flaky', '{}', 'dead', 3, clock_timestamp(), "
+                "clock_timestamp(), now()) RETURNING id"
+            )
+        ).scalar_one()
+    lines = timeline(engine, job_id)
+    assert [line.split(" ")[0] for line in lines] == ["Enqueued", "Latest", "Finished"]

@@ -204,6 +204,26 @@ def test_overview_counts_and_chart_come_from_ops(
     assert page.count('class="done"') >= 1 and page.count('class="dead"') >= 1
 
 
+def test_the_queues_page_reads_in_five_statements_on_two_connections(
+    engine: sa.Engine, session: Session, make_client: MakeClient
+) -> None:
+    seed(engine, session)
+    client = make_client(registry=periodic_registry)  # schedules: not read for this page
+    client.get("/queues")
+    statements: list[str] = []
+    checkouts: list[object] = []
+    sa.event.listen(engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+    sa.event.listen(engine, "checkout", lambda *a: checkouts.append(a))
+    page = client.get("/queues")
+    assert page.status_code == 200 and "Actions on queues and kinds" in page.text
+    # stats' snapshot: its head, the counts, the controls, the workers; then the audit
+    # entries of queues and kinds in one statement, on the read session.
+    assert len(statements) == 5, statements
+    assert len(checkouts) == 2
+    assert not [s for s in statements if "jobs_periodic" in s]
+    assert len([s for s in statements if "FROM jobs_audit" in s]) == 1
+
+
 def test_jobs_page_filters_and_pages_by_keyset(
     engine: sa.Engine, session: Session, make_client: MakeClient
 ) -> None:
@@ -489,6 +509,105 @@ def test_pause_resume_and_limits_of_queues_and_kinds(
     bad = client.post("/queues/limit", {"scope": "kind", "name": "effect", "rate": "fast"})
     assert bad.status_code == 400 and "Rate must be a count" in bad.text
     assert client.post("/queues/pause", {"scope": "table", "name": "x"}).status_code == 400
+
+
+def live_worker(engine: sa.Engine, queues: str = "{default,mail}", kinds: str = "{noop}") -> None:
+    sql(
+        engine,
+        "INSERT INTO jobs_workers (id, host, pid, version, queues, kinds, concurrency, "
+        "started_at, heartbeat_at, expires_at) VALUES ('w-1', 'box', 42, '0.1.0', "
+        "CAST(:q AS text[]), CAST(:k AS text[]), 4, now(), now(), now() + interval '1 minute')",
+        q=queues,
+        k=kinds,
+    )
+
+
+def warning(page: str) -> str | None:
+    """The note a page adds after an action, if any."""
+    found = re.search(r'<p class="warn-box" role="alert">([^<]*)</p>', page)
+    return None if found is None else html.unescape(found.group(1))
+
+
+def test_pausing_or_limiting_a_name_no_live_worker_serves_notes_a_possible_typo(
+    engine: sa.Engine, make_client: MakeClient
+) -> None:
+    live_worker(engine)
+    client = make_client()
+    client.get("/queues")
+    typo = client.post("/queues/pause", {"scope": "queue", "name": "mial"})
+    page = client.get(typo.headers["location"]).text
+    assert flash(page) == "Paused queue mial: no worker starts its jobs until it is resumed."
+    # The sentence of ops.Unserved, the rule the CLI's pause and limit use too.
+    assert warning(page) == f"Note: {ops.Unserved('queue', 'mial', 1)}"
+    assert warning(page) == (
+        "Note: none of the 1 live worker(s) serves queue mial (a typo?); the setting is kept "
+        "and applies to its jobs wherever they run"
+    )
+    again = client.get(
+        client.post("/queues/pause", {"scope": "queue", "name": "mial"}).headers["location"]
+    )
+    assert warning(again.text) is not None  # paused already: still a typo
+    limited = client.post("/queues/limit", {"scope": "kind", "name": "nope", "concurrency": "2"})
+    assert warning(client.get(limited.headers["location"]).text) == (
+        f"Note: {ops.Unserved('kind', 'nope', 1)}"
+    )
+    for scope, name in (("queue", "mail"), ("kind", "noop")):  # served: no note
+        served = client.post("/queues/pause", {"scope": scope, "name": name})
+        assert warning(client.get(served.headers["location"]).text) is None
+    resumed = client.post("/queues/resume", {"scope": "queue", "name": "mial"})
+    assert warning(client.get(resumed.headers["location"]).text) is None  # only pause and limit
+
+
+def test_an_action_that_changes_nothing_says_so_and_is_not_recorded(
+    engine: sa.Engine, session: Session, make_client: MakeClient
+) -> None:
+    queued = new_job(session, "noop", {})
+    session.commit()
+    client = make_client(auth=lambda request: Decision("allow", user="olga"))
+    client.get("/queues")
+    for path, fields, said_ in (
+        ("/queues/resume", {"scope": "queue", "name": "mail"}, "queue mail was not paused."),
+        ("/queues/clear", {"scope": "kind", "name": "noop"}, "kind noop had no operator's limits."),
+    ):
+        response = client.post(path, fields)
+        assert html.unescape(said(client, response) or "") == (
+            f"Nothing changed, so nothing was recorded: {said_}"
+        )
+    assert audit(engine) == []
+    client.post("/queues/pause", {"scope": "queue", "name": "mail"})
+    paused = client.post("/queues/pause", {"scope": "queue", "name": "mail"})
+    assert said(client, paused) == (
+        "Nothing changed, so nothing was recorded: queue mail was paused already."
+    )
+    limit = {"scope": "kind", "name": "noop", "concurrency": "2", "rate": "10/min"}
+    client.post("/queues/limit", limit)
+    same = client.post("/queues/limit", {**limit, "rate": "10/60s"})  # the same rate
+    assert html.unescape(said(client, same) or "") == (
+        "Nothing changed, so nothing was recorded: the limits of kind noop were so already."
+    )
+    retried = client.post(f"/jobs/{queued}/retry")  # a queued job: nothing to retry
+    assert said(client, retried) == (
+        f"Job {queued} is queued: only jobs that are dead or cancelled can be retried."
+    )
+    assert [a[1:] for a in audit(engine)] == [
+        ("pause", "queue", "mail"),
+        ("limit", "kind", "noop"),
+    ]
+
+
+def test_limit_form_names_every_bad_value_at_once(
+    engine: sa.Engine, make_client: MakeClient
+) -> None:
+    client = make_client()
+    client.get("/queues")
+    bad = client.post(
+        "/queues/limit", {"scope": "queue", "name": "mail", "concurrency": "0", "rate": "fast"}
+    )
+    assert bad.status_code == 400
+    text = html.unescape(bad.text)
+    assert "Concurrency must be a whole number from 1 to 1000000, got '0'. Rate must be a " in text
+    assert "(like 100/min or 5/10s), got 'fast'" in text
+    assert audit(engine) == []
 
 
 # --- security ----------------------------------------------------------------------------
@@ -960,6 +1079,8 @@ def test_an_action_that_does_nothing_to_a_job_says_why(
         "nothing to do."
     )
     assert status_of(engine, done) == "done"
+    # Only the action that changed something is in the audit trail.
+    assert [a[1:] for a in audit(engine)] == [("delete", "job", str(queued))]
 
 
 def test_audit_page_filters_by_scope_and_target_and_names_unknown_parameters(

@@ -277,3 +277,20 @@ def test_a_refused_bulk_form_links_back_to_the_list_it_came_from(
     refused = make_client().post("/jobs/bulk", fields)
     assert refused.status_code == 400 and "no job selected" in refused.text
     assert f'<a href="{back}">Back to the list</a>' in refused.text
+
+
+def test_a_bulk_action_that_finds_nothing_left_to_do_says_so_and_records_nothing(
+    engine: sa.Engine, make_client: MakeClient
+) -> None:
+    a = job(engine)
+    client = make_client()
+    review = client.post("/jobs/bulk", {"op": "retry", "scope": "selected", "id": [a]})
+    assert "<h1>Retry 1 job(s)?</h1>" in review.text
+    with engine.begin() as conn:  # someone else retried it between review and confirm
+        conn.execute(sa.text("UPDATE jobs SET status = 'queued' WHERE id = :i"), {"i": a})
+    done = client.post("/jobs/bulk/apply", hidden_fields(review.text))
+    assert (done.status_code, landing(done)) == (303, "/jobs")
+    assert said(client, done) == (
+        "Nothing changed, so nothing was recorded: no job was in a state the action applies to."
+    )
+    assert audit(engine) == []

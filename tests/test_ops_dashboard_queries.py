@@ -126,6 +126,37 @@ def test_record_action_commits_with_the_action_and_reads_back_newest_first(
     assert json.loads(json.dumps(entries[0].to_dict()))["target"] == "42"
 
 
+def test_audit_log_of_several_scopes_merges_the_newest_of_each_in_one_statement(
+    engine: sa.Engine, session: Session
+) -> None:
+    ids = {}
+    for n, (scope, target) in enumerate(
+        [("queue", "mail"), ("job", "1"), ("kind", "a"), ("queue", "mail"), ("kind", "b")]
+    ):
+        ids[n] = ops.record_action(
+            session, actor="olga", action="pause", scope=scope, target=target
+        )
+    session.commit()
+    statements: list[str] = []
+    sa.event.listen(engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+    found = ops.audit_log(session, scope=("queue", "kind"), limit=3)
+    assert len(statements) == 1
+    assert [e.id for e in found] == [ids[4], ids[3], ids[2]]
+    assert [e.id for e in ops.audit_log(session, scope=["kind", "queue"], limit=9)] == [
+        ids[4],
+        ids[3],
+        ids[2],
+        ids[0],
+    ]
+    older = ops.audit_log(session, scope=("queue", "kind"), before_id=ids[3], target="mail")
+    assert [e.id for e in older] == [ids[0]]
+    assert [e.id for e in ops.audit_log(session, scope=("job",))] == [ids[1]]
+    with pytest.raises(ConfigError, match="unknown audit scope 'table'"):
+        ops.audit_log(session, scope=("queue", "table"))
+    with pytest.raises(ConfigError, match="scope names no scope"):
+        ops.audit_log(session, scope=())
+
+
 def test_record_action_refuses_what_it_cannot_record(session: Session) -> None:
     with pytest.raises(ConfigError, match="unknown audit scope 'table'"):
         ops.record_action(session, actor="a", action="x", scope="table", target="t")
@@ -164,6 +195,12 @@ def test_dashboard_queries_read_indexes_not_the_jobs_table(engine: sa.Engine) ->
         "newest page": (admin.list_jobs(limit=50, after_id=9000, newest_first=True), "jobs_pkey"),
         "audit of a job": (
             audit.entries(scope="job", target="7", limit=20),
+            "jobs_audit_scope_target_id_idx",
+        ),
+        # The queues page's: each scope read on the index as it is alone, not the
+        # primary key walked back through the jobs' entries.
+        "audit of queues and kinds": (
+            audit.entries(scope=("queue", "kind"), limit=20),
             "jobs_audit_scope_target_id_idx",
         ),
     }

@@ -387,6 +387,24 @@ def test_a_schedule_removed_from_the_code_stops_and_is_listed_as_removed(
     assert listed["other"].next_tick.time().isoformat() == "00:00:00"
 
 
+def test_stats_lists_the_schedules_as_periodic_statuses_does_from_its_own_snapshot(
+    engine: sa.Engine, session: Session
+) -> None:
+    registry = registry_with(every=SECOND)
+    periodic.enqueue_due(engine, registry, now=T0)
+    periodic.enqueue_due(engine, registry, now=T0 + SECOND)
+    without = Registry()
+    without.register("report", noop)
+    without.schedule("other", "@daily", "report")
+    checkouts: list[object] = []
+    sa.event.listen(engine, "checkout", lambda *a: checkouts.append(a))
+    found = ops.stats(session, without)
+    assert len(checkouts) == 1  # the schedules are read on the snapshot's connection
+    assert found.periodic == ops.periodic_statuses(session, without)
+    assert [(s.name, s.in_app) for s in found.periodic] == [("other", True), ("s", False)]
+    assert found.periodic[1].last_job_status == "queued"
+
+
 def test_two_workers_enqueueing_at_once_enqueue_each_tick_once(engine: sa.Engine) -> None:
     import threading
 

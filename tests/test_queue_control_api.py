@@ -230,3 +230,109 @@ def test_enqueue_into_a_paused_queue_works(engine: sa.Engine) -> None:
 def test_rate_units_and_their_plurals_read_as_written(text: str, count: int, seconds: int) -> None:
     rate = validation.check_rate("rate", text, ConfigError)
     assert (rate.count, rate.seconds) == (count, seconds)
+
+
+def live_worker(session: Session, queues: str = "{default}", kinds: str = "{a}") -> None:
+    session.execute(
+        sa.text(
+            "INSERT INTO jobs_workers (id, host, pid, version, queues, kinds, concurrency, "
+            "started_at, heartbeat_at, expires_at) VALUES ('w-1', 'box', 42, '0.1.0', "
+            "CAST(:q AS text[]), CAST(:k AS text[]), 4, now(), now(), "
+            "now() + interval '1 minute')"
+        ),
+        {"q": queues, "k": kinds},
+    )
+    session.commit()
+
+
+def control_rows(session: Session) -> list[tuple[Any, ...]]:
+    found = session.execute(
+        sa.text(
+            "SELECT scope, name, paused, concurrency, rate_count, updated_at FROM jobs_controls "
+            "ORDER BY scope, name"
+        )
+    )
+    return [tuple(r) for r in found]
+
+
+def test_each_control_change_says_whether_it_changed_anything_and_writes_nothing_if_not(
+    session: Session,
+) -> None:
+    assert ops.resume(session, "mail") is False  # not paused: no row is written for it
+    assert ops.clear_limits(session, kind="a") is False
+    assert control_rows(session) == []
+    assert ops.pause(session, "mail") is True
+    session.commit()
+    before = control_rows(session)
+    assert ops.pause(session, "mail") is False
+    assert ops.set_limit(session, kind="a", concurrency=2, rate="5/min") is True
+    session.commit()
+    limited = control_rows(session)
+    assert ops.set_limit(session, kind="a", concurrency=2) is False
+    assert ops.set_limit(session, kind="a", rate="5/min") is False
+    assert ops.set_limit(session, kind="a", rate="5/60s") is False  # the same rate, written so
+    session.commit()
+    assert control_rows(session) == limited and limited[1] == before[0]  # updated_at kept
+    assert ops.set_limit(session, kind="a", concurrency=3) is True
+    assert ops.clear_limits(session, kind="a") is True
+    assert ops.clear_limits(session, kind="a") is False
+    assert ops.resume(session, "mail") is True
+    assert ops.resume(session, "mail") is False
+
+
+def test_unserved_names_a_queue_or_kind_no_live_worker_serves(session: Session) -> None:
+    assert ops.unserved(session, "mial") is None  # no live worker: nothing to compare with
+    live_worker(session, queues="{default,mail}", kinds="{a}")
+    assert ops.unserved(session, "mail") is None
+    assert ops.unserved(session, kind="a") is None
+    found = ops.unserved(session, "mial")
+    assert found == ops.Unserved("queue", "mial", 1)
+    assert str(found) == (
+        "none of the 1 live worker(s) serves queue mial (a typo?); the setting is kept and "
+        "applies to its jobs wherever they run"
+    )
+    assert str(ops.unserved(session, kind="mail")).startswith(
+        "none of the 1 live worker(s) serves kind mail (a typo?)"
+    )
+    with pytest.raises(ConfigError, match="name a queue or a kind"):
+        ops.unserved(session)
+
+
+def test_set_limit_names_every_bad_value_at_once(session: Session) -> None:
+    with pytest.raises(ConfigError) as caught:
+        ops.set_limit(session, "bad queue", concurrency=0, rate="fast")
+    text = str(caught.value)
+    assert "queue must match" in text
+    assert "concurrency must be between 1 and 1000000, got 0" in text
+    assert "rate must look like '100/min'" in text and "got 'fast'" in text
+    assert ops.controls(session) == []
+
+
+def test_the_limit_command_names_every_bad_value_at_once(db_url: URL) -> None:
+    for concurrency in ("0", "abc"):
+        result = cli(db_url, "limit", "mail", "--concurrency", concurrency, "--rate", "fast")
+        assert result.returncode == 2, result.stdout
+        (line,) = result.stderr.splitlines()
+        assert line.startswith("sqla_jobs: error: concurrency must be between 1 and 1000000, got ")
+        assert (
+            f"got {concurrency if concurrency == '0' else repr(concurrency)}; rate must look "
+            "like '100/min'" in line
+        )
+        assert line.endswith("got 'fast'")
+
+
+def test_control_commands_say_when_nothing_changed(db_url: URL) -> None:
+    assert cli(db_url, "resume", "mail").stdout == "queue mail was not paused: nothing changed\n"
+    assert cli(db_url, "pause", "mail").stdout.startswith("paused queue mail: ")
+    assert cli(db_url, "pause", "mail").stdout == "queue mail was paused already: nothing changed\n"
+    set_ = cli(db_url, "limit", "mail", "--concurrency", "2")
+    assert set_.stdout == "queue mail: concurrency 2, rate unlimited (paused)\n"
+    again = cli(db_url, "limit", "mail", "--concurrency", "2")
+    assert again.stdout == (
+        "queue mail: concurrency 2, rate unlimited (paused) (so already: nothing changed)\n"
+    )
+    cleared = "queue mail: concurrency unlimited, rate unlimited (paused)"
+    assert cli(db_url, "limit", "mail", "--clear").stdout == f"{cleared}\n"
+    assert cli(db_url, "limit", "mail", "--clear").stdout == (
+        f"{cleared} (so already: nothing changed)\n"
+    )

@@ -241,6 +241,9 @@ CASES: dict[str, Callable[[], Any]] = {
     "control.record_starts": lambda: control.record_starts(scope="kind", name="a", count=3),
     "control.forget_starts": lambda: control.forget_starts(scope="kind", name="a", older_than=60),
     "control.set_control": lambda: control.set_control("queue", "mail", paused=True),
+    "control.update_control": lambda: control.update_control(
+        "kind", "mail", concurrency=None, rate_count=None
+    ),
     "control.declare_limits": lambda: control.declare_limits(
         [
             {
@@ -279,6 +282,7 @@ CASES: dict[str, Callable[[], Any]] = {
         actor="alice", action="retry", scope="job", target="1", detail='{"n": 1}'
     ),
     "audit.entries": lambda: audit.entries(scope="job", target="1", limit=20, before_id=9),
+    "audit.entries_scopes": lambda: audit.entries(scope=("queue", "kind"), limit=20),
 }
 
 
@@ -314,6 +318,7 @@ def test_every_statement_builder_has_a_snapshot_case() -> None:
         "admin.list_jobs_newer_than_matches",
         "workflows.list_workflows_running",
         "workflows.list_workflows_finished",
+        "audit.entries_scopes",
     }
     assert _builders() == set(CASES) - variants
 

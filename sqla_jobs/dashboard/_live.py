@@ -164,6 +164,9 @@ class Hub:
 
     def __init__(self, engine: sa.Engine, *, listen: bool, refresh: float) -> None:
         self.engine = engine
+        #: Autocommit, as the pages' reads (Views._session): no BEGIN or ROLLBACK round
+        #: trip around the job states of each round.
+        self.reads = engine.execution_options(isolation_level="AUTOCOMMIT")
         self.listen = listen
         self.refresh = refresh
         self.conninfo = engine.url.set(drivername="postgresql").render_as_string(
@@ -313,7 +316,7 @@ class Hub:
             watch.changed.set()
 
     def _read(self, counts: bool, ids: list[int]) -> Snapshot:
-        with Session(self.engine) as session:
+        with Session(self.reads) as session:
             found = counts_of(ops.stats(session, exact_up_to=EXACT_UP_TO)) if counts else None
             states: dict[int, dict[str, Any]] = {}
             for chunk in _chunks(ids, ops.MAX_STATE_IDS):

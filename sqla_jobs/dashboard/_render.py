@@ -196,3 +196,43 @@ def workflow_graph(steps: Sequence[ops.WorkflowStep], *, whole: bool = True) -> 
     if not whole:
         return rows
     return sorted(rows, key=lambda r: (r.stage or 0, r.step.id))
+
+
+@dataclass(frozen=True)
+class Moment:
+    """One line of the job page's timeline: ``what`` happened (``enqueued``, ``ready``,
+    ``attempt``, ``cancel``, ``finished``, ``archived``) ``at``; an attempt's line is
+    placed at its claim."""
+
+    what: str
+    at: datetime | None
+    attempt: ops.AttemptRecord | None = None
+
+
+def timeline(job: ops.JobRecord) -> list[Moment]:
+    """The job's moments in time order.
+
+    ``run_at`` is when the *latest* attempt became ready, so it belongs after the
+    earlier attempts (and before the latest one's claim), or last when it is still
+    ahead. Enqueued comes first and the finish, then the archiving, last, whatever
+    their clocks say (``created_at`` and ``finished_at`` may come from different clocks
+    of the server and be microseconds out of step); the attempts, the ready time and a
+    cancel request between them are sorted by time, stably (an attempt without a time
+    stays after the moment before it).
+    """
+    middle = [Moment("attempt", a.claimed_at or a.ended_at, a) for a in job.history]
+    middle.append(Moment("ready", job.run_at))
+    if job.cancel_requested_at is not None:
+        middle.append(Moment("cancel", job.cancel_requested_at))
+    keys = []
+    last = job.created_at
+    for m in middle:
+        last = m.at if m.at is not None else last
+        keys.append(last)
+    order = sorted(range(len(middle)), key=lambda i: keys[i])
+    ends = [
+        Moment(what, at)
+        for what, at in (("finished", job.finished_at), ("archived", job.archived_at))
+        if at is not None
+    ]
+    return [Moment("enqueued", job.created_at), *(middle[i] for i in order), *ends]

@@ -59,6 +59,14 @@ MESSAGES = {
     "resume": "Resumed {name}.",
     "limit": "Limit of {name} set.",
     "clear": "Operator's limits of {name} cleared: the code's limits apply.",
+    # An action that changed nothing is not recorded in the audit trail (which says who
+    # changed what): the page says so instead.
+    "pause-same": "Nothing changed, so nothing was recorded: {name} was paused already.",
+    "resume-same": "Nothing changed, so nothing was recorded: {name} was not paused.",
+    "limit-same": "Nothing changed, so nothing was recorded: the limits of {name} were so already.",
+    "clear-same": "Nothing changed, so nothing was recorded: {name} had no operator's limits.",
+    "none": "Nothing changed, so nothing was recorded: no job was in a state the action "
+    "applies to.",
     "gone": "Job {n} is not in the jobs table (deleted, archived or never enqueued): "
     "nothing to do.",
     "workflow-cancel": "{n} waiting or queued step(s) cancelled; {name} running step(s) asked "
@@ -86,6 +94,11 @@ AUDIT_ROWS = 20
 WORKFLOW_ROWS = 20
 #: The audit page's query parameters: its two filters, its page cursor and the flash.
 AUDIT_PARAMETERS = ("scope", "target", "before", _flash.PARAM)
+#: The suffix of a message code after a pause or limit of a queue or kind that no live
+#: worker serves (its count: the live workers): the page adds ops.Unserved's note.
+UNSERVED = "-unserved"
+#: The actions after which the page checks the name is served (as the CLI does).
+WARN_UNSERVED = ("pause", "limit")
 #: Who a request is when the app's hooks failed: nobody, allowed nothing (fail closed).
 NOBODY = Viewer(_security.DENY, "unknown", frozenset())
 #: A bulk action's audit entry lists the ids it touched when there are at most this many.
@@ -123,11 +136,17 @@ class Views:
         self.settings = settings
         self.templates = _render.environment()
         self.hub = _live.Hub(settings.engine, listen=settings.listen, refresh=settings.refresh)
+        #: The engine's pool, with autocommit: the pages' reads (see _session).
+        self.read_engine = settings.engine.execution_options(isolation_level="AUTOCOMMIT")
 
     # --- plumbing ------------------------------------------------------------------
 
     def _session(self, fn: Callable[[Session], T], commit: bool) -> T:
-        with Session(self.settings.engine) as session:
+        # A page's reads run without a transaction of their own (autocommit): each ops
+        # read is one statement, or takes its own snapshot (stats), as under READ
+        # COMMITTED, and the BEGIN and ROLLBACK round trips are spared (#22).
+        engine = self.settings.engine if commit else self.read_engine
+        with Session(engine) as session:
             found = fn(session)
             if commit:
                 session.commit()
@@ -151,10 +170,7 @@ class Views:
         """``name`` rendered; ``live``: the query of the page's event stream, if any."""
         token, new = _security.csrf_token(request)
         prefix = request.scope.get("root_path", "").rstrip("/")
-        done = _flash.read(request)
-        message = None
-        if done is not None and done[0] in MESSAGES:
-            message = MESSAGES[done[0]].format(n=done[1] or 0, name=done[2])
+        message, warning = _said(_flash.read(request))
         html = self.templates.get_template(name).render(
             url=lambda path: prefix + path,
             static=lambda file: f"{prefix}/static/{file}",
@@ -163,6 +179,7 @@ class Views:
             csrf=token,
             read_only=self.settings.read_only,
             message=message,
+            warning=warning,
             live=f"{prefix}/events?{live}" if live else None,
             max_attempts=self.max_attempts,
             **context,
@@ -358,10 +375,12 @@ class Views:
         registry = self.settings.registry
 
         def load(session: Session) -> dict[str, Any]:
+            # Without the registry: this page shows none of what stats derives from it
+            # (the schedules would cost a statement). The registry's names are added
+            # below, by _scopes.
             return {
-                "stats": ops.stats(session, registry),
-                "queue_audit": ops.audit_log(session, scope="queue", limit=AUDIT_ROWS),
-                "kind_audit": ops.audit_log(session, scope="kind", limit=AUDIT_ROWS),
+                "stats": ops.stats(session),
+                "audit": ops.audit_log(session, scope=("queue", "kind"), limit=AUDIT_ROWS),
             }
 
         data = await self.read(load)
@@ -455,7 +474,10 @@ class Views:
 
         data = await self.read(load)
         live = None if data["job"].archived else f"ids={job_id}"
-        return self.render(request, viewer, "job.html", live=live, nav="jobs", **data)
+        timeline = _render.timeline(data["job"])
+        return self.render(
+            request, viewer, "job.html", live=live, nav="jobs", timeline=timeline, **data
+        )
 
     async def workflows(self, request: Request, viewer: Viewer) -> Response:
         """The recent workflows, newest first, by state, a page at a time."""
@@ -631,6 +653,8 @@ class Views:
         def act(session: Session) -> dict[str, int]:
             chosen = _bulk.select(session, asked)
             did = _bulk.apply(session, asked.op, chosen.ids)
+            if not did["done"]:
+                return did  # nothing changed: nothing to record
             detail: dict[str, Any] = {"scope": "matching" if asked.filter else "selected"}
             if asked.filter is not None:
                 detail.update(filter=asked.filter.query(), up_to_id=asked.upto)
@@ -645,7 +669,8 @@ class Views:
         query = form.get("filter", "")
         if _page(form) == "dead":
             query = _forms.JobFilter.from_query(QueryParams(query), status="").query()
-        return self.back(request, path, f"bulk-{asked.op}", did["done"], query)
+        code = f"bulk-{asked.op}" if did["done"] else "none"
+        return self.back(request, path, code, did["done"], query)
 
     # --- actions on one job --------------------------------------------------------
 
@@ -654,7 +679,8 @@ class Views:
 
         def act(session: Session) -> tuple[int, str | None]:
             n = ops.retry_jobs(session, [job_id], status=[JobStatus.DEAD, JobStatus.CANCELLED])
-            _record(session, viewer, "retry", "job", job_id, {"retried": n})
+            if n:
+                _record(session, viewer, "retry", "job", job_id, {"retried": n})
             return n, None if n else _why_not(session, "retry", job_id)
 
         n, why = await self.write(act)
@@ -665,9 +691,10 @@ class Views:
 
         def act(session: Session) -> tuple[ops.CancelResult, str | None]:
             done = ops.cancel(session, [job_id])
-            detail = {"cancelled": len(done.cancelled), "asked_to_stop": len(done.stopping)}
-            _record(session, viewer, "cancel", "job", job_id, detail)
             acted = done.cancelled or done.stopping
+            if acted:
+                detail = {"cancelled": len(done.cancelled), "asked_to_stop": len(done.stopping)}
+                _record(session, viewer, "cancel", "job", job_id, detail)
             return done, None if acted else _why_not(session, "cancel", job_id)
 
         done, why = await self.write(act)
@@ -680,7 +707,8 @@ class Views:
 
         def act(session: Session) -> tuple[int, str | None]:
             n = ops.delete_jobs(session, [job_id])
-            _record(session, viewer, "delete", "job", job_id, {"deleted": n})
+            if n:
+                _record(session, viewer, "delete", "job", job_id, {"deleted": n})
             return n, None if n else _why_not(session, "delete", job_id)
 
         n, why = await self.write(act)
@@ -707,12 +735,15 @@ class Views:
         def act(session: Session) -> tuple[str, ops.CancelResult]:
             done = ops.cancel_workflow(session, asked)
             target = str(ops.workflow_page(session, asked, limit=1).id)
-            detail = {"cancelled": len(done.cancelled), "asked_to_stop": len(done.stopping)}
-            _record(session, viewer, "cancel-workflow", "jobs", target, detail)
+            if done.cancelled or done.stopping:
+                detail = {"cancelled": len(done.cancelled), "asked_to_stop": len(done.stopping)}
+                _record(session, viewer, "cancel-workflow", "jobs", target, detail)
             return target, done
 
         target, done = await self.write(act)
         path = f"/workflows/{target}"
+        if not (done.cancelled or done.stopping):
+            return self.back(request, path, "none")
         return self.back(
             request, path, "workflow-cancel", len(done.cancelled), name=str(len(done.stopping))
         )
@@ -726,12 +757,14 @@ class Views:
         def act(session: Session) -> tuple[str, tuple[int, ...]]:
             retried = ops.retry_workflow(session, asked, mode=mode)
             target = str(ops.workflow_page(session, asked, limit=1).id)
-            detail = {"mode": mode, "retried": len(retried)}
-            _record(session, viewer, "retry-workflow", "jobs", target, detail)
+            if retried:
+                detail = {"mode": mode, "retried": len(retried)}
+                _record(session, viewer, "retry-workflow", "jobs", target, detail)
             return target, retried
 
         target, retried = await self.write(act)
-        return self.back(request, f"/workflows/{target}", "workflow-retry", len(retried))
+        code = "workflow-retry" if retried else "none"
+        return self.back(request, f"/workflows/{target}", code, len(retried))
 
     # --- actions on a queue or kind ------------------------------------------------
 
@@ -743,19 +776,28 @@ class Views:
 
     async def limit(self, request: Request, viewer: Viewer, form: dict[str, str]) -> Response:
         rate_text = form.get("rate", "").strip()
+        problems = []
+        concurrency = rate = None
+        # Every bad value named at once, not the first only.
         try:
             concurrency = _forms.concurrency(form.get("concurrency", "").strip())
+        except ConfigError as exc:
+            problems.append(str(exc))
+        try:
             rate = _forms.rate(rate_text)
         except ConfigError as exc:
-            raise HttpProblem(400, str(exc), ("/queues", "Back to the queues")) from None
+            problems.append(str(exc))
+        if problems:
+            message = ". ".join(problems)
+            raise HttpProblem(400, message, ("/queues", "Back to the queues"))
         if concurrency is None and rate is None:
             raise ConfigError(
                 "Give a concurrency, a rate or both before pressing Set limit (Clear limits "
                 "drops the limits set here)."
             )
 
-        def change(session: Session, **scope: Any) -> None:
-            ops.set_limit(session, **scope, concurrency=concurrency, rate=rate)
+        def change(session: Session, **scope: Any) -> bool:
+            return ops.set_limit(session, **scope, concurrency=concurrency, rate=rate)
 
         detail = {"concurrency": concurrency, "rate": rate_text or None}
         return await self._control(request, viewer, form, "limit", change, detail)
@@ -769,20 +811,44 @@ class Views:
         viewer: Viewer,
         form: dict[str, str],
         verb: str,
-        change: Callable[..., None],
+        change: Callable[..., bool],
         detail: dict[str, Any] | None = None,
     ) -> Response:
+        """A change of a queue or kind: recorded only when it changed something; after a
+        pause or limit, the page notes when no live worker serves the name (a typo?)."""
         scope, name = form.get("scope", ""), form.get("name", "")
         if scope not in ("queue", "kind"):
             raise ConfigError(f"scope must be queue or kind, got {scope!r}")
 
-        def act(session: Session) -> None:
-            change(session, **{scope: name})
-            action = "clear-limits" if verb == "clear" else verb
-            _record(session, viewer, action, scope, name, detail)
+        def act(session: Session) -> tuple[bool, ops.Unserved | None]:
+            changed = change(session, **{scope: name})
+            if changed:
+                action = "clear-limits" if verb == "clear" else verb
+                _record(session, viewer, action, scope, name, detail)
+            unserved = ops.unserved(session, **{scope: name}) if verb in WARN_UNSERVED else None
+            return changed, unserved
 
-        await self.write(act)
-        return self.back(request, "/queues", verb, name=f"{scope} {name}")
+        changed, unserved = await self.write(act)
+        code = verb if changed else f"{verb}-same"
+        n = None
+        if unserved is not None:
+            code, n = code + UNSERVED, unserved.live_workers
+        return self.back(request, "/queues", code, n, name=f"{scope} {name}")
+
+
+def _said(done: tuple[str, int | None, str] | None) -> tuple[str | None, str | None]:
+    """What a page says after an action (see :data:`MESSAGES`), and its note if any."""
+    if done is None:
+        return None, None
+    code, n, name = done
+    warning = None
+    if code.endswith(UNSERVED):
+        code = code.removesuffix(UNSERVED)
+        scope, _, target = name.partition(" ")
+        warning = str(ops.Unserved(scope, target, n or 0))
+    if code not in MESSAGES:
+        return None, None
+    return MESSAGES[code].format(n=n or 0, name=name), warning
 
 
 def _record(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -29,7 +30,7 @@ def record(
 
 def entries(
     *,
-    scope: str | None = None,
+    scope: str | Sequence[str] | None = None,
     target: str | None = None,
     limit: int,
     before_id: int | None = None,
@@ -37,11 +38,31 @@ def entries(
     """Entries newest first, of one scope (and target) if given; keyset by ``before_id``.
 
     With a scope and target: a backward range on jobs_audit_scope_target_id_idx; without,
-    the primary key read backwards. Either stops at ``limit`` rows.
+    the primary key read backwards. Either stops at ``limit`` rows. Several scopes (the
+    dashboard's queues page: ``("queue", "kind")``, one round trip): the newest ``limit``
+    of each scope, each read as it would be alone, merged newest first.
     """
+    if scope is not None and not isinstance(scope, str):
+        if len(scope) == 1:
+            scope = scope[0]
+        else:
+            merged = sa.union_all(
+                *(_entries(s, target, limit, before_id, f"_{n}") for n, s in enumerate(scope))
+            ).subquery("scopes")
+            return (
+                sa.select(*merged.c)
+                .order_by(merged.c.id.desc())
+                .limit(sa.bindparam("limit", limit, sa.Integer))
+            )
+    return _entries(scope, target, limit, before_id)
+
+
+def _entries(
+    scope: str | None, target: str | None, limit: int, before_id: int | None, suffix: str = ""
+) -> sa.Select[Any]:
     conditions: list[sa.ColumnElement[bool]] = []
     if scope is not None:
-        conditions.append(audit_entries.c.scope == sa.bindparam("scope", scope, sa.Text))
+        conditions.append(audit_entries.c.scope == sa.bindparam(f"scope{suffix}", scope, sa.Text))
     if target is not None:
         conditions.append(audit_entries.c.target == sa.bindparam("target", target, sa.Text))
     if before_id is not None:

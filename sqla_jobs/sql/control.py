@@ -247,11 +247,37 @@ def forget_starts(*, scope: str, name: str, older_than: float) -> sa.Delete:
 
 
 def set_control(scope: str, name: str, **values: Any) -> sa.Insert:
-    """Upsert one control row, setting only ``values`` (paused, concurrency, rate_*)."""
+    """Upsert one control row, setting only ``values`` (paused, concurrency, rate_*).
+
+    RETURNING the row's scope when it changed something (a new row, or a value that
+    differs): no row back means nothing changed and nothing was written, so an action
+    that changes nothing is known as such (the dashboard records no audit entry for it).
+    """
     stmt = insert(queue_controls).values(scope=scope, name=name, **values)
     return stmt.on_conflict_do_update(
         index_elements=[queue_controls.c.scope, queue_controls.c.name],
         set_={**{k: stmt.excluded[k] for k in values}, "updated_at": _common.clock(None)},
+        where=sa.or_(*(queue_controls.c[k].is_distinct_from(stmt.excluded[k]) for k in values)),
+    ).returning(queue_controls.c.scope)
+
+
+def update_control(scope: str, name: str, **values: Any) -> sa.Update:
+    """Set ``values`` of an existing control row where one differs, RETURNING its scope.
+
+    For what only lifts (a resume, cleared limits): without a row there is nothing to
+    lift, and none is written; no row back means nothing changed.
+    """
+    c = queue_controls.c
+    params = {k: sa.bindparam(f"new_{k}", v, c[k].type) for k, v in values.items()}
+    return (
+        sa.update(queue_controls)
+        .where(
+            c.scope == sa.bindparam("scope", scope, sa.Text),
+            c.name == sa.bindparam("name", name, sa.Text),
+            sa.or_(*(c[k].is_distinct_from(p) for k, p in params.items())),
+        )
+        .values(**params, updated_at=_common.clock(None))
+        .returning(c.scope)
     )
 
 

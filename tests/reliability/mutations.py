@@ -75,6 +75,16 @@ FLOW_STORM = (
     f"{REL}/test_workflow_crashes.py::"
     "test_workers_killed_during_a_fan_in_run_every_step_and_the_fan_in_once"
 )
+# Dashboard and queue control (#22): a change that changes nothing is no change.
+CONTROL_NO_CHANGE = "tests/test_queue_control_api.py::" + (
+    "test_each_control_change_says_whether_it_changed_anything_and_writes_nothing_if_not"
+)
+DASHBOARD_NO_CHANGE = "tests/test_dashboard.py::" + (
+    "test_an_action_that_changes_nothing_says_so_and_is_not_recorded"
+)
+DASHBOARD_UNSERVED = "tests/test_dashboard.py::" + (
+    "test_pausing_or_limiting_a_name_no_live_worker_serves_notes_a_possible_typo"
+)
 
 # The scenarios, by what they prove (pytest node ids relative to the repository root).
 FENCED_TAKEOVER = (
@@ -1246,6 +1256,38 @@ MUTATIONS: list[Mutation] = [
         "            sa.not_(failed_elsewhere),\n",
         "            sa.true(),  # MUTATION\n",
         (FLOW_RETRY_BLOCKED,),
+    ),
+    # --- dashboard: no-op actions, the unserved note (#22) ---------------------------------
+    Mutation(
+        "control_change_only_when_different",
+        "a control change writes (and reports a change) only when a value differs",
+        "sqla_jobs/sql/control.py",
+        "        where=sa.or_(*(queue_controls.c[k].is_distinct_from(stmt.excluded[k]) "
+        "for k in values)),\n"
+        "    ).returning(queue_controls.c.scope)",
+        "    ).returning(queue_controls.c.scope)  # MUTATION",
+        (CONTROL_NO_CHANGE, DASHBOARD_NO_CHANGE),
+    ),
+    Mutation(
+        "dashboard_records_changes_only",
+        "the dashboard records a queue or kind action only when it changed something",
+        "sqla_jobs/dashboard/_views.py",
+        "            if changed:\n"
+        '                action = "clear-limits" if verb == "clear" else verb\n'
+        "                _record(",
+        "            if True:  # MUTATION\n"
+        '                action = "clear-limits" if verb == "clear" else verb\n'
+        "                _record(",
+        (DASHBOARD_NO_CHANGE,),
+    ),
+    Mutation(
+        "dashboard_notes_unserved",
+        "the dashboard notes a paused or limited name no live worker serves (ops.unserved)",
+        "sqla_jobs/dashboard/_views.py",
+        "            unserved = ops.unserved(session, **{scope: name}) "
+        "if verb in WARN_UNSERVED else None\n",
+        "            unserved = None  # MUTATION\n",
+        (DASHBOARD_UNSERVED,),
     ),
     # --- failover and network faults (#24) -----------------------------------------------
     Mutation(
