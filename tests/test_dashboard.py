@@ -1106,3 +1106,16 @@ def test_audit_page_filters_by_scope_and_target_and_names_unknown_parameters(
     ):
         refused = client.get(path)
         assert refused.status_code == 400 and error in refused.text, path
+
+
+def test_a_schedule_watched_but_never_ticked_says_so_instead_of_a_last_tick(
+    engine: sa.Engine, make_client: MakeClient
+) -> None:
+    # What a worker writes when it first sees a schedule: the moment, not a tick.
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "INSERT INTO jobs_periodic (name, kind, expression, last_tick) "
+            "VALUES ('ticked', 'ticked', '* * * * * *', '2026-01-02 03:04:05.678+00')"
+        )
+    page = make_client(registry=periodic_registry).get("/periodic").text
+    assert "none enqueued yet (watched since 2026-01-02 03:04:05" in page
