@@ -90,17 +90,18 @@ def with_trace_context(meta: Mapping[str, Any] | None, queue: str | None) -> Any
     current = trace.get_current_span().get_span_context()
     if not given and not current.is_valid:
         return meta
-    parent = None
+    given_context = None
     links = []
     if given:
         assert meta is not None
-        parent = _w3c().extract({k: str(meta[k]) for k in (TRACEPARENT, TRACESTATE) if k in meta})
+        headers = {k: str(meta[k]) for k in (TRACEPARENT, TRACESTATE) if k in meta}
+        given_context = _w3c().extract(headers)
         links = [trace.Link(current)] if current.is_valid else []
     destination = queue or "default"
     tracer = trace.get_tracer(_SCOPE)
     with tracer.start_as_current_span(
         f"publish {destination}",
-        context=parent,
+        context=given_context,
         kind=trace.SpanKind.PRODUCER,
         links=links,
         attributes={

@@ -637,7 +637,7 @@ def test_a_traceparent_given_in_meta_is_the_parent_of_the_jobs_publish_span(
     assert publish["trace_id"] == GIVEN_TRACE and publish["parent_id"] == GIVEN_PARENT
     [finished] = [s for s in spans.get_finished_spans() if s.name == "publish default"]
     linked = [f"{link.context.span_id:016x}" for link in finished.links]
-    assert linked == ([f"{request.get_span_context().span_id:016x}"] if current else [])
+    assert linked == ([f"{request.get_span_context().span_id:016x}"] if request else [])
     [row] = rows(engine, "SELECT meta FROM jobs WHERE id = :id", id=job_id)
     assert row.meta == {
         "tenant": 7,
