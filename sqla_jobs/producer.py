@@ -53,8 +53,10 @@ class NewJob:
     lower first); without ``max_attempts`` the job gets its handler's when a worker
     claims it, else 8. ``queue`` and ``priority`` cannot wait for the worker (they decide
     who claims the job, and when): ``Registry.new`` / ``Handler.new`` fill in the
-    handler's. ``meta`` (a JSON object, at most 8 KiB) and ``tags`` (a list of at most 32
-    strings of 1 to 100 characters) are the application's metadata of the job: the
+    handler's. ``meta`` (a JSON object, at most 8 KiB; ``traceparent`` and
+    ``tracestate`` are reserved for the trace context, see ``validation``) and ``tags``
+    (a list of at most 32 strings of 1 to 100 characters, no comma) are the
+    application's metadata of the job: the
     handler reads them (``job.meta``, ``job.tags``), operators filter by them
     (``ops.list_jobs(meta=..., tag=...)``); an empty one is stored as none.
     """
