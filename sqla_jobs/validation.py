@@ -338,13 +338,13 @@ def _check_trace_context(meta: Mapping[str, Any]) -> None:
             )
         if (
             not isinstance(value, str)
-            or len(value) > MAX_TRACESTATE_BYTES
             or not all(" " <= c <= "~" for c in value)
+            or len(json_string(value)) - 2 > MAX_TRACESTATE_BYTES
         ):
             raise InvalidJobError(
                 f'meta["{TRACESTATE}"] is reserved for the job\'s trace context and must be a '
-                f"W3C tracestate: a string of at most {MAX_TRACESTATE_BYTES} printable ASCII "
-                f"characters, got {_short(value)}"
+                f"W3C tracestate: a string of printable ASCII characters, at most "
+                f"{MAX_TRACESTATE_BYTES} bytes as JSON, got {_short(value)}"
             )
 
 
@@ -358,9 +358,15 @@ def dump_meta(meta: object) -> str | None:
     context keys, if any, are well formed."""
     if meta is None:
         return None
+    if isinstance(meta, Mapping) and (TRACEPARENT in meta or TRACESTATE in meta):
+        text = _dump_object("meta", meta, MAX_META_BYTES + MAX_TRACE_CONTEXT_BYTES)
+        _check_trace_context(meta)
+        # The limit is the application's meta's, without the context: a handler passing
+        # its job.meta (context included) on to a follow-up job stays within it.
+        own = {k: v for k, v in meta.items() if k != TRACEPARENT and k != TRACESTATE}
+        _dump_object("meta", own, MAX_META_BYTES)
+        return text
     text = _dump_object("meta", meta, MAX_META_BYTES)
-    if TRACEPARENT in meta or TRACESTATE in meta:  # type: ignore[operator]  # a Mapping now
-        _check_trace_context(meta)  # type: ignore[arg-type]
     return None if text == "{}" else text
 
 

@@ -88,7 +88,7 @@ BAD: list[tuple[dict[str, Any], str]] = [
     (
         {"meta": {"traceparent": TRACEPARENT, "tracestate": "v=" + "x" * 511}},
         'meta["tracestate"] is reserved for the job\'s trace context and must be a W3C '
-        "tracestate: a string of at most 512 printable ASCII characters, got str",
+        "tracestate: a string of printable ASCII characters, at most 512 bytes as JSON, got str",
     ),
 ]
 

@@ -591,6 +591,12 @@ def test_a_meta_at_the_size_limit_is_accepted_inside_a_span_on_every_route(
         assert set(row.meta) == {"x", "traceparent"} and row.meta["x"] == FULL_META["x"]
     published = [s for s in spans.get_finished_spans() if s.name.startswith("publish")]
     assert len(published) == 16
+    # A handler passing its job.meta (the context included) on to a follow-up job.
+    with trace.get_tracer("app").start_as_current_span("handler"), Session(engine) as session:
+        follow_up = enqueue(session, "k", {}, meta=found[0].meta)
+        session.commit()
+    [row] = rows(engine, "SELECT meta FROM jobs WHERE id = :id", id=follow_up)
+    assert row.meta["x"] == FULL_META["x"]
 
 
 def test_the_trace_context_stored_is_bounded_however_large_the_current_tracestate(

@@ -1103,13 +1103,25 @@ MUTATIONS: list[Mutation] = [
         "a traceparent or tracestate given in meta must be well formed (W3C), refused at "
         "enqueue naming the key and the format",
         "sqla_jobs/validation.py",
-        "    if TRACEPARENT in meta or TRACESTATE in meta:",
-        "    if False:  # MUTATION\n       ",
+        "        _check_trace_context(meta)\n",
+        "        pass  # MUTATION\n",
         (
             "tests/test_job_meta.py::"
             "test_bad_metadata_is_refused_at_enqueue_and_the_transaction_stays_usable",
             "tests/test_tracing.py::"
             "test_a_malformed_traceparent_in_meta_is_refused_inside_a_span_too",
+        ),
+    ),
+    Mutation(
+        "meta_limit_without_the_context",
+        "a meta's trace context keys do not count towards its size limit (a handler "
+        "passing job.meta on to a follow-up job)",
+        "sqla_jobs/validation.py",
+        "        own = {k: v for k, v in meta.items() if k != TRACEPARENT and k != TRACESTATE}\n",
+        "        own = meta  # MUTATION\n",
+        (
+            "tests/test_tracing.py::"
+            "test_a_meta_at_the_size_limit_is_accepted_inside_a_span_on_every_route",
         ),
     ),
     Mutation(
