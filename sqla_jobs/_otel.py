@@ -10,7 +10,10 @@ costs one ``get_current_span()`` and a worker's attempt one non-recording span.
   PRODUCER span ``publish {queue}`` is recorded and the W3C trace context of that span
   is stored in the job's ``meta`` (``traceparent``, and ``tracestate`` when there is
   one), so it commits with the job. Building a ``NewJob`` or a ``Job`` records nothing:
-  the context is the inserting code's. A trace context already in the meta is kept.
+  the context is the inserting code's. Those keys are reserved: a context the
+  application put there itself must be well formed (``validation``) and is the publish
+  span's parent (see :func:`with_trace_context`). The context comes on top of the
+  application's meta and its size limit, bounded (``validation.MAX_TRACE_CONTEXT_BYTES``).
 * **Worker**: each attempt runs in a CONSUMER span ``process {queue}`` made a child of
   the stored context (:data:`PARENT`, the default) or a new trace linked to it
   (:data:`LINK`, ``SQLA_JOBS_OTEL_PARENT=link``), with the messaging semantic
@@ -25,6 +28,7 @@ costs one ``get_current_span()`` and a worker's attempt one non-recording span.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -66,22 +70,40 @@ def recording() -> bool:
 
 
 def with_trace_context(meta: Mapping[str, Any] | None, queue: str | None) -> Any:
-    """``meta`` plus the current trace context (after a publish span), or ``meta`` as it is
-    when no valid span is current or it already holds a context."""
+    """``meta`` plus the trace context of a publish span recorded now, or ``meta`` as it
+    is when no valid span is current and it holds no ``traceparent`` of its own.
+
+    A ``traceparent`` (and ``tracestate``) the application put in ``meta`` (checked well
+    formed by ``validation.dump_meta``) is the publish span's parent, and the current
+    span, if any, only a link of it. That is someone propagating a context by hand: a
+    consumer that received one with a message, or a handler passing its ``job.meta`` on
+    to a follow-up job. Refusing it while a span is current would make that code fail
+    only once tracing is turned on; replacing it silently would drop the trace it names.
+    The publish span is still recorded (as that context's child), so the job's process
+    span hangs under it like any other.
+    """
     api = _otel()
     if api is None:
         return meta
-    trace, propagate = api
-    current = trace.get_current_span()
-    if not current.get_span_context().is_valid:
+    trace = api[0]
+    given = meta is not None and TRACEPARENT in meta
+    current = trace.get_current_span().get_span_context()
+    if not given and not current.is_valid:
         return meta
-    if meta is not None and TRACEPARENT in meta:
-        return meta
+    given_context = None
+    links = []
+    if given:
+        assert meta is not None
+        headers = {k: str(meta[k]) for k in (TRACEPARENT, TRACESTATE) if k in meta}
+        given_context = _w3c().extract(headers)
+        links = [trace.Link(current)] if current.is_valid else []
     destination = queue or "default"
     tracer = trace.get_tracer(_SCOPE)
     with tracer.start_as_current_span(
         f"publish {destination}",
+        context=given_context,
         kind=trace.SpanKind.PRODUCER,
+        links=links,
         attributes={
             "messaging.system": SYSTEM,
             "messaging.operation.type": "send",
@@ -90,9 +112,40 @@ def with_trace_context(meta: Mapping[str, Any] | None, queue: str | None) -> Any
         },
     ):
         carrier: dict[str, str] = {}
-        propagate.inject(carrier)
-    found = {k: carrier[k] for k in (TRACEPARENT, TRACESTATE) if k in carrier}
-    return {**(meta or {}), **found}
+        _w3c().inject(carrier)
+    found = {TRACEPARENT: carrier[TRACEPARENT]} if TRACEPARENT in carrier else {}
+    state = bounded_tracestate(carrier.get(TRACESTATE, ""))
+    if state:
+        found[TRACESTATE] = state
+    context = {k: v for k, v in (meta or {}).items() if k not in (TRACEPARENT, TRACESTATE)}
+    return {**context, **found}
+
+
+def _w3c() -> Any:
+    """The W3C Trace Context propagator: the meta's keys are its headers, whichever
+    propagators the application configured for its own requests."""
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    return TraceContextTextMapPropagator()
+
+
+def bounded_tracestate(value: str) -> str:
+    """``value`` cut to at most ``validation.MAX_TRACESTATE_BYTES`` as JSON, as W3C says a
+    vendor may: entries longer than 128 characters go first, then entries from the end."""
+    from sqla_jobs import validation
+
+    limit = validation.MAX_TRACESTATE_BYTES
+
+    def size(entries: list[str]) -> int:
+        return len(json.dumps(",".join(entries))) - 2
+
+    entries = [e.strip() for e in value.split(",") if e.strip()]
+    if size(entries) <= limit:
+        return ",".join(entries)
+    entries = [e for e in entries if len(e) <= 128]
+    while entries and size(entries) > limit:
+        entries.pop()
+    return ",".join(entries)
 
 
 def carrier() -> dict[str, str]:
@@ -188,9 +241,9 @@ def process_span(job: ClaimedJob) -> Iterator[AttemptSpan | None]:
     if api is None:
         yield None
         return
-    trace, propagate = api
+    trace = api[0]
     carrier = {k: str(meta[k]) for k in (TRACEPARENT, TRACESTATE) if meta and k in meta}
-    parent = propagate.extract(carrier) if carrier else None
+    parent = _w3c().extract(carrier) if carrier else None
     links = []
     if parent is not None and _mode() == LINK:
         linked = trace.get_current_span(parent).get_span_context()

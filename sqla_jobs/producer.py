@@ -53,8 +53,10 @@ class NewJob:
     lower first); without ``max_attempts`` the job gets its handler's when a worker
     claims it, else 8. ``queue`` and ``priority`` cannot wait for the worker (they decide
     who claims the job, and when): ``Registry.new`` / ``Handler.new`` fill in the
-    handler's. ``meta`` (a JSON object, at most 8 KiB) and ``tags`` (a list of at most 32
-    strings of 1 to 100 characters) are the application's metadata of the job: the
+    handler's. ``meta`` (a JSON object, at most 8 KiB; ``traceparent`` and
+    ``tracestate`` are reserved for the trace context, see ``validation``) and ``tags``
+    (a list of at most 32 strings of 1 to 100 characters, no comma) are the
+    application's metadata of the job: the
     handler reads them (``job.meta``, ``job.tags``), operators filter by them
     (``ops.list_jobs(meta=..., tag=...)``); an empty one is stored as none.
     """
@@ -110,7 +112,9 @@ def _meta_json(job: NewJob) -> str | None:
     """``job.meta_json`` plus the inserting code's trace context, when a span is current
     (a publish span is recorded for the job then: this is called as it is inserted)."""
     meta = _otel.with_trace_context(job.meta, job.queue)
-    return job.meta_json if meta is job.meta else validation.dump_meta(meta)
+    # Not dump_meta: its limit was applied to the application's meta when the job was
+    # built; the context comes on top (bounded), so tracing never makes a job too large.
+    return job.meta_json if meta is job.meta else validation.dump_traced_meta(meta)
 
 
 def _single_insert(
@@ -523,16 +527,24 @@ def _new_job(job: Job) -> NewJob:
     )
 
 
-def _add_trace_context(session: Session, instances: Sequence[Any] | None) -> None:
-    """The flush inserts the pending Jobs: each gets the current trace context (and its
-    publish span) now, not when it was built. Through ``meta``'s validator, so the
-    context counts towards its size limit."""
+def _add_trace_context(
+    session: Session, instances: Sequence[Any] | None, routed: Sequence[Job]
+) -> None:
+    """The flush inserts the pending Jobs: each the ORM inserts itself gets the current
+    trace context (and its publish span) now, not when it was built; one inserted as
+    enqueue does (``routed``) gets it from that insert."""
+    tracing = _otel.recording()
+    skip = {id(job) for job in routed}
     for obj in session.new:
-        if isinstance(obj, Job) and (instances is None or obj in instances):
+        if isinstance(obj, Job) and id(obj) not in skip and (instances is None or obj in instances):
             meta = obj.__dict__.get("meta")
+            if not tracing and not (meta and validation.TRACEPARENT in meta):
+                continue
             traced = _otel.with_trace_context(meta, obj.__dict__.get("queue"))
             if traced is not meta:
-                obj.meta = traced
+                # Past meta's validator: it checked the application's meta when it was
+                # set; the context comes on top of its size limit (bounded), as enqueue's.
+                obj.__dict__["meta"] = traced
 
 
 def _insert_jobs_as_enqueue_does(
@@ -548,9 +560,8 @@ def _insert_jobs_as_enqueue_does(
     ``id`` None. Every job is checked before the first insert. The rest of the flush
     (other jobs included) is the ORM's own.
     """
-    if _otel.recording():
-        _add_trace_context(session, instances)
     pending = _routed(session, instances)  # the first of two equal keys wins
+    _add_trace_context(session, instances, pending)
     if not pending:
         return
     inserts = [(job, _new_job(job)) for job in pending]

@@ -283,20 +283,97 @@ def _dump_object(label: str, value: object, max_bytes: int) -> str:
 # --- job metadata (revision 0013) -----------------------------------------------------
 
 #: Largest ``meta`` object, as bytes of its JSON text: metadata is for short facts
-#: (tenant, request id, trace context) that filters and traces read, not for data.
+#: (tenant, request id, trace context) that filters and traces read, not for data. It
+#: bounds the meta the application gives; the trace context an insert adds when tracing
+#: is on (:data:`MAX_TRACE_CONTEXT_BYTES`) comes on top, so turning tracing on never
+#: makes a job that was accepted without it too large.
 MAX_META_BYTES = 8_192
 #: Most tags on one job, and the longest tag (characters).
 MAX_TAGS = 32
 MAX_TAG_LENGTH = 100
 
+# --- the trace context in meta (sqla_jobs._otel) ---------------------------------------
+
+#: The keys of ``meta`` that hold the job's W3C trace context. They are reserved: a value
+#: the application gives must be well formed (checked with the rest of meta), and is
+#: then the parent of the job's publish span (see ``_otel.with_trace_context``).
+TRACEPARENT = "traceparent"
+TRACESTATE = "tracestate"
+#: A ``traceparent`` of W3C Trace Context version 00, lowercase hex, neither id all zeros.
+_TRACEPARENT_FORMAT = re.compile(r"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
+_TRACEPARENT_EXAMPLE = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+#: Longest ``tracestate``: the length W3C asks every vendor to propagate. A longer one
+#: an insert stores is cut to this as W3C says (its long entries first, then from the
+#: end), so the context an insert adds is bounded.
+MAX_TRACESTATE_BYTES = 512
+#: Most bytes the trace context adds to a job's meta as JSON: the keys, a traceparent
+#: (55 characters) and a tracestate of at most :data:`MAX_TRACESTATE_BYTES` as JSON.
+MAX_TRACE_CONTEXT_BYTES = (
+    (len(',"traceparent":""') + len(_TRACEPARENT_EXAMPLE) + len(',"tracestate":'))
+    + 2
+    + MAX_TRACESTATE_BYTES
+)
+
+
+def is_traceparent(value: object) -> bool:
+    """Whether ``value`` is a W3C ``traceparent`` (version 00)."""
+    return isinstance(value, str) and _TRACEPARENT_FORMAT.fullmatch(value) is not None
+
+
+def _check_trace_context(meta: Mapping[str, Any]) -> None:
+    """InvalidJobError unless the trace context keys ``meta`` holds are well formed."""
+    if TRACEPARENT in meta and not is_traceparent(meta[TRACEPARENT]):
+        raise InvalidJobError(
+            f'meta["{TRACEPARENT}"] is reserved for the job\'s trace context and must be a '
+            f"W3C traceparent (version 00: 00-<32 hex trace id>-<16 hex parent id>-<2 hex "
+            f'flags>, lowercase, ids not all zero, e.g. "{_TRACEPARENT_EXAMPLE}"), '
+            f"got {_short(meta[TRACEPARENT])}"
+        )
+    if TRACESTATE in meta:
+        value = meta[TRACESTATE]
+        if TRACEPARENT not in meta:
+            raise InvalidJobError(
+                f'meta["{TRACESTATE}"] is reserved for the job\'s trace context and needs a '
+                f'meta["{TRACEPARENT}"] it belongs to'
+            )
+        if (
+            not isinstance(value, str)
+            or not all(" " <= c <= "~" for c in value)
+            or len(json_string(value)) - 2 > MAX_TRACESTATE_BYTES
+        ):
+            raise InvalidJobError(
+                f'meta["{TRACESTATE}"] is reserved for the job\'s trace context and must be a '
+                f"W3C tracestate: a string of printable ASCII characters, at most "
+                f"{MAX_TRACESTATE_BYTES} bytes as JSON, got {_short(value)}"
+            )
+
+
+def _short(value: object) -> str:
+    return repr(value) if isinstance(value, str) and len(value) <= 80 else what(value)
+
 
 def dump_meta(meta: object) -> str | None:
     """``meta``'s JSON text (None for None or an empty object: the column stays NULL),
-    or InvalidJobError: a JSON object of at most :data:`MAX_META_BYTES`."""
+    or InvalidJobError: a JSON object of at most :data:`MAX_META_BYTES` whose trace
+    context keys, if any, are well formed."""
     if meta is None:
         return None
+    if isinstance(meta, Mapping) and (TRACEPARENT in meta or TRACESTATE in meta):
+        text = _dump_object("meta", meta, MAX_META_BYTES + MAX_TRACE_CONTEXT_BYTES)
+        _check_trace_context(meta)
+        # The limit is the application's meta's, without the context: a handler passing
+        # its job.meta (context included) on to a follow-up job stays within it.
+        own = {k: v for k, v in meta.items() if k != TRACEPARENT and k != TRACESTATE}
+        _dump_object("meta", own, MAX_META_BYTES)
+        return text
     text = _dump_object("meta", meta, MAX_META_BYTES)
     return None if text == "{}" else text
+
+
+def dump_traced_meta(meta: Mapping[str, Any]) -> str:
+    """The JSON text of a checked meta plus the trace context an insert added to it: it
+    may exceed :data:`MAX_META_BYTES` by at most :data:`MAX_TRACE_CONTEXT_BYTES`."""
+    return _dump_object("meta", meta, MAX_META_BYTES + MAX_TRACE_CONTEXT_BYTES)
 
 
 def check_meta(meta: object) -> dict[str, Any] | None:
@@ -306,12 +383,20 @@ def check_meta(meta: object) -> dict[str, Any] | None:
 
 def check_tags(tags: object) -> tuple[str, ...] | None:
     """``tags`` as a tuple of distinct strings, in the order given (None for None or
-    empty: the column stays NULL), or InvalidJobError: a list (or tuple, set) of at
-    most :data:`MAX_TAGS` non-empty strings of at most :data:`MAX_TAG_LENGTH` characters.
-    A single string is refused: ``tags="vip"`` would otherwise read as three tags."""
+    empty: the column stays NULL), or InvalidJobError: a list (or tuple) of at most
+    :data:`MAX_TAGS` non-empty strings of at most :data:`MAX_TAG_LENGTH` characters,
+    without a comma. A single string is refused: ``tags="vip"`` would otherwise read as
+    three tags; a set too: its order, so the stored one, would be arbitrary (tags are
+    shown in the order given)."""
     if tags is None:
         return None
-    if isinstance(tags, (str, bytes)) or not isinstance(tags, (list, tuple, set, frozenset)):
+    if isinstance(tags, (set, frozenset)):
+        raise InvalidJobError(
+            f"tags must be a list of strings, got a {type(tags).__name__}, which has no "
+            f"order: give a list (e.g. sorted(tags)) so the tags are stored and shown in "
+            f"an order you chose"
+        )
+    if isinstance(tags, (str, bytes)) or not isinstance(tags, (list, tuple)):
         raise InvalidJobError(
             f'tags must be a list of strings, e.g. ["vip", "signup"], got {what(tags)}'
         )
@@ -325,6 +410,13 @@ def check_tags(tags: object) -> tuple[str, ...] | None:
             raise InvalidJobError(
                 f"each tag must be at most {MAX_TAG_LENGTH} characters, got one of "
                 f"{len(tag)} ({tag[:20]!r}...)"
+            )
+        if "," in tag:
+            # Tags are listed comma-separated (sqla-jobs show, the dashboard): "a,b"
+            # would read as two tags there.
+            raise InvalidJobError(
+                f"a tag must not contain a comma (tags are listed comma-separated, where "
+                f"it would read as two tags), got {tag!r}"
             )
         found[tag] = None
     if len(found) > MAX_TAGS:

@@ -34,6 +34,7 @@ from sqla_jobs.validation import MAX_META_BYTES, MAX_TAG_LENGTH, MAX_TAGS
 from sqla_jobs.workflows import Workflow
 
 META = {"tenant": 7, "request": "r-1"}
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 TAGS = ["vip", "signup"]
 
 
@@ -57,6 +58,38 @@ BAD: list[tuple[dict[str, Any], str]] = [
     ({"tags": [""]}, "each tag must be a non-empty string without NUL, got ''"),
     ({"tags": ["x" * (MAX_TAG_LENGTH + 1)]}, f"each tag must be at most {MAX_TAG_LENGTH}"),
     ({"tags": [f"t{n}" for n in range(MAX_TAGS + 1)]}, f"a job has at most {MAX_TAGS} tags"),
+    (
+        {"tags": {"vip", "nightly"}},
+        "tags must be a list of strings, got a set, which has no order: give a list "
+        "(e.g. sorted(tags))",
+    ),
+    (
+        {"tags": ["a,b"]},
+        "a tag must not contain a comma (tags are listed comma-separated, where it would "
+        "read as two tags), got 'a,b'",
+    ),
+    (
+        {"meta": {"traceparent": "00-bogus-bogus-01"}},
+        'meta["traceparent"] is reserved for the job\'s trace context and must be a W3C '
+        "traceparent (version 00: 00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>, "
+        'lowercase, ids not all zero, e.g. "00-4bf92f3577b34da6a3ce929d0e0e4736-'
+        "00f067aa0ba902b7-01\"), got '00-bogus-bogus-01'",
+    ),
+    (
+        {"meta": {"traceparent": f"00-{'0' * 32}-00f067aa0ba902b7-01"}},
+        "ids not all zero",
+    ),
+    ({"meta": {"traceparent": 7}}, 'meta["traceparent"] is reserved'),
+    (
+        {"meta": {"tracestate": "vendor=1"}},
+        'meta["tracestate"] is reserved for the job\'s trace context and needs a '
+        'meta["traceparent"] it belongs to',
+    ),
+    (
+        {"meta": {"traceparent": TRACEPARENT, "tracestate": "v=" + "x" * 511}},
+        'meta["tracestate"] is reserved for the job\'s trace context and must be a W3C '
+        "tracestate: a string of printable ASCII characters, at most 512 bytes as JSON, got str",
+    ),
 ]
 
 
@@ -73,6 +106,13 @@ BAD_IDS = [
     "tags-empty",
     "tags-too-long",
     "tags-too-many",
+    "tags-set",
+    "tags-comma",
+    "traceparent-malformed",
+    "traceparent-zero-trace-id",
+    "traceparent-not-a-string",
+    "tracestate-alone",
+    "tracestate-too-long",
 ]
 
 
@@ -90,6 +130,14 @@ def test_bad_metadata_is_refused_at_enqueue_and_the_transaction_stays_usable(
         Job(kind="k", payload={}, **options)
     assert error in str(raised.value)
     assert enqueue(session, "k") is not None  # nothing was sent; the transaction is fine
+
+
+def test_tags_given_as_a_tuple_are_stored_in_the_order_given(
+    engine: sa.Engine, session: Session
+) -> None:
+    job_id = enqueue(session, "k", tags=("nightly", "vip", "nightly"))
+    session.commit()
+    assert stored(engine, job_id) == (None, ["nightly", "vip"])
 
 
 def test_a_schedule_with_bad_metadata_is_refused_naming_it() -> None:

@@ -9,11 +9,13 @@ span, which the test reads.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import nullcontext
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -27,9 +29,22 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from otelapp import span_record
 from sqlalchemy.engine import URL
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
-from sqla_jobs import NewJob, Registry, enqueue, enqueue_many, periodic
+from sqla_jobs import (
+    InvalidJobError,
+    Job,
+    NewJob,
+    Registry,
+    enqueue,
+    enqueue_async,
+    enqueue_many,
+    enqueue_many_async,
+    periodic,
+)
+from sqla_jobs._otel import bounded_tracestate
+from sqla_jobs.validation import MAX_META_BYTES, MAX_TRACE_CONTEXT_BYTES
 from sqla_jobs.workflows import Workflow
 
 _EXPORTER = InMemorySpanExporter()
@@ -503,3 +518,151 @@ def test_the_handlers_session_sql_nests_under_the_process_span_with_sqlalchemy_i
     assert sql["kind"] == "CLIENT"
     assert sql["parent_id"] == process["span_id"]
     assert sql["trace_id"] == f"{request.get_span_context().trace_id:032x}"
+
+
+# --- the application's meta and the trace context (#27) ------------------------------
+
+#: A meta exactly at the size limit as JSON ({"x":"aaa..."}).
+FULL_META = {"x": "a" * (MAX_META_BYTES - len('{"x":""}'))}
+#: A trace context an application propagates by hand (W3C's own example).
+GIVEN_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+GIVEN_PARENT = "00f067aa0ba902b7"
+GIVEN = f"00-{GIVEN_TRACE}-{GIVEN_PARENT}-01"
+
+
+def insert_on_every_route(session: Session, meta: dict[str, Any]) -> list[int | None]:
+    """One job with ``meta`` by each sync route that inserts one (ids, None: refused)."""
+    registry = Registry()
+    handler = registry.handler("meta.k")(lambda session, payload: None)
+    ids: list[int | None] = [
+        enqueue(session, "k", {}, meta=meta),
+        enqueue(session, "k", {}, meta=meta, key="keyed"),
+        handler.enqueue(session, {}, meta=meta),
+        registry.enqueue(session, "meta.k", meta=meta),
+        *enqueue_many(session, [NewJob("k", meta=meta), handler.new({}, meta=meta, key="two")]),
+    ]
+    routed = Job(kind="k", payload={}, meta=meta)  # inserted as enqueue does
+    session.add(routed)
+    session.flush()
+    orm_own = [Job(kind="k", payload={}, meta=meta) for _ in range(4)]  # the ORM's insert
+    session.add_all(orm_own)
+    session.flush()
+    flow = Workflow()
+    flow.add("step", "k", meta=meta)
+    return [*ids, routed.id, *(j.id for j in orm_own), flow.enqueue(session)["step"]]
+
+
+def test_a_meta_at_the_size_limit_is_accepted_inside_a_span_on_every_route(
+    engine: sa.Engine, db_url: URL, spans: InMemorySpanExporter
+) -> None:
+    """The limit is the application's meta's: the trace context comes on top of it."""
+    registry = Registry()
+    registry.periodic(every=timedelta(minutes=1), meta=FULL_META)(
+        registry.handler("tick")(lambda session, payload: None)
+    )
+    t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    with trace.get_tracer("app").start_as_current_span("request"):
+        with Session(engine) as session:
+            ids = insert_on_every_route(session, FULL_META)
+            session.commit()
+        periodic.enqueue_due(engine, registry, now=t0)
+        periodic.enqueue_due(engine, registry, now=t0 + timedelta(minutes=1))
+
+        async def main() -> list[int | None]:
+            aengine = create_async_engine(db_url)
+            try:
+                async with AsyncSession(aengine) as session:
+                    one = await enqueue_async(session, "k", {}, meta=FULL_META)
+                    many = await enqueue_many_async(session, [NewJob("k", meta=FULL_META)])
+                    orm = Job(kind="k", payload={}, meta=FULL_META)
+                    session.add(orm)
+                    await session.flush()
+                    orm_id = orm.id
+                    await session.commit()
+                    return [one, *many, orm_id]
+            finally:
+                await aengine.dispose()
+
+        ids += asyncio.run(main())
+    assert None not in ids and len(ids) == 15
+    found = rows(engine, "SELECT meta, length(meta::text) AS size FROM jobs")
+    assert len(found) == 16  # and the tick's
+    for row in found:
+        assert set(row.meta) == {"x", "traceparent"} and row.meta["x"] == FULL_META["x"]
+    published = [s for s in spans.get_finished_spans() if s.name.startswith("publish")]
+    assert len(published) == 16
+    # A handler passing its job.meta (the context included) on to a follow-up job.
+    with trace.get_tracer("app").start_as_current_span("handler"), Session(engine) as session:
+        follow_up = enqueue(session, "k", {}, meta=found[0].meta)
+        session.commit()
+    [row] = rows(engine, "SELECT meta FROM jobs WHERE id = :id", id=follow_up)
+    assert row.meta["x"] == FULL_META["x"]
+
+
+def test_the_trace_context_stored_is_bounded_however_large_the_current_tracestate(
+    engine: sa.Engine, spans: InMemorySpanExporter
+) -> None:
+    """A tracestate of 32 entries of 256-character values (about 8 KiB) is cut as W3C
+    says (long entries first): the stored meta exceeds the limit by at most
+    MAX_TRACE_CONTEXT_BYTES."""
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
+
+    huge = TraceState([(f"v{n}", "x" * 256) for n in range(30)] + [("a", "1"), ("b", "2")])
+    remote = SpanContext(int(GIVEN_TRACE, 16), int(GIVEN_PARENT, 16), True, TraceFlags(1), huge)
+    context = trace.set_span_in_context(NonRecordingSpan(remote))
+    tracer = trace.get_tracer("app")
+    with tracer.start_as_current_span("request", context=context), Session(engine) as session:
+        job_id = enqueue(session, "k", {}, meta=FULL_META)
+        session.commit()
+    [row] = rows(engine, "SELECT meta FROM jobs WHERE id = :id", id=job_id)
+    assert row.meta["tracestate"] == "a=1,b=2"  # the long entries went first
+    assert row.meta["traceparent"].startswith(f"00-{GIVEN_TRACE}-")
+    assert len(json.dumps(row.meta, separators=(",", ":"))) <= (
+        MAX_META_BYTES + MAX_TRACE_CONTEXT_BYTES
+    )
+    assert bounded_tracestate(",".join(f"k{n}=" + "y" * 60 for n in range(20))) == ",".join(
+        f"k{n}=" + "y" * 60 for n in range(8)
+    )  # 8 entries of 63 characters and their commas: 511 bytes; the last ones go
+
+
+@pytest.mark.parametrize("current", [True, False], ids=["in-a-span", "no-span"])
+def test_a_traceparent_given_in_meta_is_the_parent_of_the_jobs_publish_span(
+    engine: sa.Engine, db_url: URL, tmp_path: Path, spans: InMemorySpanExporter, current: bool
+) -> None:
+    """A context propagated by hand is kept as the job's parent: the publish span is its
+    child (linked to the current span, if any) and the worker's process span the
+    publish span's child, all in the given trace."""
+    meta = {"tenant": 7, "traceparent": GIVEN, "tracestate": "vendor=abc"}
+    tracer = trace.get_tracer("app")
+    scope = tracer.start_as_current_span("request") if current else nullcontext()
+    with scope as request, Session(engine) as session:
+        job_id = enqueue(session, "traced.ok", {}, meta=meta)
+        session.commit()
+    [publish] = [span_record(s) for s in spans.get_finished_spans() if s.name != "request"]
+    assert publish["name"] == "publish default" and publish["kind"] == "PRODUCER"
+    assert publish["trace_id"] == GIVEN_TRACE and publish["parent_id"] == GIVEN_PARENT
+    [finished] = [s for s in spans.get_finished_spans() if s.name == "publish default"]
+    linked = [f"{link.context.span_id:016x}" for link in finished.links]
+    assert linked == ([f"{request.get_span_context().span_id:016x}"] if request else [])
+    [row] = rows(engine, "SELECT meta FROM jobs WHERE id = :id", id=job_id)
+    assert row.meta == {
+        "tenant": 7,
+        "traceparent": f"00-{GIVEN_TRACE}-{publish['span_id']}-01",
+        "tracestate": "vendor=abc",
+    }
+    found = run_worker(db_url, tmp_path / "spans.jsonl", 1)
+    process = next(s for s in found if s["kind"] == "CONSUMER")
+    assert process["trace_id"] == GIVEN_TRACE and process["parent_id"] == publish["span_id"]
+
+
+def test_a_malformed_traceparent_in_meta_is_refused_inside_a_span_too(
+    session: Session, spans: InMemorySpanExporter
+) -> None:
+    tracer = trace.get_tracer("app")
+    with tracer.start_as_current_span("request"), pytest.raises(InvalidJobError) as raised:
+        enqueue(session, "k", {}, meta={"traceparent": "00-bogus-bogus-01"})
+    assert str(raised.value).startswith(
+        'meta["traceparent"] is reserved for the job\'s trace context and must be a W3C '
+        "traceparent (version 00:"
+    )
+    assert [s.name for s in spans.get_finished_spans()] == ["request"]  # no publish span

@@ -1008,7 +1008,7 @@ MUTATIONS: list[Mutation] = [
         "otel_nothing_without_a_span",
         "an enqueue with no current span records no span and stores no trace context",
         "sqla_jobs/_otel.py",
-        "    if not current.get_span_context().is_valid:\n        return meta\n",
+        "    if not given and not current.is_valid:\n        return meta\n",
         "    pass  # MUTATION\n",
         (
             "tests/test_tracing.py::"
@@ -1042,11 +1042,118 @@ MUTATIONS: list[Mutation] = [
         "otel_flush_takes_the_context",
         "jobs the ORM's own insert writes get the flushing code's trace context",
         "sqla_jobs/producer.py",
-        "    if _otel.recording():\n        _add_trace_context(session, instances)\n",
+        "    _add_trace_context(session, instances, pending)\n",
         "    pass  # MUTATION\n",
         (
             "tests/test_tracing.py::"
             "test_the_stored_context_is_the_inserting_codes_not_the_building_codes",
+        ),
+    ),
+    Mutation(
+        "otel_meta_limit_before_the_context",
+        "the meta size limit is the application's: the trace context an insert adds comes "
+        "on top (enqueue, enqueue_many, workflows, periodic, the flush as enqueue does)",
+        "sqla_jobs/producer.py",
+        "    return job.meta_json if meta is job.meta else validation.dump_traced_meta(meta)\n",
+        "    return job.meta_json if meta is job.meta else validation.dump_meta(meta)  # MUTATION"
+        "\n",
+        (
+            "tests/test_tracing.py::"
+            "test_a_meta_at_the_size_limit_is_accepted_inside_a_span_on_every_route",
+        ),
+    ),
+    Mutation(
+        "otel_flush_context_past_the_meta_limit",
+        "the flush adds the trace context to a Job the ORM inserts past meta's validator "
+        "(its size limit is the application's meta's)",
+        "sqla_jobs/producer.py",
+        '                obj.__dict__["meta"] = traced\n',
+        "                obj.meta = traced  # MUTATION\n",
+        (
+            "tests/test_tracing.py::"
+            "test_a_meta_at_the_size_limit_is_accepted_inside_a_span_on_every_route",
+        ),
+    ),
+    Mutation(
+        "otel_flush_routed_jobs_traced_once",
+        "a Job the flush inserts as enqueue does gets its context (one publish span) from "
+        "that insert, not a second one before it",
+        "sqla_jobs/producer.py",
+        "    skip = {id(job) for job in routed}\n",
+        "    skip: set[int] = set()  # MUTATION\n",
+        (
+            "tests/test_tracing.py::"
+            "test_a_meta_at_the_size_limit_is_accepted_inside_a_span_on_every_route",
+        ),
+    ),
+    Mutation(
+        "otel_tracestate_bounded",
+        "the tracestate an insert stores is cut to MAX_TRACESTATE_BYTES as W3C says",
+        "sqla_jobs/_otel.py",
+        "    if size(entries) <= limit:\n",
+        "    if True:  # MUTATION\n",
+        (
+            "tests/test_tracing.py::"
+            "test_the_trace_context_stored_is_bounded_however_large_the_current_tracestate",
+        ),
+    ),
+    Mutation(
+        "otel_given_traceparent_parents_the_publish",
+        "a traceparent the application put in meta is the parent of the job's publish span",
+        "sqla_jobs/_otel.py",
+        "        context=given_context,\n",
+        "        context=None,  # MUTATION\n",
+        (
+            "tests/test_tracing.py::"
+            "test_a_traceparent_given_in_meta_is_the_parent_of_the_jobs_publish_span",
+        ),
+    ),
+    Mutation(
+        "meta_trace_keys_checked",
+        "a traceparent or tracestate given in meta must be well formed (W3C), refused at "
+        "enqueue naming the key and the format",
+        "sqla_jobs/validation.py",
+        "        _check_trace_context(meta)\n",
+        "        pass  # MUTATION\n",
+        (
+            "tests/test_job_meta.py::"
+            "test_bad_metadata_is_refused_at_enqueue_and_the_transaction_stays_usable",
+            "tests/test_tracing.py::"
+            "test_a_malformed_traceparent_in_meta_is_refused_inside_a_span_too",
+        ),
+    ),
+    Mutation(
+        "meta_limit_without_the_context",
+        "a meta's trace context keys do not count towards its size limit (a handler "
+        "passing job.meta on to a follow-up job)",
+        "sqla_jobs/validation.py",
+        "        own = {k: v for k, v in meta.items() if k != TRACEPARENT and k != TRACESTATE}\n",
+        "        own = meta  # MUTATION\n",
+        (
+            "tests/test_tracing.py::"
+            "test_a_meta_at_the_size_limit_is_accepted_inside_a_span_on_every_route",
+        ),
+    ),
+    Mutation(
+        "tags_set_refused",
+        "tags given as a set (no order) are refused",
+        "sqla_jobs/validation.py",
+        "    if isinstance(tags, (set, frozenset)):\n",
+        "    if False:  # MUTATION\n",
+        (
+            "tests/test_job_meta.py::"
+            "test_bad_metadata_is_refused_at_enqueue_and_the_transaction_stays_usable",
+        ),
+    ),
+    Mutation(
+        "tags_comma_refused",
+        "a tag with a comma (which would read as two tags where tags are listed) is refused",
+        "sqla_jobs/validation.py",
+        '        if "," in tag:\n',
+        "        if False:  # MUTATION\n",
+        (
+            "tests/test_job_meta.py::"
+            "test_bad_metadata_is_refused_at_enqueue_and_the_transaction_stays_usable",
         ),
     ),
     Mutation(
