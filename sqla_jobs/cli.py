@@ -407,8 +407,7 @@ def run_dashboard(args: argparse.Namespace) -> int:
     from sqlalchemy import exc as sa_exc
     from sqlalchemy.orm import Session
 
-    from sqla_jobs import ops, tasks
-    from sqla_jobs.worker import _connlost
+    from sqla_jobs import _tcp, ops, tasks
 
     setup_logging("INFO", "text")
     try:
@@ -422,7 +421,7 @@ def run_dashboard(args: argparse.Namespace) -> int:
             read_only=args.read_only,
         )
         registry = tasks.load_registry(args.app) if args.app else None
-        engine = _connlost.keepalives_by_default(
+        engine = _tcp.keepalives_by_default(
             sa.create_engine(config_mod.database_url(_url_arg(args)), pool_pre_ping=True)
         )
         with Session(engine) as session:
@@ -456,10 +455,10 @@ def _reader_left() -> int:
 def _engine(url: str) -> sa.Engine:
     import sqlalchemy as sa
 
-    from sqla_jobs.worker import _connlost
+    from sqla_jobs import _tcp
 
     engine = sa.create_engine(config_mod.database_url(url), poolclass=sa.NullPool)
-    return _connlost.keepalives_by_default(engine)
+    return _tcp.keepalives_by_default(engine)
 
 
 # --- operations commands (sqla_jobs.ops) -----------------------------------------------

@@ -1,8 +1,9 @@
 """An idle worker starts a scheduled job at its ``run_at``, not at its next poll (#23).
 
-Real worker processes with the poll interval set long (5 s): a job that starts well
-within it was started by the worker's own timer, set from the next due time it looked
-up when a wake-up found nothing ready.
+Real worker processes with the poll interval set long (60 s): a job that starts well
+within it (10 s; a loaded host has made a timer's start 3.4 s late) was started by the
+worker's own timer, set from the next due time it looked up when a wake-up found
+nothing ready.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from helpers import scalar, wait_for
+from helpers import rows, scalar, wait_for
 from queuecontrolapp import SETUP_SQL
 from reliability.support import spawn, stop_all
 from sqlalchemy.engine import URL
@@ -22,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from sqla_jobs import NewJob, enqueue, enqueue_many
 
-POLL = "5"
+POLL = "60"
 
 
 @pytest.fixture
@@ -64,7 +65,7 @@ def test_a_delayed_job_starts_at_its_run_at_not_at_the_next_poll(
         enqueue(s, "plain", {}, delay=timedelta(seconds=1.5))
         s.commit()
     wait_for(lambda: _ran(engine, 1), timeout=30, message="the delayed job to run")
-    assert 0.0 <= _late(engine) < 2.5  # the poll (5 s) would be 3.5 s late or more
+    assert 0.0 <= _late(engine) < 10.0  # the poll (60 s) would be 58 s late or more
 
 
 def test_each_of_several_delayed_jobs_starts_on_time_after_the_one_before(
@@ -77,13 +78,10 @@ def test_each_of_several_delayed_jobs_starts_on_time_after_the_one_before(
     wait_for(lambda: _ran(engine, 3), timeout=30, message="the delayed jobs to run")
     lateness = [
         float(r)
-        for r in engine.connect()
-        .execute(
-            sa.text(
-                "SELECT extract(epoch FROM r.started_at - j.run_at) FROM control_runs r"
-                " JOIN jobs j ON j.id = r.job_id ORDER BY j.run_at"
-            )
+        for (r,) in rows(
+            engine,
+            "SELECT extract(epoch FROM r.started_at - j.run_at) FROM control_runs r"
+            " JOIN jobs j ON j.id = r.job_id ORDER BY j.run_at",
         )
-        .scalars()
     ]
-    assert all(0.0 <= late < 1.4 for late in lateness), lateness
+    assert all(0.0 <= late < 10.0 for late in lateness), lateness  # the poll: 55 s or more

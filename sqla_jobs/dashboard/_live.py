@@ -40,9 +40,9 @@ from starlette.concurrency import run_in_threadpool
 
 from sqla_jobs import config as config_mod
 from sqla_jobs import ops
+from sqla_jobs._tcp import KEEPALIVES
 from sqla_jobs.dashboard import _render
 from sqla_jobs.exceptions import ConfigError
-from sqla_jobs.worker._connlost import KEEPALIVES
 
 log = logging.getLogger("sqla_jobs.dashboard")
 

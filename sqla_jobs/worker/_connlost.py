@@ -37,6 +37,8 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects.postgresql import psycopg as psycopg_dialect
 from sqlalchemy.engine import URL
 
+from sqla_jobs import _tcp
+from sqla_jobs._tcp import KEEPALIVES as KEEPALIVES
 from sqla_jobs.sql import locks
 
 #: SQLSTATEs that mean "this connection is no use any more": read-only transaction (a
@@ -45,18 +47,6 @@ LOST_SQLSTATES = frozenset({"25006", "57P01", "57P02", "57P03"})
 #: "cannot execute LISTEN during recovery", "cannot access temporary or unlogged relations
 #: during recovery" (0A000): the server is a standby.
 DURING_RECOVERY = "during recovery"
-
-#: libpq settings the worker's connections get unless the URL or connect_args set them:
-#: an idle socket is probed after 10 s, every 5 s, 3 times (dead after ~25 s); data not
-#: acknowledged within 30 s ends the connection. Without them a connection to a vanished
-#: host waits for the kernel's tcp_retries2 (about 15 minutes).
-KEEPALIVES: dict[str, str] = {
-    "keepalives": "1",
-    "keepalives_idle": "10",
-    "keepalives_interval": "5",
-    "keepalives_count": "3",
-    "tcp_user_timeout": "30000",
-}
 
 #: Lost-connection warnings logged per window; the rest are counted and summed up.
 BURST = 10
@@ -109,14 +99,6 @@ def with_keepalives(url: URL, connect_args: dict[str, Any]) -> dict[str, Any]:
     return {**{k: v for k, v in KEEPALIVES.items() if k not in given}, **connect_args}
 
 
-def keepalives_by_default(engine: sa.Engine) -> sa.Engine:
-    """Give ``engine``'s new connections :data:`KEEPALIVES` where its URL and
-    ``connect_args`` set nothing (the commands' engines: ``sqla-jobs stats`` or the
-    dashboard facing a vanished primary end in seconds, not the kernel's minutes)."""
-    sa.event.listen(engine, "do_connect", _default_keepalives)
-    return engine
-
-
 def install(engine: sa.Engine) -> None:
     """Classify lost connections on ``engine``, give its new connections :data:`KEEPALIVES`
     where nothing else is set, and check every new connection (once per engine)."""
@@ -124,23 +106,9 @@ def install(engine: sa.Engine) -> None:
         return
     engine._sqla_jobs_connlost = True  # type: ignore[attr-defined]
     sa.event.listen(engine, "handle_error", _on_error)
-    keepalives_by_default(engine)
+    _tcp.keepalives_by_default(engine)
     sa.event.listen(engine, "connect", _check_writable)
     sa.event.listen(engine, "connect", _warn_without_keepalives, once=True)
-
-
-def _default_keepalives(
-    _dialect: Any, _record: Any, cargs: list[Any], cparams: dict[str, Any]
-) -> None:
-    # cparams holds the URL's query and the engine's connect_args (already merged by
-    # SQLAlchemy); a conninfo string given as an argument counts too.
-    given = set(cparams)
-    for conninfo in (*cargs[:1], cparams.get("conninfo")):
-        if isinstance(conninfo, str) and conninfo:
-            given |= set(psycopg.conninfo.conninfo_to_dict(conninfo))
-    for key, value in KEEPALIVES.items():
-        if key not in given:
-            cparams[key] = value
 
 
 def _warn_without_keepalives(dbapi_conn: Any, _record: Any) -> None:

@@ -1424,7 +1424,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "engine_passed_in_gets_keepalives",
         "an engine passed to Worker(engine=...) gets the TCP keepalive defaults it does not set",
-        CONNLOST,
+        "sqla_jobs/_tcp.py",
         '    sa.event.listen(engine, "do_connect", _default_keepalives)\n',
         "    pass  # MUTATION\n",
         (ENGINE_KEEPALIVES,),
