@@ -308,6 +308,7 @@ def test_workflow_cancel_with_no_wait_says_a_running_step_still_runs(
             "workflow list takes no --downstream (it goes with workflow retry)",
         ),
     ],
+    ids=lambda value: "-".join(value).replace("--", "") if isinstance(value, list) else "",
 )
 def test_a_workflow_flag_the_action_does_not_take_is_a_usage_error(
     db_url: URL, args: list[str], message: str
