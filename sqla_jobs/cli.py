@@ -345,6 +345,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_worker(args, given[given.index("worker") + 1 :])
     if args.command == "dashboard":
         return run_dashboard(args)
+    if args.command == "workflow":  # a usage error, before the database is read
+        _check_workflow_flags(sub.choices["workflow"], args)
     if args.command in _OPS_COMMANDS:
         try:
             return _run_ops(args)
@@ -527,6 +529,11 @@ def _add_ops_commands(sub: Any) -> None:
         help="jobs with this tag (repeat: with every one of them)",
     )
     p.add_argument(
+        "--workflow",
+        metavar="WORKFLOW_ID",
+        help="the steps of this workflow (sqla-jobs workflow list names them)",
+    )
+    p.add_argument(
         "--newest-first",
         action="store_true",
         help="highest ids first (the next page, --after-id, holds lower ids)",
@@ -616,7 +623,9 @@ def _add_ops_commands(sub: Any) -> None:
         help="list: workflows with a step not ended (running), with every step ended "
         "(finished), or with a step that ended dead or cancelled (failed)",
     )
-    p.add_argument("--limit", type=int, default=50, help="list: at most this many (defaults to 50)")
+    # Defaults None, so that a flag given to an action it does not go with is refused
+    # (_WORKFLOW_FLAGS); the real defaults are applied in _cmd_workflow.
+    p.add_argument("--limit", type=int, help="list: at most this many (defaults to 50)")
     p.add_argument(
         "--before",
         metavar="WORKFLOW_ID",
@@ -625,9 +634,42 @@ def _add_ops_commands(sub: Any) -> None:
     p.add_argument(
         "--downstream",
         action="store_true",
+        default=None,
         help="retry: also every step downstream of a failed one (done ones included)",
     )
-    p.add_argument("--json", action="store_true", help="list, show: JSON")
+    p.add_argument(
+        "--wait",
+        type=float,
+        metavar="SECONDS",
+        help="cancel: how long to wait for running steps to stop, to say how each ended "
+        "(default 10)",
+    )
+    p.add_argument("--json", action="store_true", default=None, help="list, show: JSON")
+
+
+#: ``sqla-jobs workflow``'s options and the actions each goes with: any other action
+#: refuses it (a flag silently ignored reads as done).
+_WORKFLOW_FLAGS = {
+    "--state": ("list",),
+    "--limit": ("list",),
+    "--before": ("list",),
+    "--downstream": ("retry",),
+    "--wait": ("cancel",),
+    "--json": ("list", "show"),
+}
+#: ``workflow list --limit``, ``workflow cancel --wait`` when not given.
+WORKFLOW_LIST_LIMIT = 50
+CANCEL_WAIT = 10.0
+
+
+def _check_workflow_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    for flag, actions in _WORKFLOW_FLAGS.items():
+        given = getattr(args, flag.removeprefix("--"))
+        if given is not None and args.action not in actions:
+            parser.error(
+                f"workflow {args.action} takes no {flag} (it goes with workflow "
+                f"{' and '.join(actions)})"
+            )
 
 
 #: ``sqla-jobs health`` threshold flags: each overrides one field of
@@ -950,6 +992,7 @@ def _cmd_list(session: Any, args: argparse.Namespace) -> int:
         meta=None
         if args.meta is None
         else validation.json_object("--meta", args.meta, ConfigError),
+        workflow=args.workflow,
     )
     next_id = jobs[-1].id if len(jobs) == args.limit else None
     if args.json:
@@ -1015,6 +1058,11 @@ def _cmd_show(session: Any, args: argparse.Namespace) -> int:
         data["status"] = f"{data['status']} (archived {data['archived_at']}, in jobs_archive)"
     for name in ("id", "kind", "queue", "priority", "status", "attempts"):
         print(f"{name + ':':<17}{data[name]}")
+    if job.workflow_id is not None:
+        print(
+            f"{'workflow:':<17}{job.workflow_id} step: {job.step or '-'} "
+            f"(its steps: sqla-jobs workflow show {job.workflow_id})"
+        )
     print(f"{'max_attempts:':<17}{_max_attempts(job.max_attempts, short=False)}")
     for name in ("idempotency_key", "worker", "created_at", "run_at", "locked_until"):
         print(f"{name + ':':<17}{data[name] if data[name] is not None else '-'}")
@@ -1366,6 +1414,27 @@ def _cmd_workers(session: Any, args: argparse.Namespace) -> int:
     return 0
 
 
+def _first_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    return lines[0].strip() if lines else ""
+
+
+#: Widest ERROR cell of ``workflow show``: a dependent's error names its upstream step
+#: before the upstream error itself.
+STEP_ERROR_WIDTH = 100
+
+
+def _step_error(step: Any) -> str:
+    """A step's ERROR cell: the first line of the error that is its state; an error a
+    later run overcame (a retried step now done, or waiting or queued afresh) labelled
+    ``earlier:``, as ``show`` labels a job's; else ``-``."""
+    if step.current_error:
+        return _clip(_first_line(step.current_error), STEP_ERROR_WIDTH)
+    if step.last_error and _first_line(step.last_error):
+        return _clip(f"earlier: {_first_line(step.last_error)}", STEP_ERROR_WIDTH)
+    return "-"
+
+
 def _workflow_text(status: Any) -> str:
     counts = ", ".join(f"{n} {name}" for name, n in sorted(status.counts.items()))
     lines = [f"workflow {status.id}: {counts}", ""]
@@ -1376,11 +1445,11 @@ def _workflow_text(status: Any) -> str:
             s.kind,
             s.status.value + (" (archived)" if s.archived else ""),
             ", ".join(s.waiting_on) or "-",
-            " ".join((s.last_error or "-").split())[:80],
+            _step_error(s),
         )
         for s in status.steps
     ]
-    lines += _table(("ID", "STEP", "KIND", "STATUS", "WAITING ON", "LAST ERROR"), body, {0})
+    lines += _table(("ID", "STEP", "KIND", "STATUS", "WAITING ON", "ERROR"), body, {0})
     return "\n".join(lines)
 
 
@@ -1407,14 +1476,15 @@ def _cmd_workflow(session: Any, args: argparse.Namespace) -> int:
             raise ConfigError(
                 "workflow list takes no WORKFLOW_ID (give --before ID for the page after it)"
             )
-        page = ops.list_workflows(session, state=args.state, limit=args.limit, before=args.before)
+        limit = WORKFLOW_LIST_LIMIT if args.limit is None else args.limit
+        page = ops.list_workflows(session, state=args.state, limit=limit, before=args.before)
         if args.json:
             _print_json([w.to_dict() for w in page])
         elif not page:
             print("no workflow")
         else:
             print("\n".join(_workflows_text(page)))
-            if len(page) == args.limit:
+            if len(page) == limit:
                 print(f"\nnext page: --before {page[-1].id}")
         return 0
     if args.workflow_id is None:
@@ -1428,7 +1498,12 @@ def _cmd_workflow(session: Any, args: argparse.Namespace) -> int:
                     "counts": status.counts,
                     "finished": status.finished,
                     "steps": [
-                        {**asdict(s), "status": s.status.value, "waiting_on": list(s.waiting_on)}
+                        {
+                            **asdict(s),
+                            "status": s.status.value,
+                            "waiting_on": list(s.waiting_on),
+                            "current_error": s.current_error,
+                        }
                         for s in status.steps
                     ],
                 }
@@ -1437,12 +1512,17 @@ def _cmd_workflow(session: Any, args: argparse.Namespace) -> int:
             print(_workflow_text(status))
         return 0
     if args.action == "cancel":
+        wait = CANCEL_WAIT if args.wait is None else args.wait
+        if wait < 0:
+            return _fail(f"--wait must be >= 0 seconds, got {wait:g}")
         done = ops.cancel_workflow(session, args.workflow_id)
         session.commit()
         print(
             f"cancelled {len(done.cancelled)} step(s); asked {len(done.stopping)} running "
             "step(s) to stop"
         )
+        if done.stopping:
+            _report_stops(session, done.stopping, wait)
         return 0
     mode = "failed_and_downstream" if args.downstream else "failed"
     retried = ops.retry_workflow(session, args.workflow_id, mode=mode)

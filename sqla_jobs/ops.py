@@ -623,6 +623,17 @@ def _instant(value: Any) -> datetime | None:
     return datetime.fromisoformat(value) if isinstance(value, str) else None
 
 
+def _current_error(
+    status: JobStatus, attempts: int, snoozes: int, last_error: str | None
+) -> str | None:
+    """``last_error`` if it is why the job is where it is (see
+    :attr:`JobRecord.current_error`), else None: it is history."""
+    failed = status in (JobStatus.DEAD, JobStatus.CANCELLED) or (
+        status is JobStatus.QUEUED and (attempts > 0 or snoozes > 0)
+    )
+    return last_error if failed else None
+
+
 @dataclass(frozen=True)
 class JobRecord:
     """A job as read by :func:`list_jobs` / :func:`get_job`: a snapshot, not an ORM object.
@@ -696,10 +707,7 @@ class JobRecord:
         """``last_error`` when a failure or a decision is why the job is where it is:
         dead, cancelled, or queued for a retry or after a snooze. None for a job that ran
         again since (done, running, retried by hand)."""
-        failed = self.status in (JobStatus.DEAD, JobStatus.CANCELLED) or (
-            self.status is JobStatus.QUEUED and (self.attempts > 0 or self.snoozes > 0)
-        )
-        return self.last_error if failed else None
+        return _current_error(self.status, self.attempts, self.snoozes, self.last_error)
 
     def to_dict(self) -> dict[str, Any]:
         data = _jsonable(asdict(self))
@@ -736,6 +744,7 @@ def list_jobs(
     newest_first: bool = False,
     tag: str | Sequence[str] | None = None,
     meta: Mapping[str, Any] | None = None,
+    workflow: uuid.UUID | str | None = None,
 ) -> list[JobRecord]:
     """One page of jobs, oldest id first, filtered by status, kind, queue and age.
 
@@ -744,7 +753,8 @@ def list_jobs(
     (inclusive); ``payload`` keeps jobs whose payload contains it (``{"user": 7}``
     matches ``{"user": 7, "plan": "pro"}``; PostgreSQL's ``@>``), ``meta`` likewise for
     the job's metadata, and ``tag`` keeps jobs with that tag (a list: with every one of
-    them). Pages by keyset: pass
+    them); ``workflow`` (a workflow id) keeps that workflow's steps, read from its own
+    index whatever else is given. Pages by keyset: pass
     the last id of a page as ``after_id`` to get the next one (stable while rows change);
     with ``newest_first``, the highest ids come first and the next page holds ids below
     ``after_id``.
@@ -768,10 +778,13 @@ def list_jobs(
         newest_first=bool(newest_first),
         tags=_tags_filter(tag),
         meta=None if meta is None else _payload_match(meta, "meta"),
+        workflow=None if workflow is None else _workflow_id(workflow),
     )
     contains = (payload, meta, tag)
     found = session.execute(page(payload_scan=admin.NEAR)).all()
-    if len(found) < limit and admin.payload_in_two_steps(statuses, kind, queue, *contains):
+    if workflow is not None:
+        pass  # one statement: the workflow's steps (admin.list_jobs)
+    elif len(found) < limit and admin.payload_in_two_steps(statuses, kind, queue, *contains):
         # Not a page among the ids near the cursor: every match, from the GIN index.
         found = session.execute(page(payload_scan=admin.MATCHES)).all()
     elif len(found) < limit and admin.age_in_two_steps(
@@ -1591,6 +1604,17 @@ class WorkflowStep:
     #: Every dependency (by step name; a deleted one by its job id), ended or not: the
     #: graph's edges into this step. Empty for an archived step (its edges went with it).
     depends_on: tuple[str, ...] = ()
+    #: Attempts and snoozes of its current run (0 after a retry by hand).
+    attempts: int = 0
+    snoozes: int = 0
+
+    @property
+    def current_error(self) -> str | None:
+        """``last_error`` while it is the step's state (dead, cancelled, queued for
+        another attempt); None once the step ran again since (a retried step now
+        ``done``, ``waiting`` or ``queued`` afresh): ``last_error`` is then history, as
+        for :attr:`JobRecord.current_error`."""
+        return _current_error(self.status, self.attempts, self.snoozes, self.last_error)
 
 
 @dataclass(frozen=True)
@@ -1632,6 +1656,8 @@ def _workflow_step(r: Any) -> WorkflowStep:
         waiting_on=tuple(r.waiting_on or ()),
         archived=r.archived,
         depends_on=tuple(r.depends_on or ()),
+        attempts=r.attempts,
+        snoozes=r.snoozes,
     )
 
 

@@ -137,6 +137,8 @@ def test_cancel_and_retry_a_workflow_act_through_ops_and_are_audited(
     assert entries[1].detail == {"mode": "failed", "retried": 4}
     page = client.get(f"/workflows/{ids.id}").text
     assert "Actions on this workflow" in page and "retry-workflow" in page
+    # The CLI records no action (as for every command): the page says what it lists.
+    assert "Only actions taken from this dashboard are listed" in page
 
 
 def test_retry_of_failed_and_downstream_reruns_done_steps_after_a_failure(

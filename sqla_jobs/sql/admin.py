@@ -65,6 +65,7 @@ def list_jobs(
     tags: Sequence[str] | None = None,
     meta: str | None = None,
     age_scan: str = NEAR,
+    workflow: Any = None,
 ) -> sa.Select[Any]:
     """One page of jobs in id order; the next page starts after the last id (keyset).
 
@@ -90,7 +91,31 @@ def list_jobs(
     too (:func:`age_in_two_steps`): ``age_scan=NEAR`` the window after the cursor; then
     ``age_scan=MATCHES`` walks from the lowest id created since the bound
     (:func:`_lowest_id_since`, revision 0012) rather than through every older job.
+
+    ``workflow`` (a workflow id, #26) leads whatever else is given: a workflow's steps
+    are few next to the table, read from ``jobs_workflow_id_idx`` (revision 0014) and
+    sorted; the order is ``id + 0`` (so no walk of the primary key can yield it) and no
+    other filter is asked in two steps.
     """
+    if workflow is not None:
+        return _workflow_page(
+            statuses=statuses,
+            kind=kind,
+            queue=queue,
+            older_than=older_than,
+            limit=limit,
+            after_id=after_id,
+            now=now,
+            key=key,
+            min_id=min_id,
+            max_id=max_id,
+            newer_than=newer_than,
+            payload=payload,
+            newest_first=newest_first,
+            tags=tags,
+            meta=meta,
+            workflow=workflow,
+        )
     lead, lead_condition = _leading_filter(statuses, kind, queue)
     conditions = _job_filters(
         statuses=None if lead is jobs.c.status else statuses,
@@ -151,6 +176,62 @@ def list_jobs(
         sa.select(*jobs.c)
         .where(*conditions)
         .order_by(*(c.desc() for c in order) if newest_first else order)
+        .limit(sa.bindparam("limit", limit, sa.Integer))
+    )
+
+
+def _workflow_page(
+    *,
+    statuses: Sequence[JobStatus] | None,
+    kind: str | None,
+    queue: str | None,
+    older_than: float | None,
+    limit: int,
+    after_id: int | None,
+    now: Now,
+    key: str | None,
+    min_id: int | None,
+    max_id: int | None,
+    newer_than: float | None,
+    payload: str | None,
+    newest_first: bool,
+    tags: Sequence[str] | None,
+    meta: str | None,
+    workflow: Any,
+) -> sa.Select[Any]:
+    """:func:`list_jobs` of one workflow's steps (see there)."""
+    conditions = _job_filters(
+        statuses=statuses, kind=kind, queue=queue, older_than=older_than, now=now
+    )
+    # ``workflow_id = :workflow`` (not ``= ANY``): it proves the partial index's
+    # ``workflow_id IS NOT NULL``.
+    conditions.append(jobs.c.workflow_id == sa.bindparam("workflow", workflow, sa.Uuid))
+    if key is not None:
+        conditions.append(jobs.c.idempotency_key == sa.bindparam("key", key, sa.Text))
+    if min_id is not None:
+        conditions.append(jobs.c.id + 0 >= sa.bindparam("min_id", min_id, sa.BigInteger))
+    if max_id is not None:
+        conditions.append(jobs.c.id + 0 <= sa.bindparam("max_id", max_id, sa.BigInteger))
+    if newer_than is not None:
+        age = sa.bindparam("newer_than", newer_than, sa.Float)
+        conditions.append(jobs.c.created_at >= _common.ago(age, now))
+    if payload is not None:
+        match = sa.cast(sa.bindparam("payload_match", payload, sa.Text), JSONB)
+        conditions.append(jobs.c.payload.contains(match))
+    if meta is not None:
+        meta_match = sa.cast(sa.bindparam("meta_match", meta, sa.Text), JSONB)
+        conditions.append(jobs.c.meta.contains(meta_match))
+    if tags is not None:
+        conditions.append(jobs.c.tags.contains(sa.bindparam("tags", list(tags), ARRAY(sa.Text))))
+    # ``id + 0`` here too: a range of the primary key from the cursor is no way in.
+    keyed = jobs.c.id + 0
+    if after_id is not None:
+        cursor = sa.bindparam("after_id", after_id, sa.BigInteger)
+        conditions.append(keyed < cursor if newest_first else keyed > cursor)
+    return (
+        sa.select(*jobs.c)
+        .where(*conditions)
+        .order_by(keyed.desc() if newest_first else keyed)
         .limit(sa.bindparam("limit", limit, sa.Integer))
     )
 

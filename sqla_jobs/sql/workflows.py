@@ -200,6 +200,8 @@ def _step_rows(
         _waiting_on().label("waiting_on"),
         sa.false().label("archived"),
         _depends_on().label("depends_on"),
+        jobs.c.attempts,
+        jobs.c.snoozes,
     ).where(live_where)
     archived = sa.select(
         archive.c.id,
@@ -210,6 +212,8 @@ def _step_rows(
         sa.cast(sa.literal("{}"), ARRAY(sa.Text)).label("waiting_on"),
         sa.true().label("archived"),
         sa.cast(sa.literal("{}"), ARRAY(sa.Text)).label("depends_on"),
+        archive.c.attempts,
+        archive.c.snoozes,
     ).where(archived_where)
     found = sa.union_all(live, archived).subquery("found")
     return sa.select(found).order_by(found.c.id)
@@ -218,7 +222,8 @@ def _step_rows(
 def steps(workflow_id: Any) -> sa.Select[Any]:
     """Every step of a workflow, live and archived: ``id, step, kind, status, last_error,
     waiting_on`` (the names of the dependencies that have not ended), ``archived``,
-    ``depends_on`` (the names of all its live dependencies), in id order."""
+    ``depends_on`` (the names of all its live dependencies), ``attempts, snoozes`` (is
+    ``last_error`` the step's state or history?), in id order."""
     wid = sa.bindparam("workflow_id", workflow_id, sa.Uuid)
     archive = models.jobs_archive
     return _step_rows(jobs.c.workflow_id == wid, archive.c.workflow_id == wid)

@@ -65,6 +65,12 @@ FLOW_RETRY_BLOCKED = _FLOWS + (
 FLOW_DASHBOARD_PERMISSIONS = "tests/test_dashboard_workflows.py::" + (
     "test_read_only_and_unpermitted_viewers_see_no_workflow_action_and_cannot_post_one"
 )
+_FLOW_CLI = "tests/test_workflow_cli.py::"
+FLOW_CLI_ERRORS = _FLOW_CLI + (
+    "test_a_failed_steps_error_shows_its_first_line_and_after_a_retry_it_is_earlier"
+)
+FLOW_CLI_FLAGS = _FLOW_CLI + "test_a_workflow_flag_the_action_does_not_take_is_a_usage_error"
+FLOW_CLI_INDEX = _FLOW_CLI + "test_a_workflows_page_reads_the_workflow_index_not_the_table"
 FLOW_DASHBOARD_BUTTONS = "tests/test_dashboard_workflows.py::" + (
     "test_each_workflow_action_shows_only_to_a_viewer_with_its_permission"
 )
@@ -1461,6 +1467,32 @@ MUTATIONS: list[Mutation] = [
         "                prepare=self.config.prepared_statements,\n",
         "                prepare=False,  # MUTATION\n",
         (RESTART_PREPARED,),
+    ),
+    Mutation(
+        "workflow_step_error_is_state_or_history",
+        "a retried step that ran again shows its old error as earlier, not as its state",
+        "sqla_jobs/ops.py",
+        "        return _current_error(self.status, self.attempts, self.snoozes, self.last_error)\n"
+        "\n\n@dataclass(frozen=True)\nclass WorkflowStatus:",
+        "        return self.last_error  # MUTATION\n"
+        "\n\n@dataclass(frozen=True)\nclass WorkflowStatus:",
+        (FLOW_CLI_ERRORS,),
+    ),
+    Mutation(
+        "workflow_flags_refused",
+        "sqla-jobs workflow refuses a flag the action does not take",
+        "sqla_jobs/cli.py",
+        '        _check_workflow_flags(sub.choices["workflow"], args)\n',
+        "        pass  # MUTATION\n",
+        (FLOW_CLI_FLAGS,),
+    ),
+    Mutation(
+        "list_jobs_workflow_order_not_from_the_primary_key",
+        "a workflow's page is read from its index: its order is no walk of the primary key",
+        "sqla_jobs/sql/admin.py",
+        "    keyed = jobs.c.id + 0\n",
+        "    keyed = jobs.c.id  # MUTATION\n",
+        (FLOW_CLI_INDEX,),
     ),
 ]
 

@@ -5,7 +5,9 @@ SELECT found.id,
        found.last_error,
        found.waiting_on,
        found.archived,
-       found.depends_on
+       found.depends_on,
+       found.attempts,
+       found.snoozes
 FROM
   (SELECT jobs.id AS id,
           jobs.step AS step,
@@ -23,7 +25,9 @@ FROM
      (SELECT coalesce(array_agg(coalesce(parent.step, CAST(jobs_workflow_edges.parent_id AS TEXT))), CAST(%(param_2)s::VARCHAR AS TEXT[])) AS coalesce_2
       FROM jobs_workflow_edges
       LEFT OUTER JOIN jobs AS parent ON parent.id = jobs_workflow_edges.parent_id
-      WHERE jobs_workflow_edges.child_id = jobs.id) AS depends_on
+      WHERE jobs_workflow_edges.child_id = jobs.id) AS depends_on,
+                   jobs.attempts AS attempts,
+                   jobs.snoozes AS snoozes
    FROM jobs
    WHERE jobs.workflow_id = %(workflow_id)s::UUID
    UNION ALL SELECT jobs_archive.id AS id,
@@ -33,7 +37,9 @@ FROM
                     jobs_archive.last_error AS last_error,
                     CAST(%(param_3)s::VARCHAR AS TEXT[]) AS waiting_on,
                     true AS archived,
-                            CAST(%(param_4)s::VARCHAR AS TEXT[]) AS depends_on
+                            CAST(%(param_4)s::VARCHAR AS TEXT[]) AS depends_on,
+                            jobs_archive.attempts AS attempts,
+                            jobs_archive.snoozes AS snoozes
    FROM jobs_archive
    WHERE jobs_archive.workflow_id = %(workflow_id)s::UUID) AS found
 ORDER BY found.id;
