@@ -101,6 +101,11 @@ UNSERVED = "-unserved"
 WARN_UNSERVED = ("pause", "limit")
 #: Who a request is when the app's hooks failed: nobody, allowed nothing (fail closed).
 NOBODY = Viewer(_security.DENY, "unknown", frozenset())
+#: What the error page of an unexpected exception says (its traceback is logged).
+SERVER_ERROR = (
+    "The dashboard failed on this page: an error in the dashboard, not in what you asked. "
+    "Its details are in the server's log."
+)
 #: A bulk action's audit entry lists the ids it touched when there are at most this many.
 BULK_AUDIT_IDS = 100
 
@@ -260,6 +265,13 @@ class Views:
                 text = exceptions.db_error_text(exc)
                 problem = HttpProblem(400, f"The database refused a value of this request: {text}")
                 return self._problem(request, viewer, problem)
+            except Exception as exc:
+                # A bug: logged with its traceback, and shown on the dashboard's own page
+                # (not Starlette's plain "Internal Server Error").
+                log.error(
+                    "dashboard error on %s %s", request.method, request.url.path, exc_info=exc
+                )
+                return self._problem(request, viewer, HttpProblem(500, SERVER_ERROR))
 
         return endpoint
 
@@ -327,8 +339,8 @@ class Views:
         return self.render(request, viewer, "problem.html", status=exc.status, problem=exc)
 
     async def no_route(self, request: Request, exc: Exception) -> Response:
-        """The styled error page for a path no route serves, or a method it does not take
-        (Starlette's plain-text 404 and 405 otherwise)."""
+        """The styled error page for a path no route serves, a method it does not take, or
+        an exception no page caught (Starlette's plain-text 404, 405 and 500 otherwise)."""
         status = exc.status_code if isinstance(exc, HTTPException) else 500
         try:
             viewer = await self._viewer(request)
@@ -338,6 +350,9 @@ class Views:
             return self._problem(request, viewer, HttpProblem(403, "Access denied."))
         if status == 405:
             message = _not_this_method(request)
+        elif not isinstance(exc, HTTPException):
+            log.error("dashboard error on %s %s", request.method, request.url.path, exc_info=exc)
+            message = SERVER_ERROR
         else:
             message = f"No page at {request.url.path}: use the links at the top."
         return self._problem(request, viewer, HttpProblem(status, message))
