@@ -108,6 +108,14 @@ class JobFilter:
             args["meta"] = validation.json_object(_label("meta"), self.meta, ConfigError)
         return args
 
+    def job_status(self) -> JobStatus | None:
+        """The status the filter keeps, if any and valid (an invalid one: None, as the
+        page then shows its error and no job)."""
+        try:
+            return self._status() if self.status else None
+        except ConfigError:
+            return None
+
     def _status(self) -> JobStatus:
         try:
             return JobStatus(self.status)

@@ -461,7 +461,7 @@ class Views:
             next_query=next_query,
             newer_query=newer_query,
             statuses=[s.value for s in JobStatus],
-            bulk_ops=[op for op in _bulk.APPLIES_TO if viewer.can(op)],
+            bulk_ops=[op for op in _bulk.applicable(chosen.job_status()) if viewer.can(op)],
             unknown=_forms.unknown_filters(request.query_params),
             ignored=_forms.ignored_values(request.query_params, nav),
             filter_names=list(_forms.LABELS),
