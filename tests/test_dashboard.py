@@ -1117,9 +1117,7 @@ def test_audit_page_filters_by_scope_and_target_and_names_unknown_parameters(
         ("kind", "Only the actions on kinds."),
     ],
 )
-def test_audit_page_filters_by_scope_alone(
-    make_client: MakeClient, scope: str, said: str
-) -> None:
+def test_audit_page_filters_by_scope_alone(make_client: MakeClient, scope: str, said: str) -> None:
     client = make_client()
     client.get("/")
     client.post("/queues/pause", {"scope": "queue", "name": "mail"})

@@ -94,6 +94,8 @@ AUDIT_ROWS = 20
 WORKFLOW_ROWS = 20
 #: The audit page's query parameters: its two filters, its page cursor and the flash.
 AUDIT_PARAMETERS = ("scope", "target", "before", _flash.PARAM)
+#: The workflows page's query parameters: its filter, its page cursor and the flash.
+WORKFLOWS_PARAMETERS = ("state", "before", _flash.PARAM)
 #: The suffix of a message code after a pause or limit of a queue or kind that no live
 #: worker serves (its count: the live workers): the page adds ops.Unserved's note.
 UNSERVED = "-unserved"
@@ -512,6 +514,7 @@ class Views:
         page = page[:size]
         kept = {"state": state} if state else {}
         older_query = urlencode({**kept, "before": str(page[-1].id)}) if older else None
+        unknown = [n for n in dict.fromkeys(query.keys()) if n not in WORKFLOWS_PARAMETERS]
         return self.render(
             request,
             viewer,
@@ -525,6 +528,7 @@ class Views:
             first_page=before is None,
             first_query=urlencode(kept),
             older_query=older_query,
+            unknown=unknown,
         )
 
     async def workflow(self, request: Request, viewer: Viewer) -> Response:
@@ -767,7 +771,17 @@ class Views:
         self, request: Request, viewer: Viewer, form: dict[str, str]
     ) -> Response:
         asked = request.path_params["workflow_id"]
-        mode = form.get("mode", "failed")
+        mode = form.get("mode", "")
+        if mode not in ops.RETRY_MODES:
+            # No default: the two buttons retry different sets of steps, and a form
+            # naming neither (a stale page, a hand-made request) must not pick one.
+            got = f"got {mode!r}" if mode else "none was given"
+            raise HttpProblem(
+                400,
+                "Say which steps to retry: mode must be failed (the failed steps) or "
+                f"failed_and_downstream (them and every step after them), {got}.",
+                (f"/workflows/{asked}", "Back to the workflow"),
+            )
 
         def act(session: Session) -> tuple[str, tuple[int, ...]]:
             retried = ops.retry_workflow(session, asked, mode=mode)
