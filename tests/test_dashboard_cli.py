@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from typing import Any
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -87,6 +88,27 @@ def test_dashboard_command_refuses_another_address_without_an_auth_hook(
     err = capsys.readouterr().err
     assert "refusing to serve the dashboard on 0.0.0.0 without an auth hook" in err
     assert "--insecure-no-auth" in err
+
+
+@pytest.mark.parametrize(
+    ("flags", "exposed"),
+    [
+        ({}, "read every job's payload, errors and metadata, and retry jobs, cancel jobs, "
+         "delete jobs, pause queues and limit queues."),
+        ({"read_only": True}, "read every job's payload, errors and metadata."),
+        ({"permissions": "retry"}, "read every job's payload, errors and metadata, and retry jobs."),
+        ({"permissions": "pause,limit"}, "read every job's payload, errors and metadata, and "
+         "pause queues and limit queues."),
+    ],
+)
+def test_the_refusal_without_an_auth_hook_says_what_the_flags_would_expose(
+    flags: dict[str, Any], exposed: str
+) -> None:
+    with pytest.raises(ConfigError) as refused:
+        _serve.plan("0.0.0.0", 8000, None, insecure_no_auth=False, **flags)
+    assert f"without an auth hook: anyone who reaches it could {exposed}" in str(refused.value)
+    loud = _serve.plan("0.0.0.0", 8000, None, insecure_no_auth=True, **flags)
+    assert f"anyone who reaches it can {exposed[:-1]}" in loud.notice
 
 
 def test_dashboard_plan_allows_another_address_only_when_told_or_with_auth() -> None:
