@@ -8,9 +8,9 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Any
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import httpx
 import pytest
@@ -90,15 +90,16 @@ def test_dashboard_command_refuses_another_address_without_an_auth_hook(
     assert "--insecure-no-auth" in err
 
 
+SEEN = "read every job's payload, errors and metadata"
+
+
 @pytest.mark.parametrize(
     ("flags", "exposed"),
     [
-        ({}, "read every job's payload, errors and metadata, and retry jobs, cancel jobs, "
-         "delete jobs, pause queues and limit queues."),
-        ({"read_only": True}, "read every job's payload, errors and metadata."),
-        ({"permissions": "retry"}, "read every job's payload, errors and metadata, and retry jobs."),
-        ({"permissions": "pause,limit"}, "read every job's payload, errors and metadata, and "
-         "pause queues and limit queues."),
+        ({}, f"{SEEN}, and retry jobs, cancel jobs, delete jobs, pause queues and limit queues."),
+        ({"read_only": True}, f"{SEEN}."),
+        ({"permissions": "retry"}, f"{SEEN}, and retry jobs."),
+        ({"permissions": "pause,limit"}, f"{SEEN}, and pause queues and limit queues."),
     ],
 )
 def test_the_refusal_without_an_auth_hook_says_what_the_flags_would_expose(
