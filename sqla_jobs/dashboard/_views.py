@@ -493,7 +493,14 @@ class Views:
         live = None if data["job"].archived else f"ids={job_id}"
         timeline = _render.timeline(data["job"])
         return self.render(
-            request, viewer, "job.html", live=live, nav="jobs", timeline=timeline, **data
+            request,
+            viewer,
+            "job.html",
+            live=live,
+            nav="jobs",
+            timeline=timeline,
+            actionable=_actionable(viewer),
+            **data,
         )
 
     async def workflows(self, request: Request, viewer: Viewer) -> Response:
@@ -863,6 +870,22 @@ class Views:
         if unserved is not None:
             code, n = code + UNSERVED, unserved.live_workers
         return self.back(request, "/queues", code, n, name=f"{scope} {name}")
+
+
+#: The job page's actions and the states (as the live view names them) each applies to:
+#: a running job asked to stop already ("running-stopping") has none.
+JOB_ACTIONS = {
+    "retry": ("dead", "cancelled"),
+    "cancel": ("queued", "running"),
+    "delete": ("queued", "done", "dead", "cancelled"),
+}
+
+
+def _actionable(viewer: Viewer) -> str:
+    """The states in which the job page has an action this viewer may take, space
+    separated: the live view offers a reload for the new state's actions only then."""
+    states = {s for action, applies in JOB_ACTIONS.items() if viewer.can(action) for s in applies}
+    return " ".join(sorted(states))
 
 
 def _said(done: tuple[str, int | None, str] | None) -> tuple[str | None, str | None]:
