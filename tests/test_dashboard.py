@@ -1140,3 +1140,40 @@ def test_an_unexpected_error_gets_the_dashboards_own_error_page_and_is_logged(
     assert "The dashboard failed on this page" in page.text
     assert 'aria-label="Dashboard"' in page.text and "Internal Server Error" not in page.text
     assert "dashboard error on GET /workers" in caplog.text and "expires_at" not in page.text
+
+
+def test_overview_counts_link_to_their_jobs_and_ready_and_scheduled_to_the_queued_ones(
+    engine: sa.Engine, make_client: MakeClient
+) -> None:
+    client = make_client()
+    page = client.get("/").text
+    cards = dict(
+        (count, link)
+        for link, count in re.findall(
+            r'<a class="card" href="([^"]+)"[^>]*>.*?data-count="(\w+)"', page
+        )
+    )
+    assert cards == {
+        "ready": "/jobs?status=queued",
+        "scheduled": "/jobs?status=queued",
+        "waiting": "/jobs?status=waiting",
+        "running": "/jobs?status=running",
+        "claimed": "/jobs?status=running",
+        "dead": "/dead",
+    }
+    assert "Ready and scheduled both open the queued jobs" in page
+    for link in set(cards.values()):
+        assert client.get(link).status_code == 200, link
+
+
+@pytest.mark.parametrize("word", ["ready", "scheduled"])
+def test_a_status_filter_of_ready_or_scheduled_points_to_queued(
+    make_client: MakeClient, word: str
+) -> None:
+    page = make_client().get(f"/jobs?status={word}")
+    assert page.status_code == 400
+    assert (
+        f"unknown status &#39;{word}&#39;: use one of queued, running, done, dead, cancelled, "
+        f"waiting ({word} jobs have status queued: status=queued lists ready and scheduled "
+        "jobs together)"
+    ) in page.text
