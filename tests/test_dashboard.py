@@ -1177,3 +1177,22 @@ def test_a_status_filter_of_ready_or_scheduled_points_to_queued(
         f"waiting ({word} jobs have status queued: status=queued lists ready and scheduled "
         "jobs together)"
     ) in page.text
+
+
+def test_the_dead_page_shows_when_each_job_died(engine: sa.Engine, make_client: MakeClient) -> None:
+    job_id = dead_job(engine)
+    sql(
+        engine,
+        "UPDATE jobs SET created_at = '2026-03-01 08:00:00+00', "
+        "finished_at = '2026-03-02 09:30:15+00' WHERE id = :id",
+        id=job_id,
+    )
+    client = make_client()
+    dead = client.get("/dead").text
+    header = re.findall(r'<th scope="col">(\w+)</th>', dead)
+    assert header[-3:] == ["Created", "Died", "Error"]
+    row = re.search(rf'value="{job_id}".*?</tr>', dead, re.S)
+    assert row is not None
+    cells = re.findall(r"<td>([^<]*)</td>", row.group(0))
+    assert "2026-03-02 09:30:15+00:00" in cells and "2026-03-01 08:00:00+00:00" in cells
+    assert "Died" not in client.get("/jobs").text
