@@ -1196,3 +1196,19 @@ def test_the_dead_page_shows_when_each_job_died(engine: sa.Engine, make_client: 
     cells = re.findall(r"<td>([^<]*)</td>", row.group(0))
     assert "2026-03-02 09:30:15+00:00" in cells and "2026-03-01 08:00:00+00:00" in cells
     assert "Died" not in client.get("/jobs").text
+
+
+def test_a_denied_viewer_is_offered_no_link_it_could_not_follow(
+    engine: sa.Engine, make_client: MakeClient
+) -> None:
+    denied = make_client(auth=lambda request: "deny")
+    for path in ("/", "/jobs", "/nope"):
+        page = denied.get(path)
+        assert page.status_code == 403 and "Access denied." in page.text, path
+        assert "<a " not in page.text.split("<main", 1)[1], path
+        assert "Back to the overview" not in page.text, path
+    # A viewer let in but refused one action still gets the way back.
+    client = make_client(permissions=set())
+    client.get("/")
+    refused = client.post("/queues/pause", {"scope": "queue", "name": "q"})
+    assert refused.status_code == 403 and "Back to the overview" in refused.text
