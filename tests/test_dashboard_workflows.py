@@ -297,7 +297,9 @@ def test_a_big_workflows_page_shows_its_steps_a_page_at_a_time_with_live_states(
 
 
 @pytest.mark.parametrize(
-    ("form", "got"), [({}, "none was given"), ({"mode": "everything"}, "got &#39;everything&#39;")]
+    ("form", "got"),
+    [({}, "none was given"), ({"mode": "everything"}, "got &#39;everything&#39;")],
+    ids=["missing", "unknown"],
 )
 def test_a_workflow_retry_without_a_known_mode_is_refused_and_does_nothing(
     engine: sa.Engine, make_client: MakeClient, form: dict[str, str], got: str
