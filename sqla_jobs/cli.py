@@ -334,7 +334,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``sqla-jobs COMMAND ...`` / ``python -m sqla_jobs COMMAND ...``."""
     parser = _Parser(prog="sqla-jobs", description="sqla_jobs commands")
     sub: Any = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("worker", parents=[worker_parser("sqla-jobs worker")], add_help=False)
+    sub.add_parser(
+        "worker",
+        parents=[worker_parser("sqla-jobs worker")],
+        add_help=False,
+        help="run a worker: claim the registry's jobs and run their handlers",
+    )
     _add_ops_commands(sub)
     _add_dashboard_command(sub)
     given = list(sys.argv[1:] if argv is None else argv)

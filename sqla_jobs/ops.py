@@ -1601,8 +1601,9 @@ class WorkflowStep:
     last_error: str | None
     waiting_on: tuple[str, ...]
     archived: bool
-    #: Every dependency (by step name; a deleted one by its job id), ended or not: the
-    #: graph's edges into this step. Empty for an archived step (its edges went with it).
+    #: Every dependency (by step name; a deleted one by its job id), ended or not, in job
+    #: id order: the graph's edges into this step. Empty for an archived step (its edges
+    #: went with it). ``waiting_on`` is in the same order.
     depends_on: tuple[str, ...] = ()
     #: Attempts and snoozes of its current run (0 after a retry by hand).
     attempts: int = 0

@@ -9,6 +9,7 @@ registry. ``benchmarks/cli_start.py`` measures the times.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -18,7 +19,7 @@ from helpers import url_text
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
-from sqla_jobs import enqueue
+from sqla_jobs import cli, enqueue
 
 #: Not needed to parse options or print help.
 DATABASE_STACK = ("sqlalchemy", "psycopg", "greenlet", "sqla_jobs.models", "sqla_jobs.ops")
@@ -115,3 +116,21 @@ engine.dispose()
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["None", "1"]
+
+
+def test_sqla_jobs_help_gives_every_command_a_line_of_its_own(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "100")
+    with pytest.raises(SystemExit) as done:
+        cli.main(["--help"])
+    assert done.value.code == 0
+    text = capsys.readouterr().out
+    listing = text.split("positional arguments:", 1)[1].split("options:", 1)[0]
+    commands = re.search(r"\{([\w,-]+)\}", listing)
+    assert commands is not None
+    names = commands.group(1).split(",")
+    assert {"worker", "workflow", "dashboard"} <= set(names)
+    described = dict(re.findall(r"^    (\w+) +(\S.*)$", listing, re.M))
+    assert sorted(described) == sorted(names)
+    assert described["worker"].startswith("run a worker: claim the registry's jobs")

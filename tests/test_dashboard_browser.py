@@ -392,6 +392,38 @@ def test_a_retried_job_turns_done_on_the_open_page_without_a_reload(
     assert console_problems(driver) == []
 
 
+def test_a_job_turning_done_offers_no_reload_to_a_viewer_who_may_not_delete(
+    driver: Any, db: sa.Engine, worker: Worker
+) -> None:
+    with Session(db) as session:
+        ops.pause(session, kind="noop")
+        queued = enqueue(session, "noop", {})
+        session.commit()
+    app = create_app(db, registry=app_registry, permissions={"retry", "cancel"}, refresh=1.0)
+    with serve_in_thread(app, name="dashboard-no-delete-live") as base:
+        try:
+            driver.get(f"{base}/jobs/{queued}")
+            cancel = driver.find_element(By.XPATH, "//button[text()='Cancel']")
+            wait_for(
+                lambda: text_of(driver, "#live-state") == "live",
+                message="the page's event stream to open",
+            )
+            mark_page(driver)
+        finally:
+            with Session(db) as session:
+                ops.resume(session, kind="noop")
+                session.commit()
+        wait_for(
+            lambda: driver.find_elements(By.CSS_SELECTOR, f"[data-job='{queued}'] .status-done"),
+            interval=0.2,
+            message="the open page to show the job done",
+        )
+        assert not_reloaded(driver) and not cancel.is_displayed()
+        # A done job has no action this viewer may take (delete only): nothing to reload for.
+        assert not driver.find_element(By.CSS_SELECTOR, "[data-stale-job]").is_displayed()
+        assert console_problems(driver) == []
+
+
 def test_overview_counts_follow_the_queue_and_come_back_after_a_server_restart(
     driver: Any, db: sa.Engine
 ) -> None:

@@ -180,6 +180,42 @@ def test_jobs_page_offers_the_bulk_actions_the_viewer_may_take(
         assert forms(page) == [] and 'type="checkbox"' not in page
 
 
+def offered(page: str) -> list[str]:
+    """The bulk actions a jobs page offers, in order."""
+    if '<select name="op">' not in page:
+        return []
+    ops = page.split('<select name="op">', 1)[1].split("</select>", 1)[0]
+    return re.findall(r'<option value="(\w+)">', ops)
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("/dead", ["retry", "delete"]),
+        ("/jobs?status=dead", ["retry", "delete"]),
+        ("/jobs?status=done", ["delete"]),
+        ("/jobs?status=running", ["cancel"]),
+        ("/jobs?status=queued", ["cancel", "delete"]),
+        ("/jobs?status=cancelled", ["retry", "delete"]),
+        ("/jobs", ["retry", "cancel", "delete"]),
+    ],
+)
+def test_a_jobs_page_offers_only_the_bulk_actions_that_can_apply_to_its_jobs(
+    engine: sa.Engine, make_client: MakeClient, path: str, expected: list[str]
+) -> None:
+    for status in ("dead", "done", "running", "queued", "cancelled"):
+        job(engine, status)
+    assert offered(make_client().get(path).text) == expected
+
+
+def test_the_dead_page_offers_no_bulk_form_to_a_viewer_who_may_only_cancel(
+    engine: sa.Engine, make_client: MakeClient
+) -> None:
+    job(engine)
+    page = make_client(permissions={"cancel"}).get("/dead").text
+    assert forms(page) == [] and 'type="checkbox"' not in page
+
+
 def test_bulk_actions_refuse_what_the_viewer_may_not_do_at_both_steps(
     engine: sa.Engine, make_client: MakeClient
 ) -> None:

@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import httpx
 import pytest
@@ -87,6 +88,28 @@ def test_dashboard_command_refuses_another_address_without_an_auth_hook(
     err = capsys.readouterr().err
     assert "refusing to serve the dashboard on 0.0.0.0 without an auth hook" in err
     assert "--insecure-no-auth" in err
+
+
+SEEN = "read every job's payload, errors and metadata"
+
+
+@pytest.mark.parametrize(
+    ("flags", "exposed"),
+    [
+        ({}, f"{SEEN}, and retry jobs, cancel jobs, delete jobs, pause queues and limit queues."),
+        ({"read_only": True}, f"{SEEN}."),
+        ({"permissions": "retry"}, f"{SEEN}, and retry jobs."),
+        ({"permissions": "pause,limit"}, f"{SEEN}, and pause queues and limit queues."),
+    ],
+)
+def test_the_refusal_without_an_auth_hook_says_what_the_flags_would_expose(
+    flags: dict[str, Any], exposed: str
+) -> None:
+    with pytest.raises(ConfigError) as refused:
+        _serve.plan("0.0.0.0", 8000, None, insecure_no_auth=False, **flags)
+    assert f"without an auth hook: anyone who reaches it could {exposed}" in str(refused.value)
+    loud = _serve.plan("0.0.0.0", 8000, None, insecure_no_auth=True, **flags)
+    assert f"anyone who reaches it can {exposed[:-1]}" in loud.notice
 
 
 def test_dashboard_plan_allows_another_address_only_when_told_or_with_auth() -> None:

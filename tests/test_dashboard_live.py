@@ -6,6 +6,7 @@ goes on by polling when LISTEN is off or its connection is killed."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -16,6 +17,7 @@ import pytest
 import sqlalchemy as sa
 from dashboard_client import Client
 from helpers import running_jobs, serve_in_thread, start_worker, stop, wait_for
+from jobapp import registry
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 from starlette.applications import Starlette
@@ -271,3 +273,29 @@ def test_close_streams_ends_the_open_streams_of_a_mounted_dashboard(engine: sa.E
         assert time.monotonic() - started < 5
     with pytest.raises(TypeError, match=r"takes an app made by sqla_jobs\.dashboard\.create_app"):
         close_streams(Starlette())
+
+
+@pytest.mark.parametrize(
+    ("options", "actionable"),
+    [
+        ({}, "cancelled dead done queued running"),
+        ({"permissions": {"retry", "cancel"}}, "cancelled dead queued running"),
+        ({"permissions": {"retry"}}, "cancelled dead"),
+        ({"permissions": set()}, None),
+        ({"read_only": True}, None),
+    ],
+)
+def test_the_job_page_offers_a_reload_only_for_states_with_an_action_the_viewer_may_take(
+    engine: sa.Engine, options: dict[str, Any], actionable: str | None
+) -> None:
+    with Session(engine) as s:
+        job_id = enqueue(s, "noop", {})
+        s.commit()
+    client = Client(create_app(engine, registry=registry, listen=False, **options))
+    try:
+        page = client.get(f"/jobs/{job_id}").text
+    finally:
+        client.close()
+    found = re.search(r'data-stale-job="\d+" data-drawn="queued" data-actionable="([^"]*)"', page)
+    assert (found.group(1) if found else None) == actionable
+    assert ("reload for its actions" in page) == (actionable is not None)

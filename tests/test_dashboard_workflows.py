@@ -126,7 +126,7 @@ def test_cancel_and_retry_a_workflow_act_through_ops_and_are_audited(
         "zip": "waiting",
     }
     bad = client.post(f"/workflows/{ids.id}/retry", {"mode": "everything"})
-    assert bad.status_code == 400 and "mode must be one of" in bad.text
+    assert bad.status_code == 400 and "mode must be failed (the failed steps) or" in bad.text
     entries = rows(
         engine, "SELECT actor, action, scope, target, detail FROM jobs_audit ORDER BY id"
     )
@@ -296,3 +296,62 @@ def test_a_big_workflows_page_shows_its_steps_a_page_at_a_time_with_live_states(
     assert "Next steps" not in second and "First steps" in second
     bad = client.get(f"/workflows/{ids.id}?after=x")
     assert bad.status_code == 400
+
+
+@pytest.mark.parametrize(
+    ("form", "got"),
+    [({}, "none was given"), ({"mode": "everything"}, "got &#39;everything&#39;")],
+    ids=["missing", "unknown"],
+)
+def test_a_workflow_retry_without_a_known_mode_is_refused_and_does_nothing(
+    engine: sa.Engine, make_client: MakeClient, form: dict[str, str], got: str
+) -> None:
+    ids = fan_in(engine)
+    with Session(engine) as s:
+        ops.cancel(s, [ids["right"]])
+        s.commit()
+    before = statuses(engine, ids)
+    client = make_client()
+    client.get("/")
+    refused = client.post(f"/workflows/{ids.id}/retry", form)
+    assert refused.status_code == 400
+    assert (
+        "Say which steps to retry: mode must be failed (the failed steps) or "
+        "failed_and_downstream (them and every step after them), " + got
+    ) in refused.text
+    assert f'href="/workflows/{ids.id}">Back to the workflow' in refused.text
+    assert statuses(engine, ids) == before
+    assert rows(engine, "SELECT action FROM jobs_audit") == []
+
+
+def test_workflows_page_names_the_parameters_it_does_not_know(
+    engine: sa.Engine, make_client: MakeClient
+) -> None:
+    one_step(engine)
+    client = make_client()
+    page = client.get("/workflows?x=1&state=running&y=2").text
+    assert (
+        "Unknown parameters x, y, ignored: the workflows below are not filtered by them. "
+        "The filter is state (running, finished, failed)."
+    ) in page
+    assert "Unknown parameter" not in client.get("/workflows?state=running").text
+
+
+def test_a_steps_dependencies_keep_their_order_after_a_retry(
+    engine: sa.Engine, make_client: MakeClient
+) -> None:
+    flow = Workflow(registry=registry)
+    for n in range(3):
+        flow.add(f"c{n}", "flow.step", {"value": n})
+    flow.add("sum", "flow.sum", after=["c0", "c1", "c2"])
+    with Session(engine) as s:
+        ids = flow.enqueue(s)
+        ops.cancel(s, [ids["c1"]])
+        s.commit()
+    client = make_client()
+    steps = step_rows(client.get(f"/workflows/{ids.id}").text)
+    assert steps["sum"]["Depends on"] == "c0, c1, c2"
+    client.post(f"/workflows/{ids.id}/retry", {"mode": "failed"})
+    steps = step_rows(client.get(f"/workflows/{ids.id}").text)
+    assert steps["sum"]["Depends on"] == "c0, c1, c2"
+    assert steps["sum"]["Waits on"] == "c0, c1, c2"

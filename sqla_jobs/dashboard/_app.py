@@ -103,7 +103,9 @@ def create_app(
     app = Starlette(
         routes=routes,
         middleware=[Middleware(_security.SecurityHeaders)],
-        exception_handlers={HTTPException: views.no_route},
+        # Exception: Starlette's ServerErrorMiddleware sends this page, then re-raises
+        # for the server to log; the pages catch their own errors first (Views.page).
+        exception_handlers={HTTPException: views.no_route, Exception: views.no_route},
     )
     # For close_streams(): the standalone server (``_serve``) calls it when it stops.
     app.state.close_streams = views.hub.close

@@ -35,6 +35,14 @@ APPLIES_TO: dict[str, tuple[JobStatus, ...]] = {
     "delete": (JobStatus.QUEUED, JobStatus.DONE, JobStatus.DEAD, JobStatus.CANCELLED),
 }
 VERBS = {"retry": "Retry", "cancel": "Cancel", "delete": "Delete"}
+
+
+def applicable(status: JobStatus | None) -> list[str]:
+    """The actions that can apply to jobs of ``status`` (None: of any status), so a page
+    of dead jobs offers no cancel, which would always count 0."""
+    return [op for op, statuses in APPLIES_TO.items() if status is None or status in statuses]
+
+
 #: The same statuses in words, as the README says them.
 APPLIES_TEXT = {
     "retry": "dead or cancelled",

@@ -108,14 +108,34 @@ class JobFilter:
             args["meta"] = validation.json_object(_label("meta"), self.meta, ConfigError)
         return args
 
+    def job_status(self) -> JobStatus | None:
+        """The status the filter keeps, if any and valid (an invalid one: None, as the
+        page then shows its error and no job)."""
+        try:
+            return self._status() if self.status else None
+        except ConfigError:
+            return None
+
     def _status(self) -> JobStatus:
         try:
             return JobStatus(self.status)
         except ValueError:
             names = ", ".join(s.value for s in JobStatus)
+            hint = ""
+            if self.status in QUEUED_NAMES:
+                # The overview's counts: both are status queued, told apart by run_at,
+                # which no index lists in id order (the page's order).
+                hint = (
+                    f" ({self.status} jobs have status queued: status=queued lists ready "
+                    "and scheduled jobs together)"
+                )
             raise ConfigError(
-                f"{_label('status')}: unknown status {self.status!r}: use one of {names}"
+                f"{_label('status')}: unknown status {self.status!r}: use one of {names}{hint}"
             ) from None
+
+
+#: Words of the overview's counts for queued jobs that are no status of their own.
+QUEUED_NAMES = ("ready", "scheduled")
 
 
 #: The jobs page's controls, by query parameter (what its error messages call them).

@@ -107,6 +107,34 @@ class Plan:
     permissions: _security.Permissions | None = None
 
 
+#: What the actions let a viewer do, in the refusal's words.
+_ACTION_WORDS = {
+    "retry": "retry jobs",
+    "cancel": "cancel jobs",
+    "delete": "delete jobs",
+    "pause": "pause queues",
+    "limit": "limit queues",
+}
+
+
+def _exposed(read_only: bool, allowed: _security.Permissions | None) -> str:
+    """What anyone reaching an unguarded dashboard could do: read every page, and take
+    the actions the flags leave (a permissions rule: those it allows)."""
+    seen = "read every job's payload, errors and metadata"
+    if read_only:
+        return seen
+    if allowed is None:
+        actions = [_ACTION_WORDS[a] for a in _security.ACTIONS]
+    elif isinstance(allowed, frozenset):
+        actions = [_ACTION_WORDS[a] for a in _security.ACTIONS if a in allowed]
+    else:
+        return f"{seen}, and take the actions --permissions allows"
+    if not actions:
+        return seen
+    listed = actions[0] if len(actions) == 1 else ", ".join(actions[:-1]) + " and " + actions[-1]
+    return f"{seen}, and {listed}"
+
+
 def plan(
     host: str,
     port: int,
@@ -124,10 +152,11 @@ def plan(
     host = bind_address(host)
     auth = load_callable(auth_path) if auth_path else None
     allowed = load_permissions(permissions)
+    exposed = _exposed(read_only, allowed)
     if auth is None and not is_loopback(host) and not insecure_no_auth:
         raise ConfigError(
             f"refusing to serve the dashboard on {host} without an auth hook: anyone who "
-            "reaches it could retry, cancel and delete jobs. Give --auth module:function, "
+            f"reaches it could {exposed}. Give --auth module:function, "
             f"keep the default --host {DEFAULT_HOST} (or another loopback address: "
             "localhost, ::1), or pass --insecure-no-auth"
         )
@@ -135,7 +164,7 @@ def plan(
         who = (
             "no auth hook: only this machine can reach it"
             if is_loopback(host)
-            else "NO AUTH HOOK (--insecure-no-auth): anyone who reaches it can act on jobs"
+            else f"NO AUTH HOOK (--insecure-no-auth): anyone who reaches it can {exposed}"
         )
     else:
         who = f"auth hook {auth_path}"

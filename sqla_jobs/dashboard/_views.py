@@ -94,6 +94,8 @@ AUDIT_ROWS = 20
 WORKFLOW_ROWS = 20
 #: The audit page's query parameters: its two filters, its page cursor and the flash.
 AUDIT_PARAMETERS = ("scope", "target", "before", _flash.PARAM)
+#: The workflows page's query parameters: its filter, its page cursor and the flash.
+WORKFLOWS_PARAMETERS = ("state", "before", _flash.PARAM)
 #: The suffix of a message code after a pause or limit of a queue or kind that no live
 #: worker serves (its count: the live workers): the page adds ops.Unserved's note.
 UNSERVED = "-unserved"
@@ -101,6 +103,11 @@ UNSERVED = "-unserved"
 WARN_UNSERVED = ("pause", "limit")
 #: Who a request is when the app's hooks failed: nobody, allowed nothing (fail closed).
 NOBODY = Viewer(_security.DENY, "unknown", frozenset())
+#: What the error page of an unexpected exception says (its traceback is logged).
+SERVER_ERROR = (
+    "The dashboard failed on this page: an error in the dashboard, not in what you asked. "
+    "Its details are in the server's log."
+)
 #: A bulk action's audit entry lists the ids it touched when there are at most this many.
 BULK_AUDIT_IDS = 100
 
@@ -260,6 +267,13 @@ class Views:
                 text = exceptions.db_error_text(exc)
                 problem = HttpProblem(400, f"The database refused a value of this request: {text}")
                 return self._problem(request, viewer, problem)
+            except Exception as exc:
+                # A bug: logged with its traceback, and shown on the dashboard's own page
+                # (not Starlette's plain "Internal Server Error").
+                log.error(
+                    "dashboard error on %s %s", request.method, request.url.path, exc_info=exc
+                )
+                return self._problem(request, viewer, HttpProblem(500, SERVER_ERROR))
 
         return endpoint
 
@@ -327,8 +341,8 @@ class Views:
         return self.render(request, viewer, "problem.html", status=exc.status, problem=exc)
 
     async def no_route(self, request: Request, exc: Exception) -> Response:
-        """The styled error page for a path no route serves, or a method it does not take
-        (Starlette's plain-text 404 and 405 otherwise)."""
+        """The styled error page for a path no route serves, a method it does not take, or
+        an exception no page caught (Starlette's plain-text 404, 405 and 500 otherwise)."""
         status = exc.status_code if isinstance(exc, HTTPException) else 500
         try:
             viewer = await self._viewer(request)
@@ -338,6 +352,9 @@ class Views:
             return self._problem(request, viewer, HttpProblem(403, "Access denied."))
         if status == 405:
             message = _not_this_method(request)
+        elif not isinstance(exc, HTTPException):
+            log.error("dashboard error on %s %s", request.method, request.url.path, exc_info=exc)
+            message = SERVER_ERROR
         else:
             message = f"No page at {request.url.path}: use the links at the top."
         return self._problem(request, viewer, HttpProblem(status, message))
@@ -446,7 +463,7 @@ class Views:
             next_query=next_query,
             newer_query=newer_query,
             statuses=[s.value for s in JobStatus],
-            bulk_ops=[op for op in _bulk.APPLIES_TO if viewer.can(op)],
+            bulk_ops=[op for op in _bulk.applicable(chosen.job_status()) if viewer.can(op)],
             unknown=_forms.unknown_filters(request.query_params),
             ignored=_forms.ignored_values(request.query_params, nav),
             filter_names=list(_forms.LABELS),
@@ -476,7 +493,14 @@ class Views:
         live = None if data["job"].archived else f"ids={job_id}"
         timeline = _render.timeline(data["job"])
         return self.render(
-            request, viewer, "job.html", live=live, nav="jobs", timeline=timeline, **data
+            request,
+            viewer,
+            "job.html",
+            live=live,
+            nav="jobs",
+            timeline=timeline,
+            actionable=_actionable(viewer),
+            **data,
         )
 
     async def workflows(self, request: Request, viewer: Viewer) -> Response:
@@ -497,6 +521,7 @@ class Views:
         page = page[:size]
         kept = {"state": state} if state else {}
         older_query = urlencode({**kept, "before": str(page[-1].id)}) if older else None
+        unknown = [n for n in dict.fromkeys(query.keys()) if n not in WORKFLOWS_PARAMETERS]
         return self.render(
             request,
             viewer,
@@ -510,6 +535,7 @@ class Views:
             first_page=before is None,
             first_query=urlencode(kept),
             older_query=older_query,
+            unknown=unknown,
         )
 
     async def workflow(self, request: Request, viewer: Viewer) -> Response:
@@ -752,7 +778,17 @@ class Views:
         self, request: Request, viewer: Viewer, form: dict[str, str]
     ) -> Response:
         asked = request.path_params["workflow_id"]
-        mode = form.get("mode", "failed")
+        mode = form.get("mode", "")
+        if mode not in ops.RETRY_MODES:
+            # No default: the two buttons retry different sets of steps, and a form
+            # naming neither (a stale page, a hand-made request) must not pick one.
+            got = f"got {mode!r}" if mode else "none was given"
+            raise HttpProblem(
+                400,
+                "Say which steps to retry: mode must be failed (the failed steps) or "
+                f"failed_and_downstream (them and every step after them), {got}.",
+                (f"/workflows/{asked}", "Back to the workflow"),
+            )
 
         def act(session: Session) -> tuple[str, tuple[int, ...]]:
             retried = ops.retry_workflow(session, asked, mode=mode)
@@ -834,6 +870,22 @@ class Views:
         if unserved is not None:
             code, n = code + UNSERVED, unserved.live_workers
         return self.back(request, "/queues", code, n, name=f"{scope} {name}")
+
+
+#: The job page's actions and the states (as the live view names them) each applies to:
+#: a running job asked to stop already ("running-stopping") has none.
+JOB_ACTIONS = {
+    "retry": ("dead", "cancelled"),
+    "cancel": ("queued", "running"),
+    "delete": ("queued", "done", "dead", "cancelled"),
+}
+
+
+def _actionable(viewer: Viewer) -> str:
+    """The states in which the job page has an action this viewer may take, space
+    separated: the live view offers a reload for the new state's actions only then."""
+    states = {s for action, applies in JOB_ACTIONS.items() if viewer.can(action) for s in applies}
+    return " ".join(sorted(states))
 
 
 def _said(done: tuple[str, int | None, str] | None) -> tuple[str | None, str | None]:

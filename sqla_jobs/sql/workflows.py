@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, aggregate_order_by
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from sqla_jobs import models
@@ -153,12 +153,18 @@ def sweep(*, limit: int = 1000) -> sa.Select[Any]:
 
 
 def _waiting_on() -> sa.ScalarSelect[Any]:
-    """The names of a live step's dependencies that have not ended."""
+    """The names of a live step's dependencies that have not ended, in their job ids'
+    order (stable: a retry does not reorder them)."""
     parent = jobs.alias("parent")
     return (
         sa.select(
             sa.func.coalesce(
-                sa.func.array_agg(sa.func.coalesce(parent.c.step, sa.cast(parent.c.id, sa.Text))),
+                sa.func.array_agg(
+                    aggregate_order_by(
+                        sa.func.coalesce(parent.c.step, sa.cast(parent.c.id, sa.Text)),
+                        workflow_edges.c.parent_id,
+                    )
+                ),
                 sa.cast(sa.literal("{}"), ARRAY(sa.Text)),
             )
         )
@@ -170,13 +176,19 @@ def _waiting_on() -> sa.ScalarSelect[Any]:
 
 def _depends_on() -> sa.ScalarSelect[Any]:
     """Every dependency of a live step, ended or not (a deleted one by its id; an
-    archived step's edges went with it: none)."""
+    archived step's edges went with it: none), in their job ids' order (stable: a
+    retry, which rewrites the edges, does not reorder them)."""
     parent = jobs.alias("parent")
     return (
         sa.select(
             sa.func.coalesce(
                 sa.func.array_agg(
-                    sa.func.coalesce(parent.c.step, sa.cast(workflow_edges.c.parent_id, sa.Text))
+                    aggregate_order_by(
+                        sa.func.coalesce(
+                            parent.c.step, sa.cast(workflow_edges.c.parent_id, sa.Text)
+                        ),
+                        workflow_edges.c.parent_id,
+                    )
                 ),
                 sa.cast(sa.literal("{}"), ARRAY(sa.Text)),
             )

@@ -1402,6 +1402,44 @@ MUTATIONS: list[Mutation] = [
         "            unserved = None  # MUTATION\n",
         (DASHBOARD_UNSERVED,),
     ),
+    # --- dashboard: a new user's trial (#22) ---------------------------------------------
+    Mutation(
+        "dashboard_workflow_retry_needs_a_mode",
+        "a workflow retry form naming no known mode is refused, not given a default",
+        "sqla_jobs/dashboard/_views.py",
+        '        mode = form.get("mode", "")\n        if mode not in ops.RETRY_MODES:\n',
+        '        mode = form.get("mode", "failed")\n        if mode not in ops.RETRY_MODES:\n',
+        (
+            "tests/test_dashboard_workflows.py::"
+            "test_a_workflow_retry_without_a_known_mode_is_refused_and_does_nothing",
+        ),
+    ),
+    Mutation(
+        "dashboard_bulk_offers_applicable_actions",
+        "a jobs page offers only the bulk actions that can apply to its jobs' status",
+        "sqla_jobs/dashboard/_bulk.py",
+        "    return [op for op, statuses in APPLIES_TO.items() "
+        "if status is None or status in statuses]\n",
+        "    return list(APPLIES_TO)  # MUTATION\n",
+        (
+            "tests/test_dashboard_bulk.py::"
+            "test_a_jobs_page_offers_only_the_bulk_actions_that_can_apply_to_its_jobs",
+        ),
+    ),
+    Mutation(
+        "workflow_dependencies_in_id_order",
+        "a step's dependencies are listed in job id order, which a retry does not change",
+        "sqla_jobs/sql/workflows.py",
+        "                        workflow_edges.c.parent_id,\n                    )\n"
+        '                ),\n                sa.cast(sa.literal("{}"), ARRAY(sa.Text)),\n'
+        "            )\n        )\n        .select_from(workflow_edges.outerjoin(",
+        "                        sa.literal(0),  # MUTATION\n                    )\n"
+        '                ),\n                sa.cast(sa.literal("{}"), ARRAY(sa.Text)),\n'
+        "            )\n        )\n        .select_from(workflow_edges.outerjoin(",
+        (
+            "tests/test_dashboard_workflows.py::test_a_steps_dependencies_keep_their_order_after_a_retry",
+        ),
+    ),
     # --- failover and network faults (#24) -----------------------------------------------
     Mutation(
         "read_only_is_a_lost_connection",

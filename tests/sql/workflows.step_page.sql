@@ -22,14 +22,16 @@ FROM
           jobs.status AS status,
           jobs.last_error AS last_error,
 
-     (SELECT coalesce(array_agg(coalesce(parent.step, CAST(parent.id AS TEXT))), CAST(%(param_1)s::VARCHAR AS TEXT[])) AS coalesce_1
+     (SELECT coalesce(array_agg(coalesce(parent.step, CAST(parent.id AS TEXT))
+                                ORDER BY jobs_workflow_edges.parent_id), CAST(%(param_1)s::VARCHAR AS TEXT[])) AS coalesce_1
       FROM jobs_workflow_edges
       JOIN jobs AS parent ON parent.id = jobs_workflow_edges.parent_id
       WHERE jobs_workflow_edges.child_id = jobs.id
         AND jobs_workflow_edges.parent_outcome IS NULL) AS waiting_on,
           false AS archived,
 
-     (SELECT coalesce(array_agg(coalesce(parent.step, CAST(jobs_workflow_edges.parent_id AS TEXT))), CAST(%(param_2)s::VARCHAR AS TEXT[])) AS coalesce_2
+     (SELECT coalesce(array_agg(coalesce(parent.step, CAST(jobs_workflow_edges.parent_id AS TEXT))
+                                ORDER BY jobs_workflow_edges.parent_id), CAST(%(param_2)s::VARCHAR AS TEXT[])) AS coalesce_2
       FROM jobs_workflow_edges
       LEFT OUTER JOIN jobs AS parent ON parent.id = jobs_workflow_edges.parent_id
       WHERE jobs_workflow_edges.child_id = jobs.id) AS depends_on,

@@ -57,7 +57,8 @@ document.addEventListener("submit", (event) => {
       if (job && job.status !== "gone") cell.textContent = String(job.attempts);
     }
     // The actions drawn for the job's status (data-when) go when it changes; those of
-    // its new status come with a reload, which the stale-job link offers.
+    // its new status come with a reload, which the stale-job link offers when the new
+    // status has an action this viewer may take (data-actionable, from the server).
     const shown = (job) => (job.stopping && job.status === "running" ? "running-stopping" : job.status);
     for (const form of document.querySelectorAll("form[data-when]")) {
       const job = jobs[form.dataset.whenJob];
@@ -65,7 +66,10 @@ document.addEventListener("submit", (event) => {
     }
     for (const link of document.querySelectorAll("[data-stale-job]")) {
       const job = jobs[link.dataset.staleJob];
-      if (job) link.hidden = shown(job) === link.dataset.drawn;
+      if (!job) continue;
+      const state = shown(job);
+      const actionable = link.dataset.actionable.split(" ").includes(state);
+      link.hidden = state === link.dataset.drawn || !actionable;
     }
   };
 
