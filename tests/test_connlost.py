@@ -285,3 +285,30 @@ def test_the_commands_engines_and_the_dashboards_listen_get_the_tcp_defaults(
     assert hub.keepalives == {
         k: v for k, v in _connlost.KEEPALIVES.items() if k != "keepalives_idle"
     }
+
+
+@pytest.mark.parametrize(
+    ("query", "hint"),
+    [
+        ({}, "(give every node in the URL with target_session_attrs=primary to find it)"),
+        (
+            {"target_session_attrs": "primary"},
+            "(this one turned read-only after the connection was made; it tries the URL's "
+            "nodes again)",
+        ),
+    ],
+)
+def test_a_read_only_server_is_named_with_a_hint_that_fits_the_url(
+    db_url: URL, query: dict[str, str], hint: str
+) -> None:
+    """A URL that already asks libpq for a primary is not told to ask for one."""
+    conninfo = db_url.set(drivername="postgresql").update_query_dict(query)
+    text = conninfo.render_as_string(hide_password=False)
+    with psycopg.connect(text, autocommit=True) as conn:
+        conn.execute("SET default_transaction_read_only = on")
+        with pytest.raises(_connlost.ReadOnlyServer) as caught:
+            _connlost.check_writable(conn)
+        where = f"{conn.info.host}:{conn.info.port}"
+    assert str(caught.value) == (
+        f"the server at {where} is a standby or read-only; the worker waits for a primary {hint}"
+    )

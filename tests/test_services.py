@@ -110,3 +110,38 @@ def test_the_listener_gives_up_an_unanswered_probe_after_its_configured_timeout_
     assert lines[0].endswith(
         ("no answer to the listener's probe within 0.7s (a dead socket)", "probe within 0.7s")
     ), lines
+
+
+def test_the_listeners_backoff_starts_again_from_the_shortest_pause_after_it_reconnected(
+    db_url: URL, engine: sa.Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two outages, one after the other: the listener's LISTEN round never returns, so
+    only its reconnect can end the first outage's backoff (a second failover once found
+    the listener waiting 5 s, the longest pause, before it tried the new primary)."""
+    config = WorkerConfig(database_url=url_text(db_url))
+    until = threading.Event()
+    connections: list[int] = []
+    listener = _services.Listener(until, config, wake=lambda: None)
+    listener.connected = lambda: connections.append(1)
+    thread = threading.Thread(target=listener.run, daemon=True)
+    try:
+        with caplog.at_level(logging.INFO, logger="sqla_jobs.worker"):
+            thread.start()
+            for outage in (1, 2):
+                wait_for(lambda n=outage: len(connections) == n, message=f"connection {outage}")
+                wait_for(lambda: scalar(engine, _OTHER_CLIENT) is not None, message="its backend")
+                scalar(
+                    engine,
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND backend_type = 'client backend' "
+                    "AND pid <> pg_backend_pid()",
+                )
+            wait_for(lambda: len(connections) == 3, message="the listener back after both")
+    finally:
+        until.set()
+        thread.join(10)
+    assert not thread.is_alive()
+    lost = [r.getMessage() for r in caplog.records if "listener connection lost" in r.getMessage()]
+    assert len(lost) == 2 and all("(next try in 0.2s)" in line for line in lost), lost
+    back = [r.getMessage() for r in caplog.records if r.getMessage().startswith("listener back")]
+    assert len(back) == 2 and all(line.endswith("after 1 failed try") for line in back), back

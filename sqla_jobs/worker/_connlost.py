@@ -159,9 +159,15 @@ def check_writable(conn: psycopg.Connection[Any]) -> None:
 
 
 def _read_only(conn: Any) -> ReadOnlyServer:
+    said = f"the server at {conn.info.host}:{conn.info.port} is a standby or read-only; the "
+    if conn.info.get_parameters().get("target_session_attrs") in ("primary", "read-write"):
+        # libpq chose it as a primary: it turned read-only since, or is being demoted.
+        return ReadOnlyServer(
+            said + "worker waits for a primary (this one turned read-only after the "
+            "connection was made; it tries the URL's nodes again)"
+        )
     return ReadOnlyServer(
-        f"the server at {conn.info.host}:{conn.info.port} is a standby or read-only; the "
-        "worker waits for a primary (give every node in the URL with "
+        said + "worker waits for a primary (give every node in the URL with "
         "target_session_attrs=primary to find it)"
     )
 

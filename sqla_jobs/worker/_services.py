@@ -59,20 +59,29 @@ class Service:
     def __init__(self, until: threading.Event, interval: float) -> None:
         self.until = until
         self.interval = interval
+        #: Rounds failed in a row: the backoff's exponent.
+        self.failures = 0
 
     def round(self) -> None:
         raise NotImplementedError
 
+    def settled(self) -> int:
+        """A round that lasts (the listener's) reached its steady state: its next failure
+        backs off from the shortest pause again, not from where the last outage left it.
+        Returns how many rounds had failed before."""
+        failed, self.failures = self.failures, 0
+        return failed
+
     def run(self) -> None:
-        failures = 0
+        self.failures = 0
         while not self.until.is_set():
             try:
                 self.round()
-                failures = 0
+                self.failures = 0
                 pause = self.interval
             except (sa_exc.SQLAlchemyError, psycopg.Error) as exc:  # incl. pool timeouts
-                failures += 1
-                pause = min(MAX_ERROR_BACKOFF, 0.1 * 2**failures)
+                self.failures += 1
+                pause = min(MAX_ERROR_BACKOFF, 0.1 * 2**self.failures)
                 # A failover fails every service at once, round after round: bounded.
                 say = _connlost.THROTTLE.warning if _connlost.is_lost(exc) else log.warning
                 say(
@@ -81,7 +90,7 @@ class Service:
             except Exception:
                 # A bug, not the database: logged with its traceback, and the service goes
                 # on (a dead heartbeat or rescuer thread would fail silently, much later).
-                failures += 1
+                self.failures += 1
                 pause = MAX_ERROR_BACKOFF
                 log.exception("%s %s (next try in %.1fs)", self.name, self.failure, pause)
             self.until.wait(pause)
@@ -226,6 +235,15 @@ class Listener(Service):
                 self.connected()
             self.wake()  # notifications sent while we were away are lost: poll
             _connlost.THROTTLE.flush()
+            failed = self.settled()
+            if failed:
+                log.info(
+                    "listener back, on %s:%s, after %d failed tr%s",
+                    conn.info.host,
+                    conn.info.port,
+                    failed,
+                    "y" if failed == 1 else "ies",
+                )
             self._listen(conn)
 
     def _listen(self, conn: psycopg.Connection[Any]) -> None:

@@ -1482,6 +1482,17 @@ MUTATIONS: list[Mutation] = [
         (ENGINE_KEEPALIVES_WARNING,),
     ),
     Mutation(
+        "listener_backoff_reset_on_reconnect",
+        "a listener that reconnected backs off from the shortest pause at its next outage",
+        SERVICES,
+        "            failed = self.settled()\n",
+        "            failed = 0  # MUTATION\n",
+        (
+            "tests/test_services.py::"
+            "test_the_listeners_backoff_starts_again_from_the_shortest_pause_after_it_reconnected",
+        ),
+    ),
+    Mutation(
         "listener_probe_timeout_setting",
         "the listener gives an unanswered probe up after listener_probe_timeout, not a constant",
         SERVICES,
