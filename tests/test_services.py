@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 import pytest
 import sqlalchemy as sa
@@ -112,6 +113,10 @@ def test_the_listener_gives_up_an_unanswered_probe_after_its_configured_timeout_
     ), lines
 
 
+def _count_is(items: list[int], n: int) -> Callable[[], bool]:
+    return lambda: len(items) == n
+
+
 def test_the_listeners_backoff_starts_again_from_the_shortest_pause_after_it_reconnected(
     db_url: URL, engine: sa.Engine, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -128,7 +133,7 @@ def test_the_listeners_backoff_starts_again_from_the_shortest_pause_after_it_rec
         with caplog.at_level(logging.INFO, logger="sqla_jobs.worker"):
             thread.start()
             for outage in (1, 2):
-                wait_for(lambda n=outage: len(connections) == n, message=f"connection {outage}")
+                wait_for(_count_is(connections, outage), message=f"connection {outage}")
                 wait_for(lambda: scalar(engine, _OTHER_CLIENT) is not None, message="its backend")
                 scalar(
                     engine,
