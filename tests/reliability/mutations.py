@@ -1011,6 +1011,14 @@ MUTATIONS: list[Mutation] = [
     ),
     # --- OpenTelemetry tracing (#27) ---------------------------------------------------
     Mutation(
+        "otel_no_span_without_an_sdk",
+        "with the API and no SDK an attempt builds no span (no tracer, no context switch)",
+        "sqla_jobs/_otel.py",
+        "    if api is None or _no_sdk(api[0]):\n",
+        "    if api is None:  # MUTATION\n",
+        ("tests/test_tracing.py::test_with_the_api_and_no_sdk_an_attempt_builds_no_span",),
+    ),
+    Mutation(
         "otel_nothing_without_a_span",
         "an enqueue with no current span records no span and stores no trace context",
         "sqla_jobs/_otel.py",
