@@ -38,9 +38,8 @@ from psycopg import sql
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
+from sqla_jobs import _tcp, ops
 from sqla_jobs import config as config_mod
-from sqla_jobs import ops
-from sqla_jobs._tcp import KEEPALIVES
 from sqla_jobs.dashboard import _render
 from sqla_jobs.exceptions import ConfigError
 
@@ -173,8 +172,7 @@ class Hub:
             hide_password=False
         )
         # A LISTEN socket whose server vanished is noticed by keepalives, not by reads.
-        given = psycopg.conninfo.conninfo_to_dict(self.conninfo)
-        self.keepalives: dict[str, Any] = {k: v for k, v in KEEPALIVES.items() if k not in given}
+        self.keepalives: dict[str, Any] = _tcp.with_keepalives(engine.url, {})
         self.watches: set[Watch] = set()
         self.snapshot = Snapshot(None, {}, frozenset())
         self.rounds = 0

@@ -93,12 +93,6 @@ def only_standbys(exc: BaseException) -> bool:
     return isinstance(found, psycopg.OperationalError) and any(w in text for w in _LIBPQ_STANDBY)
 
 
-def with_keepalives(url: URL, connect_args: dict[str, Any]) -> dict[str, Any]:
-    """``connect_args`` plus :data:`KEEPALIVES`, minus what the URL or the args set."""
-    given = set(url.query) | set(connect_args)
-    return {**{k: v for k, v in KEEPALIVES.items() if k not in given}, **connect_args}
-
-
 def install(engine: sa.Engine) -> None:
     """Classify lost connections on ``engine``, give its new connections :data:`KEEPALIVES`
     where nothing else is set, and check every new connection (once per engine)."""
@@ -241,11 +235,12 @@ def probe(conn: psycopg.Connection[Any], channel: str, token: str) -> bool:
 
 def connect_kwargs(url: URL, connect_args: dict[str, Any] | None = None) -> dict[str, Any]:
     """``psycopg.connect`` keyword arguments for ``url``, as the engine would pass them
-    (a multi-host URL included), with :data:`KEEPALIVES` (see :func:`with_keepalives`)."""
+    (a multi-host URL included), with :data:`KEEPALIVES` where the URL and the args set
+    none (:func:`sqla_jobs._tcp.with_keepalives`)."""
     engine = sa.create_engine(url)  # connects to nothing: its dialect reads the URL
     _, kwargs = engine.dialect.create_connect_args(url)
     kwargs.pop("context", None)
-    return {**with_keepalives(url, {}), **kwargs, **(connect_args or {})}
+    return {**_tcp.with_keepalives(url, {}), **kwargs, **(connect_args or {})}
 
 
 def reason_line(exc: BaseException) -> str:
