@@ -114,3 +114,17 @@ def priority_levels(top: sa.ColumnElement[Any] | None = None) -> Any:
         .table_valued("level")
         .render_derived(name="levels")
     )
+
+
+def fresh_attempt(now: At) -> dict[str, Any]:
+    """The columns of a job put back to run again from scratch (an operator's retry, a
+    workflow step retried or reopened): no attempt, no lease, no finish, ready at ``now``."""
+    return {
+        "attempts": 0,
+        "run_at": clock(now),
+        "locked_until": None,
+        "worker": None,
+        "finished_at": None,
+        "cancel_requested_at": None,
+        "snoozes": 0,
+    }

@@ -409,13 +409,7 @@ def retry_jobs(
         .where(jobs.c.id == picked.c.id)
         .values(
             status=_common.status(JobStatus.QUEUED),
-            attempts=0,
-            run_at=_common.clock(now),
-            locked_until=None,
-            worker=None,
-            finished_at=None,
-            cancel_requested_at=None,
-            snoozes=0,
+            **_common.fresh_attempt(now),
         )
         .returning(jobs.c.id, jobs.c.workflow_id)
     )

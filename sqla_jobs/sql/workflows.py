@@ -371,13 +371,7 @@ def reopen_steps(ids: list[int]) -> sa.Update:
                 (unmet, _common.status(JobStatus.WAITING)),
                 else_=_common.status(JobStatus.QUEUED),
             ),
-            attempts=0,
-            run_at=_common.clock(None),
-            locked_until=None,
-            worker=None,
-            finished_at=None,
-            cancel_requested_at=None,
-            snoozes=0,
+            **_common.fresh_attempt(None),
         )
         .returning(jobs.c.id, jobs.c.status)
     )
@@ -434,13 +428,7 @@ def reopen_cancelled(ids: list[int], kept: list[int]) -> sa.Update:
         )
         .values(
             status=_common.status(JobStatus.WAITING),
-            attempts=0,
-            run_at=_common.clock(None),
-            locked_until=None,
-            worker=None,
-            finished_at=None,
-            cancel_requested_at=None,
-            snoozes=0,
+            **_common.fresh_attempt(None),
         )
         .returning(jobs.c.id)
     )
