@@ -1619,7 +1619,7 @@ def main(argv: list[str] | None = None) -> int:
         "--only",
         default=(
             "enqueue,orm,drain,backlog,tx,procs,async,pickup,claim,limits,slots,scheduled,"
-            "cli,dashboard,horizon,history,workflows"
+            "cli,dashboard,horizon,history,partitions,workflows"
         ),
         help="comma-separated sections to run (default: all)",
     )
@@ -2022,6 +2022,13 @@ def main(argv: list[str] | None = None) -> int:
         import history as history_bench
 
         rows += history_bench.section(args.quick, step)
+
+    if "partitions" in only:
+        # A range-partitioned archive beside the plain one, before any migration (#25):
+        # see archive_partitions.py.
+        import archive_partitions
+
+        rows += archive_partitions.section(args.quick, step)
 
     if "horizon" in only:
         # A steady flow with an app's REPEATABLE READ transaction held open beside the

@@ -1,0 +1,359 @@
+"""A range-partitioned ``jobs_archive`` beside today's plain one, before any migration (#25).
+
+The design question of issue #25's first part, measured before a revision is written
+(a migration that lands is forever). The candidate: ``jobs_archive`` partitioned by
+``archived_at`` (a workflow is archived in one transaction, so it stays in one
+partition), pruned by dropping whole partitions. Its cost: a look-up by ``id`` (``show``,
+``result``, a workflow's steps and upstream results) carries no partition key, so the
+planner keeps every partition and the executor probes each partition's index.
+
+Sides, each a scratch database with sqla_jobs' schema and the same ``history`` archived
+rows (archived over the last 98 days, evenly; every other row a step of a five-step
+workflow archived at one instant): the plain table, then the same rows in ``jobs_archive``
+re-created as ``PARTITION BY RANGE (archived_at)`` with 14 (weekly), 30 and 98 (daily)
+partitions, its primary key ``(id, archived_at)`` (a partitioned table's unique index must
+hold the partition key) and the same two secondary indexes. The product's own statements
+run unchanged on both: an ``INSERT`` into the parent is routed to its partition.
+
+Measured on each side: the look-ups (client ms, warm connection; and on a new connection,
+as the CLI does, where the planner must first load every partition's catalog entries),
+their server cost (EXPLAIN: buffers of the execution and of the planning, server ms),
+archiving 1,000 rows, and removing the oldest week (DELETE in batches, ``ops.prune``,
+against ``DROP TABLE`` of its partitions). Then, on the plain side, the steps of the
+migration that keeps the old table as the first partition: how long each runs and under
+which lock.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.orm import Session
+from sqlalchemy.pool import NullPool
+
+from sqla_jobs import models, ops
+from sqla_jobs.sql import admin
+from sqla_jobs.sql import workflows as workflows_sql
+
+SPAN_DAYS = 98
+#: side -> (partition key, partitions); "plain" is today's table.
+_SIDES: dict[str, tuple[str, int]] = {
+    "plain": ("", 0),
+    "at 14": ("archived_at", 14),
+    "at 30": ("archived_at", 30),
+    "at 98": ("archived_at", 98),
+    "id 14": ("id", 14),
+    "id 98": ("id", 98),
+}
+_ROWS_SQL = """
+INSERT INTO jobs_archive (id, kind, queue, priority, payload, status, run_at, attempts,
+                          worker, created_at, finished_at, result, workflow_id, step,
+                          archived_at)
+  SELECT 1000000000 + g, 'noop', 'default', 0, '{"n": 1}', 'done', at, 1, 'old:1',
+         at - interval '1 day', at - interval '1 day', '{"ok": true}',
+         CASE WHEN mod(g, 2) = 0 THEN md5((g / 10)::text)::uuid END,
+         CASE WHEN mod(g, 2) = 0 THEN 's' || mod(g, 10) END,
+         at
+  FROM (SELECT g, now() - interval '%(span)s days'
+                  + ((g / 10) * 10) * (interval '%(span)s days' / %(rows)s) AS at
+        FROM generate_series(0, %(rows)s - 1) AS g) AS r
+"""
+_ARCHIVABLE = """
+INSERT INTO jobs (kind, payload, status, attempts, finished_at)
+  SELECT 'noop', '{}', 'done', 1, now() - interval '8 days' FROM generate_series(1, 1000)
+"""
+
+
+def _partition(conn: psycopg.Connection[Any], key: str, partitions: int, rows: int) -> None:
+    """``jobs_archive`` re-created empty as ``partitions`` ranges of ``key``: of
+    ``archived_at`` over the span, and one ahead (what the archiver would create before
+    it needs it); of ``id`` over the rows' ids, the first from MINVALUE, the last to
+    MAXVALUE."""
+    conn.execute("ALTER TABLE jobs_archive RENAME TO jobs_archive_plain")
+    conn.execute(
+        "CREATE TABLE jobs_archive (LIKE jobs_archive_plain INCLUDING DEFAULTS)"
+        f" PARTITION BY RANGE ({key})"
+    )
+    conn.execute("DROP TABLE jobs_archive_plain")
+    # A unique index of a partitioned table must hold the partition key.
+    conn.execute(
+        "ALTER TABLE jobs_archive ADD PRIMARY KEY "
+        + ("(id)" if key == "id" else "(id, archived_at)")
+    )
+    conn.execute("CREATE INDEX jobs_archive_finished_at_idx ON jobs_archive (finished_at)")
+    conn.execute(
+        "CREATE INDEX jobs_archive_workflow_id_idx ON jobs_archive (workflow_id)"
+        " WHERE workflow_id IS NOT NULL"
+    )
+    if key == "id":
+        width = rows // partitions
+        for n in range(partitions):
+            low = "MINVALUE" if n == 0 else str(1_000_000_000 + n * width)
+            high = "MAXVALUE" if n == partitions - 1 else str(1_000_000_000 + (n + 1) * width)
+            conn.execute(
+                f"CREATE TABLE jobs_archive_p{n} PARTITION OF jobs_archive"
+                f" FOR VALUES FROM ({low}) TO ({high})"
+            )
+        return
+    # Bounds from one now(): the rows' archived_at are relative to the same clock.
+    statements = [
+        r[0]
+        for r in conn.execute(
+            """
+            SELECT format('CREATE TABLE jobs_archive_p%%s PARTITION OF jobs_archive
+                           FOR VALUES FROM (%%L) TO (%%L)', n,
+                          start + n * width, start + (n + 1) * width)
+            FROM (SELECT date_trunc('hour', now()) - interval '1 day' * %s
+                         - interval '1 hour' AS start,
+                         (interval '1 day' * %s + interval '2 hours') / %s AS width) AS b,
+                 generate_series(0, %s) AS n
+            """,
+            (SPAN_DAYS, SPAN_DAYS, partitions, partitions),
+        )
+    ]
+    for statement in statements:  # the last one is ahead of now
+        conn.execute(statement)
+
+
+@contextmanager
+def _side(side: str, rows: int) -> Iterator[tuple[str, sa.Engine]]:
+    import run
+
+    key, partitions = _SIDES[side]
+    with run._ours(f"bench_archive_{side.replace(' ', '_')}") as url, run._engine(url) as engine:
+        with psycopg.connect(url, autocommit=True) as conn:
+            if partitions:
+                _partition(conn, key, partitions, rows)
+            conn.execute(_ROWS_SQL % {"span": SPAN_DAYS, "rows": rows})
+            conn.execute("VACUUM ANALYZE")
+        yield url, engine
+
+
+def _ms(fn: Callable[[], Any], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(times)
+
+
+def _plans(engine: sa.Engine, job_id: int, workflow_id: Any) -> dict[str, Any]:
+    import history
+
+    statements = {
+        "show archived": admin.get_archived_job(job_id),
+        "result (archived)": admin.job_result(job_id),
+        "workflow steps": workflows_sql.steps(workflow_id),
+        "upstream (3 ids)": sa.select(models.jobs_archive.c.id).where(
+            models.jobs_archive.c.id
+            == sa.any_(sa.bindparam("ids", [job_id, job_id + 2, job_id + 4], ARRAY(sa.BigInteger)))
+        ),
+    }
+    found = {}
+    for name, stmt in statements.items():
+        compiled = stmt.compile(dialect=engine.dialect)
+        with engine.connect() as conn:
+            for _ in range(2):
+                plan = [
+                    str(r[0])
+                    for r in conn.exec_driver_sql(
+                        f"EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {compiled}", dict(compiled.params)
+                    )
+                ]
+                conn.rollback()
+        found[name] = history._read_plan(plan)
+    return found
+
+
+def measure(url: str, engine: sa.Engine, rows: int, repeats: int) -> dict[str, float]:
+    """Client milliseconds per operation on one side."""
+    job_id = 1_000_000_000 + rows // 3 * 2  # a workflow step, archived about 33 days ago
+    with engine.connect() as conn:
+        workflow_id = conn.execute(
+            sa.text("SELECT workflow_id FROM jobs_archive WHERE id = :id"), {"id": job_id}
+        ).scalar_one()
+    out: dict[str, float] = {}
+    cold = sa.create_engine(engine.url, poolclass=NullPool)
+    with Session(engine) as s, Session(cold) as c:
+        out["show archived (ops.get_job)"] = _ms(lambda: ops.get_job(s, job_id), repeats)
+        out["result archived (ops.result)"] = _ms(lambda: ops.result(s, job_id), repeats)
+
+        def steps() -> None:
+            s.execute(workflows_sql.steps(workflow_id)).all()
+
+        out["workflow steps"] = _ms(steps, repeats)
+
+        def show_cold() -> None:
+            ops.get_job(c, job_id)
+            c.close()
+
+        out["show archived, new connection"] = _ms(show_cold, max(5, repeats // 2))
+        times = []
+        for _ in range(3):
+            with engine.begin() as conn:
+                conn.exec_driver_sql(_ARCHIVABLE)
+            t0 = time.perf_counter()
+            assert ops.archive(s, timedelta(days=7)) == 1000
+            times.append((time.perf_counter() - t0) * 1000)
+        out["archive (1,000 rows)"] = statistics.median(times)
+    cold.dispose()
+    return out
+
+
+def _drop_oldest_week(url: str, engine: sa.Engine, side: str) -> tuple[float, int]:
+    """Milliseconds to remove the archived rows of the oldest week, and the rows removed:
+    ``ops.prune`` (batched DELETEs) on the plain table, ``DROP TABLE`` of the partitions
+    wholly in that week on a partitioned one. (By id, the first partition also holds
+    the live part's small ids, archived just now: it cannot go; the next ones do.)"""
+    key, partitions = _SIDES[side]
+    if not partitions:
+        with engine.connect() as conn:
+            before = conn.execute(sa.text("SELECT count(*) FROM jobs_archive")).scalar_one()
+        with Session(engine) as s:
+            t0 = time.perf_counter()
+            ops.prune(s, timedelta(days=SPAN_DAYS - 7 + 1))  # finished_at = archived - 1 day
+            ms = (time.perf_counter() - t0) * 1000
+        with engine.connect() as conn:
+            after = conn.execute(sa.text("SELECT count(*) FROM jobs_archive")).scalar_one()
+        return ms, before - after
+    width = (SPAN_DAYS + 2 / 24) / partitions
+    whole = max(1, int(7 / width))
+    first = 1 if key == "id" else 0
+    with psycopg.connect(url, autocommit=True) as conn:
+        before = conn.execute("SELECT count(*) FROM jobs_archive").fetchone()[0]  # type: ignore[index]
+        t0 = time.perf_counter()
+        for n in range(first, first + whole):
+            conn.execute(f"DROP TABLE jobs_archive_p{n}")
+        ms = (time.perf_counter() - t0) * 1000
+        after = conn.execute("SELECT count(*) FROM jobs_archive").fetchone()[0]  # type: ignore[index]
+    return ms, before - after
+
+
+def migration_steps(url: str) -> list[tuple[str, str, float]]:
+    """The steps of moving a plain ``jobs_archive`` under a partitioned parent, keeping its
+    rows where they are as the first partition: (step, lock it takes, ms)."""
+    out: list[tuple[str, str, float]] = []
+
+    def step(conn: psycopg.Connection[Any], name: str, lock: str, *sql: str) -> None:
+        t0 = time.perf_counter()
+        for statement in sql:
+            conn.execute(statement)
+        out.append((name, lock, (time.perf_counter() - t0) * 1000))
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        cut = conn.execute("SELECT date_trunc('day', now()) + interval '1 day'").fetchone()[0]  # type: ignore[index]
+        step(
+            conn,
+            "unique index (id, archived_at) on the old table, CONCURRENTLY",
+            "SHARE UPDATE EXCLUSIVE (reads, archive, prune go on)",
+            "CREATE UNIQUE INDEX CONCURRENTLY jobs_archive_id_at ON jobs_archive (id, archived_at)",
+        )
+        step(
+            conn,
+            f"CHECK (archived_at < '{cut:%Y-%m-%d}') NOT VALID",
+            "ACCESS EXCLUSIVE, no scan",
+            "SET lock_timeout = '2s'",
+            "ALTER TABLE jobs_archive ADD CONSTRAINT jobs_archive_old_range"
+            f" CHECK (archived_at IS NOT NULL AND archived_at < '{cut.isoformat()}') NOT VALID",
+        )
+        step(
+            conn,
+            "VALIDATE CONSTRAINT (scans the old table)",
+            "SHARE UPDATE EXCLUSIVE (reads, archive, prune go on)",
+            "ALTER TABLE jobs_archive VALIDATE CONSTRAINT jobs_archive_old_range",
+        )
+        with conn.transaction():
+            step(
+                conn,
+                "swap: rename, CREATE partitioned parent and its indexes, ATTACH the old"
+                " table (CHECK proves the range: no scan), one partition ahead",
+                "ACCESS EXCLUSIVE on the old table, in one transaction",
+                "SET LOCAL lock_timeout = '2s'",
+                "ALTER TABLE jobs_archive RENAME TO jobs_archive_old",
+                # The parent's indexes take these names; the old ones are attached to them.
+                "ALTER INDEX jobs_archive_finished_at_idx"
+                " RENAME TO jobs_archive_old_finished_at_idx",
+                "ALTER INDEX jobs_archive_workflow_id_idx"
+                " RENAME TO jobs_archive_old_workflow_id_idx",
+                "CREATE TABLE jobs_archive (LIKE jobs_archive_old INCLUDING DEFAULTS)"
+                " PARTITION BY RANGE (archived_at)",
+                "ALTER TABLE jobs_archive_old DROP CONSTRAINT jobs_archive_pkey",
+                "ALTER TABLE jobs_archive_old ADD CONSTRAINT jobs_archive_old_pkey"
+                " PRIMARY KEY USING INDEX jobs_archive_id_at",
+                "ALTER TABLE jobs_archive ADD PRIMARY KEY (id, archived_at)",
+                f"ALTER TABLE jobs_archive ATTACH PARTITION jobs_archive_old"
+                f" FOR VALUES FROM (MINVALUE) TO ('{cut.isoformat()}')",
+                "CREATE INDEX jobs_archive_finished_at_idx ON jobs_archive (finished_at)",
+                "CREATE INDEX jobs_archive_workflow_id_idx ON jobs_archive (workflow_id)"
+                " WHERE workflow_id IS NOT NULL",
+                f"CREATE TABLE jobs_archive_next PARTITION OF jobs_archive FOR VALUES"
+                f" FROM ('{cut.isoformat()}') TO ('{(cut + timedelta(days=7)).isoformat()}')",
+            )
+    return out
+
+
+def section(quick: bool, step: Callable[[str], None]) -> list[Any]:
+    """Prints the table of this section (the run's rows are the look-up ratios)."""
+    import run
+
+    rows = int(os.environ.get("SQLA_JOBS_BENCH_ARCHIVE_ROWS", 1_000_000))
+    repeats = 11 if quick else 21
+    results: dict[str, dict[str, float]] = {}
+    plans: dict[str, dict[str, Any]] = {}
+    week: dict[str, tuple[float, int]] = {}
+    migration: list[tuple[str, str, float]] = []
+    job_id = 1_000_000_000 + rows // 3 * 2
+    for side in _SIDES:
+        step(f"archive partitions: {side}, {rows:,} archived rows")
+        with _side(side, rows) as (url, engine):
+            results[side] = measure(url, engine, rows, repeats)
+            with engine.connect() as conn:
+                wid = conn.execute(
+                    sa.text("SELECT workflow_id FROM jobs_archive WHERE id = :id"), {"id": job_id}
+                ).scalar_one()
+            plans[side] = _plans(engine, job_id, wid)
+            week[side] = _drop_oldest_week(url, engine, side)
+            if side == "plain":
+                migration = migration_steps(url)
+    print("  client ms (median) per side; 'at N': by archived_at, N partitions; 'id N': by id")
+    print("    " + " | ".join(["operation", *_SIDES]))
+    for name in results["plain"]:
+        print(f"    {name} | " + " | ".join(f"{results[p][name]:.2f}" for p in _SIDES))
+    cells = [f"{week[p][0]:.0f} ms / {week[p][1]:,} rows" for p in _SIDES]
+    print("    remove the oldest week | " + " | ".join(cells))
+    print("  server cost per statement: execution buffers / planning buffers / server ms:")
+    for name in plans["plain"]:
+        cells = [
+            f"{plans[p][name].buffers} / {plans[p][name].planning_buffers} /"
+            f" {plans[p][name].server_ms:.2f}"
+            for p in _SIDES
+        ]
+        print(f"    {name} | " + " | ".join(cells))
+    print(f"  migration steps on the plain side ({rows:,} rows):")
+    for name, lock, ms in migration:
+        print(f"    {name} | {lock} | {ms:.0f} ms")
+    out = []
+    for side in list(_SIDES)[1:]:
+        for name in ("show archived (ops.get_job)", "show archived, new connection"):
+            out.append(
+                run.Row.at_most(
+                    "archive-partitions",
+                    f"{name}: partitioned {side}",
+                    results[side][name],
+                    "ms",
+                    "plain archive",
+                    results["plain"][name],
+                    1.2,
+                )
+            )
+    return out
