@@ -45,14 +45,17 @@ from sqla_jobs.sql import admin
 from sqla_jobs.sql import workflows as workflows_sql
 
 SPAN_DAYS = 98
-#: side -> (partition key, partitions); "plain" is today's table.
-_SIDES: dict[str, tuple[str, int]] = {
-    "plain": ("", 0),
-    "at 14": ("archived_at", 14),
-    "at 30": ("archived_at", 30),
-    "at 98": ("archived_at", 98),
-    "id 14": ("id", 14),
-    "id 98": ("id", 98),
+#: side -> (partition key, partitions, closed partitions get a CHECK on their id range);
+#: "plain" is today's table.
+_SIDES: dict[str, tuple[str, int, bool]] = {
+    "plain": ("", 0, False),
+    "at 14": ("archived_at", 14, False),
+    "at 30": ("archived_at", 30, False),
+    "at 98": ("archived_at", 98, False),
+    "at 14 ids": ("archived_at", 14, True),
+    "at 98 ids": ("archived_at", 98, True),
+    "id 14": ("id", 14, False),
+    "id 98": ("id", 98, False),
 }
 _ROWS_SQL = """
 INSERT INTO jobs_archive (id, kind, queue, priority, payload, status, run_at, attempts,
@@ -124,16 +127,43 @@ def _partition(conn: psycopg.Connection[Any], key: str, partitions: int, rows: i
         conn.execute(statement)
 
 
+def _check_id_ranges(conn: psycopg.Connection[Any]) -> None:
+    """Each closed partition (its range wholly before now: nothing is archived into it
+    again) gets ``CHECK (id BETWEEN its least AND its greatest id)``, added NOT VALID then
+    validated (a scan of that partition under SHARE UPDATE EXCLUSIVE). The planner's
+    constraint exclusion (``constraint_exclusion = partition``, the default) then skips,
+    for ``id = n``, every closed partition whose ids cannot hold n."""
+    closed = conn.execute(
+        """
+        SELECT c.relname, min(a.id), max(a.id)
+        FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+        JOIN jobs_archive a ON a.tableoid = c.oid
+        WHERE i.inhparent = 'jobs_archive'::regclass
+          AND pg_get_expr(c.relpartbound, c.oid) NOT LIKE '%%MAXVALUE%%'
+        GROUP BY c.relname
+        HAVING max(a.archived_at) < now() - interval '1 day'
+        """
+    ).fetchall()
+    for name, low, high in closed:
+        conn.execute(
+            f"ALTER TABLE {name} ADD CONSTRAINT {name}_ids"
+            f" CHECK (id BETWEEN {low} AND {high}) NOT VALID"
+        )
+        conn.execute(f"ALTER TABLE {name} VALIDATE CONSTRAINT {name}_ids")
+
+
 @contextmanager
 def _side(side: str, rows: int) -> Iterator[tuple[str, sa.Engine]]:
     import run
 
-    key, partitions = _SIDES[side]
+    key, partitions, checks = _SIDES[side]
     with run._ours(f"bench_archive_{side.replace(' ', '_')}") as url, run._engine(url) as engine:
         with psycopg.connect(url, autocommit=True) as conn:
             if partitions:
                 _partition(conn, key, partitions, rows)
             conn.execute(_ROWS_SQL % {"span": SPAN_DAYS, "rows": rows})
+            if checks:
+                _check_id_ranges(conn)
             conn.execute("VACUUM ANALYZE")
         yield url, engine
 
@@ -215,7 +245,7 @@ def _drop_oldest_week(url: str, engine: sa.Engine, side: str) -> tuple[float, in
     ``ops.prune`` (batched DELETEs) on the plain table, ``DROP TABLE`` of the partitions
     wholly in that week on a partitioned one. (By id, the first partition also holds
     the live part's small ids, archived just now: it cannot go; the next ones do.)"""
-    key, partitions = _SIDES[side]
+    key, partitions, _ = _SIDES[side]
     if not partitions:
         with engine.connect() as conn:
             before = conn.execute(sa.text("SELECT count(*) FROM jobs_archive")).scalar_one()
@@ -313,7 +343,9 @@ def section(quick: bool, step: Callable[[str], None]) -> list[Any]:
     week: dict[str, tuple[float, int]] = {}
     migration: list[tuple[str, str, float]] = []
     job_id = 1_000_000_000 + rows // 3 * 2
-    for side in _SIDES:
+    chosen = os.environ.get("SQLA_JOBS_BENCH_ARCHIVE_SIDES")
+    sides = [s for s in _SIDES if not chosen or s == "plain" or s in chosen.split(",")]
+    for side in sides:
         step(f"archive partitions: {side}, {rows:,} archived rows")
         with _side(side, rows) as (url, engine):
             results[side] = measure(url, engine, rows, repeats)
@@ -325,25 +357,28 @@ def section(quick: bool, step: Callable[[str], None]) -> list[Any]:
             week[side] = _drop_oldest_week(url, engine, side)
             if side == "plain":
                 migration = migration_steps(url)
-    print("  client ms (median) per side; 'at N': by archived_at, N partitions; 'id N': by id")
-    print("    " + " | ".join(["operation", *_SIDES]))
+    print(
+        "  client ms (median) per side; 'at N': by archived_at, N partitions ('ids': closed"
+        " ones CHECK their id range); 'id N': by id"
+    )
+    print("    " + " | ".join(["operation", *sides]))
     for name in results["plain"]:
-        print(f"    {name} | " + " | ".join(f"{results[p][name]:.2f}" for p in _SIDES))
-    cells = [f"{week[p][0]:.0f} ms / {week[p][1]:,} rows" for p in _SIDES]
+        print(f"    {name} | " + " | ".join(f"{results[p][name]:.2f}" for p in sides))
+    cells = [f"{week[p][0]:.0f} ms / {week[p][1]:,} rows" for p in sides]
     print("    remove the oldest week | " + " | ".join(cells))
     print("  server cost per statement: execution buffers / planning buffers / server ms:")
     for name in plans["plain"]:
         cells = [
             f"{plans[p][name].buffers} / {plans[p][name].planning_buffers} /"
             f" {plans[p][name].server_ms:.2f}"
-            for p in _SIDES
+            for p in sides
         ]
         print(f"    {name} | " + " | ".join(cells))
     print(f"  migration steps on the plain side ({rows:,} rows):")
     for name, lock, ms in migration:
         print(f"    {name} | {lock} | {ms:.0f} ms")
     out = []
-    for side in list(_SIDES)[1:]:
+    for side in sides[1:]:
         for name in ("show archived (ops.get_job)", "show archived, new connection"):
             out.append(
                 run.Row.at_most(
