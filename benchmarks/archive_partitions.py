@@ -75,6 +75,15 @@ INSERT INTO jobs (kind, payload, status, attempts, finished_at)
   SELECT 'noop', '{}', 'done', 1, now() - interval '8 days' FROM generate_series(1, 1000)
 """
 
+# Rows as the archiver writes them after the migration's bound (tomorrow).
+_AFTER_BOUND = """
+INSERT INTO jobs_archive (id, kind, queue, priority, payload, status, run_at, attempts,
+                          created_at, finished_at, archived_at)
+  SELECT 4000000000 + g, 'noop', 'default', 0, '{}', 'done', now(), 1, now(), now(),
+         date_trunc('day', now()) + interval '1 day 1 hour'
+  FROM generate_series(1, 1000) AS g
+"""
+
 
 def _partition(conn: psycopg.Connection[Any], key: str, partitions: int, rows: int) -> None:
     """``jobs_archive`` re-created empty as ``partitions`` ranges of ``key``: of
@@ -269,67 +278,181 @@ def _drop_oldest_week(url: str, engine: sa.Engine, side: str) -> tuple[float, in
     return ms, before - after
 
 
-def migration_steps(url: str) -> list[tuple[str, str, float]]:
-    """The steps of moving a plain ``jobs_archive`` under a partitioned parent, keeping its
-    rows where they are as the first partition: (step, lock it takes, ms)."""
-    out: list[tuple[str, str, float]] = []
+Step = tuple[str, str, float]  # what, the lock it takes, ms
 
-    def step(conn: psycopg.Connection[Any], name: str, lock: str, *sql: str) -> None:
-        t0 = time.perf_counter()
-        for statement in sql:
-            conn.execute(statement)
-        out.append((name, lock, (time.perf_counter() - t0) * 1000))
 
-    with psycopg.connect(url, autocommit=True) as conn:
-        cut = conn.execute("SELECT date_trunc('day', now()) + interval '1 day'").fetchone()[0]  # type: ignore[index]
-        step(
+def _timed(out: list[Step], conn: psycopg.Connection[Any], name: str, lock: str, *sql: str) -> None:
+    t0 = time.perf_counter()
+    for statement in sql:
+        conn.execute(statement)
+    out.append((name, lock, (time.perf_counter() - t0) * 1000))
+
+
+def upgrade(conn: psycopg.Connection[Any], days: int = 1) -> list[Step]:
+    """A plain ``jobs_archive`` put under a partitioned parent (by ``archived_at``), its
+    rows left where they are as the first partition, from MINVALUE to ``days`` after
+    today (later than any row: archiving goes on into it until the swap; a row past the
+    bound fails the VALIDATE, before anything is swapped)."""
+    out: list[Step] = []
+    cut = conn.execute(
+        "SELECT date_trunc('day', now()) + interval '1 day' * %s", (days,)
+    ).fetchone()[0]  # type: ignore[index]
+    bound = f"'{cut.isoformat()}'"
+    ahead = f"'{(cut + timedelta(days=7)).isoformat()}'"
+    shared = "SHARE UPDATE EXCLUSIVE (reads, archive, prune go on)"
+    _timed(
+        out,
+        conn,
+        "unique index (id, archived_at) on the old table, CONCURRENTLY",
+        shared,
+        "CREATE UNIQUE INDEX CONCURRENTLY jobs_archive_id_at ON jobs_archive (id, archived_at)",
+    )
+    _timed(
+        out,
+        conn,
+        "CHECK (archived_at < bound) NOT VALID",
+        "ACCESS EXCLUSIVE, no scan",
+        "SET lock_timeout = '2s'",
+        "ALTER TABLE jobs_archive ADD CONSTRAINT jobs_archive_old_range"
+        f" CHECK (archived_at IS NOT NULL AND archived_at < {bound}) NOT VALID",
+    )
+    _timed(
+        out,
+        conn,
+        "VALIDATE CONSTRAINT (scans the old table)",
+        shared,
+        "ALTER TABLE jobs_archive VALIDATE CONSTRAINT jobs_archive_old_range",
+    )
+    with conn.transaction():
+        _timed(
+            out,
             conn,
-            "unique index (id, archived_at) on the old table, CONCURRENTLY",
-            "SHARE UPDATE EXCLUSIVE (reads, archive, prune go on)",
-            "CREATE UNIQUE INDEX CONCURRENTLY jobs_archive_id_at ON jobs_archive (id, archived_at)",
+            "swap: rename, CREATE partitioned parent and its indexes, ATTACH the old"
+            " table (the CHECK proves the range: no scan), one partition ahead",
+            "ACCESS EXCLUSIVE on the old table, one transaction",
+            "SET LOCAL lock_timeout = '2s'",
+            "ALTER TABLE jobs_archive RENAME TO jobs_archive_old",
+            # The parent's indexes take these names; the old ones are attached to them.
+            "ALTER INDEX jobs_archive_finished_at_idx RENAME TO jobs_archive_old_finished_idx",
+            "ALTER INDEX jobs_archive_workflow_id_idx RENAME TO jobs_archive_old_workflow_idx",
+            "CREATE TABLE jobs_archive (LIKE jobs_archive_old INCLUDING DEFAULTS)"
+            " PARTITION BY RANGE (archived_at)",
+            "ALTER TABLE jobs_archive_old DROP CONSTRAINT jobs_archive_pkey",
+            "ALTER TABLE jobs_archive_old ADD CONSTRAINT jobs_archive_old_pkey"
+            " PRIMARY KEY USING INDEX jobs_archive_id_at",
+            "ALTER TABLE jobs_archive ADD PRIMARY KEY (id, archived_at)",
+            "ALTER TABLE jobs_archive ATTACH PARTITION jobs_archive_old"
+            f" FOR VALUES FROM (MINVALUE) TO ({bound})",
+            "CREATE INDEX jobs_archive_finished_at_idx ON jobs_archive (finished_at)",
+            "CREATE INDEX jobs_archive_workflow_id_idx ON jobs_archive (workflow_id)"
+            " WHERE workflow_id IS NOT NULL",
+            "CREATE TABLE jobs_archive_next PARTITION OF jobs_archive"
+            f" FOR VALUES FROM ({bound}) TO ({ahead})",
         )
-        step(
-            conn,
-            f"CHECK (archived_at < '{cut:%Y-%m-%d}') NOT VALID",
-            "ACCESS EXCLUSIVE, no scan",
-            "SET lock_timeout = '2s'",
-            "ALTER TABLE jobs_archive ADD CONSTRAINT jobs_archive_old_range"
-            f" CHECK (archived_at IS NOT NULL AND archived_at < '{cut.isoformat()}') NOT VALID",
-        )
-        step(
-            conn,
-            "VALIDATE CONSTRAINT (scans the old table)",
-            "SHARE UPDATE EXCLUSIVE (reads, archive, prune go on)",
-            "ALTER TABLE jobs_archive VALIDATE CONSTRAINT jobs_archive_old_range",
-        )
-        with conn.transaction():
-            step(
-                conn,
-                "swap: rename, CREATE partitioned parent and its indexes, ATTACH the old"
-                " table (CHECK proves the range: no scan), one partition ahead",
-                "ACCESS EXCLUSIVE on the old table, in one transaction",
-                "SET LOCAL lock_timeout = '2s'",
-                "ALTER TABLE jobs_archive RENAME TO jobs_archive_old",
-                # The parent's indexes take these names; the old ones are attached to them.
-                "ALTER INDEX jobs_archive_finished_at_idx"
-                " RENAME TO jobs_archive_old_finished_at_idx",
-                "ALTER INDEX jobs_archive_workflow_id_idx"
-                " RENAME TO jobs_archive_old_workflow_id_idx",
-                "CREATE TABLE jobs_archive (LIKE jobs_archive_old INCLUDING DEFAULTS)"
-                " PARTITION BY RANGE (archived_at)",
-                "ALTER TABLE jobs_archive_old DROP CONSTRAINT jobs_archive_pkey",
-                "ALTER TABLE jobs_archive_old ADD CONSTRAINT jobs_archive_old_pkey"
-                " PRIMARY KEY USING INDEX jobs_archive_id_at",
-                "ALTER TABLE jobs_archive ADD PRIMARY KEY (id, archived_at)",
-                f"ALTER TABLE jobs_archive ATTACH PARTITION jobs_archive_old"
-                f" FOR VALUES FROM (MINVALUE) TO ('{cut.isoformat()}')",
-                "CREATE INDEX jobs_archive_finished_at_idx ON jobs_archive (finished_at)",
-                "CREATE INDEX jobs_archive_workflow_id_idx ON jobs_archive (workflow_id)"
-                " WHERE workflow_id IS NOT NULL",
-                f"CREATE TABLE jobs_archive_next PARTITION OF jobs_archive FOR VALUES"
-                f" FROM ('{cut.isoformat()}') TO ('{(cut + timedelta(days=7)).isoformat()}')",
-            )
     return out
+
+
+def downgrade(conn: psycopg.Connection[Any], batch: int = 10_000) -> list[Step]:
+    """Back to a plain ``jobs_archive``: the first partition detached and renamed back in
+    one short transaction, then the rows archived since the upgrade moved into it in
+    batches (absent from ``show`` until moved), its primary key ``(id)`` again."""
+    out: list[Step] = []
+    with conn.transaction():
+        _timed(
+            out,
+            conn,
+            "swap back: DETACH the first partition, rename both",
+            "ACCESS EXCLUSIVE on the parent, one transaction",
+            "SET LOCAL lock_timeout = '2s'",
+            "ALTER TABLE jobs_archive DETACH PARTITION jobs_archive_old",
+            "ALTER TABLE jobs_archive RENAME TO jobs_archive_parted",
+            "ALTER TABLE jobs_archive_old RENAME TO jobs_archive",
+            "ALTER TABLE jobs_archive DROP CONSTRAINT jobs_archive_old_range",
+            "ALTER INDEX jobs_archive_pkey RENAME TO jobs_archive_parted_pkey",
+            "ALTER INDEX jobs_archive_finished_at_idx RENAME TO jobs_archive_parted_finished_idx",
+            "ALTER INDEX jobs_archive_workflow_id_idx RENAME TO jobs_archive_parted_workflow_idx",
+            "ALTER INDEX jobs_archive_old_finished_idx RENAME TO jobs_archive_finished_at_idx",
+            "ALTER INDEX jobs_archive_old_workflow_idx RENAME TO jobs_archive_workflow_id_idx",
+        )
+    t0 = time.perf_counter()
+    moved = 0
+    while True:
+        with conn.transaction():
+            n = conn.execute(
+                "WITH picked AS (SELECT id, archived_at FROM jobs_archive_parted LIMIT %s),"
+                " gone AS (DELETE FROM jobs_archive_parted p USING picked"
+                "  WHERE p.id = picked.id AND p.archived_at = picked.archived_at"
+                "  RETURNING p.*)"
+                " INSERT INTO jobs_archive SELECT * FROM gone",
+                (batch,),
+            ).rowcount
+        moved += n
+        if n < batch:
+            break
+    out.append(
+        (f"move {moved:,} newer rows back, {batch:,} a transaction", "row locks", _since(t0))
+    )
+    _timed(
+        out,
+        conn,
+        "unique index (id), CONCURRENTLY",
+        "SHARE UPDATE EXCLUSIVE",
+        "CREATE UNIQUE INDEX CONCURRENTLY jobs_archive_id ON jobs_archive (id)",
+    )
+    with conn.transaction():
+        _timed(
+            out,
+            conn,
+            "primary key (id) from that index; drop the partitioned remains",
+            "ACCESS EXCLUSIVE, no scan",
+            "SET LOCAL lock_timeout = '2s'",
+            "ALTER TABLE jobs_archive DROP CONSTRAINT jobs_archive_old_pkey",
+            "ALTER TABLE jobs_archive ADD CONSTRAINT jobs_archive_pkey"
+            " PRIMARY KEY USING INDEX jobs_archive_id",
+            "DROP TABLE jobs_archive_parted",
+        )
+    return out
+
+
+def _since(t0: float) -> float:
+    return (time.perf_counter() - t0) * 1000
+
+
+def round_trip(url: str, engine: sa.Engine) -> list[tuple[str, list[Step], int]]:
+    """Upgrade, archive 1,000 rows into the new partition, downgrade, upgrade: each
+    phase's steps and the archived rows counted after it (none may be lost)."""
+
+    def count() -> int:
+        with engine.connect() as conn:
+            return int(conn.execute(sa.text("SELECT count(*) FROM jobs_archive")).scalar_one())
+
+    def shape(conn: psycopg.Connection[Any]) -> set[tuple[Any, ...]]:
+        # The plain table's indexes and constraints, by name and definition.
+        return set(
+            conn.execute(
+                "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'jobs_archive'"
+                " UNION ALL SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint"
+                " WHERE conrelid = 'jobs_archive'::regclass"
+            ).fetchall()
+        )
+
+    phases = []
+    with psycopg.connect(url, autocommit=True) as conn:
+        before = shape(conn)
+        phases.append(("upgrade", upgrade(conn), count()))
+        with engine.begin() as c:
+            c.exec_driver_sql(_ARCHIVABLE)
+        with Session(engine) as s:
+            assert ops.archive(s, timedelta(days=7)) == 1000
+        # Archived before the bound (tomorrow): routed to the old table, now a partition.
+        phases.append(("ops.archive of 1,000 rows", [], count()))
+        conn.execute(_AFTER_BOUND)
+        phases.append(("1,000 rows archived after the bound (the partition ahead)", [], count()))
+        phases.append(("downgrade", downgrade(conn), count()))
+        assert shape(conn) == before, shape(conn) ^ before
+        # Its bound past the rows archived after the first one's.
+        phases.append(("upgrade again", upgrade(conn, days=2), count()))
+    return phases
 
 
 def section(quick: bool, step: Callable[[str], None]) -> list[Any]:
@@ -341,7 +464,7 @@ def section(quick: bool, step: Callable[[str], None]) -> list[Any]:
     results: dict[str, dict[str, float]] = {}
     plans: dict[str, dict[str, Any]] = {}
     week: dict[str, tuple[float, int]] = {}
-    migration: list[tuple[str, str, float]] = []
+    migration: list[tuple[str, list[Step], int]] = []
     job_id = 1_000_000_000 + rows // 3 * 2
     chosen = os.environ.get("SQLA_JOBS_BENCH_ARCHIVE_SIDES")
     sides = [s for s in _SIDES if not chosen or s == "plain" or s in chosen.split(",")]
@@ -356,7 +479,7 @@ def section(quick: bool, step: Callable[[str], None]) -> list[Any]:
             plans[side] = _plans(engine, job_id, wid)
             week[side] = _drop_oldest_week(url, engine, side)
             if side == "plain":
-                migration = migration_steps(url)
+                migration = round_trip(url, engine)
     print(
         "  client ms (median) per side; 'at N': by archived_at, N partitions ('ids': closed"
         " ones CHECK their id range); 'id N': by id"
@@ -374,9 +497,11 @@ def section(quick: bool, step: Callable[[str], None]) -> list[Any]:
             for p in sides
         ]
         print(f"    {name} | " + " | ".join(cells))
-    print(f"  migration steps on the plain side ({rows:,} rows):")
-    for name, lock, ms in migration:
-        print(f"    {name} | {lock} | {ms:.0f} ms")
+    print("  the migration's round trip on the plain side (after its week was pruned):")
+    for phase, steps, archived in migration:
+        print(f"    {phase}: {archived:,} archived rows after it")
+        for name, lock, ms in steps:
+            print(f"      {name} | {lock} | {ms:.0f} ms")
     out = []
     for side in sides[1:]:
         for name in ("show archived (ops.get_job)", "show archived, new connection"):
