@@ -1,17 +1,18 @@
 # Two commands do all the set-up on a fresh machine with Python 3.10+:
 #   make demo   migrate, enqueue, work, show the result (embedded PostgreSQL unless DATABASE_URL)
-#   make test   ruff, mypy and the whole test suite against real PostgreSQL
+#   make test   ruff, mypy, the documentation site and the whole test suite against real PostgreSQL
+#   make docs   build the documentation site (mkdocs build --strict) into site/
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck pytest bench bench-quick clean
+.PHONY: demo test lint typecheck docs pytest bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,embedded,prometheus,async-example,dashboard]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,embedded,prometheus,async-example,dashboard,docs]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -27,10 +28,14 @@ typecheck: $(STAMP)
 pytest: $(STAMP)
 	$(BIN)/pytest
 
-test: lint typecheck pytest
+# Strict: a broken link, a missing page in the nav or an unresolved reference fails.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+test: lint typecheck docs pytest
 
 $(VENV)/.bench: $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[dev,embedded,prometheus,async-example,dashboard,bench]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,embedded,prometheus,async-example,dashboard,docs,bench]'
 	touch $(VENV)/.bench
 
 bench: $(VENV)/.bench
@@ -40,4 +45,4 @@ bench-quick: $(VENV)/.bench
 	$(BIN)/python benchmarks/run.py --quick
 
 clean:
-	rm -rf $(VENV) .pgdata .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .pgdata .mypy_cache .ruff_cache .pytest_cache site
