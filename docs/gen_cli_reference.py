@@ -12,7 +12,8 @@ import argparse
 import sys
 from pathlib import Path
 
-PAGE = Path(__file__).resolve().parent / "reference" / "cli.md"
+ROOT = Path(__file__).resolve().parents[1]
+PAGE = ROOT / "docs" / "reference" / "cli.md"
 
 INTRO = """\
 # CLI reference
@@ -93,6 +94,7 @@ def render() -> str:
 
 
 def main() -> int:
+    sys.path.insert(0, str(ROOT))  # this checkout's parser, whatever is installed
     PAGE.parent.mkdir(parents=True, exist_ok=True)
     PAGE.write_text(render())
     print(f"wrote {PAGE}", file=sys.stderr)
