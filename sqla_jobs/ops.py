@@ -788,10 +788,11 @@ def list_jobs(
         # Not a page among the ids near the cursor: every match, from the GIN index.
         found = session.execute(page(payload_scan=admin.MATCHES)).all()
     elif len(found) < limit and admin.age_in_two_steps(
-        statuses, kind, queue, newer_than, *contains
+        statuses, kind, queue, (older_than, newer_than), *contains
     ):
-        # Not a page among the ids near the cursor: walk from the lowest id created
-        # since the bound (jobs_created_at_idx) instead of through every older job.
+        # Not a page among the ids near the cursor: walk between the ids at the edges of
+        # the age bounds (jobs_created_hour_idx) instead of through every job on the
+        # other side of a bound.
         # Nothing back: no match after the cursor, or the first step read to the end
         # of the table (the second is then skipped): either way the first step's rows.
         found = session.execute(page(age_scan=admin.MATCHES)).all() or found

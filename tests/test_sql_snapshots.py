@@ -106,6 +106,9 @@ CASES: dict[str, Callable[[], Any]] = {
     "admin.list_jobs_newer_than_matches": lambda: admin.list_jobs(
         newer_than=86400, limit=50, newest_first=True, age_scan=admin.MATCHES
     ),
+    "admin.list_jobs_older_than_matches": lambda: admin.list_jobs(
+        older_than=86400, limit=50, after_id=15, age_scan=admin.MATCHES
+    ),
     "admin.list_jobs_workflow": lambda: admin.list_jobs(
         workflow=uuid.UUID("01890000-0000-7000-8000-000000000000"),
         statuses=[JobStatus.DEAD],
@@ -325,6 +328,7 @@ def test_every_statement_builder_has_a_snapshot_case() -> None:
         "admin.list_jobs_meta_tags",
         "admin.list_jobs_newer_than_near",
         "admin.list_jobs_newer_than_matches",
+        "admin.list_jobs_older_than_matches",
         "admin.list_jobs_workflow",
         "workflows.list_workflows_running",
         "workflows.list_workflows_finished",

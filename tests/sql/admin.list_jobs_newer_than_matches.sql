@@ -1,3 +1,23 @@
+WITH RECURSIVE hours_since(hour, id) AS
+  (
+     (SELECT date_bin(interval '1 hour', jobs.created_at, timestamptz '2000-01-01 00:00:00+00') AS hour,
+             jobs.id AS id
+      FROM jobs
+      WHERE date_bin(interval '1 hour', jobs.created_at, timestamptz '2000-01-01 00:00:00+00') > date_bin(interval '1 hour', statement_timestamp() - interval '1 second' * %(newer_than)s, timestamptz '2000-01-01 00:00:00+00')
+      ORDER BY date_bin(interval '1 hour', jobs.created_at, timestamptz '2000-01-01 00:00:00+00'),
+               jobs.id
+      LIMIT 1)
+   UNION ALL SELECT next_hour_since.hour AS hour,
+                    next_hour_since.id AS id
+   FROM hours_since
+   JOIN LATERAL
+     (SELECT date_bin(interval '1 hour', jobs.created_at, timestamptz '2000-01-01 00:00:00+00') AS hour,
+             jobs.id AS id
+      FROM jobs
+      WHERE date_bin(interval '1 hour', jobs.created_at, timestamptz '2000-01-01 00:00:00+00') > hours_since.hour
+      ORDER BY date_bin(interval '1 hour', jobs.created_at, timestamptz '2000-01-01 00:00:00+00'),
+               jobs.id
+      LIMIT 1) AS next_hour_since ON true)
 SELECT jobs.id,
        jobs.kind,
        jobs.queue,
@@ -24,17 +44,22 @@ SELECT jobs.id,
        jobs.workflow_id,
        jobs.step
 FROM jobs
-WHERE jobs.created_at >= statement_timestamp() - interval '1 second' * %(newer_than)s
+WHERE jobs.created_at >=
+    (SELECT statement_timestamp() - interval '1 second' * %(newer_than)s AS anon_1)
   AND jobs.id >=
-    (SELECT min(since.id) AS min_1
+    (SELECT min(ids_since.id) AS min_1
      FROM
-       (SELECT jobs.id + %(id_1)s::BIGINT AS id
-        FROM jobs
-        WHERE jobs.created_at >=
-            (SELECT statement_timestamp() - interval '1 second' * %(newer_than)s AS anon_1)
-          AND jobs.created_at <=
-            (SELECT CAST(%(param_1)s::VARCHAR AS TIMESTAMP WITH TIME ZONE) AS anon_2)
-        ORDER BY jobs.created_at,
-                 jobs.id) AS since)
+       (SELECT hours_since.id AS id
+        FROM hours_since
+        UNION ALL SELECT anon_2.id AS id
+        FROM
+          (SELECT date_bin(interval '1 hour', jobs.created_at, timestamptz '2000-01-01 00:00:00+00') AS hour,
+                  jobs.id AS id
+           FROM jobs
+           WHERE date_bin(interval '1 hour', jobs.created_at, timestamptz '2000-01-01 00:00:00+00') = date_bin(interval '1 hour', statement_timestamp() - interval '1 second' * %(newer_than)s, timestamptz '2000-01-01 00:00:00+00')
+             AND jobs.created_at >= statement_timestamp() - interval '1 second' * %(newer_than)s
+           ORDER BY date_bin(interval '1 hour', jobs.created_at, timestamptz '2000-01-01 00:00:00+00'),
+                    jobs.id
+           LIMIT 1) AS anon_2) AS ids_since)
 ORDER BY jobs.id DESC
 LIMIT %(limit)s::INTEGER;
