@@ -394,3 +394,42 @@ def test_a_newer_than_page_after_the_last_match_is_empty(
     )
     assert ops.list_jobs(session, newer_than=timedelta(hours=1)) == []
     assert ops.list_jobs(session, newer_than=timedelta(hours=1), newest_first=True) == []
+
+
+def test_list_jobs_expired_keeps_running_jobs_whose_lease_is_past(
+    session: Session, engine: sa.Engine
+) -> None:
+    insert(
+        engine,
+        "INSERT INTO jobs (kind, payload, status, attempts, worker, locked_until)"
+        " SELECT 'k', '{}', 'running', 1, 'w', now() + interval '1 minute' * (g - 2.5)"
+        " FROM generate_series(1, 5) AS g",
+    )
+    insert(engine, "INSERT INTO jobs (kind, payload) VALUES ('k', '{}')")
+    lapsed = list(
+        session.execute(
+            sa.text("SELECT id FROM jobs WHERE locked_until < now() ORDER BY id")
+        ).scalars()
+    )
+    assert len(lapsed) == 2
+    assert [j.id for j in ops.list_jobs(session, expired=True)] == lapsed
+    assert [j.id for j in ops.list_jobs(session, status="running", expired=True)] == lapsed
+    assert [j.id for j in ops.list_jobs(session, expired=True, newest_first=True)] == lapsed[::-1]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "error"),
+    [
+        ({"expired": "yes"}, "expired must be True or False, got 'yes'"),
+        (
+            {"expired": True, "status": "done"},
+            "expired keeps running jobs whose lease has expired: give no status, or running",
+        ),
+    ],
+)
+def test_list_jobs_expired_refuses_what_it_cannot_mean(
+    session: Session, arguments: dict[str, Any], error: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        ops.list_jobs(session, **arguments)
+    assert str(caught.value) == error

@@ -66,6 +66,7 @@ def list_jobs(
     meta: str | None = None,
     age_scan: str = NEAR,
     workflow: Any = None,
+    expired: bool = False,
 ) -> sa.Select[Any]:
     """One page of jobs in id order; the next page starts after the last id (keyset).
 
@@ -93,13 +94,18 @@ def list_jobs(
     bound and the highest created before the ``older_than`` one (:func:`_id_bound`,
     revision 0016) rather than through every job on the other side of a bound.
 
+    ``expired`` keeps jobs whose lease has expired (``locked_until`` past; the caller
+    gives ``statuses=[RUNNING]``, which leads, so the walk reads running jobs only).
+
     ``workflow`` (a workflow id, #26) leads whatever else is given: a workflow's steps
     are few next to the table, read from ``jobs_workflow_id_idx`` (revision 0014) and
     sorted; the order is ``id + 0`` (so no walk of the primary key can yield it) and no
     other filter is asked in two steps.
     """
+    conditions = [jobs.c.locked_until < _common.clock(now)] if expired else []
     if workflow is not None:
         return _workflow_page(
+            extra=conditions,
             statuses=statuses,
             kind=kind,
             queue=queue,
@@ -119,7 +125,7 @@ def list_jobs(
         )
     lead, lead_condition = _leading_filter(statuses, kind, queue)
     by_age = age_in_two_steps(statuses, kind, queue, (older_than, newer_than), payload, meta, tags)
-    conditions = _job_filters(
+    conditions += _job_filters(
         statuses=None if lead is jobs.c.status else statuses,
         kind=None if lead is jobs.c.kind else kind,
         queue=None if lead is jobs.c.queue else queue,
@@ -177,6 +183,7 @@ def list_jobs(
 
 def _workflow_page(
     *,
+    extra: list[sa.ColumnElement[bool]],
     statuses: Sequence[JobStatus] | None,
     kind: str | None,
     queue: str | None,
@@ -194,8 +201,9 @@ def _workflow_page(
     meta: str | None,
     workflow: Any,
 ) -> sa.Select[Any]:
-    """:func:`list_jobs` of one workflow's steps (see there)."""
-    conditions = _job_filters(
+    """:func:`list_jobs` of one workflow's steps (see there); ``extra``: conditions
+    already made."""
+    conditions = extra + _job_filters(
         statuses=statuses, kind=kind, queue=queue, older_than=older_than, now=now
     )
     # ``workflow_id = :workflow`` (not ``= ANY``): it proves the partial index's
