@@ -799,15 +799,6 @@ def list_jobs(
     elif len(found) < limit and admin.payload_in_two_steps(statuses, kind, queue, *contains):
         # Not a page among the ids near the cursor: every match, from the GIN index.
         found = session.execute(page(payload_scan=admin.MATCHES)).all()
-    elif len(found) < limit and admin.age_in_two_steps(
-        statuses, kind, queue, (older_than, newer_than), *contains
-    ):
-        # Not a page among the ids near the cursor: walk between the ids at the edges of
-        # the age bounds (jobs_created_hour_idx) instead of through every job on the
-        # other side of a bound.
-        # Nothing back: no match after the cursor, or the first step read to the end
-        # of the table (the second is then skipped): either way the first step's rows.
-        found = session.execute(page(age_scan=admin.MATCHES)).all() or found
     return [_record(row) for row in found]
 
 

@@ -17,7 +17,7 @@ with ``ops.list_jobs``, to prove they find the 30 jobs in order. Nothing is time
 (``benchmarks/run.py --only dashboard`` times them).
 
 Age filters (``older_than``, ``newer_than``) walk the primary key (``created_at`` mostly
-follows ``id``); their second step bounds that walk with the lowest id created since a
+follows ``id``); their page bounds that walk with the lowest id created since a
 ``newer_than`` bound and the highest created before an ``older_than`` one, read from
 ``jobs_created_hour_idx`` (revision 0016): its plan is tested last, under those kinds of
 misleading statistics and one more (every job a month old).
@@ -235,7 +235,7 @@ def test_key_and_id_range_pages_are_index_probes_whatever_the_statistics(
                 assert '"Seq Scan"' not in text, text
 
 
-#: The age filters' second step: (list_jobs arguments, how the walk is bounded).
+#: The age filters: (list_jobs arguments, how the walk is bounded).
 AGES: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
     "newer_than": ({"newer_than": 3600.0}, ("id >=",)),
     "older_than": ({"older_than": 3600.0}, ("id <=",)),
@@ -246,10 +246,10 @@ AGES: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
 
 @pytest.mark.parametrize("stats", ["empty-table", "every-job-recent", "every-job-old"])
 @pytest.mark.parametrize("age", list(AGES))
-def test_age_filters_second_step_bounds_its_walk_from_the_created_hour_index(
+def test_age_filters_bound_their_walk_from_the_created_hour_index(
     engine: sa.Engine, driver: psycopg.Connection[Any], stats: str, age: str
 ) -> None:
-    """The age filters' second step (revision 0016): the lowest id created since a
+    """The age filters' page (revision 0016): the lowest id created since a
     ``newer_than`` bound and the highest created before an ``older_than`` one come from
     ``jobs_created_hour_idx`` alone (index-only, one descent per hour), and the page
     walks the primary key between them; whatever the statistics say (taken on an empty
@@ -283,7 +283,6 @@ def test_age_filters_second_step_bounds_its_walk_from_the_created_hour_index(
                 limit=51,
                 after_id=after_id,
                 newest_first=newest_first,
-                age_scan=admin.MATCHES,
             )
             for mode, plan in _plans(driver, stmt).items():
                 text = json.dumps(plan)

@@ -303,8 +303,7 @@ def test_newer_than_pages_are_exact_when_created_at_is_out_of_step_with_id(
     hour = timedelta(hours=1)
     assert _all_pages(session, False, newer_than=hour) == expected
     assert _all_pages(session, True, newer_than=hour) == expected[::-1]
-    # The first page oldest first reads no match in its first 5,000 ids: it is the
-    # second step's page, from the lowest id created in the hour.
+    # The first page oldest first starts from the lowest id created in the hour.
     page = ops.list_jobs(session, newer_than=hour, limit=5)
     assert [j.id for j in page] == expected[:5]
     assert page[0].id == first + 6_000
@@ -318,7 +317,6 @@ def test_older_than_pages_are_exact_when_created_at_is_out_of_step_with_id(
     # whatever the clock), then 6,000 in the last half hour. Ids 14,000 and 14,500 were
     # enqueued in a transaction that began days before it committed (old created_at,
     # high id); ids 6,000 and 7,000 were created recently. Newest first, the first page
-    # finds two matches among the 5,000 newest ids, so it is the second step's: it
     # starts at 14,500 (the highest id created before the bound), then passes the last
     # half hour's other jobs to 8,700; oldest first, the walk stops at 14,500.
     insert(
@@ -352,8 +350,7 @@ def test_older_than_pages_are_exact_when_created_at_is_out_of_step_with_id(
     hour = timedelta(hours=1)
     assert _all_pages(session, False, older_than=hour) == expected
     assert _all_pages(session, True, older_than=hour) == expected[::-1]
-    # The first page newest first reads no match in its first 5,000 ids: it is the
-    # second step's page, from the highest id created before the bound.
+    # The first page newest first starts from the highest id created before the bound.
     page = ops.list_jobs(session, older_than=hour, limit=5, newest_first=True)
     assert [j.id for j in page] == expected[::-1][:5]
     assert [j.id - first for j in page] == [14_500, 14_000, 8_700, 8_699, 8_698]

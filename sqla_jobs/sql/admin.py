@@ -64,7 +64,6 @@ def list_jobs(
     payload_scan: str = NEAR,
     tags: Sequence[str] | None = None,
     meta: str | None = None,
-    age_scan: str = NEAR,
     workflow: Any = None,
     expired: bool = False,
 ) -> sa.Select[Any]:
@@ -88,11 +87,11 @@ def list_jobs(
     value has few; the values and the cursor are kept out of the planner's estimates
     there, see :func:`_hidden`).
     The age filters walk the primary key and test ``created_at`` (it mostly follows
-    ``id``). Without a leading filter or a payload they are asked in two steps too
-    (:func:`age_in_two_steps`): ``age_scan=NEAR`` the window after the cursor; then
-    ``age_scan=MATCHES`` walks between the lowest id created since the ``newer_than``
-    bound and the highest created before the ``older_than`` one (:func:`_id_bound`,
-    revision 0016) rather than through every job on the other side of a bound.
+    ``id``). Without a leading filter or a payload (:func:`age_bounded`), the walk runs
+    between the lowest id created since the ``newer_than`` bound and the highest created
+    before the ``older_than`` one (:func:`_id_bound`, revision 0016) rather than through
+    every job on the other side of a bound: one statement, no window first (finding
+    the bound costs less than reading a window of rows).
 
     ``expired`` keeps jobs whose lease has expired (``locked_until`` past; the caller
     gives ``statuses=[RUNNING]``, which leads, so the walk reads running jobs only).
@@ -124,7 +123,7 @@ def list_jobs(
             workflow=workflow,
         )
     lead, lead_condition = _leading_filter(statuses, kind, queue)
-    by_age = age_in_two_steps(statuses, kind, queue, (older_than, newer_than), payload, meta, tags)
+    by_age = age_bounded(statuses, kind, queue, (older_than, newer_than), payload, meta, tags)
     conditions += _job_filters(
         statuses=None if lead is jobs.c.status else statuses,
         kind=None if lead is jobs.c.kind else kind,
@@ -144,7 +143,7 @@ def list_jobs(
         age = sa.bindparam("newer_than", newer_than, sa.Float)
         conditions.append(jobs.c.created_at >= _common.ago(age, now))
     if by_age:
-        conditions.extend(_age_walk(older_than, newer_than, after_id, newest_first, age_scan, now))
+        conditions.extend(_age_walk(older_than, newer_than, newest_first, now))
     contains = payload is not None or meta is not None or tags is not None
     # The second step of a containment filter (every match): see _hidden.
     all_matches = contains and lead is None and payload_scan == MATCHES
@@ -253,17 +252,17 @@ def _hidden(value: sa.ColumnElement[Any], all_matches: bool) -> sa.ColumnElement
     return sa.select(value).scalar_subquery() if all_matches else value
 
 
-def age_in_two_steps(
+def age_bounded(
     statuses: Sequence[JobStatus] | None,
     kind: str | None,
     queue: str | None,
     ages: Sequence[Any],
     *contains: Any,
 ) -> bool:
-    """Whether :func:`list_jobs` with these filters is asked ``age_scan=NEAR``, then
-    ``MATCHES``: ``ages`` (its ``older_than`` and ``newer_than``) has one given, on the
-    primary key (no other filter leads, and no payload, meta or tags filter, which have
-    their own two steps)."""
+    """Whether :func:`list_jobs` with these filters bounds its walk of the primary key by
+    the age filters (:func:`_age_walk`): ``ages`` (its ``older_than`` and ``newer_than``)
+    has one given, and no other filter leads, nor a payload, meta or tags filter (which
+    are asked in two steps of their own)."""
     return (
         any(a is not None for a in ages)
         and all(c is None for c in contains)
@@ -272,20 +271,15 @@ def age_in_two_steps(
 
 
 def _age_walk(
-    older_than: float | None,
-    newer_than: float | None,
-    after_id: int | None,
-    newest_first: bool,
-    age_scan: str,
-    now: Now,
+    older_than: float | None, newer_than: float | None, newest_first: bool, now: Now
 ) -> list[sa.ColumnElement[bool]]:
     """The age filters of a page walking the primary key, and the bounds of that walk.
 
-    ``NEAR``: the window after the cursor. ``MATCHES``: the walk runs between the
-    lowest id created since the ``newer_than`` bound and the highest id created before
-    the ``older_than`` one (:func:`_id_bound`), so neither side of a bound is walked
-    through to reach (or to rule out) the other. ``created_at`` is tested on every row
-    either way: the page is exact whatever the order of created_at against id.
+    The walk runs between the lowest id created since the ``newer_than`` bound and the
+    highest id created before the ``older_than`` one (:func:`_id_bound`), so neither
+    side of a bound is walked through to reach (or to rule out) the other.
+    ``created_at`` is tested on every row: the page is exact whatever the order of
+    created_at against id.
     """
     conditions: list[sa.ColumnElement[bool]] = []
     both = older_than is not None and newer_than is not None
@@ -293,41 +287,22 @@ def _age_walk(
         if value is None:
             continue
         bound = _common.ago(sa.bindparam(name, value, sa.Float), now)
-        if age_scan == MATCHES and both and older is not newest_first:
+        if both and older is not newest_first:
             # Both filters: only the bound the page starts from. With an id range
             # between two values it cannot see, the planner prices it at 0.5% of the
             # rows and sorts them instead of walking; the walk may then pass the far
             # end of the window on the last page (a combination, not a single filter).
             conditions.append(jobs.c.created_at < bound if older else jobs.c.created_at >= bound)
-        elif age_scan == MATCHES:
-            # The bound out of the planner's sight (an InitPlan, priced at a third of the
-            # rows): statistics taken when every job was on the other side of it (all
-            # recent, or none yet) would otherwise price the walk at the whole table,
-            # and a sort of every row of the id range would look cheaper.
-            hidden = sa.select(bound).scalar_subquery()
-            conditions.append(jobs.c.created_at < hidden if older else jobs.c.created_at >= hidden)
-            edge = _id_bound(bound, older)
-            conditions.append(jobs.c.id <= edge if older else jobs.c.id >= edge)
-        elif age_scan == NEAR:
-            conditions.append(jobs.c.created_at < bound if older else jobs.c.created_at >= bound)
-        else:
-            raise ValueError(f"age_scan is {NEAR!r} or {MATCHES!r}, got {age_scan!r}")
-    if age_scan == NEAR:
-        conditions.append(_near(after_id, newest_first))
-    elif after_id is not None:
-        conditions.append(_past_the_window(after_id, newest_first))
+            continue
+        # The bound out of the planner's sight (an InitPlan, priced at a third of the
+        # rows): statistics taken when every job was on the other side of it (all
+        # recent, or none yet) would otherwise price the walk at the whole table, and
+        # a sort of every row of the id range would look cheaper.
+        hidden = sa.select(bound).scalar_subquery()
+        conditions.append(jobs.c.created_at < hidden if older else jobs.c.created_at >= hidden)
+        edge = _id_bound(bound, older)
+        conditions.append(jobs.c.id <= edge if older else jobs.c.id >= edge)
     return conditions
-
-
-def _past_the_window(after_id: int, newest_first: bool) -> sa.ColumnElement[bool]:
-    """Whether the table goes on past the first step's window (a one-time test, made
-    before the bound is looked up): when it does not, the first step read every id
-    left, and this step returns nothing (the caller keeps the first step's rows)."""
-    window = sa.bindparam("window", PAYLOAD_WINDOW, sa.BigInteger)
-    cursor = sa.bindparam("after_id", after_id, sa.BigInteger)
-    if newest_first:
-        return sa.select(sa.func.min(jobs.c.id)).scalar_subquery() < cursor - window
-    return sa.select(sa.func.max(jobs.c.id)).scalar_subquery() > cursor + window
 
 
 #: ``jobs_created_hour_idx`` (revision 0016) keys jobs by ``date_bin`` of created_at to

@@ -58,9 +58,6 @@ WHERE jobs.created_at <
              AND jobs.created_at < statement_timestamp() - interval '1 second' * %(older_than)s
            ORDER BY date_bin(interval '1 hour', jobs.created_at, timestamptz '2000-01-01 00:00:00+00') DESC, jobs.id DESC
            LIMIT 1) AS anon_2) AS ids_before)
-  AND
-    (SELECT max(jobs.id) AS max_2
-     FROM jobs) > %(after_id)s::BIGINT + %(window)s::BIGINT
   AND jobs.id > %(after_id)s::BIGINT
 ORDER BY jobs.id
 LIMIT %(limit)s::INTEGER;
