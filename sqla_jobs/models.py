@@ -20,7 +20,10 @@ order from a keyset cursor: ``jobs_status_id_idx (status, id)``, ``jobs_kind_id_
 (kind, id)``, ``jobs_queue_id_idx (queue, id)`` and ``jobs_payload_idx`` (GIN,
 ``jsonb_path_ops``, for ``payload @> ...``); revision 0012 adds ``jobs_created_at_idx
 (created_at, id)``, where a ``newer_than`` page finds the lowest id created since its
-bound. Each is written by every insert and status change (see benchmarks/README.md for
+bound; revision 0016 replaces it with ``jobs_created_hour_idx (date_bin('1 hour',
+created_at, origin), id) INCLUDE (created_at)``, where an age filter's page finds the
+lowest id created since its bound or the highest created before it (one descent per
+hour). Each is written by every insert and status change (see benchmarks/README.md for
 the cost).
 
 Revision 0013 adds ``meta`` (jsonb) and ``tags`` (text[]), the application's metadata of
@@ -236,8 +239,19 @@ class Job(Base):
         sa.Index("jobs_status_id_idx", "status", "id"),
         sa.Index("jobs_kind_id_idx", "kind", "id"),
         sa.Index("jobs_queue_id_idx", "queue", "id"),
-        # Revision 0012: the lowest id created since a newer_than bound, from the index.
-        sa.Index("jobs_created_at_idx", "created_at", "id"),
+        # Revision 0016 (replacing 0012's (created_at, id)): the ids at either side of an
+        # age filter's bound, one descent per hour (sqla_jobs.sql.admin._id_bound); the
+        # expression is the statements' own, written as PostgreSQL prints it back (so
+        # that Alembic's comparison with the database finds it equal).
+        sa.Index(
+            "jobs_created_hour_idx",
+            sa.text(
+                "date_bin('01:00:00'::interval, created_at,"
+                " '2000-01-01 00:00:00+00'::timestamp with time zone)"
+            ),
+            "id",
+            postgresql_include=["created_at"],
+        ),
         sa.Index(
             "jobs_payload_idx",
             "payload",

@@ -745,6 +745,7 @@ def list_jobs(
     tag: str | Sequence[str] | None = None,
     meta: Mapping[str, Any] | None = None,
     workflow: uuid.UUID | str | None = None,
+    expired: bool = False,
 ) -> list[JobRecord]:
     """One page of jobs, oldest id first, filtered by status, kind, queue and age.
 
@@ -754,7 +755,9 @@ def list_jobs(
     matches ``{"user": 7, "plan": "pro"}``; PostgreSQL's ``@>``), ``meta`` likewise for
     the job's metadata, and ``tag`` keeps jobs with that tag (a list: with every one of
     them); ``workflow`` (a workflow id) keeps that workflow's steps, read from its own
-    index whatever else is given. Pages by keyset: pass
+    index whatever else is given; ``expired=True`` keeps running jobs whose lease has
+    expired (``locked_until`` past: their worker stopped renewing it; the rescuer puts
+    them back). Pages by keyset: pass
     the last id of a page as ``after_id`` to get the next one (stable while rows change);
     with ``newest_first``, the highest ids come first and the next page holds ids below
     ``after_id``.
@@ -762,6 +765,14 @@ def list_jobs(
     statuses = _statuses(status)
     if min_id is not None and max_id is not None and min_id > max_id:
         raise ConfigError(f"min_id {min_id} is above max_id {max_id}: no job is in that range")
+    if not isinstance(expired, bool):
+        raise ConfigError(f"expired must be True or False, got {expired!r}")
+    if expired:
+        if statuses not in (None, [JobStatus.RUNNING]):
+            raise ConfigError(
+                "expired keeps running jobs whose lease has expired: give no status, or running"
+            )
+        statuses = [JobStatus.RUNNING]
     page = functools.partial(
         admin.list_jobs,
         statuses=statuses,
@@ -779,6 +790,7 @@ def list_jobs(
         tags=_tags_filter(tag),
         meta=None if meta is None else _payload_match(meta, "meta"),
         workflow=None if workflow is None else _workflow_id(workflow),
+        expired=expired,
     )
     contains = (payload, meta, tag)
     found = session.execute(page(payload_scan=admin.NEAR)).all()
@@ -787,14 +799,6 @@ def list_jobs(
     elif len(found) < limit and admin.payload_in_two_steps(statuses, kind, queue, *contains):
         # Not a page among the ids near the cursor: every match, from the GIN index.
         found = session.execute(page(payload_scan=admin.MATCHES)).all()
-    elif len(found) < limit and admin.age_in_two_steps(
-        statuses, kind, queue, newer_than, *contains
-    ):
-        # Not a page among the ids near the cursor: walk from the lowest id created
-        # since the bound (jobs_created_at_idx) instead of through every older job.
-        # Nothing back: no match after the cursor, or the first step read to the end
-        # of the table (the second is then skipped): either way the first step's rows.
-        found = session.execute(page(age_scan=admin.MATCHES)).all() or found
     return [_record(row) for row in found]
 
 

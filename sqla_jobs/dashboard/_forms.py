@@ -65,6 +65,7 @@ class JobFilter:
     payload: str = ""
     tag: str = ""
     meta: str = ""
+    expired: str = ""
 
     @classmethod
     def from_query(cls, query: QueryParams, **fixed: str) -> JobFilter:
@@ -106,6 +107,15 @@ class JobFilter:
             args["payload"] = _payload(self.payload)
         if self.meta:
             args["meta"] = validation.json_object(_label("meta"), self.meta, ConfigError)
+        if self.expired:
+            if self.expired != "1":
+                raise ConfigError(f"{_label('expired')}: 1 or nothing, got {self.expired!r}")
+            if self.status and self.status != JobStatus.RUNNING.value:
+                raise ConfigError(
+                    f"{_label('expired')}: expired leases are running jobs' (status"
+                    f" {self.status} has none)"
+                )
+            args["expired"] = True
         return args
 
     def job_status(self) -> JobStatus | None:
@@ -151,6 +161,7 @@ LABELS = {
     "payload": "Payload contains",
     "tag": "Tag",
     "meta": "Meta contains",
+    "expired": "Lease expired",
 }
 #: Query parameters of the jobs pages that are not filters: the older and newer pages'
 #: cursors, and the signed message after an action (``_flash``).

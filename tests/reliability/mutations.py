@@ -905,15 +905,18 @@ MUTATIONS: list[Mutation] = [
         ),
     ),
     Mutation(
-        "newer_than_bound_is_the_lowest_id_since",
-        "a newer_than page walks from the lowest id created since its bound, not from the "
-        "first job by created_at (exact when created_at is out of step with id)",
+        "age_bound_walks_every_hour_past_it",
+        "an age filter's page walks between the lowest id created since its newer_than bound "
+        "and the highest created before its older_than one, over every hour past the bound "
+        "(exact when created_at is out of step with id), not only the bound's own hour",
         "sqla_jobs/sql/admin.py",
-        "    return sa.select(sa.func.min(since.c.id)).scalar_subquery()\n",
-        "    return sa.select(since.c.id).limit(1).scalar_subquery()  # MUTATION\n",
+        "    ids = sa.union_all(sa.select(walk.c.id), sa.select(edge.subquery().c.id)).subquery(\n",
+        "    ids = sa.select(edge.subquery().c.id).subquery(  # MUTATION\n",
         (
             "tests/test_ops_dashboard_queries.py::"
             "test_newer_than_pages_are_exact_when_created_at_is_out_of_step_with_id",
+            "tests/test_ops_dashboard_queries.py::"
+            "test_older_than_pages_are_exact_when_created_at_is_out_of_step_with_id",
         ),
     ),
     Mutation(
