@@ -110,7 +110,7 @@ ROWS = 20_000
 STEPS = 30
 BIG_STEPS = 2_000
 #: The workflow's own index (revision 0014), or with a status (revision 0015).
-WORKFLOW_INDEXES = ("jobs_workflow_id_idx", "jobs_workflow_status_idx")
+WORKFLOW_INDEXES = ("jobs_workflow_finished_idx", "jobs_workflow_status_idx")
 
 
 def _assert_uses_a_workflow_index(plan: Any) -> None:

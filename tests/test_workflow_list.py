@@ -248,10 +248,10 @@ def test_each_list_of_workflows_is_a_walk_down_an_index_whatever_the_statistics(
 ) -> None:
     _load(engine, stats)
     walks = {
-        None: {"jobs_workflow_id_idx"},
-        "running": {"jobs_workflow_id_idx", "jobs_workflow_status_idx"},
-        "failed": {"jobs_workflow_id_idx", "jobs_workflow_status_idx"},
-        "finished": {"jobs_workflow_id_idx", "jobs_workflow_status_idx"},
+        None: {"jobs_workflow_finished_idx"},
+        "running": {"jobs_workflow_finished_idx", "jobs_workflow_status_idx"},
+        "failed": {"jobs_workflow_finished_idx", "jobs_workflow_status_idx"},
+        "finished": {"jobs_workflow_finished_idx", "jobs_workflow_status_idx"},
     }
     middle = uuid.UUID(int=(WORKFLOWS // 2) << 80)
     for state, indexes in walks.items():
@@ -268,7 +268,7 @@ def test_each_list_of_workflows_is_a_walk_down_an_index_whatever_the_statistics(
         stmt = workflows_sql.step_page(uuid.UUID(int=1 << 80), after_id=after_id, limit=51)
         for mode, plan in _plans(driver, stmt).items():
             try:
-                _assert_uses(plan, "jobs_workflow_id_idx")
+                _assert_uses(plan, "jobs_workflow_finished_idx")
             except AssertionError as exc:
                 raise AssertionError(
                     f"{stats}, step_page after {after_id}, {mode}: {exc}"

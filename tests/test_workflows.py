@@ -367,6 +367,144 @@ def test_the_archiver_leaves_every_step_of_an_unfinished_workflow(
     assert scalar(flow_engine, "SELECT count(*) FROM jobs_workflow_edges") == 0
 
 
+def fan_out(n: int) -> Workflow:
+    flow = Workflow(registry=registry)
+    flow.add("a", "flow.step")
+    for i in range(n):
+        flow.add(f"b{i}", "flow.step", after="a")
+    return flow
+
+
+def end_steps(engine: sa.Engine, where: str, ago: str, status: str = "done", **params: Any) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                f"UPDATE jobs SET status = '{status}', finished_at = now() - interval '{ago}' "
+                f"WHERE {where}"
+            ),
+            params,
+        )
+
+
+def plain_jobs(engine: sa.Engine, n: int, ago: str) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO jobs (kind, payload, status, finished_at) SELECT 'flow.step', '{}', "
+                f"'done', now() - interval '{ago}' FROM generate_series(1, :n)"
+            ),
+            {"n": n},
+        )
+
+
+def where_steps(engine: sa.Engine) -> dict[str, tuple[int, int]]:
+    """workflow id -> (steps in jobs, steps in jobs_archive)."""
+    found = rows(
+        engine,
+        "SELECT workflow_id::text AS w, sum(live) AS live, sum(archived) AS archived FROM ("
+        " SELECT workflow_id, 1 AS live, 0 AS archived FROM jobs WHERE workflow_id IS NOT NULL"
+        " UNION ALL SELECT workflow_id, 0, 1 FROM jobs_archive WHERE workflow_id IS NOT NULL"
+        ") AS s GROUP BY workflow_id",
+    )
+    return {r.w: (r.live, r.archived) for r in found}
+
+
+def test_the_archiver_moves_a_finished_workflow_bigger_than_a_batch_in_one_batch(
+    flow_engine: sa.Engine,
+) -> None:
+    big = enqueue(flow_engine, fan_out(24))
+    small = enqueue(flow_engine, fan_out(2))
+    end_steps(flow_engine, "workflow_id IS NOT NULL", "2 days")
+    plain_jobs(flow_engine, 15, "2 days")
+    seen = []
+    with Session(flow_engine) as s:
+        for moved in ops.archive_batches(s, older_than=ops.parse_duration("1h"), batch=10):
+            # After every committed batch each workflow is all in jobs or all archived.
+            seen.append(moved)
+            assert all(0 in split for split in where_steps(flow_engine).values())
+    assert sum(seen) == 25 + 3 + 15
+    assert max(seen) >= 25  # the big workflow's batch went past the batch size
+    assert where_steps(flow_engine) == {str(big.id): (0, 25), str(small.id): (0, 3)}
+    assert scalar(flow_engine, "SELECT count(*) FROM jobs") == 0
+
+
+def test_the_archiver_waits_for_a_workflows_last_step_and_its_failed_steps_window(
+    flow_engine: sa.Engine,
+) -> None:
+    young = enqueue(flow_engine, fan_out(3))
+    end_steps(flow_engine, "workflow_id = :w", "2 days", w=young.id)
+    end_steps(flow_engine, "id = :id", "1 minute", id=young["b2"])  # its last step: recent
+    failed = enqueue(flow_engine, fan_out(3))
+    end_steps(flow_engine, "workflow_id = :w", "2 days", w=failed.id)
+    end_steps(flow_engine, "id = :id", "3 days", status="dead", w=failed.id, id=failed["b1"])
+    with Session(flow_engine) as s:
+        assert ops.archive(s, older_than=ops.parse_duration("1h"), batch=2) == 0
+        # Dead jobs kept for 4 days: the failed workflow stays whole, all of it.
+        assert (
+            ops.archive(
+                s,
+                older_than=ops.parse_duration("1h"),
+                batch=2,
+                include_dead_after=ops.parse_duration("4d"),
+            )
+            == 0
+        )
+        assert (
+            ops.archive(
+                s,
+                older_than=ops.parse_duration("1h"),
+                batch=2,
+                include_dead_after=ops.parse_duration("1d"),
+            )
+            == 4
+        )
+    assert where_steps(flow_engine) == {str(young.id): (4, 0), str(failed.id): (0, 4)}
+
+
+def test_a_workflow_with_a_step_locked_elsewhere_is_left_whole_for_the_next_batch(
+    flow_engine: sa.Engine,
+) -> None:
+    ids = enqueue(flow_engine, fan_out(3))
+    end_steps(flow_engine, "workflow_id IS NOT NULL", "2 days")
+    plain_jobs(flow_engine, 2, "2 days")
+    with flow_engine.connect() as other:
+        # Someone (an operator's retry, another archiver) holds one step's row lock.
+        other.execute(sa.text("SELECT 1 FROM jobs WHERE id = :id FOR UPDATE"), {"id": ids["b1"]})
+        with Session(flow_engine) as s:
+            assert ops.archive(s, older_than=ops.parse_duration("1h")) == 2
+        assert where_steps(flow_engine) == {str(ids.id): (4, 0)}
+        other.rollback()
+    with Session(flow_engine) as s:
+        assert ops.archive(s, older_than=ops.parse_duration("1h")) == 4
+    assert where_steps(flow_engine) == {str(ids.id): (0, 4)}
+
+
+def test_an_unfinished_workflows_old_steps_do_not_hold_up_other_jobs(
+    flow_engine: sa.Engine,
+) -> None:
+    ids = enqueue(flow_engine, fan_out(4))
+    end_steps(flow_engine, "workflow_id = :w AND step <> 'b3'", "3 days", w=ids.id)
+    plain_jobs(flow_engine, 3, "2 days")
+    with Session(flow_engine) as s:
+        # Batches of 2: the workflow's four older rows come first in finished_at order.
+        assert ops.archive(s, older_than=ops.parse_duration("1h"), batch=2) == 3
+    assert where_steps(flow_engine) == {str(ids.id): (5, 0)}
+
+
+def test_prune_deletes_an_archived_workflow_as_a_unit(flow_engine: sa.Engine) -> None:
+    big = enqueue(flow_engine, fan_out(14))
+    end_steps(flow_engine, "workflow_id = :w", "10 days", w=big.id)
+    end_steps(flow_engine, "id = :id", "2 days", id=big["b13"])
+    plain_jobs(flow_engine, 3, "10 days")
+    with Session(flow_engine) as s:
+        assert ops.archive(s, older_than=ops.parse_duration("1d")) == 18
+        # Its last step ended 2 days ago: none of it goes with the 5-day cutoff.
+        assert ops.prune(s, older_than=ops.parse_duration("5d"), batch=4) == 3
+        assert where_steps(flow_engine) == {str(big.id): (0, 15)}
+        assert ops.prune(s, older_than=ops.parse_duration("1d"), batch=4) == 15
+    assert where_steps(flow_engine) == {}
+
+
 # --- the fence, the sweep ------------------------------------------------------------
 
 

@@ -247,8 +247,8 @@ def step_page(workflow_id: Any, *, after_id: int | None, limit: int) -> sa.Selec
     dependencies are read: a page of a 10,000-step workflow does not read every step's
     edges.
 
-    The ids come from the workflow's own index entries (``jobs_workflow_id_idx``,
-    ``jobs_archive_workflow_id_idx``), fenced in MATERIALIZED CTEs: asked for "the
+    The ids come from the workflow's own index entries (``jobs_workflow_finished_idx``,
+    ``jobs_archive_workflow_finished_idx``), fenced in MATERIALIZED CTEs: asked for "the
     lowest ids of this workflow", the planner otherwise walks the primary key testing
     each job's workflow (690,000 rows read for the first page of an old workflow in a
     table of 1,000,000). A page costs the workflow's index entries, not the table's.
@@ -464,16 +464,33 @@ def upstream_results(job_id: int) -> sa.Select[Any]:
     return sa.select(found).order_by(found.c.id)
 
 
+def has_step_in(workflow_id: sa.ColumnElement[Any], *statuses: JobStatus) -> sa.ColumnElement[bool]:
+    """True when the workflow ``workflow_id`` (a column of the outer row) has a step in
+    ``jobs`` in one of ``statuses`` (none given: any step): one probe of
+    ``jobs_workflow_status_idx`` per status (of ``jobs_workflow_finished_idx``).
+
+    A scalar sub-select with ``LIMIT 1``, not ``EXISTS``: inside the archiver's ``OR``
+    the planner made the ``EXISTS`` a hashed sub-plan, reading every open (or every
+    dead and cancelled) job of the table once per batch instead of probing per row.
+    """
+    other = jobs.alias("other_step")
+    probe = (
+        sa.select(sa.literal_column("1"))
+        .where(
+            other.c.workflow_id == workflow_id,
+            *([other.c.status.in_(_statuses(*statuses))] if statuses else []),
+        )
+        .limit(1)
+        .scalar_subquery()
+    )
+    return probe.is_not(None)
+
+
 def unfinished_workflow(table: sa.Table) -> sa.ColumnElement[bool]:
     """True for a row of ``table`` whose workflow still has a step that has not ended:
     the archiver leaves such rows where they are (a dependent reads their results)."""
-    other = jobs.alias("step")
     return sa.and_(
-        table.c.workflow_id.is_not(None),
-        sa.exists().where(
-            other.c.workflow_id == table.c.workflow_id,
-            other.c.status.in_(_statuses(*OPEN_STATUSES)),
-        ),
+        table.c.workflow_id.is_not(None), has_step_in(table.c.workflow_id, *OPEN_STATUSES)
     )
 
 
@@ -490,7 +507,7 @@ def _below(
     bound: sa.ColumnElement[Any] | None, status: JobStatus | None, *, inclusive: bool = False
 ) -> sa.ScalarSelect[Any]:
     """The highest workflow id below ``bound`` (of a step in ``status``): one descent of
-    ``jobs_workflow_id_idx`` (or, with a status, of ``jobs_workflow_status_idx``)."""
+    ``jobs_workflow_finished_idx`` (or, with a status, of ``jobs_workflow_status_idx``)."""
     conditions: list[sa.ColumnElement[bool]] = [jobs.c.workflow_id.is_not(None)]
     if bound is not None:
         conditions.append(jobs.c.workflow_id <= bound if inclusive else jobs.c.workflow_id < bound)
@@ -546,7 +563,7 @@ def list_workflows(*, state: str | None, before: bool, limit: int = 50) -> sa.Se
     Workflow ids are time-ordered (UUID version 7), so "newest first" is a walk down
     the ids: a recursive CTE that takes the highest id below the previous one, an index
     descent each (a loose index scan), stopped by the LIMIT after ``limit`` workflows.
-    Each workflow's figures are one aggregate over its steps (``jobs_workflow_id_idx``):
+    Each workflow's figures are one aggregate over its steps (``jobs_workflow_finished_idx``):
     a page costs its workflows' steps, not the table. ``state="finished"`` walks every
     workflow and skips those with a step not ended (three index descents each).
     Only steps still in ``jobs`` are counted (a finished workflow is archived as a unit).
