@@ -390,6 +390,13 @@ class JobArchive(Base):
             "finished_at",
             postgresql_where=sa.text("workflow_id IS NOT NULL"),
         ),
+        # Revision 0016: the list of workflows, archived ones by state.
+        sa.Index(
+            "jobs_archive_workflow_status_idx",
+            "status",
+            "workflow_id",
+            postgresql_where=sa.text("workflow_id IS NOT NULL"),
+        ),
     )
 
     def __repr__(self) -> str:

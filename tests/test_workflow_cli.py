@@ -289,6 +289,37 @@ def test_workflow_cancel_with_no_wait_says_a_running_step_still_runs(
         f"job {ids['long']}: still running after 0s; its worker stops it at its next check "
         "(or it ends cancelled when its lease expires)\n"
     )
+    # --json: one document, each running step with its status after the wait.
+    out = ok(db_url, "workflow", "cancel", str(ids.id).upper(), "--wait", "0", "--json")
+    assert json.loads(out) == {
+        "id": str(ids.id),
+        "cancelled": [],
+        "stopping": [{"id": ids["long"], "status": "running"}],
+    }
+
+
+def test_workflow_cancel_and_retry_json_give_the_steps_they_changed(
+    db_url: URL, flow_engine: sa.Engine
+) -> None:
+    flow = Workflow(registry=registry)
+    flow.add("a", "flow.step")
+    flow.add("b", "flow.step", after="a")
+    flow.add("c", "flow.step", after="b")
+    ids = enqueue(flow_engine, flow)
+    cancelled = json.loads(ok(db_url, "workflow", "cancel", str(ids.id), "--json"))
+    assert cancelled == {
+        "id": str(ids.id),
+        "cancelled": [ids["a"], ids["b"], ids["c"]],
+        "stopping": [],
+    }
+    retried = json.loads(ok(db_url, "workflow", "retry", str(ids.id), "--json"))
+    assert retried == {
+        "id": str(ids.id),
+        "mode": "failed",
+        "retried": [ids["a"], ids["b"], ids["c"]],
+    }
+    again = ok(db_url, "workflow", "retry", str(ids.id), "--downstream", "--json")
+    assert json.loads(again) == {"id": str(ids.id), "mode": "failed_and_downstream", "retried": []}
 
 
 # --- flags an action does not take ----------------------------------------------------
@@ -300,14 +331,6 @@ def test_workflow_cancel_with_no_wait_says_a_running_step_still_runs(
         (
             ["show", "--downstream"],
             "workflow show takes no --downstream (it goes with workflow retry)",
-        ),
-        (
-            ["cancel", "--json"],
-            "workflow cancel takes no --json (it goes with workflow list and show)",
-        ),
-        (
-            ["retry", "--json"],
-            "workflow retry takes no --json (it goes with workflow list and show)",
         ),
         (["show", "--wait", "5"], "workflow show takes no --wait (it goes with workflow cancel)"),
         (["retry", "--wait", "5"], "workflow retry takes no --wait (it goes with workflow cancel)"),

@@ -18,7 +18,7 @@ from helpers import rows, scalar, url_text
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
-from test_ops_cli import ok
+from test_ops_cli import cli, ok
 
 from sqla_jobs import models, ops, testing, workflows
 from sqla_jobs.exceptions import ConfigError, JobNotFoundError, WorkflowError
@@ -731,6 +731,53 @@ def test_retrying_a_dead_step_reopens_the_steps_it_cancelled_and_the_workflow_re
     with Session(flow_engine) as s:
         waits = {st.step: st.waiting_on for st in ops.workflow_status(s, ids.id).steps}
     assert waits["c"] == ("bad",) and waits["d"] == ("c",)
+    drain(db_url)
+    assert set(statuses(flow_engine, ids).values()) == {"done"}
+
+
+def test_retrying_a_step_cancelled_by_its_failed_dependency_alone_is_refused_naming_it(
+    db_url: URL, flow_engine: sa.Engine
+) -> None:
+    flow = Workflow(registry=registry)
+    flow.add("a", "flow.step", {"value": 1})
+    flow.add("bad", "flow.fail", after="a")
+    flow.add("c", "flow.step", after="bad")
+    flow.add("d", "flow.step", after="c")
+    ids = enqueue(flow_engine, flow)
+    drain(db_url)
+    ended = {"a": "done", "bad": "dead", "c": "cancelled", "d": "cancelled"}
+    assert statuses(flow_engine, ids) == ended
+    fix(flow_engine, ids["bad"])
+    message = (
+        f"step 'c' (job {ids['c']}) was not retried: its dependency 'bad' (job {ids['bad']}) "
+        f"ended dead, and it runs only after that succeeds; retry job {ids['bad']} instead "
+        f"(sqla-jobs retry {ids['bad']}; the steps its failure cancelled wait for it again), "
+        f"or with it, or the whole workflow (sqla-jobs workflow retry {ids.id}). "
+        "Nothing was retried."
+    )
+    with Session(flow_engine) as s:
+        with pytest.raises(ConfigError) as refused:
+            ops.retry_jobs(s, ids=[ids["c"]], status="cancelled")
+        assert str(refused.value) == message
+        s.commit()  # the caller commits anyway: the call changed nothing
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            # Every cancelled job (c and d; d's dependency c is among them), not the dead
+            # dependency of c: refused too.
+            ops.retry_jobs(s, status="cancelled")
+    assert statuses(flow_engine, ids) == ended
+    refused_cli = cli(db_url, "retry", str(ids["c"]))
+    assert refused_cli.returncode != 0 and message in " ".join(refused_cli.stderr.split())
+    assert statuses(flow_engine, ids) == ended
+    # With its dependency, in one call: the dependency is queued, the step waits for it.
+    with Session(flow_engine) as s:
+        assert ops.retry_jobs(s, ids=[ids["c"], ids["bad"]], status=["dead", "cancelled"]) == 2
+        s.commit()
+    assert statuses(flow_engine, ids) == {
+        "a": "done",
+        "bad": "queued",
+        "c": "waiting",
+        "d": "waiting",
+    }
     drain(db_url)
     assert set(statuses(flow_engine, ids).values()) == {"done"}
 

@@ -61,6 +61,9 @@ FLOW_ARCHIVE_LOCKED = _FLOWS + (
     "test_a_workflow_with_a_step_locked_elsewhere_is_left_whole_for_the_next_batch"
 )
 FLOW_PRUNE_WHOLE = _FLOWS + "test_prune_deletes_an_archived_workflow_as_a_unit"
+FLOW_RETRY_REFUSED = _FLOWS + (
+    "test_retrying_a_step_cancelled_by_its_failed_dependency_alone_is_refused_naming_it"
+)
 FLOW_CALLBACKS = _FLOWS + "test_batch_callbacks_on_success_on_failure_and_on_complete"
 FLOW_SWEEP = _FLOWS + "test_the_sweep_releases_a_step_whose_release_was_missed"
 FLOW_STATS_WAITING = _FLOWS + "test_stats_count_waiting_steps_apart_from_ready_and_scheduled"
@@ -1391,8 +1394,8 @@ MUTATIONS: list[Mutation] = [
         "retry_jobs_reopens_cancelled_dependents",
         "retrying a workflow step reopens the steps its failure cancelled, in its transaction",
         "sqla_jobs/ops.py",
-        "    if steps:\n        _reopen_downstream(session, steps)\n",
-        "    # MUTATION\n",
+        "            _reopen_downstream(session, steps)\n",
+        "            pass  # MUTATION\n",
         (FLOW_RETRY_REOPENS,),
     ),
     Mutation(
@@ -1402,6 +1405,22 @@ MUTATIONS: list[Mutation] = [
         "            sa.not_(failed_elsewhere),\n",
         "            sa.true(),  # MUTATION\n",
         (FLOW_RETRY_BLOCKED,),
+    ),
+    Mutation(
+        "retry_jobs_refuses_a_step_whose_dependency_failed",
+        "ops.retry_jobs does not queue a step whose dependency failed and is not retried with it",
+        "sqla_jobs/ops.py",
+        "            _refuse_failed_dependencies(session, steps)\n",
+        "            pass  # MUTATION\n",
+        (FLOW_RETRY_REFUSED,),
+    ),
+    Mutation(
+        "retry_jobs_step_waits_for_its_retried_dependency",
+        "a step retried with its failed dependency waits for it instead of running beside it",
+        "sqla_jobs/ops.py",
+        "            session.execute(workflows_sql.wait_again(steps))\n",
+        "            pass  # MUTATION\n",
+        (FLOW_RETRY_REFUSED,),
     ),
     # --- dashboard: no-op actions, the unserved note (#22) ---------------------------------
     Mutation(

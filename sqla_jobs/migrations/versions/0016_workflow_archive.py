@@ -1,4 +1,5 @@
-"""A workflow's steps by end time, in ``jobs`` and ``jobs_archive`` (#26).
+"""A workflow's steps by end time, in ``jobs`` and ``jobs_archive``; archived workflows by
+status (#26).
 
 Revision ID: 0016_workflow_archive
 Revises: 0015_workflow_list
@@ -17,8 +18,12 @@ the workflow, per row (10,000 x 10,000 entries for one big workflow in one batch
   not two, keeps that cost where it was).
 * ``jobs_archive_workflow_finished_idx (workflow_id, finished_at)`` replaces
   ``jobs_archive_workflow_id_idx (workflow_id)`` (0015).
+* ``jobs_archive_workflow_status_idx (status, workflow_id)``: archived workflows are
+  listed too (:func:`sqla_jobs.ops.list_workflows`); "failed" walks the archive's
+  workflow ids with a dead or cancelled step one descent each, as 0015's
+  ``jobs_workflow_status_idx`` does in ``jobs``.
 
-Both partial (``WHERE workflow_id IS NOT NULL``). Built with ``CREATE INDEX
+All partial (``WHERE workflow_id IS NOT NULL``). Built with ``CREATE INDEX
 CONCURRENTLY`` in an autocommit block, as revisions 0012 to 0015 build theirs, before the
 old index is dropped (concurrently): a reader always has one of them. An INVALID
 leftover of a failed build is dropped and built again; ``lock_timeout`` bounds the wait
@@ -45,6 +50,9 @@ NEW = {
     "jobs_workflow_finished_idx": ("jobs (workflow_id, finished_at) WHERE workflow_id IS NOT NULL"),
     "jobs_archive_workflow_finished_idx": (
         "jobs_archive (workflow_id, finished_at) WHERE workflow_id IS NOT NULL"
+    ),
+    "jobs_archive_workflow_status_idx": (
+        "jobs_archive (status, workflow_id) WHERE workflow_id IS NOT NULL"
     ),
 }
 #: The indexes they replace, as 0014 and 0015 built them.
