@@ -1058,7 +1058,8 @@ def _cmd_show(session: Any, args: argparse.Namespace) -> int:
     job = ops.get_job(session, args.id)
     data = job.to_dict()
     if args.json:
-        _print_json(data)
+        # As in ``workflow show --json``: the error only while it is the job's state.
+        _print_json({**data, "current_error": job.current_error})
         return 0
     if job.archived:
         data["status"] = f"{data['status']} (archived {data['archived_at']}, in jobs_archive)"

@@ -219,6 +219,9 @@ def test_a_failed_steps_error_shows_its_first_line_and_after_a_retry_it_is_earli
     }
     assert data["bad"]["current_error"] is None and data["c"]["current_error"] is None
     assert data["bad"]["last_error"] == stored  # kept, in full, for history
+    # `show --json` of one step says the same.
+    one = json.loads(ok(db_url, "show", str(ids["c"]), "--json"))
+    assert one["current_error"] is None and one["last_error"] == data["c"]["last_error"]
     with Session(flow_engine) as s:
         by_step = {st.step: st for st in ops.workflow_status(s, ids.id).steps}
     assert by_step["c"].current_error is None
@@ -241,6 +244,9 @@ def test_a_step_still_failed_or_waiting_again_after_a_retry_shows_the_right_erro
     with Session(flow_engine) as s:
         by_step = {st.step: st for st in ops.workflow_status(s, ids.id).steps}
     assert by_step["bad"].current_error == by_step["bad"].last_error
+    shown = json.loads(ok(db_url, "show", str(ids["c"]), "--json"))
+    assert shown["current_error"] == by_step["c"].last_error
+    assert shown["current_error"].startswith('upstream step "bad"')
     assert by_step["c"].current_error is not None
     assert by_step["c"].current_error.startswith('upstream step "bad"')
     lines = step_lines(ok(db_url, "workflow", "show", str(ids.id)))
