@@ -208,6 +208,8 @@ CASES: dict[str, Callable[[], Any]] = {
     "workflows.unfinished_workflow": lambda: sa.select(models.jobs.c.id).where(
         workflows.unfinished_workflow(models.jobs)
     ),
+    "workflows.failed_dependencies": lambda: workflows.failed_dependencies([3, 4]),
+    "workflows.wait_again": lambda: workflows.wait_again([3, 4]),
     "workflows.has_step_in": lambda: sa.select(models.jobs_archive.c.id).where(
         workflows.has_step_in(models.jobs_archive.c.workflow_id)
     ),

@@ -295,12 +295,24 @@ def test_workflow_cancel_with_no_wait_says_a_running_step_still_runs(
         f"job {ids['long']}: still running after 0s; its worker stops it at its next check "
         "(or it ends cancelled when its lease expires)\n"
     )
-    # --json: one document, each running step with its status after the wait.
+    # Asked already: a second cancel asks no step again.
     out = ok(db_url, "workflow", "cancel", str(ids.id).upper(), "--wait", "0", "--json")
+    assert json.loads(out) == {"id": str(ids.id), "cancelled": [], "stopping": []}
+    # --json: one document, each running step with its status after the wait.
+    other = enqueue(engine, flow)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE jobs SET status = 'running', attempts = 1, worker = 'gone:1', "
+                "locked_until = now() + interval '1 hour' WHERE id = :i"
+            ),
+            {"i": other["long"]},
+        )
+    out = ok(db_url, "workflow", "cancel", str(other.id), "--wait", "0", "--json")
     assert json.loads(out) == {
-        "id": str(ids.id),
+        "id": str(other.id),
         "cancelled": [],
-        "stopping": [{"id": ids["long"], "status": "running"}],
+        "stopping": [{"id": other["long"], "status": "running"}],
     }
 
 
