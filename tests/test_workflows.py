@@ -14,7 +14,7 @@ import flowapp
 import pytest
 import sqlalchemy as sa
 from flowapp import registry
-from helpers import rows, scalar, url_text
+from helpers import rows, scalar, url_text, wait_for
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
@@ -477,6 +477,52 @@ def test_a_workflow_with_a_step_locked_elsewhere_is_left_whole_for_the_next_batc
     with Session(flow_engine) as s:
         assert ops.archive(s, older_than=ops.parse_duration("1h")) == 4
     assert where_steps(flow_engine) == {str(ids.id): (0, 4)}
+
+
+def test_an_archiver_killed_mid_statement_leaves_the_whole_workflow_in_jobs(
+    flow_engine: sa.Engine,
+) -> None:
+    ids = enqueue(flow_engine, fan_out(12))
+    end_steps(flow_engine, "workflow_id IS NOT NULL", "2 days")
+    names = ", ".join(c.name for c in models.jobs.c)
+    blocker = flow_engine.connect()
+    # An uncommitted archived copy of the last step: the archiver's INSERT waits on its
+    # key, after its DELETE took the steps out of jobs, until its backend is killed.
+    blocker.execute(
+        sa.text(f"INSERT INTO jobs_archive ({names}) SELECT {names} FROM jobs WHERE id = :id"),
+        {"id": ids["b11"]},
+    )
+    failed: list[BaseException] = []
+
+    def archive() -> None:
+        try:
+            with Session(flow_engine) as s:
+                ops.archive(s, older_than=ops.parse_duration("1h"), batch=5)
+        except sa.exc.OperationalError as exc:
+            failed.append(exc)
+
+    worker = threading.Thread(target=archive)
+    worker.start()
+    try:
+        pid = wait_for(
+            lambda: scalar(
+                flow_engine,
+                "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                # The archiver's statement (its text is cut at 1 KiB, before the INSERT).
+                " AND query LIKE 'WITH picked AS MATERIALIZED%' AND datname = current_database()",
+            ),
+            message="the archiver to wait mid-statement",
+        )
+        assert scalar(flow_engine, "SELECT pg_terminate_backend(:p)", p=pid)
+        worker.join(timeout=30)
+    finally:
+        blocker.rollback()
+        blocker.close()
+    assert failed and not worker.is_alive()
+    assert where_steps(flow_engine) == {str(ids.id): (13, 0)}
+    with Session(flow_engine) as s:
+        assert ops.archive(s, older_than=ops.parse_duration("1h"), batch=5) == 13
+    assert where_steps(flow_engine) == {str(ids.id): (0, 13)}
 
 
 def test_an_unfinished_workflows_old_steps_do_not_hold_up_other_jobs(
