@@ -36,6 +36,9 @@ Revision 0014 adds ``jobs_workflow_id_idx (workflow_id)`` and revision 0015
 ``jobs_workflow_status_idx (status, workflow_id)``, both partial (``workflow_id IS NOT
 NULL``): a workflow's steps, and the list of workflows by state (one descent per
 workflow); 0015 also ``jobs_archive_workflow_id_idx`` (a workflow's archived steps).
+Revision 0017 puts ``finished_at`` after ``workflow_id`` in both workflow indexes
+(``jobs_workflow_finished_idx``, ``jobs_archive_workflow_finished_idx``, replacing
+them): the archiver and prune ask "when did this workflow's last step end?" per row.
 
 Finished rows are moved to ``jobs_archive`` (:class:`JobArchive`, same columns plus
 ``archived_at``) by :func:`sqla_jobs.ops.archive`, so the live table stays small.
@@ -272,10 +275,12 @@ class Job(Base):
             postgresql_using="gin",
             postgresql_where=sa.text("tags IS NOT NULL"),
         ),
-        # Revision 0014: a workflow's steps (its status, the archiver's "finished?").
+        # Revision 0017 (replacing 0014's jobs_workflow_id_idx): a workflow's steps (its
+        # status, the archiver's "finished, and when?" as one descent).
         sa.Index(
-            "jobs_workflow_id_idx",
+            "jobs_workflow_finished_idx",
             "workflow_id",
+            "finished_at",
             postgresql_where=sa.text("workflow_id IS NOT NULL"),
         ),
         # Revision 0015: the list of workflows by state, one descent per workflow shown.
@@ -391,9 +396,18 @@ class JobArchive(Base):
 
     __table_args__ = (
         sa.Index("jobs_archive_finished_at_idx", "finished_at"),
-        # Revision 0015: a workflow's archived steps.
+        # Revision 0017 (replacing 0015's jobs_archive_workflow_id_idx): a workflow's
+        # archived steps, and prune's "when did its last step end?" as one descent.
         sa.Index(
-            "jobs_archive_workflow_id_idx",
+            "jobs_archive_workflow_finished_idx",
+            "workflow_id",
+            "finished_at",
+            postgresql_where=sa.text("workflow_id IS NOT NULL"),
+        ),
+        # Revision 0017: the list of workflows, archived ones by state.
+        sa.Index(
+            "jobs_archive_workflow_status_idx",
+            "status",
             "workflow_id",
             postgresql_where=sa.text("workflow_id IS NOT NULL"),
         ),

@@ -934,6 +934,11 @@ def retry_jobs(
     failed and is not retried stays cancelled, and so do its dependents (retry that
     step too, or the whole workflow with :func:`retry_workflow`). The count returned is
     of the jobs matched, not of the steps reopened.
+
+    A step whose dependency failed (it was cancelled because of it) is not queued on
+    its own: the call raises :class:`~sqla_jobs.ConfigError` naming the dependency and
+    changes nothing, unless that dependency is retried in the same call; then the step
+    waits for it (so does any retried step whose dependency is retried with it).
     """
     statuses = _statuses(status) or []
     bad = [s.value for s in statuses if s not in _RETRYABLE]
@@ -948,11 +953,47 @@ def retry_jobs(
         queue=queue,
         older_than=_seconds("older_than", older_than),
     )
-    retried = session.execute(stmt).all()
-    steps = sorted(r.id for r in retried if r.workflow_id is not None)
-    if steps:
-        _reopen_downstream(session, steps)
+    # A savepoint: a refused step (below) undoes the whole call, not only its own row.
+    with session.begin_nested():
+        retried = session.execute(stmt).all()
+        steps = sorted(r.id for r in retried if r.workflow_id is not None)
+        if steps:
+            _refuse_failed_dependencies(session, steps)
+            # A step retried with its failed dependency waits for it (their edge waits
+            # again), rather than running beside it.
+            session.execute(workflows_sql.reopen_edges(steps))
+            session.execute(workflows_sql.wait_again(steps))
+            _reopen_downstream(session, steps)
     return len(retried)
+
+
+def _refuse_failed_dependencies(session: Session, steps: list[int]) -> None:
+    """ConfigError if a step of ``steps`` needs a dependency that failed and is not
+    retried with it: queued, it would run without what it needs (#26)."""
+    found = session.execute(workflows_sql.failed_dependencies(steps)).all()
+    if not found:
+        return
+    first = found[0]
+    child = f"step {first.child_step!r} (job {first.child_id})"
+    parent = (
+        f"{first.parent_step!r} (job {first.parent_id})"
+        if first.parent_step is not None
+        else f"job {first.parent_id}"
+    )
+    ended = "was deleted" if first.outcome == "deleted" else f"ended {first.outcome}"
+    others = f" ({len(found) - 1} more such dependencies)" if len(found) > 1 else ""
+    if first.outcome == "deleted":
+        fix = f"it cannot run in workflow {first.workflow_id} as built"
+    else:
+        fix = (
+            f"retry job {first.parent_id} instead (sqla-jobs retry {first.parent_id}; the "
+            "steps its failure cancelled wait for it again), or with it, or the whole "
+            f"workflow (sqla-jobs workflow retry {first.workflow_id})"
+        )
+    raise ConfigError(
+        f"{child} was not retried: its dependency {parent} {ended}{others}, and it runs "
+        f"only after that succeeds; {fix}. Nothing was retried."
+    )
 
 
 def _reopen_downstream(session: Session, retried: list[int]) -> None:
@@ -1641,6 +1682,11 @@ class WorkflowStatus:
         """True once no step waits, is queued or runs."""
         return all(s.status in models.FINISHED_STATUSES for s in self.steps)
 
+    @property
+    def archived(self) -> bool:
+        """True when every step is in ``jobs_archive``: read-only."""
+        return all(s.archived for s in self.steps)
+
 
 def _workflow_id(value: uuid.UUID | str) -> uuid.UUID:
     if isinstance(value, uuid.UUID):
@@ -1685,10 +1731,18 @@ class WorkflowPage:
     steps: tuple[WorkflowStep, ...]
     #: True when steps with higher ids follow: pass the last one's id as ``after_id``.
     more: bool
+    #: How many of its steps are in ``jobs_archive``.
+    archived_steps: int = 0
 
     @property
     def size(self) -> int:
         return sum(self.counts.values())
+
+    @property
+    def archived(self) -> bool:
+        """True when every step is in ``jobs_archive`` (the archiver moves a finished
+        workflow as a unit): there is nothing left to cancel or retry."""
+        return self.archived_steps == self.size
 
     @property
     def finished(self) -> bool:
@@ -1711,14 +1765,14 @@ def workflow_page(
     wid = _workflow_id(workflow_id)
     limit = _positive_int("limit", limit, MAX_LIMIT)
     after = None if after_id is None else _non_negative_id(after_id)
-    counts = {
-        JobStatus(r.status).value: r.n for r in session.execute(workflows_sql.step_counts(wid))
-    }
-    if not counts:
+    by_status = session.execute(workflows_sql.step_counts(wid)).all()
+    if not by_status:
         raise JobNotFoundError(f"no workflow with id {wid}")
+    counts = {JobStatus(r.status).value: r.n for r in by_status}
     found = session.execute(workflows_sql.step_page(wid, after_id=after, limit=limit + 1)).all()
     steps = tuple(_workflow_step(r) for r in found[:limit])
-    return WorkflowPage(wid, counts, steps, more=len(found) > limit)
+    archived = sum(r.archived for r in by_status)
+    return WorkflowPage(wid, counts, steps, more=len(found) > limit, archived_steps=archived)
 
 
 @_sessions.sync_form
@@ -1782,7 +1836,7 @@ def retry_workflow(
 
 @dataclass(frozen=True)
 class WorkflowSummary:
-    """One workflow as :func:`list_workflows` reads it: its steps still in ``jobs``
+    """One workflow as :func:`list_workflows` reads it: its steps (live and archived)
     counted by status, when its first step was created and when its last one ended."""
 
     id: uuid.UUID
@@ -1792,6 +1846,14 @@ class WorkflowSummary:
     created_at: datetime
     #: When its last step ended; None while a step waits, is queued or runs.
     finished_at: datetime | None
+    #: How many of its steps are in ``jobs_archive`` (all of them once it was archived:
+    #: the archiver moves a finished workflow as a unit).
+    archived_steps: int = 0
+
+    @property
+    def archived(self) -> bool:
+        """True when every step is in ``jobs_archive``: shown read-only."""
+        return self.archived_steps == self.size
 
     @property
     def finished(self) -> bool:
@@ -1814,6 +1876,7 @@ class WorkflowSummary:
     def to_dict(self) -> dict[str, Any]:
         data = _jsonable(asdict(self))
         data["state"] = self.state
+        data["archived"] = self.archived
         return data  # type: ignore[no-any-return]
 
 
@@ -1837,10 +1900,10 @@ def list_workflows(
     step ended) or ``"failed"`` (a step ended dead or cancelled, whether or not the rest
     still runs). Pages by keyset: pass the last id of a page as ``before`` for the next
     one. Newest first is by workflow id, which is time-ordered (a UUID version 7 made
-    at enqueue, by the enqueuing host's clock). A workflow shows while a step of it is
-    in ``jobs``: an archived one is not listed (:func:`workflow_status` still reads it).
-    A page reads its workflows' steps (one aggregate each) and one index descent per
-    workflow, not the table (revision 0015).
+    at enqueue, by the enqueuing host's clock). Archived workflows are listed too
+    (``archived``; ``state="running"`` never has one). A page reads its workflows'
+    steps (one aggregate each, in both tables) and one index descent per workflow and
+    table, not the tables (revisions 0015, 0016).
     """
     if state is not None and state not in WORKFLOW_STATES:
         raise ConfigError(f"state must be one of {', '.join(WORKFLOW_STATES)}, got {state!r}")
@@ -1862,6 +1925,7 @@ def list_workflows(
             counts={s.value: getattr(row, s.value) for s in JobStatus if getattr(row, s.value)},
             created_at=row.created_at,
             finished_at=row.finished_at,
+            archived_steps=row.archived,
         )
         for row in found
     ]

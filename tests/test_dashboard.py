@@ -355,7 +355,7 @@ def test_jobs_page_says_which_query_parameters_it_does_not_know(
     assert (
         "Unknown filter staus, ignored: the jobs below are not filtered by it. The filters "
         "are status, kind, queue, key, min_id, max_id, older_than, newer_than, payload, tag, "
-        "meta, expired."
+        "meta, expired, workflow."
     ) in typo.text
     assert "Unknown filters colour, size, ignored" in client.get("/dead?colour=1&size=2").text
     for known in ("/jobs?status=dead&after=99", "/dead?status=dead&kind=fail"):

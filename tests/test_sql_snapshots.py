@@ -206,6 +206,11 @@ CASES: dict[str, Callable[[], Any]] = {
     "workflows.unfinished_workflow": lambda: sa.select(models.jobs.c.id).where(
         workflows.unfinished_workflow(models.jobs)
     ),
+    "workflows.failed_dependencies": lambda: workflows.failed_dependencies([3, 4]),
+    "workflows.wait_again": lambda: workflows.wait_again([3, 4]),
+    "workflows.has_step_in": lambda: sa.select(models.jobs_archive.c.id).where(
+        workflows.has_step_in(models.jobs_archive.c.workflow_id)
+    ),
     "locks.not_a_primary": lambda: locks.not_a_primary(),
     "locks.listener_probe": lambda: locks.listener_probe("jobs_probe", "vm:1:1"),
     "schema.archive_probe": lambda: schema.archive_probe(),

@@ -6,6 +6,7 @@ with the standard library under a size bound: no multipart parser is needed.
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, fields
 from datetime import timedelta
 from typing import Any
@@ -66,6 +67,7 @@ class JobFilter:
     tag: str = ""
     meta: str = ""
     expired: str = ""
+    workflow: str = ""
 
     @classmethod
     def from_query(cls, query: QueryParams, **fixed: str) -> JobFilter:
@@ -116,6 +118,8 @@ class JobFilter:
                     f" {self.status} has none)"
                 )
             args["expired"] = True
+        if self.workflow:
+            args["workflow"] = _workflow_id(self.workflow)
         return args
 
     def job_status(self) -> JobStatus | None:
@@ -162,6 +166,7 @@ LABELS = {
     "tag": "Tag",
     "meta": "Meta contains",
     "expired": "Lease expired",
+    "workflow": "Workflow",
 }
 #: Query parameters of the jobs pages that are not filters: the older and newer pages'
 #: cursors, and the signed message after an action (``_flash``).
@@ -201,6 +206,16 @@ def ignored_values(query: QueryParams, page: str) -> list[str]:
             "page filters by any status)"
         )
     return notes
+
+
+def _workflow_id(text: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        raise ConfigError(
+            f"{_label('workflow')}: a workflow id is a UUID (as the Workflows page lists "
+            f"them), got {text!r}"
+        ) from None
 
 
 def _text(name: str, text: str) -> str:

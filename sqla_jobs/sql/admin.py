@@ -89,7 +89,7 @@ def list_jobs(
     The age filters walk the primary key and test ``created_at`` (it mostly follows
     ``id``). Without a leading filter or a payload (:func:`age_bounded`), the walk runs
     between the lowest id created since the ``newer_than`` bound and the highest created
-    before the ``older_than`` one (:func:`_id_bound`, revision 0016) rather than through
+    before the ``older_than`` one (:func:`_id_bound`, revision 0017) rather than through
     every job on the other side of a bound: one statement, no window first (finding
     the bound costs less than reading a window of rows).
 
@@ -97,7 +97,7 @@ def list_jobs(
     gives ``statuses=[RUNNING]``, which leads, so the walk reads running jobs only).
 
     ``workflow`` (a workflow id, #26) leads whatever else is given: a workflow's steps
-    are few next to the table, read from ``jobs_workflow_id_idx`` (revision 0014) and
+    are few next to the table, read from ``jobs_workflow_finished_idx`` (revision 0017) and
     sorted; the order is ``id + 0`` (so no walk of the primary key can yield it) and no
     other filter is asked in two steps.
     """
@@ -305,7 +305,7 @@ def _age_walk(
     return conditions
 
 
-#: ``jobs_created_hour_idx`` (revision 0016) keys jobs by ``date_bin`` of created_at to
+#: ``jobs_created_hour_idx`` (revision 0017) keys jobs by ``date_bin`` of created_at to
 #: the hour: its width and origin, written as constants here and in the index (an
 #: expression matches an index only when it is the same expression).
 HOUR_WIDTH = "interval '1 hour'"
@@ -313,7 +313,7 @@ HOUR_ORIGIN = "timestamptz '2000-01-01 00:00:00+00'"
 
 
 def _created_hour(value: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
-    """``date_bin`` of ``value`` to its hour: revision 0016's index key."""
+    """``date_bin`` of ``value`` to its hour: revision 0017's index key."""
     return sa.func.date_bin(
         sa.literal_column(HOUR_WIDTH),
         value,
@@ -325,7 +325,7 @@ def _created_hour(value: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
 def _id_bound(bound: sa.ColumnElement[Any], older: bool) -> sa.ScalarSelect[Any]:
     """The highest id of the jobs created before ``bound`` (``older``), or the lowest id
     of those created since, from ``jobs_created_hour_idx (hour, id) INCLUDE
-    (created_at)`` alone (revision 0016).
+    (created_at)`` alone (revision 0017).
 
     Exact whatever the order of created_at against id (a job enqueued in a long
     transaction has an old created_at and a high id): every job of an hour wholly past
@@ -591,6 +591,86 @@ def matching_jobs(
     )
 
 
+def _ended_before(
+    table: sa.Table | sa.Alias,
+    done_age: sa.ColumnElement[Any],
+    dead_age: sa.ColumnElement[Any] | None,
+) -> sa.ColumnElement[bool]:
+    """The archiver's test of one row: done before the ``done_age`` cutoff, or dead or
+    cancelled before the ``dead_age`` one (none: those stay)."""
+    done = sa.and_(table.c.status == _common.status(JobStatus.DONE), table.c.finished_at < done_age)
+    if dead_age is None:
+        return done
+    failed = sa.and_(
+        table.c.status.in_([_common.status(JobStatus.DEAD), _common.status(JobStatus.CANCELLED)]),
+        table.c.finished_at < dead_age,
+    )
+    return sa.or_(done, failed)
+
+
+def _last_end(table: sa.Table, workflow_id: sa.ColumnElement[Any]) -> sa.ScalarSelect[Any]:
+    """When the last step of a workflow in ``table`` ended: one descent of its
+    ``(workflow_id, finished_at)`` index (revision 0017)."""
+    step = table.alias("last_step")
+    return (
+        sa.select(sa.func.max(step.c.finished_at))
+        .where(step.c.workflow_id == workflow_id)
+        .scalar_subquery()
+    )
+
+
+def _whole_workflows(table: sa.Table, picked: sa.CTE, row_test: sa.ColumnElement[bool]) -> sa.CTE:
+    """The rows that go with ``picked``: its rows outside workflows, and every step of each
+    workflow it touched, or none of them.
+
+    A batch picks rows up to its size; the workflows among them are then taken whole
+    (each of their steps locked, SKIP LOCKED), even past the batch size. A workflow one
+    of whose steps could not be locked (an operator is retrying it, another archiver
+    has it: fewer steps locked than it has) or fails ``row_test`` as locked (retried
+    since the snapshot) is left for the next batch, all of it. One statement: a crash
+    leaves all of a workflow moved or none of it (#26).
+    """
+    units = (
+        sa.select(picked.c.workflow_id)
+        .where(picked.c.workflow_id.is_not(None))
+        .distinct()
+        .cte("units")
+        .prefix_with("MATERIALIZED")
+    )
+    # An array, not a join: the planner, guessing 200 units, hashed every finished step
+    # of every workflow in the table; this is one index range per unit.
+    unit_ids = sa.func.array(sa.select(units.c.workflow_id).scalar_subquery())
+    # Every step of the units is locked; whether it may go is a column (read from the
+    # row as locked), not a filter: in the filter the planner read every old dead job
+    # of the table through jobs_finished_idx to test it against the units.
+    locked = (
+        sa.select(table.c.id, table.c.workflow_id, row_test.label("goes"))
+        .where(table.c.workflow_id == sa.any_(unit_ids))
+        .with_for_update(of=table, skip_locked=True)
+        .cte("unit_steps")
+        .prefix_with("MATERIALIZED")
+    )
+    step = table.alias("any_step")
+    all_steps = (
+        sa.select(sa.func.count())
+        .where(step.c.workflow_id == locked.c.workflow_id)
+        .scalar_subquery()
+    )
+    whole = (
+        sa.select(locked.c.workflow_id)
+        .group_by(locked.c.workflow_id)
+        .having(sa.and_(sa.func.bool_and(locked.c.goes), sa.func.count() == all_steps))
+    )
+    return (
+        sa.union_all(
+            sa.select(picked.c.id).where(picked.c.workflow_id.is_(None)),
+            sa.select(locked.c.id).where(locked.c.workflow_id.in_(whole)),
+        )
+        .cte("chosen")
+        .prefix_with("MATERIALIZED")
+    )
+
+
 def archive_batch(
     *,
     done_older_than: float,
@@ -598,38 +678,42 @@ def archive_batch(
     batch: int,
     now: Now = None,
 ) -> ReturningInsert[Any]:
-    """Move up to ``batch`` finished rows from ``jobs`` to ``jobs_archive``, in one statement.
+    """Move a batch of finished rows from ``jobs`` to ``jobs_archive``, in one statement.
 
     ``WITH picked AS MATERIALIZED (SELECT id ... LIMIT n FOR UPDATE SKIP LOCKED),
     moved AS (DELETE ... RETURNING *) INSERT INTO jobs_archive SELECT ... FROM moved``.
     Done rows finished before ``now - done_older_than`` go; dead and cancelled rows only
     when ``dead_older_than`` is given. Each branch is a range on jobs_finished_idx.
+
+    A workflow goes as a unit (#26), once it has ended and its last step ended before
+    the cutoff (before both, if a step ended dead or cancelled; never, if one did and
+    ``dead_older_than`` is not given): all its steps in the batch that first picks one
+    of them, even past ``batch`` rows (:func:`_whole_workflows`). Until then each of
+    its rows stays: a dependent reads their results, the status page shows them.
     """
-    done = sa.and_(
-        jobs.c.status == _common.status(JobStatus.DONE),
-        jobs.c.finished_at < _common.ago(sa.bindparam("done_age", done_older_than, sa.Float), now),
+    done_age = _common.ago(sa.bindparam("done_age", done_older_than, sa.Float), now)
+    dead_age = (
+        None
+        if dead_older_than is None
+        else _common.ago(sa.bindparam("dead_age", dead_older_than, sa.Float), now)
     )
-    which: sa.ColumnElement[bool] = done
-    if dead_older_than is not None:
-        failed = sa.and_(
-            jobs.c.status.in_(
-                [_common.status(JobStatus.DEAD), _common.status(JobStatus.CANCELLED)]
-            ),
-            jobs.c.finished_at
-            < _common.ago(sa.bindparam("dead_age", dead_older_than, sa.Float), now),
-        )
-        which = sa.or_(done, failed)
+    which = _ended_before(jobs, done_age, dead_age)
+    last_end = _last_end(jobs, jobs.c.workflow_id)
+    ready = sa.and_(sa.not_(workflows.unfinished_workflow(jobs)), last_end < done_age)
+    failed = workflows.has_step_in(jobs.c.workflow_id, JobStatus.DEAD, JobStatus.CANCELLED)
+    ready = sa.and_(
+        ready, sa.not_(failed) if dead_age is None else sa.or_(sa.not_(failed), last_end < dead_age)
+    )
     picked = (
-        sa.select(jobs.c.id)
-        # A finished step of a workflow that has not ended stays: its dependents read
-        # its result, and the workflow is archived as a unit once it ended (#26).
-        .where(which, sa.not_(workflows.unfinished_workflow(jobs)))
+        sa.select(jobs.c.id, jobs.c.workflow_id)
+        .where(which, sa.or_(jobs.c.workflow_id.is_(None), ready))
         .limit(sa.bindparam("batch", batch, sa.Integer))
         .with_for_update(skip_locked=True)
         .cte("picked")
         .prefix_with("MATERIALIZED")
     )
-    moved = sa.delete(jobs).where(jobs.c.id == picked.c.id).returning(*jobs.c).cte("moved")
+    chosen = _whole_workflows(jobs, picked, which)
+    moved = sa.delete(jobs).where(jobs.c.id == chosen.c.id).returning(*jobs.c).cte("moved")
     names = [c.name for c in jobs.c]
     archive = models.jobs_archive
     return (
@@ -644,17 +728,28 @@ def archive_batch(
 
 
 def prune_batch(*, older_than: float, batch: int, now: Now = None) -> ReturningDelete[Any]:
-    """Delete up to ``batch`` archived jobs finished before ``now - older_than``."""
+    """Delete a batch of archived jobs finished before ``now - older_than``.
+
+    An archived workflow goes as a unit (#26): once its last step ended before the
+    cutoff and none of its steps is still in ``jobs``, every step of it in one batch
+    (:func:`_whole_workflows`), even past ``batch`` rows.
+    """
     archive = models.jobs_archive
+    age = _common.ago(sa.bindparam("age", older_than, sa.Float), now)
+    ready = sa.and_(
+        _last_end(archive, archive.c.workflow_id) < age,
+        sa.not_(workflows.has_step_in(archive.c.workflow_id)),
+    )
     picked = (
-        sa.select(archive.c.id)
-        .where(archive.c.finished_at < _common.ago(sa.bindparam("age", older_than, sa.Float), now))
+        sa.select(archive.c.id, archive.c.workflow_id)
+        .where(archive.c.finished_at < age, sa.or_(archive.c.workflow_id.is_(None), ready))
         .limit(sa.bindparam("batch", batch, sa.Integer))
         .with_for_update(skip_locked=True)
         .cte("picked")
         .prefix_with("MATERIALIZED")
     )
-    return sa.delete(archive).where(archive.c.id == picked.c.id).returning(archive.c.id)
+    chosen = _whole_workflows(archive, picked, archive.c.finished_at < age)
+    return sa.delete(archive).where(archive.c.id == chosen.c.id).returning(archive.c.id)
 
 
 def queues_of_kinds(kinds: Sequence[str]) -> sa.Select[Any]:
