@@ -1587,7 +1587,7 @@ MUTATIONS: list[Mutation] = [
         "workflow_flags_refused",
         "sqla-jobs workflow refuses a flag the action does not take",
         "sqla_jobs/cli.py",
-        '        _check_workflow_flags(sub.choices["workflow"], args)\n',
+        '        _check_workflow_flags(commands["workflow"], args)\n',
         "        pass  # MUTATION\n",
         (FLOW_CLI_FLAGS,),
     ),
