@@ -13,7 +13,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,embedded,prometheus,async-example,dashboard]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,embedded,prometheus,async-example,flask-example,dashboard]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -37,7 +37,7 @@ matrix:
 	$(PYTHON) .ci/matrix.py
 
 $(VENV)/.bench: $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[dev,embedded,prometheus,async-example,dashboard,bench]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,embedded,prometheus,async-example,flask-example,dashboard,bench]'
 	touch $(VENV)/.bench
 
 bench: $(VENV)/.bench

@@ -243,7 +243,7 @@ def run_cell(cell: Cell, url: str, workers: int) -> tuple[dict[str, object], dic
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cell", action="append", choices=[c.name for c in CELLS])
-    parser.add_argument("--workers", type=int, default=3, help="pytest-xdist workers a cell")
+    parser.add_argument("--workers", type=int, default=2, help="pytest-xdist workers a cell")
     args = parser.parse_args()
     cells = [c for c in CELLS if not args.cell or c.name in args.cell]
     WORK.mkdir(exist_ok=True)
