@@ -199,3 +199,14 @@ def test_inprocess_worker_recipe_runs_the_job_in_the_web_process_and_drains_at_s
     assert "Application shutdown complete." in text, text
     assert "Traceback" not in text, text
     assert scalar(engine, "SELECT status FROM jobs WHERE id = :id", id=job_id) == "done"
+
+
+def test_every_code_block_of_docs_recipes_is_cut_from_the_file_it_names() -> None:
+    text = (ROOT / "docs" / "recipes.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.DOTALL)
+    assert len(blocks) >= 6
+    for block in blocks:
+        first, _, code = block.partition("\n")
+        source = re.fullmatch(r"# (examples/recipes/\w+\.py)", first)
+        assert source, f"a block that names no recipe file: {first!r}"
+        assert code in (ROOT / source.group(1)).read_text(), f"not in {source.group(1)}:\n{code}"
