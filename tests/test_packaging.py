@@ -11,6 +11,7 @@ job. Nothing of the checkout is on the path: the run starts in the temporary dir
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -170,3 +171,17 @@ def test_the_demo_runs_on_the_installed_wheel_outside_the_repository(
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "1. migrating" in proc.stdout
     assert "4. result: 24/24 receipts sent" in proc.stdout
+
+
+def test_the_readme_names_the_minimum_versions_the_matrix_installs() -> None:
+    # .ci/matrix.py pins each `>=` bound of these three; the README's table says which.
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    bounds = []
+    for name in ("SQLAlchemy", "alembic", "psycopg"):
+        found = re.search(rf'^\s*"{name}\b[^"]*>=\s*([\d.]+)', pyproject, re.MULTILINE)
+        assert found, name
+        bounds.append(found.group(1) + (".0" if found.group(1).count(".") == 1 else ""))
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Supported versions") :]
+    section = section[: section.index("\n## ", 1)]
+    assert f"({' / '.join(bounds)})" in section
