@@ -330,8 +330,9 @@ def worker_main(argv: Sequence[str] | None = None) -> int:
     return run_worker(args, given)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``sqla-jobs COMMAND ...`` / ``python -m sqla_jobs COMMAND ...``."""
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The ``sqla-jobs`` parser and its commands' parsers by name (the documentation's
+    CLI reference is generated from them: docs/gen_cli_reference.py)."""
     parser = _Parser(prog="sqla-jobs", description="sqla_jobs commands")
     sub: Any = parser.add_subparsers(dest="command", required=True)
     sub.add_parser(
@@ -342,16 +343,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     _add_ops_commands(sub)
     _add_dashboard_command(sub)
+    return parser, sub.choices
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``sqla-jobs COMMAND ...`` / ``python -m sqla_jobs COMMAND ...``."""
+    parser, commands = build_parser()
     given = list(sys.argv[1:] if argv is None else argv)
     args, unknown = parser.parse_known_args(given)
     if unknown:  # the command's parser says so: its --help lists the options meant
-        _unrecognized(sub.choices[args.command], unknown)
+        _unrecognized(commands[args.command], unknown)
     if args.command == "worker":
         return run_worker(args, given[given.index("worker") + 1 :])
     if args.command == "dashboard":
         return run_dashboard(args)
     if args.command == "workflow":  # a usage error, before the database is read
-        _check_workflow_flags(sub.choices["workflow"], args)
+        _check_workflow_flags(commands["workflow"], args)
     if args.command in _OPS_COMMANDS:
         try:
             return _run_ops(args)

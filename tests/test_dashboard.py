@@ -15,11 +15,12 @@ from collections.abc import Callable, Iterator, MutableMapping
 from html.parser import HTMLParser
 from typing import Any
 
+import docpages
 import pytest
 import sqlalchemy as sa
 from dashboard_client import CSRF_COOKIE, Client, flash, forms, landing, said
 from fastapi import FastAPI
-from helpers import TESTS, rows, scalar, url_text
+from helpers import rows, scalar, url_text
 from jobapp import registry as app_registry
 from periodicapp import registry as periodic_registry
 from sqlalchemy.ext.asyncio import create_async_engine
@@ -946,13 +947,12 @@ def test_a_failing_auth_or_permissions_hook_refuses_on_the_error_page_and_logs_w
 def test_readme_fastapi_example_mounts_the_dashboard_behind_its_auth_hook(
     engine: sa.Engine, db_url: Any
 ) -> None:
-    readme = (TESTS.parent / "README.md").read_text()
-    section = readme.split("## Dashboard", 1)[1].split("\n## ", 1)[0]
+    section = docpages.section("Dashboard")
     code = re.findall(r"```python\n(.*?)```", section, re.S)[0]
     namespace: dict[str, Any] = {"__name__": "readme_dashboard"}
     os.environ["DATABASE_URL"] = url_text(db_url)
     try:
-        exec(compile(code, "README.md", "exec"), namespace)
+        exec(compile(code, "<docs example>", "exec"), namespace)
     finally:
         del os.environ["DATABASE_URL"]
     dead = dead_job(engine)
@@ -977,13 +977,12 @@ def test_readme_fastapi_example_mounts_the_dashboard_behind_its_auth_hook(
 def test_readme_cookie_auth_hook_lets_in_the_signed_cookie_only(
     engine: sa.Engine, db_url: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    readme = (TESTS.parent / "README.md").read_text()
-    section = readme.split("## Dashboard", 1)[1].split("\n## ", 1)[0]
+    section = docpages.section("Dashboard")
     first, cookie = re.findall(r"```python\n(.*?)```", section, re.S)[:2]
     monkeypatch.setenv("DATABASE_URL", url_text(db_url))
     monkeypatch.setenv("SECRET_KEY", "s3cret")
     namespace: dict[str, Any] = {"__name__": "readme_dashboard"}
-    exec(compile(first + cookie, "README.md", "exec"), namespace)
+    exec(compile(first + cookie, "<docs example>", "exec"), namespace)
     namespace["engine"].dispose()
     import hashlib
     import hmac

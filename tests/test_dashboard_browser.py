@@ -8,7 +8,7 @@ done, the overview's counts move) without a reload, and across a restart of the 
 One database, one dashboard (uvicorn on a free 127.0.0.1 port, in a thread), one worker
 and one browser serve the whole module. The tests skip, saying why, when Chromium, its
 driver or Selenium is missing; ``.ci/run`` installs them. With ``SQLA_JOBS_SCREENSHOTS=DIR``
-each page is saved as a PNG in DIR (``docs/dashboard`` holds the README's).
+each page is saved as a PNG in DIR (``docs/dashboard`` holds the dashboard guide's).
 """
 
 from __future__ import annotations

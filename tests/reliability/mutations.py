@@ -526,8 +526,9 @@ MUTATIONS: list[Mutation] = [
         "handler_writes_committed",
         "what a handler wrote through its session is committed (with the done-mark)",
         SESSION,
-        "    wrote = session.in_transaction() or bool(session.new or session.dirty or "
-        "session.deleted)\n",
+        "    wrote = session.in_transaction() or bool(\n"
+        "        session.new or session.deleted or (session.identity_map and session.dirty)\n"
+        "    )\n",
         "    wrote = False and bool(session.new)  # MUTATION\n",
         (MISBEHAVING,),
     ),
