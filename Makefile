@@ -2,17 +2,19 @@
 #   make demo   migrate, enqueue, work, show the result (embedded PostgreSQL unless DATABASE_URL)
 #   make test   ruff, mypy, the documentation site and the whole test suite against real PostgreSQL
 #   make docs   build the documentation site (mkdocs build --strict) into site/
+#   make matrix a named subset on Python 3.10 and 3.13, PostgreSQL 16 and 18 and the
+#               minimum SQLAlchemy/Alembic/psycopg (.ci/matrix.py; venvs in .matrix/)
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck docs pytest bench bench-quick clean
+.PHONY: demo test matrix lint typecheck docs pytest bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,embedded,prometheus,async-example,dashboard,docs]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,embedded,prometheus,async-example,flask-example,dashboard,docs]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -39,8 +41,13 @@ docs: $(STAMP)
 
 test: lint typecheck docs pytest
 
+# Needs no venv of its own: the script is standard library only (Python 3.11+) and
+# builds each cell's venv, and the servers', itself.
+matrix:
+	$(PYTHON) .ci/matrix.py
+
 $(VENV)/.bench: $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[dev,embedded,prometheus,async-example,dashboard,docs,bench]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,embedded,prometheus,async-example,flask-example,dashboard,docs,bench]'
 	touch $(VENV)/.bench
 
 bench: $(VENV)/.bench
@@ -50,4 +57,4 @@ bench-quick: $(VENV)/.bench
 	$(BIN)/python benchmarks/run.py --quick
 
 clean:
-	rm -rf $(VENV) .pgdata .mypy_cache .ruff_cache .pytest_cache site
+	rm -rf $(VENV) .matrix .pgdata .mypy_cache .ruff_cache .pytest_cache site

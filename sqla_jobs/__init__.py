@@ -12,6 +12,10 @@ SQLAlchemy nor psycopg (issue #23); ``from sqla_jobs import Job`` works as befor
 import importlib as _importlib
 import typing as _typing
 
+#: The release, the one place it is written: the wheel's metadata takes it from here
+#: (pyproject.toml, ``[tool.setuptools.dynamic]``) and workers report it.
+__version__ = "0.1.0"
+
 from sqla_jobs.exceptions import (
     ConfigError,
     Discard,

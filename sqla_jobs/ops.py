@@ -618,9 +618,20 @@ class AttemptRecord:
         )
 
 
+#: The fraction of a second in an ISO 8601 timestamp, before its offset.
+_FRACTION = re.compile(r"(?<=:\d\d)\.(\d{1,6})(?=[+-]|Z|$)")
+
+
 def _instant(value: Any) -> datetime | None:
-    """A timestamp as ``to_jsonb(timestamptz)`` writes it (ISO 8601 with its offset)."""
-    return datetime.fromisoformat(value) if isinstance(value, str) else None
+    """A timestamp as ``to_jsonb(timestamptz)`` writes it (ISO 8601 with its offset).
+
+    PostgreSQL drops the fraction's trailing zeros (``...:27.11095+00:00``), and Python
+    3.10's ``fromisoformat`` reads only 3 or 6 digits there (3.11 reads any): the fraction
+    is padded to 6 first.
+    """
+    if not isinstance(value, str):
+        return None
+    return datetime.fromisoformat(_FRACTION.sub(lambda m: "." + m.group(1).ljust(6, "0"), value))
 
 
 def _current_error(

@@ -29,6 +29,7 @@ from sqlalchemy.orm import (
     SessionTransaction,
     make_transient,
     make_transient_to_detached,
+    scoped_session,
 )
 
 from sqla_jobs import _otel, validation
@@ -37,7 +38,9 @@ from sqla_jobs.models import DelayedRunAt, Job, JobStatus
 from sqla_jobs.sql import enqueue as enqueue_sql
 from sqla_jobs.sql import schema
 
-Executor = Session | Connection
+#: A ``scoped_session`` (Flask-SQLAlchemy's ``db.session``) stands for the session it
+#: holds for the current scope: the job goes into that session's transaction.
+Executor = Session | Connection | scoped_session[Any]
 AsyncExecutor = AsyncSession | AsyncConnection
 
 #: enqueue_many sends at most this many jobs per statement (bounds the parameter arrays).
@@ -212,6 +215,8 @@ def _execute(
     session: Executor, shape: tuple[Any, ...], params: dict[str, Any]
 ) -> CursorResult[Any]:
     stmt = _statement(shape)
+    if isinstance(session, scoped_session):
+        session = session()
     if isinstance(session, Session):
         # The bind session.execute(stmt) would pick (binds= by class or table, or a
         # get_bind() that routes on the statement), in the session's transaction.
@@ -406,7 +411,7 @@ def enqueue_many(session: Executor, jobs: Iterable[NewJob]) -> list[int]:
     already existed (in the table or earlier in the same batch) are skipped and have no
     id. Never commits.
     """
-    if not isinstance(session, (Session, Connection)):
+    if not isinstance(session, (Session, Connection, scoped_session)):
         raise _wrong_session(session, async_=False)  # even for an empty batch
     ids: list[int] = []
     for rows, with_keys, options in _chunks(_checked(jobs)):

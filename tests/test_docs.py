@@ -167,6 +167,20 @@ RUN_BY: dict[str, str] = {
     "docs/operations.md | Upgrading: the `cancelled` status | 1": (
         "test_the_sql_of_the_operations_reference_runs"
     ),
+    # The recipes' blocks are cut from examples/recipes/*.py, which tests/test_recipes.py
+    # runs; its last test checks each block is still in the file it names.
+    **{
+        f"docs/recipes.md | {heading} | {n}": (
+            "test_every_code_block_of_docs_recipes_is_cut_from_the_file_it_names"
+        )
+        for heading, count in (
+            ("FastAPI: an AsyncSession per request", 4),
+            ("Flask with Flask-SQLAlchemy: `db.session`", 2),
+            ("A plain script", 1),
+            ("A worker inside the web process", 1),
+        )
+        for n in range(1, count + 1)
+    },
 }
 #: The generated CLI reference's blocks are its own test's.
 GENERATED = {"docs/reference/cli.md": "test_the_cli_reference_is_generated_from_the_parser"}

@@ -13,7 +13,7 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
 from sqla_jobs import (
     InvalidJobError,
@@ -488,6 +488,26 @@ def test_a_session_that_binds_only_the_job_model_can_enqueue(engine: sa.Engine) 
         s.commit()
     assert one is not None and len(many) == 3
     assert count(engine) == 4
+
+
+def test_a_scoped_session_enqueues_in_the_transaction_of_the_session_it_holds(
+    engine: sa.Engine,
+) -> None:
+    # Flask-SQLAlchemy's db.session is a scoped_session: the job joins the current
+    # session's transaction, committed or rolled back with the caller's data.
+    scoped = scoped_session(sessionmaker(engine))
+    try:
+        assert enqueue(scoped, "k", {"n": 1}) is not None
+        assert len(enqueue_many(scoped, [NewJob("k", {"n": i}) for i in range(2)])) == 2
+        scoped.rollback()
+        assert count(engine) == 0
+        registry = Registry()
+        registry.handler("k")(lambda session, payload: None)
+        registry.enqueue(scoped, "k", {"n": 3})
+        scoped().commit()  # the session the scope holds is the one that has the job
+        assert count(engine) == 1
+    finally:
+        scoped.remove()
 
 
 def test_a_session_routing_writes_by_statement_sends_enqueues_to_its_writer(

@@ -264,6 +264,25 @@ def test_show_prints_the_result_and_the_decision(engine: sa.Engine, db_url: URL)
     assert "last_error:\ndiscarded by its handler: order 42 no longer exists" in out
 
 
+def test_the_attempt_history_reads_timestamps_whose_fraction_postgres_shortened(
+    engine: sa.Engine,
+) -> None:
+    # to_jsonb drops the fraction's trailing zeros; Python 3.10's fromisoformat then
+    # refused 5 digits, and `sqla-jobs show` failed for one job in ten (the matrix's
+    # Python 3.10 cell found it).
+    with engine.connect() as conn:
+        stored = conn.execute(
+            sa.text("SELECT to_jsonb(CAST('2026-12-02 00:57:27.11095+00' AS timestamptz))")
+        ).scalar_one()
+    assert stored.endswith(".11095+00:00")
+    entry = {"attempt": 1, "claimed_at": stored, "at": "2026-12-02T00:57:28.5+00:00"}
+    record = ops.AttemptRecord.from_entry(entry)
+    assert record.claimed_at is not None and record.ended_at is not None
+    assert record.claimed_at.microsecond == 110950
+    assert record.ended_at.microsecond == 500000
+    assert record.claimed_at.utcoffset() == timedelta(0)
+
+
 # --- C (in process): the context a handler sees -----------------------------------------
 
 

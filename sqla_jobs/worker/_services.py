@@ -16,7 +16,6 @@ doubles up to :data:`MAX_ERROR_BACKOFF`: one policy for all of them.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import socket
@@ -32,6 +31,7 @@ from psycopg import sql
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session
 
+import sqla_jobs
 from sqla_jobs import config as config_mod
 from sqla_jobs.config import WorkerConfig
 from sqla_jobs.control import Control
@@ -176,14 +176,10 @@ class LeaseKeeper(Service):
                 )
 
 
-@functools.cache
 def _version() -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version("sqla-jobs")
-    except metadata.PackageNotFoundError:
-        return "unknown"
+    # The source, not the installed metadata: a checkout run from PYTHONPATH (or an
+    # editable install older than the code) reports the code it runs.
+    return sqla_jobs.__version__
 
 
 class Listener(Service):
