@@ -58,8 +58,21 @@ def beat(
 
 
 def forget_expired(now: Now = None) -> sa.Delete:
-    """Delete the rows of workers that stopped heartbeating."""
-    return sa.delete(worker_records).where(worker_records.c.expires_at < _common.clock(now))
+    """Delete the rows of workers that stopped heartbeating, skipping rows locked elsewhere.
+
+    Every heartbeat runs this in the transaction that refreshed its own row. Two workers
+    whose rows both expired (a loaded host delays heartbeats) would each hold its own row
+    and wait for the other's: a deadlock, whose detection costs a second and fails the
+    heartbeat round. A locked row is being refreshed or deleted by its holder, so
+    skipping it loses nothing.
+    """
+    expired = (
+        sa.select(worker_records.c.id)
+        .where(worker_records.c.expires_at < _common.clock(now))
+        .with_for_update(skip_locked=True)
+        .scalar_subquery()
+    )
+    return sa.delete(worker_records).where(worker_records.c.id.in_(expired))
 
 
 def retire(worker: str) -> sa.Delete:

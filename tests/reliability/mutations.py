@@ -1599,6 +1599,17 @@ MUTATIONS: list[Mutation] = [
         "    keyed = jobs.c.id  # MUTATION\n",
         (FLOW_CLI_INDEX,),
     ),
+    Mutation(
+        "registry_forget_skips_locked_rows",
+        "a heartbeat forgetting expired workers skips rows another heartbeat holds (no deadlock)",
+        "sqla_jobs/sql/workers.py",
+        "        .with_for_update(skip_locked=True)\n",
+        "  # MUTATION\n",
+        (
+            "tests/test_worker_registry.py::"
+            "test_two_late_heartbeats_forgetting_each_others_expired_row_do_not_wait_on_each_other",
+        ),
+    ),
 ]
 
 
