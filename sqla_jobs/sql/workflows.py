@@ -359,13 +359,18 @@ def reopen_edges(ids: list[int]) -> sa.Update:
     )
 
 
+def _has_open_dependency() -> sa.Exists:
+    """The job (``jobs``, the statement's row) has a dependency that has not ended."""
+    return sa.exists().where(
+        workflow_edges.c.child_id == jobs.c.id, workflow_edges.c.parent_outcome.is_(None)
+    )
+
+
 def reopen_steps(ids: list[int]) -> sa.Update:
     """The retried steps: waiting if a dependency has not ended, else queued and ready
     now, with a fresh set of attempts (as :func:`sqla_jobs.sql.admin.retry_jobs`)."""
     chosen = sa.bindparam("ids", ids, ARRAY(sa.BigInteger))
-    unmet = sa.exists().where(
-        workflow_edges.c.child_id == jobs.c.id, workflow_edges.c.parent_outcome.is_(None)
-    )
+    unmet = _has_open_dependency()
     return (
         sa.update(jobs)
         .where(
@@ -478,9 +483,7 @@ def wait_again(ids: list[int]) -> sa.Update:
     """The queued steps among ``ids`` with a dependency not ended (it is retried with them)
     back to waiting: they run after it, not beside it. RETURNING their ids."""
     chosen = sa.bindparam("ids", ids, ARRAY(sa.BigInteger))
-    unmet = sa.exists().where(
-        workflow_edges.c.child_id == jobs.c.id, workflow_edges.c.parent_outcome.is_(None)
-    )
+    unmet = _has_open_dependency()
     return (
         sa.update(jobs)
         .where(
