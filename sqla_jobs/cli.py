@@ -556,7 +556,7 @@ def _add_ops_commands(sub: Any) -> None:
     p.add_argument("--all-dead", action="store_true", help="every dead job matching filters")
     _add_filters(p, status=False)
 
-    p = command("cancel", "cancel queued or scheduled jobs; stop running ones")
+    p = command("cancel", "cancel queued jobs and waiting workflow steps; stop running ones")
     p.add_argument("ids", type=int, nargs="*", metavar="ID")
     _add_filters(p, status=False)
     p.add_argument(
@@ -1115,10 +1115,12 @@ def _print_history(history: tuple[AttemptRecord, ...]) -> None:
             print(f"      {a.error.strip().splitlines()[0]}")
 
 
-def _one_id_check(session: Any, ids: list[int], allowed: tuple[str, ...], verb: str) -> None:
-    """Refuse unknown ids, and a single id in the wrong state, before changing anything."""
+def _one_id_check(session: Any, ids: list[int], action: str, verb: str) -> None:
+    """Refuse unknown ids, and a single id in a state ``action`` does not apply to
+    (``ops.ACTION_STATUSES``), before changing anything."""
     from sqla_jobs import ops
 
+    allowed = [s.value for s in ops.ACTION_STATUSES[action]]
     for job_id in ids:
         job = ops.get_job(session, job_id)  # JobNotFoundError: "no job with id N"
         if job.archived:
@@ -1128,8 +1130,8 @@ def _one_id_check(session: Any, ids: list[int], allowed: tuple[str, ...], verb: 
             )
         if len(ids) == 1 and job.status.value not in allowed:
             raise ConfigError(
-                f"job {job_id} is {job.status.value}; only {' or '.join(allowed)} jobs can be "
-                f"{verb}"
+                f"job {job_id} is {job.status.value}; only {ops.applies_text(action)} jobs "
+                f"can be {verb}"
             )
 
 
@@ -1139,7 +1141,7 @@ def _cmd_retry(session: Any, args: argparse.Namespace) -> int:
     if bool(args.ids) == bool(args.all_dead):
         return _fail("give job ids, or --all-dead (optionally with --kind/--queue)")
     if args.ids:
-        _one_id_check(session, args.ids, ("dead", "cancelled"), "retried")
+        _one_id_check(session, args.ids, "retry", "retried")
         n = ops.retry_jobs(
             session,
             args.ids,
@@ -1163,7 +1165,7 @@ def _cmd_cancel(session: Any, args: argparse.Namespace) -> int:
     if args.wait < 0:
         return _fail(f"--wait must be >= 0 seconds, got {args.wait:g}")
     if args.ids:
-        _one_id_check(session, args.ids, ("queued", "running"), "cancelled")
+        _one_id_check(session, args.ids, "cancel", "cancelled")
     done = ops.cancel(
         session,
         args.ids or None,
@@ -1221,7 +1223,7 @@ def _cmd_delete(session: Any, args: argparse.Namespace) -> int:
     from sqla_jobs import ops
 
     if args.ids:
-        _one_id_check(session, args.ids, ("queued", "done", "dead", "cancelled"), "deleted")
+        _one_id_check(session, args.ids, "delete", "deleted")
     filters: dict[str, Any] = {
         "status": args.status,
         "kind": args.kind,

@@ -196,6 +196,7 @@ def offered(page: str) -> list[str]:
         ("/jobs?status=done", ["delete"]),
         ("/jobs?status=running", ["cancel"]),
         ("/jobs?status=queued", ["cancel", "delete"]),
+        ("/jobs?status=waiting", ["cancel", "delete"]),
         ("/jobs?status=cancelled", ["retry", "delete"]),
         ("/jobs", ["retry", "cancel", "delete"]),
     ],
@@ -203,7 +204,7 @@ def offered(page: str) -> list[str]:
 def test_a_jobs_page_offers_only_the_bulk_actions_that_can_apply_to_its_jobs(
     engine: sa.Engine, make_client: MakeClient, path: str, expected: list[str]
 ) -> None:
-    for status in ("dead", "done", "running", "queued", "cancelled"):
+    for status in ("dead", "done", "running", "queued", "waiting", "cancelled"):
         job(engine, status)
     assert offered(make_client().get(path).text) == expected
 

@@ -71,6 +71,13 @@ FLOW_CLI_ERRORS = _FLOW_CLI + (
 )
 FLOW_CLI_FLAGS = _FLOW_CLI + "test_a_workflow_flag_the_action_does_not_take_is_a_usage_error"
 FLOW_CLI_INDEX = _FLOW_CLI + "test_a_workflows_page_reads_the_workflow_index_not_the_table"
+_TRIAL = "tests/test_dashboard_trial.py::"
+TRIAL_WAITING_CANCEL = _TRIAL + (
+    "test_a_waiting_step_can_be_cancelled_from_its_page_and_its_dependents_follow"
+)
+TRIAL_ACTION_TEXT = _TRIAL + (
+    "test_refusals_name_the_states_each_action_applies_to_in_ops_cli_and_dashboard"
+)
 FLOW_DASHBOARD_BUTTONS = "tests/test_dashboard_workflows.py::" + (
     "test_each_workflow_action_shows_only_to_a_viewer_with_its_permission"
 )
@@ -1550,6 +1557,22 @@ MUTATIONS: list[Mutation] = [
         "    keyed = jobs.c.id + 0\n",
         "    keyed = jobs.c.id  # MUTATION\n",
         (FLOW_CLI_INDEX,),
+    ),
+    Mutation(
+        "cancel_leaves_waiting_steps",
+        "a waiting workflow step can be cancelled (its dependents follow the workflow rules)",
+        "sqla_jobs/sql/admin.py",
+        "    statuses = [JobStatus.QUEUED, JobStatus.WAITING]\n",
+        "    statuses = [JobStatus.QUEUED]  # MUTATION\n",
+        (TRIAL_WAITING_CANCEL,),
+    ),
+    Mutation(
+        "delete_refusal_names_other_states",
+        "the CLI's and dashboard's refusals list the states ops applies the action to",
+        "sqla_jobs/cli.py",
+        "    allowed = [s.value for s in ops.ACTION_STATUSES[action]]\n",
+        '    allowed = ["queued", "done", "dead", "cancelled"]  # MUTATION\n',
+        (TRIAL_ACTION_TEXT,),
     ),
 ]
 

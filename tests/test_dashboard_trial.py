@@ -1,0 +1,134 @@
+"""Findings of a new user's trial of the dashboard (#22), each proved over HTTP against
+real PostgreSQL (and, where the CLI or ops share the rule, there too): what each job
+action applies to, filters that can never match, the timeout a handler declares,
+periodic times, multipart forms and archived workflows."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import flowapp
+import pytest
+import sqlalchemy as sa
+from dashboard_client import Client, forms, said
+from flowapp import registry
+from helpers import rows
+from sqlalchemy.engine import URL
+from sqlalchemy.orm import Session
+from test_ops_cli import cli
+
+from sqla_jobs import ops
+from sqla_jobs.dashboard import create_app
+from sqla_jobs.workflows import Workflow, WorkflowIds
+
+MakeClient = Callable[..., Client]
+
+
+@pytest.fixture
+def make_client(engine: sa.Engine) -> Iterator[MakeClient]:
+    flowapp.setup(engine)
+    made: list[Client] = []
+
+    def make(**options: Any) -> Client:
+        client = Client(create_app(engine, **{"registry": registry, **options}))
+        made.append(client)
+        client.get("/")  # the CSRF cookie
+        return client
+
+    yield make
+    for client in made:
+        client.close()
+
+
+def fan_in(engine: sa.Engine) -> WorkflowIds:
+    flow = Workflow(registry=registry)
+    flow.add("fetch", "flow.step", {"value": 1})
+    flow.add("left", "flow.step", {"value": 2}, after="fetch")
+    flow.add("right", "flow.step", {"value": 3}, after="fetch")
+    flow.add("zip", "flow.sum", after=["left", "right"])
+    with Session(engine) as s:
+        ids = flow.enqueue(s)
+        s.commit()
+    return ids
+
+
+def statuses(engine: sa.Engine, ids: WorkflowIds) -> dict[str, str]:
+    found = rows(engine, "SELECT step, status::text FROM jobs WHERE workflow_id = :w", w=ids.id)
+    return {str(step): str(status) for step, status in found}
+
+
+# --- 1. what each action applies to: a waiting step -------------------------------
+
+
+def test_a_waiting_step_can_be_cancelled_from_its_page_and_its_dependents_follow(
+    engine: sa.Engine, make_client: MakeClient
+) -> None:
+    ids = fan_in(engine)
+    client = make_client()
+    page = client.get(f"/jobs/{ids['left']}").text
+    assert f"/jobs/{ids['left']}/cancel" in forms(page)
+    assert f"/jobs/{ids['left']}/delete" in forms(page)
+    done = client.post(f"/jobs/{ids['left']}/cancel")
+    assert said(client, done) == "1 job(s) cancelled."
+    # zip needs left to succeed: the workflow rules cancel it in the same transaction.
+    assert statuses(engine, ids) == {
+        "fetch": "queued",
+        "left": "cancelled",
+        "right": "waiting",
+        "zip": "cancelled",
+    }
+    shown = client.get(f"/jobs/{ids['left']}").text
+    assert "cancelled by an operator while it was waiting" in shown
+
+
+def test_a_waiting_step_can_be_deleted_and_the_list_offers_both_actions_for_waiting(
+    engine: sa.Engine, make_client: MakeClient
+) -> None:
+    ids = fan_in(engine)
+    client = make_client()
+    listed = client.get("/jobs?status=waiting").text
+    assert 'value="cancel"' in listed and 'value="delete"' in listed
+    assert 'value="retry"' not in listed
+    review = client.post(
+        "/jobs/bulk",
+        {"op": "delete", "scope": "selected", "ids": f"{ids['right']}", "page": "jobs"},
+    )
+    assert "<strong>1 job(s)</strong> to delete." in review.text
+    done = client.post(f"/jobs/{ids['left']}/delete")
+    assert said(client, done) == "1 job(s) deleted."
+    assert statuses(engine, ids)["zip"] == "cancelled"
+
+
+def test_refusals_name_the_states_each_action_applies_to_in_ops_cli_and_dashboard(
+    engine: sa.Engine, db_url: URL, make_client: MakeClient
+) -> None:
+    ids = fan_in(engine)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text("UPDATE jobs SET status = 'running' WHERE id = :i"), {"i": ids["fetch"]}
+        )
+    client = make_client()
+    refused = client.post(f"/jobs/{ids['fetch']}/delete")
+    assert said(client, refused) == (
+        f"Job {ids['fetch']} is running: only jobs that are queued, waiting, done, dead or "
+        "cancelled can be deleted."
+    )
+    retry = client.post(f"/jobs/{ids['left']}/retry")
+    assert said(client, retry) == (
+        f"Job {ids['left']} is waiting: only jobs that are dead or cancelled can be retried."
+    )
+    deleted = cli(db_url, "delete", str(ids["fetch"]))
+    assert deleted.returncode != 0
+    assert (
+        f"job {ids['fetch']} is running; only queued, waiting, done, dead or cancelled jobs "
+        "can be deleted"
+    ) in deleted.stderr
+    waiting = cli(db_url, "delete", "--dry-run", str(ids["right"]))
+    assert waiting.returncode == 0 and "would delete 1 job(s)" in waiting.stdout, waiting.stderr
+    cancelled = cli(db_url, "cancel", str(ids["left"]), "--wait", "0")
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert "cancelled 1 job(s)" in cancelled.stdout
+    with Session(engine) as s:
+        assert ops.applies_text("cancel") == "queued, waiting or running"
+        assert ops.delete_jobs(s, [ids["right"]]) == 1
