@@ -813,6 +813,8 @@ def _payload_match(value: Mapping[str, Any], name: str = "payload") -> str:
         return json.dumps(dict(value), allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{name} is not JSON: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{name} is nested too deeply to encode as JSON") from None
 
 
 def _tags_filter(tag: str | Sequence[str] | None) -> list[str] | None:

@@ -571,11 +571,16 @@ def json_object(label: str, text: str, error: type[SqlaJobsError]) -> dict[str, 
     ``1e999`` are not), not an object, or holding a NUL character."""
     try:
         value = json.loads(text, parse_float=_finite, parse_constant=_no_constant)
+        nul = isinstance(value, dict) and _has_nul(value)
     except ValueError as exc:
         raise error(f'{label} is not JSON ({exc}); e.g. {{"user": 7}}') from None
+    except RecursionError:
+        # The decoder (and the walk) recurse once per level: text nested ~1,000 deep
+        # exhausts Python's stack, which is bad input, not a server error.
+        raise error(f"{label} is nested too deeply to decode") from None
     if not isinstance(value, dict):
         raise error(f'{label} must be a JSON object, e.g. {{"user": 7}}, got {what(value)}')
-    if _has_nul(value):
+    if nul:
         raise error(f"{label} must not contain a NUL character (jsonb refuses \\u0000)")
     return value
 

@@ -132,3 +132,46 @@ def test_refusals_name_the_states_each_action_applies_to_in_ops_cli_and_dashboar
     with Session(engine) as s:
         assert ops.applies_text("cancel") == "queued, waiting or running"
         assert ops.delete_jobs(s, [ids["right"]]) == 1
+
+
+# --- 2. JSON nested too deeply --------------------------------------------------------
+
+
+def nested(depth: int) -> dict[str, Any]:
+    value: dict[str, Any] = {}
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+#: JSON text nested 2,000 deep: the decoder recurses once per level.
+DEEP_TEXT = '{"a":' * 2_000 + "{}" + "}" * 2_000
+
+
+@pytest.mark.parametrize("name", ["payload", "meta"])
+def test_a_json_filter_nested_too_deeply_is_a_400_naming_it(
+    make_client: MakeClient, name: str
+) -> None:
+    page = make_client().get("/jobs", params={name: DEEP_TEXT})
+    assert page.status_code == 400
+    assert "is nested too deeply to decode" in page.text
+    label = "Payload contains" if name == "payload" else "Meta contains"
+    assert label in page.text
+
+
+def test_json_nested_too_deeply_is_refused_by_the_cli_ops_and_enqueue(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    from sqla_jobs import InvalidJobError, enqueue
+    from sqla_jobs.exceptions import ConfigError
+
+    listed = cli(db_url, "list", "--payload", DEEP_TEXT)
+    assert listed.returncode != 0 and "--payload is nested too deeply" in listed.stderr
+    with Session(engine) as s:
+        for name in ("payload", "meta"):
+            with pytest.raises(ConfigError, match=f"{name} is nested too deeply"):
+                ops.list_jobs(s, **{name: nested(100_000)})  # type: ignore[arg-type]
+        with pytest.raises(InvalidJobError, match="payload is not JSON-serializable"):
+            enqueue(s, "flow.step", nested(100_000))
+        with pytest.raises(InvalidJobError, match="meta is not JSON-serializable"):
+            enqueue(s, "flow.step", {}, meta=nested(100_000))

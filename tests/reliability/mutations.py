@@ -75,6 +75,7 @@ _TRIAL = "tests/test_dashboard_trial.py::"
 TRIAL_WAITING_CANCEL = _TRIAL + (
     "test_a_waiting_step_can_be_cancelled_from_its_page_and_its_dependents_follow"
 )
+TRIAL_DEEP_FILTER = _TRIAL + "test_a_json_filter_nested_too_deeply_is_a_400_naming_it"
 TRIAL_ACTION_TEXT = _TRIAL + (
     "test_refusals_name_the_states_each_action_applies_to_in_ops_cli_and_dashboard"
 )
@@ -1573,6 +1574,14 @@ MUTATIONS: list[Mutation] = [
         "    allowed = [s.value for s in ops.ACTION_STATUSES[action]]\n",
         '    allowed = ["queued", "done", "dead", "cancelled"]  # MUTATION\n',
         (TRIAL_ACTION_TEXT,),
+    ),
+    Mutation(
+        "json_filter_recursion_uncaught",
+        "a JSON filter nested too deeply is a clean refusal naming the filter, not a 500",
+        "sqla_jobs/validation.py",
+        "    except RecursionError:\n        # The decoder (and the walk)",
+        "    except ZeroDivisionError:  # MUTATION\n        # The decoder (and the walk)",
+        (TRIAL_DEEP_FILTER,),
     ),
 ]
 
