@@ -977,6 +977,11 @@ def _cmd_periodic(session: Any, args: argparse.Namespace) -> int:
 def _cmd_list(session: Any, args: argparse.Namespace) -> int:
     from sqla_jobs import ops, validation
 
+    for name in ("kind", "queue", "key"):
+        if getattr(args, name) is not None:
+            validation.filter_value(name, f"--{name}", getattr(args, name), ConfigError)
+    for tag in args.tag or ():
+        validation.filter_value("tag", "--tag", tag, ConfigError)
     jobs = ops.list_jobs(
         session,
         status=args.status,

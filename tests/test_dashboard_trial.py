@@ -5,6 +5,7 @@ periodic times, multipart forms and archived workflows."""
 
 from __future__ import annotations
 
+import html
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -175,3 +176,34 @@ def test_json_nested_too_deeply_is_refused_by_the_cli_ops_and_enqueue(
             enqueue(s, "flow.step", nested(100_000))
         with pytest.raises(InvalidJobError, match="meta is not JSON-serializable"):
             enqueue(s, "flow.step", {}, meta=nested(100_000))
+
+
+# --- 4. filters that can never match ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("query", "refusal"),
+    [
+        ({"tag": "a,b"}, "Tag (tag) can match no job: a tag must not contain a comma"),
+        ({"tag": "t" * 500}, "Tag (tag) can match no job: each tag must be at most 100"),
+        ({"queue": "bad queue"}, "Queue (queue) can match no job: queue must match"),
+        ({"kind": "k" * 300}, "Kind (kind) can match no job: kind is longer than 255"),
+    ],
+    ids=["tag-comma", "tag-long", "queue-space", "kind-long"],
+)
+def test_a_filter_no_job_can_match_is_a_400_naming_it_and_the_rule(
+    make_client: MakeClient, query: dict[str, str], refusal: str
+) -> None:
+    page = make_client().get("/jobs", params=query)
+    assert page.status_code == 400
+    assert refusal in html.unescape(page.text)
+
+
+def test_the_cli_list_refuses_a_filter_no_job_can_match(db_url: URL) -> None:
+    for args, refusal in (
+        (("--tag", "a,b"), "--tag can match no job: a tag must not contain a comma"),
+        (("--queue", "bad queue"), "--queue can match no job: queue must match"),
+        (("--kind", "k" * 300), "--kind can match no job: kind is longer than 255"),
+    ):
+        result = cli(db_url, "list", *args)
+        assert result.returncode != 0 and refusal in result.stderr, result.stderr

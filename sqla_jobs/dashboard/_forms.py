@@ -195,7 +195,7 @@ def ignored_values(query: QueryParams, page: str) -> list[str]:
 def _text(name: str, text: str) -> str:
     if "\x00" in text:
         raise ConfigError(f"{_label(name)} must not contain a NUL character")
-    return text
+    return validation.filter_value(name, _label(name), text, ConfigError)
 
 
 def _integer(label: str, text: str, minimum: int = 0) -> int:

@@ -76,6 +76,7 @@ TRIAL_WAITING_CANCEL = _TRIAL + (
     "test_a_waiting_step_can_be_cancelled_from_its_page_and_its_dependents_follow"
 )
 TRIAL_DEEP_FILTER = _TRIAL + "test_a_json_filter_nested_too_deeply_is_a_400_naming_it"
+TRIAL_NO_MATCH = _TRIAL + "test_a_filter_no_job_can_match_is_a_400_naming_it_and_the_rule"
 TRIAL_ACTION_TEXT = _TRIAL + (
     "test_refusals_name_the_states_each_action_applies_to_in_ops_cli_and_dashboard"
 )
@@ -1582,6 +1583,14 @@ MUTATIONS: list[Mutation] = [
         "    except RecursionError:\n        # The decoder (and the walk)",
         "    except ZeroDivisionError:  # MUTATION\n        # The decoder (and the walk)",
         (TRIAL_DEEP_FILTER,),
+    ),
+    Mutation(
+        "filter_value_unchecked",
+        "a jobs filter no job can match (enqueue's rules) is refused naming it and the rule",
+        "sqla_jobs/dashboard/_forms.py",
+        "    return validation.filter_value(name, _label(name), text, ConfigError)\n",
+        "    return text  # MUTATION\n",
+        (TRIAL_NO_MATCH,),
     ),
 ]
 
