@@ -550,6 +550,7 @@ def _add_ops_commands(sub: Any) -> None:
     p = command("show", "show one job: payload, attempts, last error, timestamps")
     p.add_argument("id", type=int)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--app", help="'module:registry' to show the handler's timeout")
 
     p = command("retry", "put dead (or cancelled) jobs back in the queue")
     p.add_argument("ids", type=int, nargs="*", metavar="ID")
@@ -1077,7 +1078,13 @@ def _cmd_show(session: Any, args: argparse.Namespace) -> int:
     for name in ("idempotency_key", "worker", "created_at", "run_at", "locked_until"):
         print(f"{name + ':':<17}{data[name] if data[name] is not None else '-'}")
     print(f"{'finished_at:':<17}{data['finished_at'] or '-'}")
-    print(f"{'timeout:':<17}{f'{job.timeout:g}s' if job.timeout is not None else '-'}")
+    registry = None
+    if args.app:
+        from sqla_jobs import tasks
+
+        sys.path.insert(0, os.getcwd())
+        registry = tasks.load_registry(args.app)
+    print(f"{'timeout:':<17}{ops.timeout_text(job, registry)}")
     print(f"{'snoozes:':<17}{job.snoozes}")
     if job.cancel_requested_at is not None:
         print(f"{'cancel asked at:':<17}{data['cancel_requested_at']}")

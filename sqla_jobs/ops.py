@@ -844,6 +844,20 @@ def _statuses(
     return [_status(s) for s in status]
 
 
+def timeout_text(job: JobRecord, registry: Registry | None) -> str:
+    """A job's timeout in words, as its worker applies it: its own, else its handler's
+    (from ``registry``, said to be the handler's); without a registry, that it is the
+    handler's and unknown here (``sqla-jobs show``, the dashboard's job page)."""
+    if job.timeout is not None:
+        return f"{job.timeout:g} s"
+    if registry is None:
+        return "its handler's (unknown without the app's registry)"
+    if job.kind not in registry.kinds:
+        return f"its handler's (unknown: the registry has no handler for {job.kind!r})"
+    declared = registry[job.kind].timeout
+    return "none (its handler's)" if declared is None else f"{declared:g} s (its handler's)"
+
+
 @_sessions.sync_form
 def get_job(session: Session, id: int, *, archived: bool = True) -> JobRecord:
     """The job with this id, from ``jobs`` or else (unless ``archived=False``) from

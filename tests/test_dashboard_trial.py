@@ -6,12 +6,14 @@ periodic times, multipart forms and archived workflows."""
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import flowapp
 import pytest
 import sqlalchemy as sa
+import trialapp
 from dashboard_client import Client, forms, said
 from flowapp import registry
 from helpers import rows
@@ -19,7 +21,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 from test_ops_cli import cli
 
-from sqla_jobs import ops
+from sqla_jobs import enqueue, ops
 from sqla_jobs.dashboard import create_app
 from sqla_jobs.workflows import Workflow, WorkflowIds
 
@@ -163,7 +165,7 @@ def test_a_json_filter_nested_too_deeply_is_a_400_naming_it(
 def test_json_nested_too_deeply_is_refused_by_the_cli_ops_and_enqueue(
     engine: sa.Engine, db_url: URL
 ) -> None:
-    from sqla_jobs import InvalidJobError, enqueue
+    from sqla_jobs import InvalidJobError
     from sqla_jobs.exceptions import ConfigError
 
     listed = cli(db_url, "list", "--payload", DEEP_TEXT)
@@ -207,3 +209,35 @@ def test_the_cli_list_refuses_a_filter_no_job_can_match(db_url: URL) -> None:
     ):
         result = cli(db_url, "list", *args)
         assert result.returncode != 0 and refusal in result.stderr, result.stderr
+
+
+# --- 3. the timeout a handler declares --------------------------------------------------
+
+
+def timeout_shown(page: str) -> str:
+    found = re.search(r"<dt>Timeout</dt><dd>([^<]*)</dd>", page)
+    assert found is not None
+    return html.unescape(found.group(1))
+
+
+def test_a_jobs_timeout_falls_back_to_its_handlers_on_the_page_and_in_show(
+    engine: sa.Engine, db_url: URL, make_client: MakeClient
+) -> None:
+    with Session(engine) as s:
+        slow = enqueue(s, "trial.slow", {})
+        open_ended = enqueue(s, "trial.open", {})
+        own = enqueue(s, "trial.slow", {}, timeout=5)
+        s.commit()
+    known = make_client(registry=trialapp.registry)
+    assert timeout_shown(known.get(f"/jobs/{slow}").text) == "120 s (its handler's)"
+    assert timeout_shown(known.get(f"/jobs/{open_ended}").text) == "none (its handler's)"
+    assert timeout_shown(known.get(f"/jobs/{own}").text) == "5 s"
+    unknown = make_client(registry=None)
+    assert timeout_shown(unknown.get(f"/jobs/{slow}").text) == (
+        "its handler's (unknown without the app's registry)"
+    )
+    shown = cli(db_url, "show", str(slow), "--app", "trialapp:registry")
+    assert shown.returncode == 0, shown.stderr
+    assert "timeout:         120 s (its handler's)\n" in shown.stdout
+    bare = cli(db_url, "show", str(slow))
+    assert "timeout:         its handler's (unknown without the app's registry)\n" in bare.stdout

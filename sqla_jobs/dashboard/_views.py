@@ -188,6 +188,7 @@ class Views:
             warning=warning,
             live=f"{prefix}/events?{live}" if live else None,
             max_attempts=self.max_attempts,
+            timeout=lambda job: ops.timeout_text(job, self.settings.registry),
             **context,
         )
         response = HTMLResponse(html, status_code=status)

@@ -77,6 +77,7 @@ TRIAL_WAITING_CANCEL = _TRIAL + (
 )
 TRIAL_DEEP_FILTER = _TRIAL + "test_a_json_filter_nested_too_deeply_is_a_400_naming_it"
 TRIAL_NO_MATCH = _TRIAL + "test_a_filter_no_job_can_match_is_a_400_naming_it_and_the_rule"
+TRIAL_TIMEOUT = _TRIAL + "test_a_jobs_timeout_falls_back_to_its_handlers_on_the_page_and_in_show"
 TRIAL_ACTION_TEXT = _TRIAL + (
     "test_refusals_name_the_states_each_action_applies_to_in_ops_cli_and_dashboard"
 )
@@ -1591,6 +1592,14 @@ MUTATIONS: list[Mutation] = [
         "    return validation.filter_value(name, _label(name), text, ConfigError)\n",
         "    return text  # MUTATION\n",
         (TRIAL_NO_MATCH,),
+    ),
+    Mutation(
+        "timeout_shown_without_the_handlers",
+        "a job without a timeout of its own shows its handler's, said to be the handler's",
+        "sqla_jobs/ops.py",
+        "    declared = registry[job.kind].timeout\n",
+        "    declared = None  # MUTATION\n",
+        (TRIAL_TIMEOUT,),
     ),
 ]
 
