@@ -241,3 +241,27 @@ def test_a_jobs_timeout_falls_back_to_its_handlers_on_the_page_and_in_show(
     assert "timeout:         120 s (its handler's)\n" in shown.stdout
     bare = cli(db_url, "show", str(slow))
     assert "timeout:         its handler's (unknown without the app's registry)\n" in bare.stdout
+
+
+# --- 6. multipart forms -----------------------------------------------------------------
+
+
+def test_a_multipart_form_is_refused_saying_forms_are_sent_urlencoded(
+    engine: sa.Engine, make_client: MakeClient
+) -> None:
+    ids = fan_in(engine)
+    client = make_client()
+    sent = client.loop.run_until_complete(
+        client.http.post(
+            f"/jobs/{ids['fetch']}/cancel",
+            data={"csrf": client.csrf_token()},
+            files={"note": ("note.txt", b"x")},
+        )
+    )
+    assert sent.status_code == 400
+    text = html.unescape(sent.text)
+    assert "forms must be sent urlencoded (application/x-www-form-urlencoded" in text
+    assert "not multipart/form-data" in text and "CSRF" not in text
+    assert statuses(engine, ids)["fetch"] == "queued"
+    # The same form urlencoded, as the page sends it, acts.
+    assert said(client, client.post(f"/jobs/{ids['fetch']}/cancel")) == "1 job(s) cancelled."

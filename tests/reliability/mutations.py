@@ -78,6 +78,7 @@ TRIAL_WAITING_CANCEL = _TRIAL + (
 TRIAL_DEEP_FILTER = _TRIAL + "test_a_json_filter_nested_too_deeply_is_a_400_naming_it"
 TRIAL_NO_MATCH = _TRIAL + "test_a_filter_no_job_can_match_is_a_400_naming_it_and_the_rule"
 TRIAL_TIMEOUT = _TRIAL + "test_a_jobs_timeout_falls_back_to_its_handlers_on_the_page_and_in_show"
+TRIAL_MULTIPART = _TRIAL + "test_a_multipart_form_is_refused_saying_forms_are_sent_urlencoded"
 TRIAL_ACTION_TEXT = _TRIAL + (
     "test_refusals_name_the_states_each_action_applies_to_in_ops_cli_and_dashboard"
 )
@@ -1600,6 +1601,14 @@ MUTATIONS: list[Mutation] = [
         "    declared = registry[job.kind].timeout\n",
         "    declared = None  # MUTATION\n",
         (TRIAL_TIMEOUT,),
+    ),
+    Mutation(
+        "multipart_form_read_as_tokenless",
+        "a form not sent urlencoded is refused saying so, not as a missing CSRF token",
+        "sqla_jobs/dashboard/_forms.py",
+        "    if media != URLENCODED:\n",
+        "    if False:  # MUTATION\n",
+        (TRIAL_MULTIPART,),
     ),
 ]
 
