@@ -287,3 +287,25 @@ def test_a_fully_archived_workflow_offers_no_retry_and_a_partly_live_one_does(
     page = client.get(f"/workflows/{ids.id}").text
     assert "cancelled 4" in re.sub(r"<[^>]+>", "", page)  # the counts still say what ended
     assert forms(page) == [] and "Retry failed steps" not in page
+
+
+# --- 5. periodic times in the schedule's zone ------------------------------------------
+
+
+def test_a_schedules_next_and_last_tick_are_shown_in_its_own_zone(
+    engine: sa.Engine, make_client: MakeClient
+) -> None:
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "INSERT INTO jobs_periodic (name, kind, expression, last_tick, last_job_id) "
+            "VALUES ('trial.nightly', 'trial.nightly', '0 2 * * *', "
+            "'2026-01-01 20:30:00+00', 1)"
+        )
+    page = make_client(registry=trialapp.registry).get("/periodic").text
+    row = re.search(r"<th scope=\"row\">trial.nightly</th>(.*?)</tr>", page, re.S)
+    assert row is not None
+    cells = re.findall(r"<td>(.*?)</td>", row.group(1), re.S)
+    next_tick, last_tick = cells[4], cells[5]
+    # 20:30 UTC is 02:00 in Kolkata: the last tick on the schedule's clock, as the next.
+    assert last_tick == "2026-01-02 02:00:00+05:30"
+    assert next_tick.endswith(" 02:00:00+05:30"), next_tick

@@ -20,3 +20,9 @@ def slow(session: Session, payload: dict[str, Any]) -> None:
 @registry.handler("trial.open")
 def open_ended(session: Session, payload: dict[str, Any]) -> None:
     """Does nothing, with no timeout of its own."""
+
+
+@registry.periodic("0 2 * * *", timezone="Asia/Kolkata")
+@registry.handler("trial.nightly")
+def nightly(session: Session, payload: dict[str, Any]) -> None:
+    """A schedule in a zone five and a half hours from UTC."""

@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone, tzinfo
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import jinja2
 
@@ -37,7 +38,12 @@ def environment() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters.update(
-        pretty=pretty_json, compact=compact_json, age=age, moment=moment, size=table_size
+        pretty=pretty_json,
+        compact=compact_json,
+        age=age,
+        moment=moment,
+        zoned=zoned,
+        size=table_size,
     )
     return env
 
@@ -77,6 +83,18 @@ def table_size(table: ops.TableStats) -> str:
 def moment(value: datetime | None) -> str:
     """A timestamp to the second, with its UTC offset; ``"-"`` for none."""
     return "-" if value is None else value.isoformat(sep=" ", timespec="seconds")
+
+
+def zoned(value: datetime | None, zone: str | None) -> str:
+    """:func:`moment` in the time zone ``zone`` (a schedule's; UTC for None), so the
+    times of one schedule are read on one clock."""
+    if value is None:
+        return moment(value)
+    try:
+        where: tzinfo = ZoneInfo(zone) if zone else timezone.utc
+    except (ZoneInfoNotFoundError, ValueError):
+        where = timezone.utc  # a removed schedule's zone this host does not know
+    return moment(value.astimezone(where))
 
 
 @dataclass(frozen=True)

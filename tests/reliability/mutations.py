@@ -82,6 +82,7 @@ TRIAL_MULTIPART = _TRIAL + "test_a_multipart_form_is_refused_saying_forms_are_se
 TRIAL_ARCHIVED_FLOW = _TRIAL + (
     "test_a_fully_archived_workflow_offers_no_retry_and_a_partly_live_one_does"
 )
+TRIAL_ZONE = _TRIAL + "test_a_schedules_next_and_last_tick_are_shown_in_its_own_zone"
 TRIAL_ACTION_TEXT = _TRIAL + (
     "test_refusals_name_the_states_each_action_applies_to_in_ops_cli_and_dashboard"
 )
@@ -1620,6 +1621,14 @@ MUTATIONS: list[Mutation] = [
         "sum(self.live_counts.get(s.value, 0)",
         "sum(self.counts.get(s.value, 0)",
         (TRIAL_ARCHIVED_FLOW,),
+    ),
+    Mutation(
+        "periodic_times_on_two_clocks",
+        "a schedule's next and last tick are shown in the same zone, the schedule's",
+        "sqla_jobs/dashboard/_render.py",
+        "    return moment(value.astimezone(where))\n",
+        "    return moment(value)  # MUTATION\n",
+        (TRIAL_ZONE,),
     ),
 ]
 
