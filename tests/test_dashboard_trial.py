@@ -309,3 +309,33 @@ def test_a_schedules_next_and_last_tick_are_shown_in_its_own_zone(
     # 20:30 UTC is 02:00 in Kolkata: the last tick on the schedule's clock, as the next.
     assert last_tick == "2026-01-02 02:00:00+05:30"
     assert next_tick.endswith(" 02:00:00+05:30"), next_tick
+
+
+# --- 7. the workflow page's live parts --------------------------------------------------
+
+
+def test_a_cancelled_step_waits_on_nothing_and_the_page_carries_what_the_script_updates(
+    engine: sa.Engine, make_client: MakeClient
+) -> None:
+    import json
+
+    ids = fan_in(engine)
+    with engine.begin() as conn:  # fetch runs: the cancel asks it to stop
+        conn.execute(
+            sa.text("UPDATE jobs SET status = 'running' WHERE id = :i"), {"i": ids["fetch"]}
+        )
+    client = make_client()
+    before = client.get(f"/workflows/{ids.id}").text
+    waits = re.search(rf'<tr id="step-{ids["left"]}"[^>]*>.*?data-waits=\'([^\']*)\'', before, re.S)
+    assert waits is not None and json.loads(html.unescape(waits.group(1))) == [
+        ["fetch", ids["fetch"]]
+    ]
+    client.post(f"/workflows/{ids.id}/cancel")
+    page = client.get(f"/workflows/{ids.id}").text
+    counts = re.search(r"data-flow-counts='([^']*)'", page)
+    assert counts is not None
+    assert json.loads(html.unescape(counts.group(1))) == {"cancelled": 3, "running": 1}
+    assert f'data-step="{ids["left"]}" data-drawn="cancelled"' in page
+    cells = re.findall(r'<td data-label="Waits on"[^>]*>(.*?)</td>', page, re.S)
+    # Every cancelled step waits on nothing, though fetch still runs.
+    assert cells.count("-") == 4, cells

@@ -17,7 +17,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import jinja2
 
-from sqla_jobs import ops
+from sqla_jobs import models, ops
 
 HERE = Path(__file__).resolve().parent
 TEMPLATES = HERE / "templates"
@@ -201,14 +201,16 @@ def workflow_graph(steps: Sequence[ops.WorkflowStep], *, whole: bool = True) -> 
     for s in steps:
         name = s.step or str(s.id)
         stages[name] = 1 + max((stages.get(d, 0) for d in s.depends_on), default=0)
+        # A step that ended waits on nothing (cancelled while a dependency still ran).
+        waiting = () if s.status in models.FINISHED_STATUSES else s.waiting_on
         rows.append(
             StepRow(
                 step=s,
                 stage=stages[name] if whole else None,
                 depends_on=tuple((d, ids.get(d)) for d in s.depends_on[:n]),
-                waiting_on=tuple((d, ids.get(d)) for d in s.waiting_on[:n]),
+                waiting_on=tuple((d, ids.get(d)) for d in waiting[:n]),
                 more_depends=max(0, len(s.depends_on) - n),
-                more_waiting=max(0, len(s.waiting_on) - n),
+                more_waiting=max(0, len(waiting) - n),
             )
         )
     if not whole:

@@ -83,6 +83,12 @@ TRIAL_ARCHIVED_FLOW = _TRIAL + (
     "test_a_fully_archived_workflow_offers_no_retry_and_a_partly_live_one_does"
 )
 TRIAL_ZONE = _TRIAL + "test_a_schedules_next_and_last_tick_are_shown_in_its_own_zone"
+TRIAL_ENDED_WAITS = _TRIAL + (
+    "test_a_cancelled_step_waits_on_nothing_and_the_page_carries_what_the_script_updates"
+)
+BROWSER_FLOW_LIVE = "tests/test_dashboard_browser.py::" + (
+    "test_a_workflow_pages_counts_and_waits_on_follow_a_cancel_live"
+)
 TRIAL_ACTION_TEXT = _TRIAL + (
     "test_refusals_name_the_states_each_action_applies_to_in_ops_cli_and_dashboard"
 )
@@ -1629,6 +1635,22 @@ MUTATIONS: list[Mutation] = [
         "    return moment(value.astimezone(where))\n",
         "    return moment(value)  # MUTATION\n",
         (TRIAL_ZONE,),
+    ),
+    Mutation(
+        "ended_step_still_waits",
+        "a workflow step that ended waits on nothing (cancelled while a dependency ran)",
+        "sqla_jobs/dashboard/_render.py",
+        "        waiting = () if s.status in models.FINISHED_STATUSES else s.waiting_on\n",
+        "        waiting = s.waiting_on  # MUTATION\n",
+        (TRIAL_ENDED_WAITS,),
+    ),
+    Mutation(
+        "workflow_page_counts_not_live",
+        "a workflow page's counts and waits-on follow its steps' live states without a reload",
+        "sqla_jobs/dashboard/static/dashboard.js",
+        "    onWorkflow(jobs);\n",
+        "    // MUTATION: no onWorkflow\n",
+        (BROWSER_FLOW_LIVE,),
     ),
 ]
 
