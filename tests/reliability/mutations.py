@@ -89,6 +89,9 @@ TRIAL_ENDED_WAITS = _TRIAL + (
 BROWSER_FLOW_LIVE = "tests/test_dashboard_browser.py::" + (
     "test_a_workflow_pages_counts_and_waits_on_follow_a_cancel_live"
 )
+DASHBOARD_STOPS_MID_ROUND = "tests/test_dashboard_cli.py::" + (
+    "test_dashboard_command_stops_without_waiting_for_the_live_views_query_in_flight"
+)
 TRIAL_ACTION_TEXT = _TRIAL + (
     "test_refusals_name_the_states_each_action_applies_to_in_ops_cli_and_dashboard"
 )
@@ -1651,6 +1654,14 @@ MUTATIONS: list[Mutation] = [
         "    onWorkflow(jobs);\n",
         "    // MUTATION: no onWorkflow\n",
         (BROWSER_FLOW_LIVE,),
+    ),
+    Mutation(
+        "dashboard_stop_waits_for_the_live_read",
+        "a stopping dashboard cancels the live view's query in flight instead of waiting for it",
+        "sqla_jobs/dashboard/_live.py",
+        "                reading.cancel()\n",
+        "                pass  # MUTATION\n",
+        (DASHBOARD_STOPS_MID_ROUND,),
     ),
 ]
 
