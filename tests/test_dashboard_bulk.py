@@ -273,8 +273,8 @@ def test_bulk_action_without_a_filter_says_it_is_every_job_and_needs_a_second_ti
     text = html.unescape(review.text)
     assert '<p class="count"><strong>2 job(s)</strong> to cancel.</p>' in text
     assert (
-        f"Every job in the table (no filter) that is queued or running, up to job {waiting[1]}."
-        in text
+        "Every job in the table (no filter) that is queued, waiting or running, up to job "
+        f"{waiting[1]}." in text
     )
     assert 'name="everything" value="yes" required' in text
 
@@ -298,7 +298,7 @@ def test_bulk_review_says_delete_applies_to_any_state_but_running(
     review = make_client().post(
         "/jobs/bulk", {"op": "delete", "scope": "matching", "filter": "kind=a"}
     )
-    assert "that is in any state but running, up to job" in review.text
+    assert "that is queued, waiting, done, dead or cancelled, up to job" in review.text
 
 
 @pytest.mark.parametrize(
