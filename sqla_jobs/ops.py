@@ -1724,17 +1724,10 @@ class WorkflowPage:
     steps: tuple[WorkflowStep, ...]
     #: True when steps with higher ids follow: pass the last one's id as ``after_id``.
     more: bool
-    #: The steps still in ``jobs`` by status (archived ones are read-only).
-    live_counts: dict[str, int] = field(default_factory=dict)
 
     @property
     def size(self) -> int:
         return sum(self.counts.values())
-
-    @property
-    def retryable(self) -> int:
-        """How many live steps a retry can run again (ended dead or cancelled)."""
-        return sum(self.live_counts.get(s.value, 0) for s in ACTION_STATUSES["retry"])
 
     @property
     def finished(self) -> bool:
@@ -1757,14 +1750,14 @@ def workflow_page(
     wid = _workflow_id(workflow_id)
     limit = _positive_int("limit", limit, MAX_LIMIT)
     after = None if after_id is None else _non_negative_id(after_id)
-    by_status = session.execute(workflows_sql.step_counts(wid)).all()
-    if not by_status:
+    counts = {
+        JobStatus(r.status).value: r.n for r in session.execute(workflows_sql.step_counts(wid))
+    }
+    if not counts:
         raise JobNotFoundError(f"no workflow with id {wid}")
-    counts = {JobStatus(r.status).value: r.n for r in by_status}
-    live = {JobStatus(r.status).value: r.live for r in by_status if r.live}
     found = session.execute(workflows_sql.step_page(wid, after_id=after, limit=limit + 1)).all()
     steps = tuple(_workflow_step(r) for r in found[:limit])
-    return WorkflowPage(wid, counts, steps, more=len(found) > limit, live_counts=live)
+    return WorkflowPage(wid, counts, steps, more=len(found) > limit)
 
 
 @_sessions.sync_form

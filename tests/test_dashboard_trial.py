@@ -1,7 +1,7 @@
 """Findings of a new user's trial of the dashboard (#22), each proved over HTTP against
 real PostgreSQL (and, where the CLI or ops share the rule, there too): what each job
 action applies to, filters that can never match, the timeout a handler declares,
-periodic times, multipart forms and archived workflows."""
+periodic times, multipart forms and the workflow page's live updates."""
 
 from __future__ import annotations
 
@@ -265,28 +265,6 @@ def test_a_multipart_form_is_refused_saying_forms_are_sent_urlencoded(
     assert statuses(engine, ids)["fetch"] == "queued"
     # The same form urlencoded, as the page sends it, acts.
     assert said(client, client.post(f"/jobs/{ids['fetch']}/cancel")) == "1 job(s) cancelled."
-
-
-# --- 8. an archived workflow offers no action ------------------------------------------
-
-
-def test_a_fully_archived_workflow_offers_no_retry_and_a_partly_live_one_does(
-    engine: sa.Engine, make_client: MakeClient
-) -> None:
-    from datetime import timedelta
-
-    ids = fan_in(engine)
-    client = make_client()
-    client.post(f"/workflows/{ids.id}/cancel")
-    page = client.get(f"/workflows/{ids.id}").text
-    assert forms(page) == [f"/workflows/{ids.id}/retry"] * 2  # live failed steps
-    with Session(engine) as s:
-        moved = ops.archive(s, timedelta(0), include_dead_after=timedelta(0))
-        s.commit()
-    assert moved == 4
-    page = client.get(f"/workflows/{ids.id}").text
-    assert "cancelled 4" in re.sub(r"<[^>]+>", "", page)  # the counts still say what ended
-    assert forms(page) == [] and "Retry failed steps" not in page
 
 
 # --- 5. periodic times in the schedule's zone ------------------------------------------

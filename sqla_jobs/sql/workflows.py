@@ -276,16 +276,14 @@ def step_page(workflow_id: Any, *, after_id: int | None, limit: int) -> sa.Selec
 
 
 def step_counts(workflow_id: Any) -> sa.Select[Any]:
-    """``status, n, live``: a workflow's steps (live and archived) by status, and how many
-    of them are live (in ``jobs``: archived steps are read-only, no action applies)."""
+    """``status, n``: a workflow's steps (live and archived) by status."""
     wid = sa.bindparam("workflow_id", workflow_id, sa.Uuid)
     archive = models.jobs_archive
     both = sa.union_all(
-        sa.select(jobs.c.status, sa.true().label("live")).where(jobs.c.workflow_id == wid),
-        sa.select(archive.c.status, sa.false().label("live")).where(archive.c.workflow_id == wid),
+        sa.select(jobs.c.status).where(jobs.c.workflow_id == wid),
+        sa.select(archive.c.status).where(archive.c.workflow_id == wid),
     ).subquery("both")
-    live = sa.func.count().filter(both.c.live).label("live")
-    return sa.select(both.c.status, sa.func.count().label("n"), live).group_by(both.c.status)
+    return sa.select(both.c.status, sa.func.count().label("n")).group_by(both.c.status)
 
 
 def cancel_workflow(workflow_id: Any) -> sa.Update:

@@ -79,9 +79,6 @@ TRIAL_DEEP_FILTER = _TRIAL + "test_a_json_filter_nested_too_deeply_is_a_400_nami
 TRIAL_NO_MATCH = _TRIAL + "test_a_filter_no_job_can_match_is_a_400_naming_it_and_the_rule"
 TRIAL_TIMEOUT = _TRIAL + "test_a_jobs_timeout_falls_back_to_its_handlers_on_the_page_and_in_show"
 TRIAL_MULTIPART = _TRIAL + "test_a_multipart_form_is_refused_saying_forms_are_sent_urlencoded"
-TRIAL_ARCHIVED_FLOW = _TRIAL + (
-    "test_a_fully_archived_workflow_offers_no_retry_and_a_partly_live_one_does"
-)
 TRIAL_ZONE = _TRIAL + "test_a_schedules_next_and_last_tick_are_shown_in_its_own_zone"
 TRIAL_ENDED_WAITS = _TRIAL + (
     "test_a_cancelled_step_waits_on_nothing_and_the_page_carries_what_the_script_updates"
@@ -1622,14 +1619,6 @@ MUTATIONS: list[Mutation] = [
         "    if media != URLENCODED:\n",
         "    if False:  # MUTATION\n",
         (TRIAL_MULTIPART,),
-    ),
-    Mutation(
-        "workflow_retry_offered_for_archived_steps",
-        "a workflow page offers retry only for live failed steps (archived ones are read-only)",
-        "sqla_jobs/ops.py",
-        "sum(self.live_counts.get(s.value, 0)",
-        "sum(self.counts.get(s.value, 0)",
-        (TRIAL_ARCHIVED_FLOW,),
     ),
     Mutation(
         "periodic_times_on_two_clocks",

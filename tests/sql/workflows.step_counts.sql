@@ -1,14 +1,10 @@
 SELECT "both".status,
-       count(*) AS n,
-       count(*) FILTER (
-                        WHERE "both".live) AS live
+       count(*) AS n
 FROM
-  (SELECT jobs.status AS status,
-          true AS live
+  (SELECT jobs.status AS status
    FROM jobs
    WHERE jobs.workflow_id = %(workflow_id)s::UUID
-   UNION ALL SELECT jobs_archive.status AS status,
-                    false AS live
+   UNION ALL SELECT jobs_archive.status AS status
    FROM jobs_archive
    WHERE jobs_archive.workflow_id = %(workflow_id)s::UUID) AS "both"
 GROUP BY "both".status;
