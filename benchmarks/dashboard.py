@@ -40,14 +40,14 @@ from sqlalchemy.orm import Session
 from sqla_jobs import ops
 from sqla_jobs.dashboard import create_app
 
-#: The indexes revisions 0010 and 0012 add for the dashboard (dropped to price their
+#: The indexes revisions 0010 and 0016 add for the dashboard (dropped to price their
 #: write cost).
 INDEXES: tuple[str, ...] = (
     "jobs_status_id_idx",
     "jobs_kind_id_idx",
     "jobs_queue_id_idx",
     "jobs_payload_idx",
-    "jobs_created_at_idx",
+    "jobs_created_hour_idx",
 )
 
 #: Kinds and their share of the rows, per thousand (``rare.audit``: 1 in 1,000).
@@ -320,7 +320,7 @@ def explain(url: str, case: Case, newest_first: bool) -> str:
 def server_write_cost(url: str, rows: int, drop: bool) -> tuple[float, float]:
     """Seconds to insert ``rows`` jobs in one statement, then to move them queued ->
     running -> done (two non-HOT updates of every row, as a claim and a done-mark do),
-    with the dashboard's indexes (revisions 0010, 0012) or (``drop``) without: the index
+    with the dashboard's indexes (revisions 0010, 0016) or (``drop``) without: the index
     maintenance itself, without the per-transaction costs that hide it in a drain."""
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("TRUNCATE jobs")

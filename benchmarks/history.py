@@ -22,7 +22,7 @@ import statistics
 import time
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
@@ -129,7 +129,9 @@ def measure(engine: sa.Engine, repeats: int) -> dict[str, float]:
 
         out["retry (one dead job, rolled back)"] = _ms(retry_one, repeats)
         out["rescue (20 expired, rolled back)"] = _ms(rolled_back(lease.rescue_expired()), repeats)
-        out["stats"] = _ms(lambda: ops.stats(s), max(3, repeats // 3))
+        # As many repeats as the rest: with three, one slow scheduling slice on a loaded
+        # host moved the median by 2x (the 2.19x of the first run, see buffers()).
+        out["stats"] = _ms(lambda: ops.stats(s), repeats)
         out["list (first page, all)"] = _ms(lambda: ops.list_jobs(s), repeats)
         out["list (dead)"] = _ms(lambda: ops.list_jobs(s, status="dead"), repeats)
         out["show (live job)"] = _ms(lambda: ops.get_job(s, done), repeats)
@@ -189,6 +191,10 @@ def _statements(engine: sa.Engine) -> dict[str, tuple[str, dict[str, Any]]]:
         "done-mark": lease.complete_one(worker="gone:1", job_id=done, attempt=1),
         "retry": admin.retry_jobs(statuses=[JobStatus.DEAD], ids=[dead]),
         "rescue": lease.rescue_expired(),
+        # What ops.stats runs: the head (pg_class, pg_stat_user_tables, pg_stats) and
+        # the per-(queue, kind) parts in one UNION ALL; then each part alone.
+        "stats head": stats_sql.stats_head(),
+        "stats parts": ops._stats_statement(None)[1],
         "stats queued": stats_sql.stats_queued(),
         "stats running": stats_sql.stats_running(),
         "stats dead": stats_sql.stats_dead(),
@@ -206,33 +212,61 @@ def _statements(engine: sa.Engine) -> dict[str, tuple[str, dict[str, Any]]]:
     out = {"claim": run._claim_sql()}
     for name, stmt in built.items():
         compiled = stmt.compile(dialect=engine.dialect)
-        out[name] = (str(compiled), dict(compiled.params))
+        params = dict(compiled.params)
+        if "taken_at" in params:
+            params["taken_at"] = None  # the clock, as of the statement (stats_parts)
+        out[name] = (str(compiled), params)
     return out
 
 
-def buffers(engine: sa.Engine) -> dict[str, tuple[int, str]]:
-    """Shared buffers (hit + read) each statement touches, and its plan's first scan line:
-    a count the host's load does not change (EXPLAIN ANALYZE, rolled back)."""
-    found: dict[str, tuple[int, str]] = {}
+class Plan(NamedTuple):
+    """One statement's EXPLAIN (ANALYZE, BUFFERS), its second run in one connection."""
+
+    buffers: int  # shared hit + read of the execution
+    planning_buffers: int  # catalog and statistics pages the planner read
+    server_ms: float  # planning + execution time in the server
+    scan: str  # the plan's first scan line
+
+
+def buffers(engine: sa.Engine) -> dict[str, Plan]:
+    """What each statement costs the server: buffers (hit + read) of its execution and of
+    its planning, planning + execution time, and its plan's first scan line: counts the
+    host's load does not change (EXPLAIN ANALYZE, rolled back). Each statement is
+    explained twice in one connection and the second taken: the first pays the
+    connection's catalog cache, which every statement of a real session has paid."""
+    found: dict[str, Plan] = {}
     for name, (sql, params) in _statements(engine).items():
         with engine.connect() as conn:
-            plan = [
-                str(r[0])
-                for r in conn.exec_driver_sql(
-                    f"EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {sql}", params
-                )
-            ]
-            conn.rollback()
-        total = 0
-        for line in plan:
-            if "Buffers:" in line and ("Planning" not in line):
-                hit = re.search(r"hit=(\d+)", line)
-                read = re.search(r"read=(\d+)", line)
-                total = int(hit.group(1) if hit else 0) + int(read.group(1) if read else 0)
-                break
-        scans = [line.strip() for line in plan if " Scan " in line or "Scan using" in line]
-        found[name] = (total, scans[0] if scans else "")
+            for _ in range(2):
+                plan = [
+                    str(r[0])
+                    for r in conn.exec_driver_sql(
+                        f"EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {sql}", params
+                    )
+                ]
+                conn.rollback()
+        found[name] = _read_plan(plan)
     return found
+
+
+def _read_plan(plan: list[str]) -> Plan:
+    def count(line: str) -> int:
+        hit = re.search(r"hit=(\d+)", line)
+        read = re.search(r"read=(\d+)", line)
+        return int(hit.group(1) if hit else 0) + int(read.group(1) if read else 0)
+
+    executed = next((count(x) for x in plan if "Buffers:" in x), 0)
+    planning = 0
+    if "Planning:" in plan:  # "Planning:" then its "Buffers:" line, when it read any
+        after = plan[plan.index("Planning:") + 1]
+        planning = count(after) if "Buffers:" in after else 0
+    ms = sum(
+        float(m.group(1))
+        for x in plan
+        if (m := re.match(r"(?:Planning|Execution) Time: ([\d.]+) ms", x.strip()))
+    )
+    scans = [x.strip() for x in plan if " Scan " in x or "Scan using" in x]
+    return Plan(executed, planning, ms, scans[0] if scans else "")
 
 
 def _prepare(url: str, engine: sa.Engine, history: int) -> None:
@@ -272,9 +306,18 @@ def section(quick: bool, step: Callable[[str], None]) -> list[Any]:
                 for name, value in measure(engine, repeats).items():
                     into.setdefault(name, []).append(value)
         before, after = buffers(empty_engine), buffers(long_engine)
-        print("  buffers per statement (empty -> long history), and the long side's first scan:")
-        for name, (count, _scan) in before.items():
-            print(f"    {name:20} {count:7} -> {after[name][0]:7}  {after[name][1]}", flush=True)
+        print(
+            "  per statement, empty -> long history: buffers of the execution, of the"
+            " planning, server ms (planning + execution), and the long side's first scan:"
+        )
+        for name, one in before.items():
+            other = after[name]
+            print(
+                f"    {name:18} {one.buffers:6} -> {other.buffers:6}"
+                f"  plan {one.planning_buffers:4} -> {other.planning_buffers:4}"
+                f"  {one.server_ms:6.2f} -> {other.server_ms:6.2f} ms  {other.scan}",
+                flush=True,
+            )
     for name, values in empty.items():
         value = statistics.median(long[name])
         rows.append(

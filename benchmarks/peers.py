@@ -29,6 +29,7 @@ from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import backend_cpu
 import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
@@ -251,18 +252,26 @@ def _drain_batches(conn: psycopg.Connection[dict[str, Any]], batch: int) -> int:
         processed += len(jobs)
 
 
-def raw_batched_drain(url: str, n_jobs: int, batch: int = 100) -> float:
+def raw_batched_drain(
+    url: str, n_jobs: int, batch: int = 100, cpu: list[tuple[float, float]] | None = None
+) -> float:
     """Drain rate with the seed schema, claiming *batch* jobs per statement.
 
     Per batch: one claim transaction (``WHERE id IN (... SKIP LOCKED LIMIT
     batch)``) and one done transaction (``WHERE id = ANY(%s)``); no-op
-    handler. Timed: first claim until a claim returns nothing.
+    handler. Timed: first claim until a claim returns nothing. *cpu*, if given,
+    gets ``(client, server)`` CPU microseconds per job (``backend_cpu``).
     """
     _seed_with_jobs(url, n_jobs)
     with psycopg.connect(url, row_factory=dict_row, autocommit=False) as conn:
+        spent = backend_cpu.DrainCpu(url, [os.getpid()])
+        spent.start()
         t0 = time.perf_counter()
         processed = _drain_batches(conn, batch)
         elapsed = time.perf_counter() - t0
+        spent.stop()
+        if cpu is not None:
+            cpu.append(spent.per_job(n_jobs))
     if processed != n_jobs:
         raise RuntimeError(f"batched drain processed {processed} of {n_jobs} jobs")
     _check_count(url, n_jobs, "done")

@@ -70,6 +70,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
+import backend_cpu  # noqa: E402
 import cli_start  # noqa: E402
 import dashboard  # noqa: E402
 import orm_enqueue  # noqa: E402
@@ -539,11 +540,13 @@ def ours_drain(
     processes: int = 1,
     app: str = "benchapp:registry",
     beside: Callable[[str], Any] | None = None,
+    cpu: list[tuple[float, float]] | None = None,
 ) -> float:
     """Drain rate of ``processes`` worker processes (timed from the last one's start, and
     counting only the jobs done from then on). ``beside``: a context manager factory
     given the database URL, entered after the fill and left after the drain (an open
-    dashboard tab)."""
+    dashboard tab). ``cpu``, if given, gets the workers' and their server backends' CPU
+    microseconds per job (``backend_cpu``)."""
     with _ours("bench_drain") as url, ExitStack() as stack:
         _fill(url, kind, n_jobs)
         if beside is not None:
@@ -553,9 +556,14 @@ def ours_drain(
         ]
         try:
             t0 = max(w.wait_ready() for w in workers)
+            spent = backend_cpu.DrainCpu(url, [w.proc.pid for w in workers])
+            spent.start()
             cpu0 = (sum(_process_cpu(w.proc.pid) for w in workers), _machine_cpu())
             _wait_all_done(url)
             cpu1 = (sum(_process_cpu(w.proc.pid) for w in workers), _machine_cpu())
+            spent.stop()
+            if cpu is not None:
+                cpu.append(spent.per_job(n_jobs))
             t1 = _last_done(url)
             drained = _done_since(url, t0)
         finally:
@@ -574,10 +582,17 @@ def ours_drain(
     return drained / (t1 - t0)
 
 
-def supervised_drain(n_jobs: int, processes: int, concurrency: int, kind: str = "write") -> float:
+def supervised_drain(
+    n_jobs: int,
+    processes: int,
+    concurrency: int,
+    kind: str = "write",
+    cpu: list[tuple[float, float]] | None = None,
+) -> float:
     """Drain by ONE command, ``--processes N`` (timed from the last child's "started"
     line to the last done-mark, counting the jobs done meanwhile, as ``ours_drain``);
-    write-one-row jobs unless ``kind`` says otherwise."""
+    write-one-row jobs unless ``kind`` says otherwise. ``cpu``: as ``ours_drain``'s (the
+    supervisor and its worker processes)."""
     with _ours("bench_procs") as url:
         _fill(url, kind, n_jobs)
         worker = WorkerProcess(
@@ -590,7 +605,12 @@ def supervised_drain(n_jobs: int, processes: int, concurrency: int, kind: str = 
         )
         try:
             t0 = worker.wait_ready(60.0)
+            spent = backend_cpu.DrainCpu(url, backend_cpu.with_children(worker.proc.pid))
+            spent.start()
             _wait_all_done(url)
+            spent.stop()
+            if cpu is not None:
+                cpu.append(spent.per_job(n_jobs))
             t1 = _last_done(url)
             drained = _done_since(url, t0)
         finally:
@@ -1471,10 +1491,11 @@ def drain_target_rows(
     0.8x the raw batched loop (100 per claim, one done statement), taken in turn."""
     for n in sizes.drain_targets:
         step(f"drain target: {n:,} no-op, raw batched / c=4 / --processes 2, in turn")
+        cpu: tuple[list[tuple[float, float]], ...] = ([], [], [])
         raw, one, two = interleaved(
-            lambda n=n: _peer(lambda u: peers.raw_batched_drain(u, n)),
-            lambda n=n: ours_drain(n, 4),
-            lambda n=n: supervised_drain(n, 2, 4, kind="noop"),
+            lambda n=n, c=cpu: _peer(lambda u: peers.raw_batched_drain(u, n, cpu=c[0])),
+            lambda n=n, c=cpu: ours_drain(n, 4, cpu=c[1]),
+            lambda n=n, c=cpu: supervised_drain(n, 2, 4, kind="noop", cpu=c[2]),
         )
         for label, rate in (
             ("1 process, concurrency 4", one),
@@ -1492,6 +1513,40 @@ def drain_target_rows(
                     0.8,
                 )
             )
+        rows += _drain_cpu_rows(n, cpu)
+
+
+def _drain_cpu_rows(n: int, cpu: tuple[list[tuple[float, float]], ...]) -> list[Row]:
+    """What a job of the target drains cost in CPU, client and server apart, beside the
+    raw loop's: on two shared cores the drain cannot go faster than these allow
+    (benchmarks/README.md, "what limits it")."""
+    rows = []
+    raw_client = _median([c for c, _ in cpu[0]]) if cpu[0] else None
+    raw_server = _median([s for _, s in cpu[0]]) if cpu[0] else None
+    for label, runs in (("1 process, c=4", cpu[1]), ("--processes 2", cpu[2])):
+        if not runs:
+            continue
+        rows.append(
+            Row(
+                "drain",
+                f"{n:,} no-op, {label}: worker CPU per job (context)",
+                _median([c for c, _ in runs]),
+                "us",
+                "raw loop's own process",
+                raw_client,
+            )
+        )
+        rows.append(
+            Row(
+                "drain",
+                f"{n:,} no-op, {label}: server CPU per job, its backends (context)",
+                _median([s for _, s in runs]),
+                "us",
+                "raw loop's backend",
+                raw_server,
+            )
+        )
+    return rows
 
 
 def _index_definitions() -> list[str]:
@@ -1619,9 +1674,12 @@ def main(argv: list[str] | None = None) -> int:
         "--only",
         default=(
             "enqueue,orm,drain,backlog,tx,procs,async,pickup,claim,limits,slots,scheduled,"
-            "cli,dashboard,horizon,history,workflows"
+            "cli,dashboard,horizon,history,partitions,workflows"
         ),
-        help="comma-separated sections to run (default: all)",
+        help=(
+            "comma-separated sections to run (default: all); drain-target runs only "
+            "the drain's #23 target rows"
+        ),
     )
     parser.add_argument(
         "--explain", action="store_true", help="print the claim plans (and the dashboard's)"
@@ -1818,7 +1876,7 @@ def main(argv: list[str] | None = None) -> int:
         if seed:
             rows.append(Row("drain", "seed loop, 1 connection (context)", seed, "/s"))
 
-    if "drain" in only:
+    if "drain" in only or "drain-target" in only:  # "drain-target": #23's target 3 alone
         drain_target_rows(sizes, rows, interleaved, step)
 
     if "backlog" in only:
@@ -2022,6 +2080,13 @@ def main(argv: list[str] | None = None) -> int:
         import history as history_bench
 
         rows += history_bench.section(args.quick, step)
+
+    if "partitions" in only:
+        # A range-partitioned archive beside the plain one, before any migration (#25):
+        # see archive_partitions.py.
+        import archive_partitions
+
+        rows += archive_partitions.section(args.quick, step)
 
     if "horizon" in only:
         # A steady flow with an app's REPEATABLE READ transaction held open beside the

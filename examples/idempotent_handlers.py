@@ -1,4 +1,5 @@
-"""The three idempotent-handler patterns from the README, runnable.
+"""The three idempotent-handler patterns of the handlers guide (docs/guides/handlers.md),
+runnable.
 
 Delivery is at least once, so each handler below must be safe to run twice for the same
 job. ``tests/test_examples.py`` runs every job, forces a second run of the same job (as a

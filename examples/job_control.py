@@ -1,7 +1,8 @@
-"""Steering a job from its handler, results and timeouts: the README's examples, runnable.
+"""Steering a job from its handler, results and timeouts: the job control guide's
+examples (docs/guides/job-control.md), runnable.
 
 ``tests/test_examples.py`` runs these jobs with a real worker and checks what each ended
-as; the code blocks of the README's "Steering a job" and "Results" sections are copied
+as; the code blocks of the guide's "Steering a job" and "Results" sections are copied
 from this file (the test checks that too).
 """
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, Protocol
 
 #: The stored context becomes the process span's parent (one trace), or a link of a
@@ -48,6 +48,10 @@ _SCOPE = "sqla_jobs"
 QUEUE_WAIT = "sqla_jobs.job.queue_wait"
 
 _api: Any = None  # the opentelemetry modules once looked up; False: not installed
+#: The API's variable naming a tracer provider to load, and whether it was set (read once).
+_PROVIDER_ENV = "OTEL_PYTHON_TRACER_PROVIDER"
+_provider_from_env: bool | None = None
+_UNKNOWN = object()
 
 
 def _otel() -> Any:
@@ -227,8 +231,7 @@ class AttemptSpan:
         self.span.end()
 
 
-@contextmanager
-def process_span(job: ClaimedJob) -> Iterator[AttemptSpan | None]:
+def process_span(job: ClaimedJob) -> AbstractContextManager[AttemptSpan | None]:
     """The span of one attempt, current inside the block; None without the API or
     when the span records nothing (no SDK, not sampled).
 
@@ -236,12 +239,20 @@ def process_span(job: ClaimedJob) -> Iterator[AttemptSpan | None]:
     exception escaping the block is recorded on it. It ends with the block unless it
     was handed over to the completer (:class:`AttemptSpan`).
     """
-    meta = job.meta
     api = _otel()
     if api is None or _no_sdk(api[0]):
-        yield None
-        return
-    trace = api[0]
+        # One shared do-nothing block: a generator context manager per attempt was
+        # a tenth of a no-op job's time on its thread (benchmarks/README.md, #23).
+        return _NO_SPAN
+    return _process_span(job, api[0])
+
+
+_NO_SPAN: AbstractContextManager[None] = nullcontext(None)
+
+
+@contextmanager
+def _process_span(job: ClaimedJob, trace: Any) -> Iterator[AttemptSpan | None]:
+    meta = job.meta
     carrier = {k: str(meta[k]) for k in (TRACEPARENT, TRACESTATE) if meta and k in meta}
     parent = _w3c().extract(carrier) if carrier else None
     links = []
@@ -272,6 +283,15 @@ def _no_sdk(trace: Any) -> bool:
     """Whether no tracer provider is configured (the API alone): its spans are invalid
     and record nothing, so an attempt skips building one (measured: 18 us an attempt,
     0.85x of the drain's throughput with no-op handlers, with the API and no SDK)."""
+    global _provider_from_env
+    if _provider_from_env is None:
+        _provider_from_env = _PROVIDER_ENV in os.environ
+    # ``get_tracer_provider()`` looks the variable up in ``os.environ`` on every call
+    # until a provider is set: 10% of a no-op drain's worker time under load (#23). The
+    # API reads the variable only to load a provider, so once per process is enough;
+    # with none set by code either (the API's own global), nothing records.
+    if not _provider_from_env and getattr(trace, "_TRACER_PROVIDER", _UNKNOWN) is None:
+        return True
     return isinstance(
         trace.get_tracer_provider(), trace.ProxyTracerProvider | trace.NoOpTracerProvider
     )

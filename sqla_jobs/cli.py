@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import sys
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from datetime import timedelta, timezone
@@ -330,8 +331,9 @@ def worker_main(argv: Sequence[str] | None = None) -> int:
     return run_worker(args, given)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``sqla-jobs COMMAND ...`` / ``python -m sqla_jobs COMMAND ...``."""
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The ``sqla-jobs`` parser and its commands' parsers by name (the documentation's
+    CLI reference is generated from them: docs/gen_cli_reference.py)."""
     parser = _Parser(prog="sqla-jobs", description="sqla_jobs commands")
     sub: Any = parser.add_subparsers(dest="command", required=True)
     sub.add_parser(
@@ -342,16 +344,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     _add_ops_commands(sub)
     _add_dashboard_command(sub)
+    return parser, sub.choices
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``sqla-jobs COMMAND ...`` / ``python -m sqla_jobs COMMAND ...``."""
+    parser, commands = build_parser()
     given = list(sys.argv[1:] if argv is None else argv)
     args, unknown = parser.parse_known_args(given)
     if unknown:  # the command's parser says so: its --help lists the options meant
-        _unrecognized(sub.choices[args.command], unknown)
+        _unrecognized(commands[args.command], unknown)
     if args.command == "worker":
         return run_worker(args, given[given.index("worker") + 1 :])
     if args.command == "dashboard":
         return run_dashboard(args)
     if args.command == "workflow":  # a usage error, before the database is read
-        _check_workflow_flags(sub.choices["workflow"], args)
+        _check_workflow_flags(commands["workflow"], args)
     if args.command in _OPS_COMMANDS:
         try:
             return _run_ops(args)
@@ -650,7 +658,7 @@ def _add_ops_commands(sub: Any) -> None:
         help="cancel: how long to wait for running steps to stop, to say how each ended "
         "(default 10)",
     )
-    p.add_argument("--json", action="store_true", default=None, help="list, show: JSON")
+    p.add_argument("--json", action="store_true", default=None, help="one JSON document")
 
 
 #: ``sqla-jobs workflow``'s options and the actions each goes with: any other action
@@ -661,7 +669,7 @@ _WORKFLOW_FLAGS = {
     "--before": ("list",),
     "--downstream": ("retry",),
     "--wait": ("cancel",),
-    "--json": ("list", "show"),
+    "--json": ("list", "show", "cancel", "retry"),
 }
 #: ``workflow list --limit``, ``workflow cancel --wait`` when not given.
 WORKFLOW_LIST_LIMIT = 50
@@ -1063,7 +1071,8 @@ def _cmd_show(session: Any, args: argparse.Namespace) -> int:
     job = ops.get_job(session, args.id)
     data = job.to_dict()
     if args.json:
-        _print_json(data)
+        # As in ``workflow show --json``: the error only while it is the job's state.
+        _print_json({**data, "current_error": job.current_error})
         return 0
     if job.archived:
         data["status"] = f"{data['status']} (archived {data['archived_at']}, in jobs_archive)"
@@ -1197,34 +1206,44 @@ def _cmd_cancel(session: Any, args: argparse.Namespace) -> int:
     return 0
 
 
-def _report_stops(session: Any, ids: Sequence[int], wait: float) -> None:
-    """Wait up to ``wait`` seconds for running jobs asked to stop; say how each ended."""
+def _wait_for_stops(session: Any, ids: Sequence[int], wait: float) -> dict[int, str]:
+    """Wait up to ``wait`` seconds for running jobs asked to stop; each one's status then
+    (``running``: still running)."""
     import time
 
     from sqla_jobs import ops
 
+    ended: dict[int, str] = {}
     pending = list(ids)
     deadline = time.monotonic() + wait
     while True:
         still = []
         for job_id in pending:
-            job = ops.get_job(session, job_id)
-            if job.status.value == "running":
+            status = ops.get_job(session, job_id).status.value
+            if status == "running":
                 still.append(job_id)
-            elif job.status.value == "cancelled":
-                print(f"job {job_id}: stopped and cancelled (its attempt's writes rolled back)")
             else:
-                print(f"job {job_id}: finished first and stays {job.status.value}")
+                ended[job_id] = status
         session.rollback()
         pending = still
         if not pending or time.monotonic() >= deadline:
             break
         time.sleep(0.2)
-    for job_id in pending:
-        print(
-            f"job {job_id}: still running after {wait:g}s; its worker stops it at its next "
-            "check (or it ends cancelled when its lease expires)"
-        )
+    return {job_id: ended.get(job_id, "running") for job_id in ids}
+
+
+def _report_stops(session: Any, ids: Sequence[int], wait: float) -> None:
+    """Wait up to ``wait`` seconds for running jobs asked to stop; say how each ended."""
+    for job_id, status in _wait_for_stops(session, ids, wait).items():
+        if status == "cancelled":
+            print(f"job {job_id}: stopped and cancelled (its attempt's writes rolled back)")
+        elif status != "running":
+            print(f"job {job_id}: finished first and stays {status}")
+        else:
+            print(
+                f"job {job_id}: still running after {wait:g}s; its worker stops it at its "
+                "next check (or it ends cancelled when its lease expires)"
+            )
 
 
 #: Jobs a dry run lists (it counts them all).
@@ -1456,7 +1475,8 @@ def _step_error(step: Any) -> str:
 
 def _workflow_text(status: Any) -> str:
     counts = ", ".join(f"{n} {name}" for name, n in sorted(status.counts.items()))
-    lines = [f"workflow {status.id}: {counts}", ""]
+    archived = " (archived: read-only)" if status.archived else ""
+    lines = [f"workflow {status.id}: {counts}{archived}", ""]
     body = [
         (
             s.id,
@@ -1476,7 +1496,7 @@ def _workflows_text(page: Sequence[Any]) -> list[str]:
     body = [
         (
             str(w.id),
-            w.state,
+            w.state + (" (archived)" if w.archived else ""),
             w.size,
             ", ".join(f"{n} {name}" for name, n in sorted(w.counts.items())),
             _when(w.created_at),
@@ -1516,6 +1536,7 @@ def _cmd_workflow(session: Any, args: argparse.Namespace) -> int:
                     "id": str(status.id),
                     "counts": status.counts,
                     "finished": status.finished,
+                    "archived": status.archived,
                     "steps": [
                         {
                             **asdict(s),
@@ -1536,6 +1557,18 @@ def _cmd_workflow(session: Any, args: argparse.Namespace) -> int:
             return _fail(f"--wait must be >= 0 seconds, got {wait:g}")
         done = ops.cancel_workflow(session, args.workflow_id)
         session.commit()
+        if args.json:
+            # Each running step asked to stop, with its status after --wait ("running":
+            # still running then).
+            stops = _wait_for_stops(session, done.stopping, wait) if done.stopping else {}
+            _print_json(
+                {
+                    "id": str(uuid.UUID(str(args.workflow_id))),  # checked by ops
+                    "cancelled": list(done.cancelled),
+                    "stopping": [{"id": i, "status": s} for i, s in stops.items()],
+                }
+            )
+            return 0
         print(
             f"cancelled {len(done.cancelled)} step(s); asked {len(done.stopping)} running "
             "step(s) to stop"
@@ -1546,6 +1579,10 @@ def _cmd_workflow(session: Any, args: argparse.Namespace) -> int:
     mode = "failed_and_downstream" if args.downstream else "failed"
     retried = ops.retry_workflow(session, args.workflow_id, mode=mode)
     session.commit()
+    if args.json:
+        wid = uuid.UUID(str(args.workflow_id))  # checked by ops
+        _print_json({"id": str(wid), "mode": mode, "retried": list(retried)})
+        return 0
     print(f"retried {len(retried)} step(s)")
     return 0
 

@@ -143,7 +143,7 @@ class WorkerConfig:
             workers may; each tick is enqueued once). Defaults to True.
         timeout_grace: seconds a handler may run past its timeout (or an operator's
             cancel) before the worker records the outcome without it, stops renewing
-            its lease and replaces its thread (see the README's "Timeouts").
+            its lease and replaces its thread (see docs/guides/job-control.md).
             Defaults to 5.0.
         worker_id: recorded in ``jobs.worker`` and used to fence completions.
             Defaults to ``host:pid``.

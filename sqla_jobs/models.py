@@ -20,7 +20,10 @@ order from a keyset cursor: ``jobs_status_id_idx (status, id)``, ``jobs_kind_id_
 (kind, id)``, ``jobs_queue_id_idx (queue, id)`` and ``jobs_payload_idx`` (GIN,
 ``jsonb_path_ops``, for ``payload @> ...``); revision 0012 adds ``jobs_created_at_idx
 (created_at, id)``, where a ``newer_than`` page finds the lowest id created since its
-bound. Each is written by every insert and status change (see benchmarks/README.md for
+bound; revision 0016 replaces it with ``jobs_created_hour_idx (date_bin('1 hour',
+created_at, origin), id) INCLUDE (created_at)``, where an age filter's page finds the
+lowest id created since its bound or the highest created before it (one descent per
+hour). Each is written by every insert and status change (see benchmarks/README.md for
 the cost).
 
 Revision 0013 adds ``meta`` (jsonb) and ``tags`` (text[]), the application's metadata of
@@ -33,6 +36,9 @@ Revision 0014 adds ``jobs_workflow_id_idx (workflow_id)`` and revision 0015
 ``jobs_workflow_status_idx (status, workflow_id)``, both partial (``workflow_id IS NOT
 NULL``): a workflow's steps, and the list of workflows by state (one descent per
 workflow); 0015 also ``jobs_archive_workflow_id_idx`` (a workflow's archived steps).
+Revision 0017 puts ``finished_at`` after ``workflow_id`` in both workflow indexes
+(``jobs_workflow_finished_idx``, ``jobs_archive_workflow_finished_idx``, replacing
+them): the archiver and prune ask "when did this workflow's last step end?" per row.
 
 Finished rows are moved to ``jobs_archive`` (:class:`JobArchive`, same columns plus
 ``archived_at``) by :func:`sqla_jobs.ops.archive`, so the live table stays small.
@@ -236,8 +242,19 @@ class Job(Base):
         sa.Index("jobs_status_id_idx", "status", "id"),
         sa.Index("jobs_kind_id_idx", "kind", "id"),
         sa.Index("jobs_queue_id_idx", "queue", "id"),
-        # Revision 0012: the lowest id created since a newer_than bound, from the index.
-        sa.Index("jobs_created_at_idx", "created_at", "id"),
+        # Revision 0016 (replacing 0012's (created_at, id)): the ids at either side of an
+        # age filter's bound, one descent per hour (sqla_jobs.sql.admin._id_bound); the
+        # expression is the statements' own, written as PostgreSQL prints it back (so
+        # that Alembic's comparison with the database finds it equal).
+        sa.Index(
+            "jobs_created_hour_idx",
+            sa.text(
+                "date_bin('01:00:00'::interval, created_at,"
+                " '2000-01-01 00:00:00+00'::timestamp with time zone)"
+            ),
+            "id",
+            postgresql_include=["created_at"],
+        ),
         sa.Index(
             "jobs_payload_idx",
             "payload",
@@ -258,10 +275,12 @@ class Job(Base):
             postgresql_using="gin",
             postgresql_where=sa.text("tags IS NOT NULL"),
         ),
-        # Revision 0014: a workflow's steps (its status, the archiver's "finished?").
+        # Revision 0017 (replacing 0014's jobs_workflow_id_idx): a workflow's steps (its
+        # status, the archiver's "finished, and when?" as one descent).
         sa.Index(
-            "jobs_workflow_id_idx",
+            "jobs_workflow_finished_idx",
             "workflow_id",
+            "finished_at",
             postgresql_where=sa.text("workflow_id IS NOT NULL"),
         ),
         # Revision 0015: the list of workflows by state, one descent per workflow shown.
@@ -377,9 +396,18 @@ class JobArchive(Base):
 
     __table_args__ = (
         sa.Index("jobs_archive_finished_at_idx", "finished_at"),
-        # Revision 0015: a workflow's archived steps.
+        # Revision 0017 (replacing 0015's jobs_archive_workflow_id_idx): a workflow's
+        # archived steps, and prune's "when did its last step end?" as one descent.
         sa.Index(
-            "jobs_archive_workflow_id_idx",
+            "jobs_archive_workflow_finished_idx",
+            "workflow_id",
+            "finished_at",
+            postgresql_where=sa.text("workflow_id IS NOT NULL"),
+        ),
+        # Revision 0017: the list of workflows, archived ones by state.
+        sa.Index(
+            "jobs_archive_workflow_status_idx",
+            "status",
             "workflow_id",
             postgresql_where=sa.text("workflow_id IS NOT NULL"),
         ),

@@ -745,6 +745,7 @@ def list_jobs(
     tag: str | Sequence[str] | None = None,
     meta: Mapping[str, Any] | None = None,
     workflow: uuid.UUID | str | None = None,
+    expired: bool = False,
 ) -> list[JobRecord]:
     """One page of jobs, oldest id first, filtered by status, kind, queue and age.
 
@@ -754,7 +755,9 @@ def list_jobs(
     matches ``{"user": 7, "plan": "pro"}``; PostgreSQL's ``@>``), ``meta`` likewise for
     the job's metadata, and ``tag`` keeps jobs with that tag (a list: with every one of
     them); ``workflow`` (a workflow id) keeps that workflow's steps, read from its own
-    index whatever else is given. Pages by keyset: pass
+    index whatever else is given; ``expired=True`` keeps running jobs whose lease has
+    expired (``locked_until`` past: their worker stopped renewing it; the rescuer puts
+    them back). Pages by keyset: pass
     the last id of a page as ``after_id`` to get the next one (stable while rows change);
     with ``newest_first``, the highest ids come first and the next page holds ids below
     ``after_id``.
@@ -762,6 +765,14 @@ def list_jobs(
     statuses = _statuses(status)
     if min_id is not None and max_id is not None and min_id > max_id:
         raise ConfigError(f"min_id {min_id} is above max_id {max_id}: no job is in that range")
+    if not isinstance(expired, bool):
+        raise ConfigError(f"expired must be True or False, got {expired!r}")
+    if expired:
+        if statuses not in (None, [JobStatus.RUNNING]):
+            raise ConfigError(
+                "expired keeps running jobs whose lease has expired: give no status, or running"
+            )
+        statuses = [JobStatus.RUNNING]
     page = functools.partial(
         admin.list_jobs,
         statuses=statuses,
@@ -779,6 +790,7 @@ def list_jobs(
         tags=_tags_filter(tag),
         meta=None if meta is None else _payload_match(meta, "meta"),
         workflow=None if workflow is None else _workflow_id(workflow),
+        expired=expired,
     )
     contains = (payload, meta, tag)
     found = session.execute(page(payload_scan=admin.NEAR)).all()
@@ -787,14 +799,6 @@ def list_jobs(
     elif len(found) < limit and admin.payload_in_two_steps(statuses, kind, queue, *contains):
         # Not a page among the ids near the cursor: every match, from the GIN index.
         found = session.execute(page(payload_scan=admin.MATCHES)).all()
-    elif len(found) < limit and admin.age_in_two_steps(
-        statuses, kind, queue, newer_than, *contains
-    ):
-        # Not a page among the ids near the cursor: walk from the lowest id created
-        # since the bound (jobs_created_at_idx) instead of through every older job.
-        # Nothing back: no match after the cursor, or the first step read to the end
-        # of the table (the second is then skipped): either way the first step's rows.
-        found = session.execute(page(age_scan=admin.MATCHES)).all() or found
     return [_record(row) for row in found]
 
 
@@ -966,6 +970,11 @@ def retry_jobs(
     failed and is not retried stays cancelled, and so do its dependents (retry that
     step too, or the whole workflow with :func:`retry_workflow`). The count returned is
     of the jobs matched, not of the steps reopened.
+
+    A step whose dependency failed (it was cancelled because of it) is not queued on
+    its own: the call raises :class:`~sqla_jobs.ConfigError` naming the dependency and
+    changes nothing, unless that dependency is retried in the same call; then the step
+    waits for it (so does any retried step whose dependency is retried with it).
     """
     statuses = _statuses(status) or []
     bad = [s.value for s in statuses if s not in _RETRYABLE]
@@ -982,11 +991,47 @@ def retry_jobs(
         queue=queue,
         older_than=_seconds("older_than", older_than),
     )
-    retried = session.execute(stmt).all()
-    steps = sorted(r.id for r in retried if r.workflow_id is not None)
-    if steps:
-        _reopen_downstream(session, steps)
+    # A savepoint: a refused step (below) undoes the whole call, not only its own row.
+    with session.begin_nested():
+        retried = session.execute(stmt).all()
+        steps = sorted(r.id for r in retried if r.workflow_id is not None)
+        if steps:
+            _refuse_failed_dependencies(session, steps)
+            # A step retried with its failed dependency waits for it (their edge waits
+            # again), rather than running beside it.
+            session.execute(workflows_sql.reopen_edges(steps))
+            session.execute(workflows_sql.wait_again(steps))
+            _reopen_downstream(session, steps)
     return len(retried)
+
+
+def _refuse_failed_dependencies(session: Session, steps: list[int]) -> None:
+    """ConfigError if a step of ``steps`` needs a dependency that failed and is not
+    retried with it: queued, it would run without what it needs (#26)."""
+    found = session.execute(workflows_sql.failed_dependencies(steps)).all()
+    if not found:
+        return
+    first = found[0]
+    child = f"step {first.child_step!r} (job {first.child_id})"
+    parent = (
+        f"{first.parent_step!r} (job {first.parent_id})"
+        if first.parent_step is not None
+        else f"job {first.parent_id}"
+    )
+    ended = "was deleted" if first.outcome == "deleted" else f"ended {first.outcome}"
+    others = f" ({len(found) - 1} more such dependencies)" if len(found) > 1 else ""
+    if first.outcome == "deleted":
+        fix = f"it cannot run in workflow {first.workflow_id} as built"
+    else:
+        fix = (
+            f"retry job {first.parent_id} instead (sqla-jobs retry {first.parent_id}; the "
+            "steps its failure cancelled wait for it again), or with it, or the whole "
+            f"workflow (sqla-jobs workflow retry {first.workflow_id})"
+        )
+    raise ConfigError(
+        f"{child} was not retried: its dependency {parent} {ended}{others}, and it runs "
+        f"only after that succeeds; {fix}. Nothing was retried."
+    )
 
 
 def _reopen_downstream(session: Session, retried: list[int]) -> None:
@@ -1680,6 +1725,11 @@ class WorkflowStatus:
         """True once no step waits, is queued or runs."""
         return all(s.status in models.FINISHED_STATUSES for s in self.steps)
 
+    @property
+    def archived(self) -> bool:
+        """True when every step is in ``jobs_archive``: read-only."""
+        return all(s.archived for s in self.steps)
+
 
 def _workflow_id(value: uuid.UUID | str) -> uuid.UUID:
     if isinstance(value, uuid.UUID):
@@ -1724,10 +1774,18 @@ class WorkflowPage:
     steps: tuple[WorkflowStep, ...]
     #: True when steps with higher ids follow: pass the last one's id as ``after_id``.
     more: bool
+    #: How many of its steps are in ``jobs_archive``.
+    archived_steps: int = 0
 
     @property
     def size(self) -> int:
         return sum(self.counts.values())
+
+    @property
+    def archived(self) -> bool:
+        """True when every step is in ``jobs_archive`` (the archiver moves a finished
+        workflow as a unit): there is nothing left to cancel or retry."""
+        return self.archived_steps == self.size
 
     @property
     def finished(self) -> bool:
@@ -1750,14 +1808,14 @@ def workflow_page(
     wid = _workflow_id(workflow_id)
     limit = _positive_int("limit", limit, MAX_LIMIT)
     after = None if after_id is None else _non_negative_id(after_id)
-    counts = {
-        JobStatus(r.status).value: r.n for r in session.execute(workflows_sql.step_counts(wid))
-    }
-    if not counts:
+    by_status = session.execute(workflows_sql.step_counts(wid)).all()
+    if not by_status:
         raise JobNotFoundError(f"no workflow with id {wid}")
+    counts = {JobStatus(r.status).value: r.n for r in by_status}
     found = session.execute(workflows_sql.step_page(wid, after_id=after, limit=limit + 1)).all()
     steps = tuple(_workflow_step(r) for r in found[:limit])
-    return WorkflowPage(wid, counts, steps, more=len(found) > limit)
+    archived = sum(r.archived for r in by_status)
+    return WorkflowPage(wid, counts, steps, more=len(found) > limit, archived_steps=archived)
 
 
 @_sessions.sync_form
@@ -1821,7 +1879,7 @@ def retry_workflow(
 
 @dataclass(frozen=True)
 class WorkflowSummary:
-    """One workflow as :func:`list_workflows` reads it: its steps still in ``jobs``
+    """One workflow as :func:`list_workflows` reads it: its steps (live and archived)
     counted by status, when its first step was created and when its last one ended."""
 
     id: uuid.UUID
@@ -1831,6 +1889,14 @@ class WorkflowSummary:
     created_at: datetime
     #: When its last step ended; None while a step waits, is queued or runs.
     finished_at: datetime | None
+    #: How many of its steps are in ``jobs_archive`` (all of them once it was archived:
+    #: the archiver moves a finished workflow as a unit).
+    archived_steps: int = 0
+
+    @property
+    def archived(self) -> bool:
+        """True when every step is in ``jobs_archive``: shown read-only."""
+        return self.archived_steps == self.size
 
     @property
     def finished(self) -> bool:
@@ -1853,6 +1919,7 @@ class WorkflowSummary:
     def to_dict(self) -> dict[str, Any]:
         data = _jsonable(asdict(self))
         data["state"] = self.state
+        data["archived"] = self.archived
         return data  # type: ignore[no-any-return]
 
 
@@ -1876,10 +1943,10 @@ def list_workflows(
     step ended) or ``"failed"`` (a step ended dead or cancelled, whether or not the rest
     still runs). Pages by keyset: pass the last id of a page as ``before`` for the next
     one. Newest first is by workflow id, which is time-ordered (a UUID version 7 made
-    at enqueue, by the enqueuing host's clock). A workflow shows while a step of it is
-    in ``jobs``: an archived one is not listed (:func:`workflow_status` still reads it).
-    A page reads its workflows' steps (one aggregate each) and one index descent per
-    workflow, not the table (revision 0015).
+    at enqueue, by the enqueuing host's clock). Archived workflows are listed too
+    (``archived``; ``state="running"`` never has one). A page reads its workflows'
+    steps (one aggregate each, in both tables) and one index descent per workflow and
+    table, not the tables (revisions 0015, 0016).
     """
     if state is not None and state not in WORKFLOW_STATES:
         raise ConfigError(f"state must be one of {', '.join(WORKFLOW_STATES)}, got {state!r}")
@@ -1901,6 +1968,7 @@ def list_workflows(
             counts={s.value: getattr(row, s.value) for s in JobStatus if getattr(row, s.value)},
             created_at=row.created_at,
             finished_at=row.finished_at,
+            archived_steps=row.archived,
         )
         for row in found
     ]

@@ -81,7 +81,7 @@ the resolve cancels again the steps reopened after it, naming it.
 
 *Workflow ids are time-ordered* (:func:`new_workflow_id`, UUID version 7), so the list
 of recent workflows (:func:`sqla_jobs.ops.list_workflows`) walks
-``jobs_workflow_id_idx`` downwards, one descent per workflow, with no table of
+``jobs_workflow_finished_idx`` downwards, one descent per workflow, with no table of
 workflows to keep.
 
 *Results flow downstream.* :func:`upstream_results` reads the stored results
@@ -129,7 +129,7 @@ def new_workflow_id() -> uuid.UUID:
     """A new workflow id: a UUID version 7 (RFC 9562), the Unix time in milliseconds in
     its first 48 bits, then random bits. Workflow ids therefore sort by creation time
     (to the millisecond, by the clocks of the hosts that enqueue them), and the list of
-    workflows reads them newest first from ``jobs_workflow_id_idx`` with one index
+    workflows reads them newest first from ``jobs_workflow_finished_idx`` with one index
     descent per workflow (:func:`sqla_jobs.ops.list_workflows`)."""
     value = (time.time_ns() // 1_000_000 & (1 << 48) - 1) << 80
     value |= int.from_bytes(os.urandom(10), "big")

@@ -1,8 +1,9 @@
-"""Build the README's "shop" application by following the README's own text.
+"""Build the documentation's "shop" application by following the documentation's own text.
 
-The README's Alembic steps (section "Inside your application's Alembic history") and
-its "Testing your app" files are read from README.md here, so a test that uses them
-fails as soon as the README stops working as written.
+The Alembic steps (section "Inside your application's Alembic history", in
+docs/guides/alembic.md) and the "Testing your app" files (docs/guides/testing.md) are
+read from the pages here (``docpages.section`` finds a heading on whichever page holds
+it), so a test that uses them fails as soon as the documentation stops working as written.
 """
 
 from __future__ import annotations
@@ -18,37 +19,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from docpages import section
 from sqlalchemy.engine import URL
 
 ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
 SHOP_APP = Path(__file__).resolve().parent / "shopapp" / "shop"
 #: The venv's own alembic command: what a user of this environment runs.
 ALEMBIC = str(Path(sys.executable).with_name("alembic"))
 
 
-def readme_section(heading: str) -> str:
-    """The README text under ``heading`` (a whole heading line) up to the next heading
-    of the same or a higher level."""
-    lines = README.read_text().splitlines(keepends=True)
-    start, level, fenced = None, 0, False
-    for i, line in enumerate(lines):
-        if line.lstrip().startswith("```"):
-            fenced = not fenced
-        if fenced or not line.startswith("#"):
-            continue
-        marks = len(line) - len(line.lstrip("#"))
-        if start is None and line.strip() == f"{'#' * marks} {heading}":
-            start, level = i + 1, marks
-        elif start is not None and marks <= level:
-            return "".join(lines[start:i])
-    assert start is not None, f"README has no heading {heading!r}"
-    return "".join(lines[start:])
-
-
 def code_blocks(section: str, language: str) -> list[str]:
-    """The fenced blocks of ``language`` in ``section``, dedented (the README indents
-    them inside list items)."""
+    """The fenced blocks of ``language`` in ``section``, dedented (the Alembic guide
+    indents them inside list items)."""
     blocks = []
     for match in re.finditer(rf"^( *)```{language}\n(.*?)^ *```", section, re.M | re.S):
         indent = len(match.group(1))
@@ -72,12 +54,17 @@ class AlembicSteps:
     later: list[list[str]]
 
 
+def section_of_alembic_steps() -> str:
+    return section("Inside your application's Alembic history")
+
+
 def alembic_steps() -> AlembicSteps:
-    section = readme_section("Inside your application's Alembic history")
+    section = section_of_alembic_steps()
     ini = code_blocks(section, "ini")
     env = code_blocks(section, "python")
     sh = code_blocks(section, "sh")
-    assert len(ini) == 1 and len(env) == 2 and len(sh) == 2, "README steps changed shape"
+    shape = (len(ini), len(env), len(sh))
+    assert shape == (1, 2, 2), "the Alembic guide's steps changed shape"
     options = {}
     for line in ini[0].splitlines():
         if line.strip() and not line.lstrip().startswith(("#", ";", "[")):
@@ -89,7 +76,7 @@ def alembic_steps() -> AlembicSteps:
 def run(
     cmd: list[str], cwd: Path, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """Run a README command; ``alembic`` is the venv's own."""
+    """Run a documented command; ``alembic`` is the venv's own."""
     argv = [ALEMBIC, *cmd[1:]] if cmd[0] == "alembic" else cmd
     return subprocess.run(
         argv,
@@ -107,7 +94,7 @@ def check(result: subprocess.CompletedProcess[str]) -> str:
 
 
 def set_ini_options(ini: Path, options: dict[str, str], section: str = "alembic") -> None:
-    """Set options the way the README says: change a line that exists, else add one.
+    """Set options the way the Alembic guide says: change a line that exists, else add one.
 
     Read strictly (a duplicate option is the error users hit) and written back in place,
     line by line, so the rest of the generated file is kept as it was.
@@ -129,21 +116,21 @@ def set_ini_options(ini: Path, options: dict[str, str], section: str = "alembic"
 
 
 def init_shop(tmp: Path, url: URL) -> AlembicSteps:
-    """``alembic init alembic`` in ``tmp`` with the shop package, then the README's edits
-    of ``alembic.ini`` and ``env.py``. Returns the README's commands, not yet run."""
+    """``alembic init alembic`` in ``tmp`` with the shop package, then the guide's edits
+    of ``alembic.ini`` and ``env.py``. Returns the guide's commands, not yet run."""
     shutil.copytree(SHOP_APP, tmp / "shop")
     check(run(["alembic", "init", "alembic"], tmp))
     steps = alembic_steps()
     ini = tmp / "alembic.ini"
     set_ini_options(ini, steps.ini_options)
-    # The URL line is the user's own database (the README says what form it takes).
+    # The URL line is the user's own database (the guide says what form it takes).
     text = url.render_as_string(hide_password=False).replace("%", "%%")
     set_ini_options(ini, {"sqlalchemy.url": text})
     env_py = tmp / "alembic" / "env.py"
     source = env_py.read_text()
     assert "target_metadata = None\n" in source
     source = source.replace("target_metadata = None\n", steps.env_snippet, 1)
-    # The online configure call, as `alembic init` wrote it, becomes the README's.
+    # The online configure call, as `alembic init` wrote it, becomes the guide's.
     call = re.compile(
         r"^( *)context\.configure\(\s*connection=connection,\s*"
         r"target_metadata=target_metadata,?\s*\)\n",
@@ -162,7 +149,7 @@ def run_steps(
     cmds: list[list[str]],
     before: Callable[[list[str]], None] | None = None,
 ) -> list[str]:
-    """Run README commands in order; ``before(cmd)`` may change the app first."""
+    """Run the guide's commands in order; ``before(cmd)`` may change the app first."""
     out = []
     for cmd in cmds:
         if before is not None:

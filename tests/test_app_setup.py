@@ -1,8 +1,8 @@
-"""A new user's path into an existing app, followed from the README's own text.
+"""A new user's path into an existing app, followed from the documentation's own text.
 
 A fresh ``alembic init`` project (the installed Alembic, run as its command) gets the
-README's ``alembic.ini`` and ``env.py`` edits and runs the README's commands; then the
-README's "Testing your app" files are written into it and run with pytest.
+Alembic guide's ``alembic.ini`` and ``env.py`` edits and runs its commands; then the
+"Testing your app" guide's files are written into it and run with pytest.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 
 import sqlalchemy as sa
-from appsetup import code_blocks, init_shop, readme_section, run, run_steps
+from appsetup import code_blocks, init_shop, run, run_steps
+from docpages import section
 from helpers import url_text
 from sqlalchemy.engine import URL
 
@@ -130,7 +131,7 @@ def test_readme_testing_section_runs_as_the_apps_own_test_suite(
 ) -> None:
     steps = init_shop(tmp_path, empty_db_url)
     run_steps(tmp_path, steps.first)
-    files = _testing_files(readme_section("Testing your app"))
+    files = _testing_files(section("Testing your app"))
     assert set(files) == {"conftest.py", "pyproject.toml", "shop/jobs.py", "tests/test_jobs.py"}
     _write_files(tmp_path, files)
     # The shop is importable from its root, as in any project laid out this way.
@@ -200,7 +201,7 @@ def test_readme_async_applications_section_runs_as_the_apps_own_test_suite(
 ) -> None:
     """The FastAPI app, its conftest and its pytest-asyncio tests, as the README gives them
     (sqla_jobs' tables only: the app creates its own with ``create_all``)."""
-    files = _testing_files(readme_section("Async applications"))
+    files = _testing_files(section("Async applications"))
     assert set(files) == {
         "signup/app.py",
         "pyproject.toml",

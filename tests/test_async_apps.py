@@ -208,8 +208,9 @@ def test_result_and_job_actions_from_endpoints(
 def test_a_dependency_override_lets_a_test_see_the_apps_uncommitted_jobs(
     signup_db: sa.Engine, async_engine: AsyncEngine
 ) -> None:
-    """The pattern the README shows: the test owns the session (and its transaction), the
-    app's endpoint commits into a SAVEPOINT, and the test rolls everything back."""
+    """The pattern the async guide (docs/guides/async.md) shows: the test owns the session
+    (and its transaction), the app's endpoint commits into a SAVEPOINT, and the test rolls
+    everything back."""
     app = signupapp.create_app(async_engine)
 
     async def scenario() -> None:

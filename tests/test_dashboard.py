@@ -15,11 +15,12 @@ from collections.abc import Callable, Iterator, MutableMapping
 from html.parser import HTMLParser
 from typing import Any
 
+import docpages
 import pytest
 import sqlalchemy as sa
 from dashboard_client import CSRF_COOKIE, Client, flash, forms, landing, said
 from fastapi import FastAPI
-from helpers import TESTS, rows, scalar, url_text
+from helpers import rows, scalar, url_text
 from jobapp import registry as app_registry
 from periodicapp import registry as periodic_registry
 from sqlalchemy.ext.asyncio import create_async_engine
@@ -353,7 +354,8 @@ def test_jobs_page_says_which_query_parameters_it_does_not_know(
     assert typo.status_code == 200
     assert (
         "Unknown filter staus, ignored: the jobs below are not filtered by it. The filters "
-        "are status, kind, queue, key, min_id, max_id, older_than, newer_than, payload, tag, meta."
+        "are status, kind, queue, key, min_id, max_id, older_than, newer_than, payload, tag, "
+        "meta, expired, workflow."
     ) in typo.text
     assert "Unknown filters colour, size, ignored" in client.get("/dead?colour=1&size=2").text
     for known in ("/jobs?status=dead&after=99", "/dead?status=dead&kind=fail"):
@@ -946,13 +948,12 @@ def test_a_failing_auth_or_permissions_hook_refuses_on_the_error_page_and_logs_w
 def test_readme_fastapi_example_mounts_the_dashboard_behind_its_auth_hook(
     engine: sa.Engine, db_url: Any
 ) -> None:
-    readme = (TESTS.parent / "README.md").read_text()
-    section = readme.split("## Dashboard", 1)[1].split("\n## ", 1)[0]
+    section = docpages.section("Dashboard")
     code = re.findall(r"```python\n(.*?)```", section, re.S)[0]
     namespace: dict[str, Any] = {"__name__": "readme_dashboard"}
     os.environ["DATABASE_URL"] = url_text(db_url)
     try:
-        exec(compile(code, "README.md", "exec"), namespace)
+        exec(compile(code, "<docs example>", "exec"), namespace)
     finally:
         del os.environ["DATABASE_URL"]
     dead = dead_job(engine)
@@ -977,13 +978,12 @@ def test_readme_fastapi_example_mounts_the_dashboard_behind_its_auth_hook(
 def test_readme_cookie_auth_hook_lets_in_the_signed_cookie_only(
     engine: sa.Engine, db_url: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    readme = (TESTS.parent / "README.md").read_text()
-    section = readme.split("## Dashboard", 1)[1].split("\n## ", 1)[0]
+    section = docpages.section("Dashboard")
     first, cookie = re.findall(r"```python\n(.*?)```", section, re.S)[:2]
     monkeypatch.setenv("DATABASE_URL", url_text(db_url))
     monkeypatch.setenv("SECRET_KEY", "s3cret")
     namespace: dict[str, Any] = {"__name__": "readme_dashboard"}
-    exec(compile(first + cookie, "README.md", "exec"), namespace)
+    exec(compile(first + cookie, "<docs example>", "exec"), namespace)
     namespace["engine"].dispose()
     import hashlib
     import hmac
@@ -1172,11 +1172,66 @@ def test_overview_counts_link_to_their_jobs_and_ready_and_scheduled_to_the_queue
         "waiting": "/jobs?status=waiting",
         "running": "/jobs?status=running",
         "claimed": "/jobs?status=running",
+        "expired": "/jobs?expired=1",
         "dead": "/dead",
     }
     assert "Ready and scheduled both open the queued jobs" in page
     for link in set(cards.values()):
         assert client.get(link).status_code == 200, link
+
+
+def test_the_expired_leases_card_lists_the_running_jobs_whose_lease_has_expired(
+    engine: sa.Engine, make_client: MakeClient
+) -> None:
+    def running(lease: str) -> int:
+        return int(
+            sql(
+                engine,
+                "INSERT INTO jobs (kind, payload, status, attempts, worker, locked_until)"
+                f" VALUES ('k', '{{}}', 'running', 1, 'w', now() + interval '{lease}')"
+                " RETURNING id",
+            )
+        )
+
+    lapsed = [running("-1 minute"), running("-1 hour")]
+    held = running("5 minutes")
+    sql(engine, "INSERT INTO jobs (kind, payload) VALUES ('k', '{}')")
+    client = make_client()
+    overview = client.get("/").text
+    assert re.search(r'href="/jobs\?expired=1"><span class="n" data-count="expired">2<', overview)
+    page = client.get("/jobs?expired=1")
+    assert page.status_code == 200
+    listed = [int(i) for i in re.findall(r'href="/jobs/(\d+)"', page.text)]
+    assert sorted(set(listed)) == sorted(lapsed) and held not in listed
+    assert 'name="expired" value="1" checked' in page.text
+    # The same with status=running, which the filter implies.
+    again = client.get("/jobs?expired=1&status=running").text
+    assert sorted(set(int(i) for i in re.findall(r'href="/jobs/(\d+)"', again))) == sorted(lapsed)
+
+
+@pytest.mark.parametrize(
+    ("query", "error"),
+    [
+        ("expired=yes", "Lease expired (expired): 1 or nothing, got 'yes'"),
+        ("expired=1&status=done", "expired leases are running jobs' (status done has none)"),
+    ],
+)
+def test_the_expired_filter_refuses_what_it_cannot_mean(
+    make_client: MakeClient, query: str, error: str
+) -> None:
+    page = make_client().get(f"/jobs?{query}")
+    assert page.status_code == 400
+    assert error in html.unescape(page.text) and 'class="error"' in page.text
+
+
+def test_the_overview_says_why_done_in_the_last_hour_and_oldest_ready_have_no_list(
+    make_client: MakeClient,
+) -> None:
+    page = make_client().get("/").text
+    assert "no list: finished time is not a filter (id order)" in page
+    assert "no list: ready is not a filter (id order)" in page
+    assert '<a href="/jobs?status=done">all done</a>' in page
+    assert '<a href="/jobs?status=queued">all queued</a>' in page
 
 
 @pytest.mark.parametrize("word", ["ready", "scheduled"])

@@ -8,7 +8,8 @@ done, the overview's counts move) without a reload, and across a restart of the 
 One database, one dashboard (uvicorn on a free 127.0.0.1 port, in a thread), one worker
 and one browser serve the whole module. The tests skip, saying why, when Chromium, its
 driver or Selenium is missing; ``.ci/run`` installs them. With ``SQLA_JOBS_SCREENSHOTS=DIR``
-each page is saved as a PNG in DIR (``docs/dashboard`` holds the README's).
+each page is saved as a PNG in DIR (``docs/dashboard`` holds the dashboard guide's; its
+``workflows.png`` and ``workflow.png`` come from the two workflow tests here).
 """
 
 from __future__ import annotations
@@ -778,7 +779,9 @@ def test_a_read_only_viewer_sees_no_action_and_a_crafted_post_is_refused(
         for path in (f"/jobs/{dead}", "/dead", "/jobs", "/queues"):
             driver.get(base + path)
             assert post_forms(driver) == [], path
-            assert driver.find_elements(By.CSS_SELECTOR, "input[type='checkbox']") == [], path
+            assert (
+                driver.find_elements(By.CSS_SELECTOR, "input[type='checkbox'][name='id']") == []
+            ), path
         driver.get(f"{base}/jobs/{dead}")
         craft_post(driver, f"{base}/jobs/{dead}/retry", {})
         refusal(driver, "You may not retry here")
@@ -909,4 +912,70 @@ def test_a_workflow_pages_counts_and_waits_on_follow_a_cancel_live(
     wait_for(lambda: waits("right") == "-", timeout=20, message="right's waits-on to clear")
     assert counts.text == "cancelled 4"
     assert driver.find_element(By.CSS_SELECTOR, "[data-flow-finished]").is_displayed()
+
+
+def test_the_workflows_list_filters_by_state_and_leads_to_a_workflow_and_its_jobs(
+    driver: Any, base_url: str, db: sa.Engine, worker: Worker
+) -> None:
+    done = Workflow(registry=app_registry)
+    done.add("fetch", "noop", {"n": 1})
+    for i in range(3):
+        done.add(f"page{i}", "noop", {"n": 10 + i}, after="fetch")
+    done.add("zip", "noop", {"n": 2}, after=[f"page{i}" for i in range(3)])
+    held = Workflow(registry=app_registry)
+    held.add("start", "noop", {"n": 3}, delay=3600)  # held: it stays running
+    held.add("after", "noop", {"n": 4}, after="start")
+    with Session(db) as session:
+        finished = done.enqueue(session)
+        session.commit()
+    with Session(db) as session:
+        running = held.enqueue(session)
+        session.commit()
+    wait_for(
+        lambda: status_of(db, finished["zip"]) == "done", message="the worker to run the workflow"
+    )
+    driver.get_log("browser")
+    driver.get(f"{base_url}/workflows")
+    assert driver.find_element(By.TAG_NAME, "h1").text == "Workflows"
+
+    def row_of(workflow_id: uuid.UUID) -> Any:
+        link = driver.find_element(By.LINK_TEXT, str(workflow_id))
+        return link.find_element(By.XPATH, "./ancestor::tr")
+
+    assert "running" in row_of(running.id).text
+    assert "succeeded" in row_of(finished.id).text and "done 5" in row_of(finished.id).text
+    shoot(driver, "workflows")
+    # The state filter, as a user sets it: only running workflows are left.
+    driver.find_element(By.ID, "state").send_keys("running")
+    driver.find_element(By.XPATH, "//button[text()='Show']").click()
+    wait_for(lambda: "state=running" in driver.current_url, message="the filtered list")
+    shown = [e.text for e in driver.find_elements(By.CSS_SELECTOR, "td[data-label=Workflow] a")]
+    assert str(running.id) in shown and str(finished.id) not in shown
+    driver.set_window_size(390, 844)
+    try:
+        driver.get(f"{base_url}/workflows")
+        overflow = driver.execute_script(
+            "return document.documentElement.scrollWidth - window.innerWidth"
+        )
+        assert overflow <= 0, overflow
+    finally:
+        driver.set_window_size(1280, 900)
+    # From the list to the workflow, drawn by stage, then to its steps on the jobs page.
+    driver.find_element(By.LINK_TEXT, str(finished.id)).click()
+    wait_for(lambda: driver.current_url.endswith(f"/workflows/{finished.id}"), message="page")
+    assert "finished" in text_of(driver, "p.counts")
+    stages = {
+        name: driver.find_element(By.ID, f"step-{finished[name]}")
+        .find_element(By.CSS_SELECTOR, "td[data-label=Stage]")
+        .text
+        for name in ("fetch", "page0", "zip")
+    }
+    assert stages == {"fetch": "1", "page0": "2", "zip": "3"}
+    assert len(driver.find_elements(By.CSS_SELECTOR, "table.steps .status-done")) == 5
+    shoot(driver, "workflow-finished")
+    driver.find_element(By.LINK_TEXT, "Its steps on the Jobs page").click()
+    wait_for(lambda: "/jobs?workflow=" in driver.current_url, message="the jobs page")
+    listed = {int(e.text) for e in driver.find_elements(By.CSS_SELECTOR, "table.jobs td.num a")}
+    assert {finished[s] for s in ("fetch", "page0", "page1", "page2", "zip")} <= listed
+    assert running["start"] not in listed
     assert console_problems(driver) == []

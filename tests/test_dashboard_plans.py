@@ -17,9 +17,10 @@ with ``ops.list_jobs``, to prove they find the 30 jobs in order. Nothing is time
 (``benchmarks/run.py --only dashboard`` times them).
 
 Age filters (``older_than``, ``newer_than``) walk the primary key (``created_at`` mostly
-follows ``id``); ``newer_than``'s second step bounds that walk from below with the lowest
-id created since, read from ``jobs_created_at_idx`` (revision 0012): its plan is tested
-last, under the same two kinds of misleading statistics.
+follows ``id``); their page bounds that walk with the lowest id created since a
+``newer_than`` bound and the highest created before an ``older_than`` one, read from
+``jobs_created_hour_idx`` (revision 0016): its plan is tested last, under those kinds of
+misleading statistics and one more (every job a month old).
 """
 
 from __future__ import annotations
@@ -234,14 +235,26 @@ def test_key_and_id_range_pages_are_index_probes_whatever_the_statistics(
                 assert '"Seq Scan"' not in text, text
 
 
-@pytest.mark.parametrize("stats", ["empty-table", "every-job-recent"])
-def test_newer_than_second_step_bounds_its_walk_from_the_created_at_index(
-    engine: sa.Engine, driver: psycopg.Connection[Any], stats: str
+#: The age filters: (list_jobs arguments, how the walk is bounded).
+AGES: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
+    "newer_than": ({"newer_than": 3600.0}, ("id >=",)),
+    "older_than": ({"older_than": 3600.0}, ("id <=",)),
+    # Both: the bound the page starts from (see admin._age_walk).
+    "both": ({"older_than": 3600.0, "newer_than": 2 * 86400.0}, ()),
+}
+
+
+@pytest.mark.parametrize("stats", ["empty-table", "every-job-recent", "every-job-old"])
+@pytest.mark.parametrize("age", list(AGES))
+def test_age_filters_bound_their_walk_from_the_created_hour_index(
+    engine: sa.Engine, driver: psycopg.Connection[Any], stats: str, age: str
 ) -> None:
-    """``newer_than``'s second step (revision 0012): the lowest id created since the bound
-    comes from ``jobs_created_at_idx`` alone, and the page walks the primary key from it;
-    whatever the statistics say (taken on an empty table, or when every job was recent).
-    On 100,000 jobs, as for the payload: on fewer, reading the table is truly cheaper."""
+    """The age filters' page (revision 0016): the lowest id created since a
+    ``newer_than`` bound and the highest created before an ``older_than`` one come from
+    ``jobs_created_hour_idx`` alone (index-only, one descent per hour), and the page
+    walks the primary key between them; whatever the statistics say (taken on an empty
+    table, when every job was recent, or when every job was a month old). On 100,000
+    jobs, as for the payload: on fewer, reading the table is truly cheaper."""
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.exec_driver_sql("ALTER TABLE jobs SET (autovacuum_enabled = false)")
         if stats == "empty-table":
@@ -252,35 +265,43 @@ def test_newer_than_second_step_bounds_its_walk_from_the_created_at_index(
             " FROM generate_series(1, %(n)s) AS g",
             {"n": PAYLOAD_ROWS},
         )
-        if stats == "every-job-recent":
+        if stats == "every-job-old":
+            conn.exec_driver_sql("UPDATE jobs SET created_at = created_at - interval '30 days'")
+        if stats != "empty-table":
             conn.exec_driver_sql("ANALYZE jobs")
         # A week of jobs: the last hour holds the newest few.
         conn.exec_driver_sql(
             "UPDATE jobs SET created_at = now() - interval '7 days' * (1 - id::float8 / %(n)s)",
             {"n": PAYLOAD_ROWS},
         )
+        conn.exec_driver_sql("VACUUM jobs")  # all-visible: the bound is read index-only
+    arguments, bounds = AGES[age]
     for newest_first in (True, False):
         for after_id in (None, PAYLOAD_ROWS // 2):
             stmt = admin.list_jobs(
-                newer_than=3600.0,
+                **arguments,
                 limit=51,
                 after_id=after_id,
                 newest_first=newest_first,
-                age_scan=admin.MATCHES,
             )
             for mode, plan in _plans(driver, stmt).items():
                 text = json.dumps(plan)
                 where = f"{mode}, newest_first={newest_first}, after_id={after_id}: {text}"
                 scans = [n for n, _ in _nodes(plan) if n.get("Relation Name") == "jobs"]
                 assert all(n["Node Type"] != "Seq Scan" for n in scans), where
-                # Its index only (an index-only scan once VACUUM has marked the pages
-                # all-visible; before, a bitmap scan of the matches).
-                assert '"Index Name": "jobs_created_at_idx"' in text, where
-                # The walk (the table's edge past the window is read from the primary
-                # key too, an index-only probe of one entry).
+                # The bounds: the hour index only, never a table row.
+                hours = [n for n in scans if n.get("Index Name") == "jobs_created_hour_idx"]
+                assert hours and all(n["Node Type"] == "Index Only Scan" for n in hours), where
+                # The walk: the primary key in the page's order from one bound, not a
+                # sort of the rows between them (the table's edge past the window is
+                # read from the primary key too, an index-only probe of one entry).
                 walk = [
                     n
                     for n in scans
                     if n.get("Index Name") == "jobs_pkey" and n["Node Type"] == "Index Scan"
                 ]
-                assert len(walk) == 1 and "id >=" in walk[0].get("Index Cond", ""), where
+                assert len(walk) == 1, where
+                starts = ("id <=",) if newest_first else ("id >=",)
+                assert all(b in walk[0].get("Index Cond", "") for b in bounds or starts), where
+                sorts = [n for n, _ in _nodes(plan) if n["Node Type"] == "Sort"]
+                assert not any("jobs.id" in " ".join(n["Sort Key"]) for n in sorts), where

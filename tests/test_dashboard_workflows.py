@@ -355,3 +355,98 @@ def test_a_steps_dependencies_keep_their_order_after_a_retry(
     steps = step_rows(client.get(f"/workflows/{ids.id}").text)
     assert steps["sum"]["Depends on"] == "c0, c1, c2"
     assert steps["sum"]["Waits on"] == "c0, c1, c2"
+
+
+def test_an_archived_workflow_is_listed_and_its_page_is_read_only(
+    engine: sa.Engine, make_client: MakeClient
+) -> None:
+    ids = fan_in(engine)
+    live = one_step(engine)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE jobs SET status = CASE WHEN step = 'zip' THEN 'dead' ELSE 'done' END"
+                "::job_status, finished_at = now() - interval '2 days' WHERE workflow_id = :w"
+            ),
+            {"w": ids.id},
+        )
+    with Session(engine) as s:
+        moved = ops.archive(
+            s, older_than=ops.parse_duration("1h"), include_dead_after=ops.parse_duration("1d")
+        )
+    assert moved == 4
+    client = make_client()
+    page = client.get("/workflows")
+    assert listed(page.text) == [str(live.id), str(ids.id)]
+    assert 'failed <span class="tag">archived</span>' in page.text
+    assert listed(client.get("/workflows?state=failed").text) == [str(ids.id)]
+    shown = client.get(f"/workflows/{ids.id}")
+    assert shown.status_code == 200
+    assert "shown read-only" in shown.text
+    assert {name: s["State"] for name, s in step_rows(shown.text).items()} == {
+        "fetch": "done",
+        "left": "done",
+        "right": "done",
+        "zip": "dead",
+    }
+    # An admin sees no cancel or retry for it: nothing of it is left in jobs.
+    assert "/retry" not in shown.text and "/cancel" not in shown.text
+    assert "Cancel workflow" in client.get(f"/workflows/{live.id}").text
+
+
+def test_retrying_a_step_whose_dependency_failed_is_refused_naming_the_dependency(
+    engine: sa.Engine, make_client: MakeClient
+) -> None:
+    ids = fan_in(engine)
+    client = make_client()
+    client.get(f"/workflows/{ids.id}")
+    client.post(f"/workflows/{ids.id}/cancel")
+    ended = statuses(engine, ids)
+    assert set(ended.values()) == {"cancelled"}
+    refused = client.post(f"/jobs/{ids['left']}/retry")
+    assert refused.status_code == 400
+    text = html.unescape(refused.text)
+    assert (
+        f"step 'left' (job {ids['left']}) was not retried: its dependency 'fetch' "
+        f"(job {ids['fetch']}) ended cancelled" in text
+    )
+    assert f"sqla-jobs workflow retry {ids.id}" in text and "Nothing was retried." in text
+    assert "&#39;left&#39;" in refused.text  # the names are escaped
+    assert statuses(engine, ids) == ended
+    assert rows(engine, "SELECT action FROM jobs_audit") == [("cancel-workflow",)]
+    # The call the message names: the whole workflow runs again, left after fetch.
+    assert client.post(f"/workflows/{ids.id}/retry", {"mode": "failed"}).status_code == 303
+    assert statuses(engine, ids) == {
+        "fetch": "queued",
+        "left": "waiting",
+        "right": "waiting",
+        "zip": "waiting",
+    }
+
+
+def test_the_jobs_page_filters_by_workflow_and_the_workflow_page_links_to_it(
+    engine: sa.Engine, make_client: MakeClient
+) -> None:
+    ids = fan_in(engine)
+    other = one_step(engine)
+    client = make_client()
+    page = client.get(f"/workflows/{ids.id}").text
+    link = re.search(r'<a href="(/jobs\?workflow=[^"]+)">Its steps on the Jobs page</a>', page)
+    assert link is not None and link.group(1) == f"/jobs?workflow={ids.id}"
+    jobs = client.get(link.group(1))
+    assert jobs.status_code == 200
+    shown = set(map(int, re.findall(r'<td data-job="(\d+)"', jobs.text)))
+    assert shown == {ids["fetch"], ids["left"], ids["right"], ids["zip"]}
+    assert f'name="workflow" value="{ids.id}"' in jobs.text
+    # Combined with another filter, and the other workflow's step is not among them.
+    queued = client.get(f"/jobs?workflow={ids.id}&status=queued").text
+    assert set(map(int, re.findall(r'<td data-job="(\d+)"', queued))) == {ids["fetch"]}
+    assert other["only"] not in shown
+    # A value that is no workflow id: said, naming the control, and escaped everywhere.
+    bad = client.get("/jobs", params={"workflow": '"><script>x</script>'})
+    assert bad.status_code == 400
+    assert "<script>x</script>" not in bad.text
+    assert "&#34;&gt;&lt;script&gt;x&lt;/script&gt;" in bad.text or (
+        "&quot;&gt;&lt;script&gt;" in bad.text
+    )
+    assert "Workflow (workflow): a workflow id is a UUID" in html.unescape(bad.text)

@@ -1,4 +1,5 @@
-"""The README's examples run as written, and the idempotent patterns hold on a re-run."""
+"""The documentation's examples (README.md and the docs/ pages) run as written, and the
+idempotent patterns hold on a re-run."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import docpages
 import pytest
 import sqlalchemy as sa
 from helpers import rows, running_jobs, scalar, url_text, wait_for
@@ -42,7 +44,7 @@ def fresh_providers() -> Iterator[None]:
 
 def users_url(db_url: URL) -> str:
     """``DATABASE_URL`` as a user's environment holds it: plain ``postgresql://``, no driver
-    (the README's examples must pick psycopg themselves)."""
+    (the documented examples must pick psycopg themselves)."""
     return url_text(db_url.set(drivername="postgresql"))
 
 
@@ -56,14 +58,13 @@ def test_public_api_is_exactly_what_all_lists() -> None:
 
 
 def test_readme_enqueue_example_runs(engine: sa.Engine, db_url: URL) -> None:
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Enqueue", 1)[1]
+    section = docpages.section("Enqueue")
     code = re.search(r"```python\n(.*?)```", section, re.S)
     assert code is not None
     os.environ["DATABASE_URL"] = users_url(db_url)
     namespace: dict[str, object] = {"__name__": "readme"}
     try:
-        exec(compile(code.group(1), "README.md", "exec"), namespace)
+        exec(compile(code.group(1), "<docs example>", "exec"), namespace)
     finally:
         del os.environ["DATABASE_URL"]
         engine_in_readme = namespace.get("engine")
@@ -75,14 +76,13 @@ def test_readme_enqueue_example_runs(engine: sa.Engine, db_url: URL) -> None:
 def test_readme_periodic_example_runs_and_registers_its_schedules(
     engine: sa.Engine, db_url: URL
 ) -> None:
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Periodic jobs", 1)[1]
+    section = docpages.section("Periodic jobs")
     code = re.search(r"```python\n(.*?)```", section, re.S)
     assert code is not None
     os.environ["DATABASE_URL"] = users_url(db_url)
     namespace: dict[str, object] = {"__name__": "readme_periodic"}
     try:
-        exec(compile(code.group(1), "README.md", "exec"), namespace)
+        exec(compile(code.group(1), "<docs example>", "exec"), namespace)
     finally:
         del os.environ["DATABASE_URL"]
         engine_in_readme = namespace.get("engine")
@@ -178,16 +178,18 @@ def test_two_receipt_jobs_for_one_order_at_once_send_one_receipt(
 
 
 def _readme_section(title: str) -> str:
-    readme = (ROOT / "README.md").read_text()
-    return readme.split(f"### {title}", 1)[1].split("\n### ", 1)[0]
+    return docpages.section(title)
 
 
 def test_readme_job_control_examples_are_the_runnable_ones() -> None:
     source = (ROOT / "examples" / "job_control.py").read_text()
-    for title, name in (("Steering a job", "sync_order"), ("Results", "render_invoice")):
+    for title, name in (
+        ("Steering a job from its handler: Snooze, RetryIn, Discard", "sync_order"),
+        ("Results", "render_invoice"),
+    ):
         code = re.search(r"```python\n(@registry.*?)```", _readme_section(title), re.S)
         assert code is not None and f"def {name}(" in code.group(1)
-        # The README omits the type-checker comments the example file needs.
+        # The guide omits the type-checker comments the example file needs.
         assert code.group(1) in source.replace("  # type: ignore[no-untyped-def]", "")
 
 
@@ -224,6 +226,10 @@ def test_snooze_retry_in_discard_and_results_as_the_readme_tells(
             "pages": ["page 1 of order 7", "page 2 of order 7"],
         }
         assert s.get(job_control.Order, 7).synced_at is not None  # type: ignore[union-attr]
+    # The guide's second "Results" block reads that result back, as written.
+    reading = docpages.python_blocks(docpages.section("Results"))[1]
+    namespace = {"Session": Session, "engine": engine, "job_id": invoice, "sqla_jobs": sqla_jobs}
+    exec(compile(reading, "<docs example>", "exec"), namespace)
     assert jobs[missing].status == "cancelled"
     assert jobs[missing].last_error == "discarded by its handler: order 99 no longer exists"
     assert jobs[synced].status == "done" and jobs[synced].attempts == 2
@@ -232,14 +238,13 @@ def test_snooze_retry_in_discard_and_results_as_the_readme_tells(
 
 
 def test_readme_pausing_and_limits_example_runs(engine: sa.Engine, db_url: URL) -> None:
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Pausing and limits", 1)[1]
+    section = docpages.section("Pausing and limits")
     code = re.search(r"```python\n(.*?)```", section, re.S)
     assert code is not None
     os.environ["DATABASE_URL"] = users_url(db_url)
     namespace: dict[str, object] = {"__name__": "readme"}
     try:
-        exec(compile(code.group(1), "README.md", "exec"), namespace)
+        exec(compile(code.group(1), "<docs example>", "exec"), namespace)
     finally:
         del os.environ["DATABASE_URL"]
         engine_in_readme = namespace.get("engine")
@@ -251,14 +256,13 @@ def test_readme_pausing_and_limits_example_runs(engine: sa.Engine, db_url: URL) 
 
 
 def test_readme_async_handlers_example_runs(engine: sa.Engine, db_url: URL) -> None:
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("### Async handlers", 1)[1]
+    section = docpages.section("Async handlers")
     code = re.search(r"```python\n(.*?)```", section, re.S)
     assert code is not None
     os.environ["DATABASE_URL"] = users_url(db_url)
     namespace: dict[str, object] = {"__name__": "readme_async"}
     try:
-        exec(compile(code.group(1), "README.md", "exec"), namespace)
+        exec(compile(code.group(1), "<docs example>", "exec"), namespace)
     finally:
         del os.environ["DATABASE_URL"]
     assert scalar(engine, "SELECT count(*) FROM jobs WHERE kind = 'notify_user'") == 11
@@ -271,15 +275,14 @@ def test_readme_async_handlers_example_runs(engine: sa.Engine, db_url: URL) -> N
 def test_readme_workflows_example_runs_the_fan_in_and_the_batch_callbacks(
     engine: sa.Engine, db_url: URL
 ) -> None:
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Workflows", 1)[1].split("\n## ", 1)[0]
+    section = docpages.section("Workflows")
     blocks = re.findall(r"```python\n(.*?)```", section, re.S)
     assert len(blocks) == 2
     os.environ["DATABASE_URL"] = users_url(db_url)
     namespace: dict[str, object] = {"__name__": "readme_workflows"}
     try:
         for block in blocks:
-            exec(compile(block, "README.md", "exec"), namespace)
+            exec(compile(block, "<docs example>", "exec"), namespace)
         testing.drain(url_text(db_url), namespace["registry"], timeout=60)  # type: ignore[arg-type]
     finally:
         del os.environ["DATABASE_URL"]
@@ -315,8 +318,7 @@ def test_readme_workflows_example_runs_the_fan_in_and_the_batch_callbacks(
 def test_readme_running_for_years_health_example_names_the_open_transaction(
     engine: sa.Engine, db_url: URL, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Running for years", 1)[1]
+    section = docpages.section("Running for years")
     code = re.search(r"```python\n(.*?)```", section, re.S)
     assert code is not None
     with engine.connect() as held:
@@ -326,7 +328,7 @@ def test_readme_running_for_years_health_example_names_the_open_transaction(
         os.environ["DATABASE_URL"] = users_url(db_url)
         namespace: dict[str, object] = {"__name__": "readme_health"}
         try:
-            exec(compile(code.group(1), "README.md", "exec"), namespace)
+            exec(compile(code.group(1), "<docs example>", "exec"), namespace)
         finally:
             del os.environ["DATABASE_URL"]
             held.rollback()
@@ -337,14 +339,13 @@ def test_readme_running_for_years_health_example_names_the_open_transaction(
 
 
 def test_readme_job_metadata_example_runs(engine: sa.Engine, db_url: URL) -> None:
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("### Job metadata: meta and tags", 1)[1]
+    section = docpages.section("Job metadata: meta and tags")
     code = re.search(r"```python\n(.*?)```", section, re.S)
     assert code is not None
     os.environ["DATABASE_URL"] = users_url(db_url)
     namespace: dict[str, object] = {"__name__": "readme_meta"}
     try:
-        exec(compile(code.group(1), "README.md", "exec"), namespace)
+        exec(compile(code.group(1), "<docs example>", "exec"), namespace)
     finally:
         del os.environ["DATABASE_URL"]
         engine_in_readme = namespace.get("engine")
@@ -365,8 +366,7 @@ def test_readme_job_metadata_example_runs(engine: sa.Engine, db_url: URL) -> Non
 def test_readme_tracing_example_draws_one_trace_from_request_to_handler(
     db_url: URL, tmp_path: Path
 ) -> None:
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Tracing and metadata", 1)[1]
+    section = docpages.section("Tracing and metadata")
     code = re.search(r"```python\n(.*?)```", section, re.S)
     printed = re.search(r"```text\n(.*?)```", section, re.S)
     assert code is not None and printed is not None
@@ -387,12 +387,11 @@ def test_readme_tracing_example_draws_one_trace_from_request_to_handler(
 def test_readme_failover_url_reaches_libpq_with_every_host_and_the_override() -> None:
     from sqla_jobs.worker import _connlost
 
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Failover and network faults", 1)[1]
+    section = docpages.section("Failover and network faults")
     code = re.search(r"```python\n(.*?)```", section, re.S)
     assert code is not None
     namespace: dict[str, object] = {"__name__": "readme_failover"}
-    exec(compile(code.group(1), "README.md", "exec"), namespace)
+    exec(compile(code.group(1), "<docs example>", "exec"), namespace)
     config = namespace["config"]
     assert isinstance(config, WorkerConfig)
     kwargs = _connlost.connect_kwargs(config.url)
@@ -406,12 +405,11 @@ def test_readme_failover_url_reaches_libpq_with_every_host_and_the_override() ->
 def test_readme_app_engine_for_failover_carries_the_workers_keepalive_defaults() -> None:
     from sqla_jobs.worker import _connlost
 
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("**Your application's side.**", 1)[1]
+    section = docpages.after("**Your application's side.**")
     code = re.search(r"```python\n(.*?)```", section, re.S)
     assert code is not None
     namespace: dict[str, object] = {"__name__": "readme_app_engine"}
-    exec(compile(code.group(1), "README.md", "exec"), namespace)
+    exec(compile(code.group(1), "<docs example>", "exec"), namespace)
     engine = namespace["app_engine"]
     assert isinstance(engine, sa.Engine)
     seen: dict[str, Any] = {}

@@ -542,7 +542,8 @@ def test_output_cut_short_by_its_reader_ends_quietly(engine: sa.Engine, db_url: 
 
 def test_the_operations_guide_lists_every_command_with_every_option() -> None:
     """docs/operations.md's command table names each ``sqla-jobs`` command of the ops
-    group and each of its long options (the worker and dashboard have README sections)."""
+    group and each of its long options (the worker and the dashboard have guide pages;
+    docs/reference/cli.md lists every option)."""
     import argparse
 
     from sqla_jobs import cli

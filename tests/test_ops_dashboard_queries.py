@@ -303,11 +303,82 @@ def test_newer_than_pages_are_exact_when_created_at_is_out_of_step_with_id(
     hour = timedelta(hours=1)
     assert _all_pages(session, False, newer_than=hour) == expected
     assert _all_pages(session, True, newer_than=hour) == expected[::-1]
-    # The first page oldest first reads no match in its first 5,000 ids: it is the
-    # second step's page, from the lowest id created in the hour.
+    # The first page oldest first starts from the lowest id created in the hour.
     page = ops.list_jobs(session, newer_than=hour, limit=5)
     assert [j.id for j in page] == expected[:5]
     assert page[0].id == first + 6_000
+
+
+def test_older_than_pages_are_exact_when_created_at_is_out_of_step_with_id(
+    session: Session, engine: sa.Engine
+) -> None:
+    # 15,000 jobs, oldest first: 8,400 two days old, 600 around the hour's bound (10 to
+    # 15 minutes either side of it, so the bound's own hour holds jobs of both sides
+    # whatever the clock), then 6,000 in the last half hour. Ids 14,000 and 14,500 were
+    # enqueued in a transaction that began days before it committed (old created_at,
+    # high id); ids 6,000 and 7,000 were created recently. Newest first, the first page
+    # starts at 14,500 (the highest id created before the bound), then passes the last
+    # half hour's other jobs to 8,700; oldest first, the walk stops at 14,500.
+    insert(
+        engine,
+        "INSERT INTO jobs (kind, payload, created_at)"
+        " SELECT 'k', '{}', CASE WHEN g <= 8400"
+        " THEN now() - interval '2 days' + interval '1 second' * g"
+        " WHEN g <= 8700 THEN now() - interval '80 minutes' + interval '1 second' * (g - 8400)"
+        " WHEN g <= 9000 THEN now() - interval '50 minutes' + interval '1 second' * (g - 8700)"
+        " ELSE now() - interval '0.3 second' * (15000 - g) END"
+        " FROM generate_series(1, 15000) AS g",
+    )
+    first = int(session.execute(sa.text("SELECT min(id) FROM jobs")).scalar_one()) - 1
+    insert(
+        engine,
+        "UPDATE jobs SET created_at = now() - interval '10 seconds' WHERE id = ANY(:ids)",
+        ids=[first + 6_000, first + 7_000],
+    )
+    insert(
+        engine,
+        "UPDATE jobs SET created_at = now() - interval '5 days' WHERE id = ANY(:ids)",
+        ids=[first + 14_000, first + 14_500],
+    )
+    expected = list(
+        session.execute(
+            sa.text("SELECT id FROM jobs WHERE created_at < now() - interval '1 hour' ORDER BY id")
+        ).scalars()
+    )
+    assert first + 14_500 in expected and first + 6_000 not in expected
+    assert first + 8_500 in expected and first + 8_800 not in expected
+    hour = timedelta(hours=1)
+    assert _all_pages(session, False, older_than=hour) == expected
+    assert _all_pages(session, True, older_than=hour) == expected[::-1]
+    # The first page newest first starts from the highest id created before the bound.
+    page = ops.list_jobs(session, older_than=hour, limit=5, newest_first=True)
+    assert [j.id for j in page] == expected[::-1][:5]
+    assert [j.id - first for j in page] == [14_500, 14_000, 8_700, 8_699, 8_698]
+    # Both bounds at once: a window between them, exact in both orders.
+    window = list(
+        session.execute(
+            sa.text(
+                "SELECT id FROM jobs WHERE created_at < now() - interval '1 hour'"
+                " AND created_at >= now() - interval '1 day' ORDER BY id"
+            )
+        ).scalars()
+    )
+    assert window and first + 14_000 not in window
+    both = {"older_than": hour, "newer_than": timedelta(days=1)}
+    assert _all_pages(session, False, **both) == window
+    assert _all_pages(session, True, **both) == window[::-1]
+
+
+def test_an_older_than_page_before_the_first_match_is_empty(
+    session: Session, engine: sa.Engine
+) -> None:
+    insert(
+        engine,
+        "INSERT INTO jobs (kind, payload, created_at)"
+        " SELECT 'k', '{}', now() - interval '1 minute' FROM generate_series(1, 6000)",
+    )
+    assert ops.list_jobs(session, older_than=timedelta(hours=1)) == []
+    assert ops.list_jobs(session, older_than=timedelta(hours=1), newest_first=True) == []
 
 
 def test_a_newer_than_page_after_the_last_match_is_empty(
@@ -320,3 +391,42 @@ def test_a_newer_than_page_after_the_last_match_is_empty(
     )
     assert ops.list_jobs(session, newer_than=timedelta(hours=1)) == []
     assert ops.list_jobs(session, newer_than=timedelta(hours=1), newest_first=True) == []
+
+
+def test_list_jobs_expired_keeps_running_jobs_whose_lease_is_past(
+    session: Session, engine: sa.Engine
+) -> None:
+    insert(
+        engine,
+        "INSERT INTO jobs (kind, payload, status, attempts, worker, locked_until)"
+        " SELECT 'k', '{}', 'running', 1, 'w', now() + interval '1 minute' * (g - 2.5)"
+        " FROM generate_series(1, 5) AS g",
+    )
+    insert(engine, "INSERT INTO jobs (kind, payload) VALUES ('k', '{}')")
+    lapsed = list(
+        session.execute(
+            sa.text("SELECT id FROM jobs WHERE locked_until < now() ORDER BY id")
+        ).scalars()
+    )
+    assert len(lapsed) == 2
+    assert [j.id for j in ops.list_jobs(session, expired=True)] == lapsed
+    assert [j.id for j in ops.list_jobs(session, status="running", expired=True)] == lapsed
+    assert [j.id for j in ops.list_jobs(session, expired=True, newest_first=True)] == lapsed[::-1]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "error"),
+    [
+        ({"expired": "yes"}, "expired must be True or False, got 'yes'"),
+        (
+            {"expired": True, "status": "done"},
+            "expired keeps running jobs whose lease has expired: give no status, or running",
+        ),
+    ],
+)
+def test_list_jobs_expired_refuses_what_it_cannot_mean(
+    session: Session, arguments: dict[str, Any], error: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        ops.list_jobs(session, **arguments)
+    assert str(caught.value) == error

@@ -51,7 +51,7 @@ NOT_BUILDERS = {
     "schema.no_schema_error",
     "control.lock_key",
     "admin.payload_in_two_steps",
-    "admin.age_in_two_steps",
+    "admin.age_bounded",
 }
 
 LEASES = [(1, 1), (2, 3)]
@@ -100,12 +100,10 @@ CASES: dict[str, Callable[[], Any]] = {
     "admin.list_jobs_meta_tags": lambda: admin.list_jobs(
         meta='{"tenant": 7}', tags=["vip"], limit=50, after_id=15, payload_scan=admin.MATCHES
     ),
-    "admin.list_jobs_newer_than_near": lambda: admin.list_jobs(
-        newer_than=86400, limit=50, after_id=15, age_scan=admin.NEAR
+    "admin.list_jobs_newer_than": lambda: admin.list_jobs(
+        newer_than=86400, limit=50, newest_first=True
     ),
-    "admin.list_jobs_newer_than_matches": lambda: admin.list_jobs(
-        newer_than=86400, limit=50, newest_first=True, age_scan=admin.MATCHES
-    ),
+    "admin.list_jobs_older_than": lambda: admin.list_jobs(older_than=86400, limit=50, after_id=15),
     "admin.list_jobs_workflow": lambda: admin.list_jobs(
         workflow=uuid.UUID("01890000-0000-7000-8000-000000000000"),
         statuses=[JobStatus.DEAD],
@@ -207,6 +205,11 @@ CASES: dict[str, Callable[[], Any]] = {
     "workflows.reopen_edges_into": lambda: workflows.reopen_edges_into([1, 3], [3]),
     "workflows.unfinished_workflow": lambda: sa.select(models.jobs.c.id).where(
         workflows.unfinished_workflow(models.jobs)
+    ),
+    "workflows.failed_dependencies": lambda: workflows.failed_dependencies([3, 4]),
+    "workflows.wait_again": lambda: workflows.wait_again([3, 4]),
+    "workflows.has_step_in": lambda: sa.select(models.jobs_archive.c.id).where(
+        workflows.has_step_in(models.jobs_archive.c.workflow_id)
     ),
     "locks.not_a_primary": lambda: locks.not_a_primary(),
     "locks.listener_probe": lambda: locks.listener_probe("jobs_probe", "vm:1:1"),
@@ -323,8 +326,8 @@ def test_every_statement_builder_has_a_snapshot_case() -> None:
         "admin.list_jobs_payload_near",
         "admin.list_jobs_payload_matches",
         "admin.list_jobs_meta_tags",
-        "admin.list_jobs_newer_than_near",
-        "admin.list_jobs_newer_than_matches",
+        "admin.list_jobs_newer_than",
+        "admin.list_jobs_older_than",
         "admin.list_jobs_workflow",
         "workflows.list_workflows_running",
         "workflows.list_workflows_finished",

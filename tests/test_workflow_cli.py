@@ -110,7 +110,7 @@ ROWS = 20_000
 STEPS = 30
 BIG_STEPS = 2_000
 #: The workflow's own index (revision 0014), or with a status (revision 0015).
-WORKFLOW_INDEXES = ("jobs_workflow_id_idx", "jobs_workflow_status_idx")
+WORKFLOW_INDEXES = ("jobs_workflow_finished_idx", "jobs_workflow_status_idx")
 
 
 def _assert_uses_a_workflow_index(plan: Any) -> None:
@@ -219,6 +219,9 @@ def test_a_failed_steps_error_shows_its_first_line_and_after_a_retry_it_is_earli
     }
     assert data["bad"]["current_error"] is None and data["c"]["current_error"] is None
     assert data["bad"]["last_error"] == stored  # kept, in full, for history
+    # `show --json` of one step says the same.
+    one = json.loads(ok(db_url, "show", str(ids["c"]), "--json"))
+    assert one["current_error"] is None and one["last_error"] == data["c"]["last_error"]
     with Session(flow_engine) as s:
         by_step = {st.step: st for st in ops.workflow_status(s, ids.id).steps}
     assert by_step["c"].current_error is None
@@ -241,6 +244,9 @@ def test_a_step_still_failed_or_waiting_again_after_a_retry_shows_the_right_erro
     with Session(flow_engine) as s:
         by_step = {st.step: st for st in ops.workflow_status(s, ids.id).steps}
     assert by_step["bad"].current_error == by_step["bad"].last_error
+    shown = json.loads(ok(db_url, "show", str(ids["c"]), "--json"))
+    assert shown["current_error"] == by_step["c"].last_error
+    assert shown["current_error"].startswith('upstream step "bad"')
     assert by_step["c"].current_error is not None
     assert by_step["c"].current_error.startswith('upstream step "bad"')
     lines = step_lines(ok(db_url, "workflow", "show", str(ids.id)))
@@ -289,6 +295,49 @@ def test_workflow_cancel_with_no_wait_says_a_running_step_still_runs(
         f"job {ids['long']}: still running after 0s; its worker stops it at its next check "
         "(or it ends cancelled when its lease expires)\n"
     )
+    # Asked already: a second cancel asks no step again.
+    out = ok(db_url, "workflow", "cancel", str(ids.id).upper(), "--wait", "0", "--json")
+    assert json.loads(out) == {"id": str(ids.id), "cancelled": [], "stopping": []}
+    # --json: one document, each running step with its status after the wait.
+    other = enqueue(engine, flow)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE jobs SET status = 'running', attempts = 1, worker = 'gone:1', "
+                "locked_until = now() + interval '1 hour' WHERE id = :i"
+            ),
+            {"i": other["long"]},
+        )
+    out = ok(db_url, "workflow", "cancel", str(other.id), "--wait", "0", "--json")
+    assert json.loads(out) == {
+        "id": str(other.id),
+        "cancelled": [],
+        "stopping": [{"id": other["long"], "status": "running"}],
+    }
+
+
+def test_workflow_cancel_and_retry_json_give_the_steps_they_changed(
+    db_url: URL, flow_engine: sa.Engine
+) -> None:
+    flow = Workflow(registry=registry)
+    flow.add("a", "flow.step")
+    flow.add("b", "flow.step", after="a")
+    flow.add("c", "flow.step", after="b")
+    ids = enqueue(flow_engine, flow)
+    cancelled = json.loads(ok(db_url, "workflow", "cancel", str(ids.id), "--json"))
+    assert cancelled == {
+        "id": str(ids.id),
+        "cancelled": [ids["a"], ids["b"], ids["c"]],
+        "stopping": [],
+    }
+    retried = json.loads(ok(db_url, "workflow", "retry", str(ids.id), "--json"))
+    assert retried == {
+        "id": str(ids.id),
+        "mode": "failed",
+        "retried": [ids["a"], ids["b"], ids["c"]],
+    }
+    again = ok(db_url, "workflow", "retry", str(ids.id), "--downstream", "--json")
+    assert json.loads(again) == {"id": str(ids.id), "mode": "failed_and_downstream", "retried": []}
 
 
 # --- flags an action does not take ----------------------------------------------------
@@ -300,14 +349,6 @@ def test_workflow_cancel_with_no_wait_says_a_running_step_still_runs(
         (
             ["show", "--downstream"],
             "workflow show takes no --downstream (it goes with workflow retry)",
-        ),
-        (
-            ["cancel", "--json"],
-            "workflow cancel takes no --json (it goes with workflow list and show)",
-        ),
-        (
-            ["retry", "--json"],
-            "workflow retry takes no --json (it goes with workflow list and show)",
         ),
         (["show", "--wait", "5"], "workflow show takes no --wait (it goes with workflow cancel)"),
         (["retry", "--wait", "5"], "workflow retry takes no --wait (it goes with workflow cancel)"),

@@ -203,6 +203,7 @@ def _load(engine: sa.Engine, stats: str) -> None:
         conn.exec_driver_sql("ALTER TABLE jobs SET (autovacuum_enabled = false)")
         if stats == "empty-table":
             conn.exec_driver_sql("ANALYZE jobs")
+            conn.exec_driver_sql("ANALYZE jobs_archive")
         conn.exec_driver_sql(
             # A backlog outside workflows: what jobs_claim_idx holds.
             "INSERT INTO jobs (kind, payload) SELECT 'plain', '{}' FROM generate_series(1, %(n)s)",
@@ -226,6 +227,13 @@ def _load(engine: sa.Engine, stats: str) -> None:
         conn.exec_driver_sql(
             "UPDATE jobs SET status = 'dead' WHERE workflow_id IS NOT NULL AND id %% 997 = 0"
         )
+        # The newest quarter archived (as the archiver moves them: whole workflows).
+        names = ", ".join(c.name for c in models.jobs.c)
+        conn.exec_driver_sql(
+            "WITH moved AS (DELETE FROM jobs WHERE workflow_id >= %(new)s RETURNING *)"
+            f" INSERT INTO jobs_archive ({names}) SELECT {names} FROM moved",
+            {"new": uuid.UUID(int=(WORKFLOWS * 3 // 4) << 80)},
+        )
 
 
 def _index_scans(plan: Any) -> set[str]:
@@ -247,11 +255,14 @@ def test_each_list_of_workflows_is_a_walk_down_an_index_whatever_the_statistics(
     engine: sa.Engine, driver: psycopg.Connection[Any], stats: str
 ) -> None:
     _load(engine, stats)
+    # Each walk reads both tables (archived workflows are listed), each workflow's
+    # figures both workflow indexes.
+    both = {"jobs_workflow_finished_idx", "jobs_archive_workflow_finished_idx"}
     walks = {
-        None: {"jobs_workflow_id_idx"},
-        "running": {"jobs_workflow_id_idx", "jobs_workflow_status_idx"},
-        "failed": {"jobs_workflow_id_idx", "jobs_workflow_status_idx"},
-        "finished": {"jobs_workflow_id_idx", "jobs_workflow_status_idx"},
+        None: both,
+        "running": both | {"jobs_workflow_status_idx"},
+        "failed": both | {"jobs_workflow_status_idx", "jobs_archive_workflow_status_idx"},
+        "finished": both | {"jobs_workflow_status_idx"},
     }
     middle = uuid.UUID(int=(WORKFLOWS // 2) << 80)
     for state, indexes in walks.items():
@@ -268,7 +279,7 @@ def test_each_list_of_workflows_is_a_walk_down_an_index_whatever_the_statistics(
         stmt = workflows_sql.step_page(uuid.UUID(int=1 << 80), after_id=after_id, limit=51)
         for mode, plan in _plans(driver, stmt).items():
             try:
-                _assert_uses(plan, "jobs_workflow_id_idx")
+                _assert_uses(plan, "jobs_workflow_finished_idx")
             except AssertionError as exc:
                 raise AssertionError(
                     f"{stats}, step_page after {after_id}, {mode}: {exc}"
@@ -279,8 +290,13 @@ def test_each_list_of_workflows_is_a_walk_down_an_index_whatever_the_statistics(
         failed = ops.list_workflows(s, state="failed", limit=100)
         finished = ops.list_workflows(s, state="finished", before=middle)
     assert [w.id.int >> 80 for w in running] == [3, 2, 1]
-    dead = scalar(engine, "SELECT count(DISTINCT workflow_id) FROM jobs WHERE status = 'dead'")
+    dead = scalar(
+        engine,
+        "SELECT count(DISTINCT workflow_id) FROM (SELECT workflow_id FROM jobs WHERE status ="
+        " 'dead' UNION ALL SELECT workflow_id FROM jobs_archive WHERE status = 'dead') AS d",
+    )
     assert len(failed) == dead and all(w.counts.get("dead") for w in failed)
+    assert any(w.archived for w in failed) and not all(w.archived for w in failed)
     assert [w.id.int >> 80 for w in finished] == list(
         range(WORKFLOWS // 2 - 1, WORKFLOWS // 2 - 51, -1)
     )
@@ -320,3 +336,59 @@ def test_workflow_page_reads_a_page_of_steps_and_counts_the_whole_workflow(
             await engine.dispose()
 
     assert [st.step for st in asyncio.run(read()).steps] == ["s0"]
+
+
+def archive_workflow(engine: sa.Engine, ids: WorkflowIds, *, status: str = "done") -> None:
+    """End every step of the workflow and let the archiver move it (as a unit)."""
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE jobs SET status = CAST(:s AS job_status),"
+                " finished_at = now() - interval '2 days' WHERE workflow_id = :w"
+            ),
+            {"s": status, "w": ids.id},
+        )
+    with Session(engine) as s:
+        ops.archive(
+            s, older_than=ops.parse_duration("1h"), include_dead_after=ops.parse_duration("1d")
+        )
+    assert scalar(engine, "SELECT count(*) FROM jobs WHERE workflow_id = :w", w=ids.id) == 0
+
+
+def test_archived_workflows_are_listed_and_shown_read_only(
+    db_url: URL, flow_engine: sa.Engine
+) -> None:
+    old = chain(flow_engine, 3)
+    failed = chain(flow_engine, 2)
+    running = chain(flow_engine, 2)
+    archive_workflow(flow_engine, old)
+    archive_workflow(flow_engine, failed, status="dead")
+    with Session(flow_engine) as s:
+        page = ops.list_workflows(s)
+        by_state = {
+            state: [w.id for w in ops.list_workflows(s, state=state)]
+            for state in ops.WORKFLOW_STATES
+        }
+        status = ops.workflow_status(s, old.id)
+    assert [(w.id, w.state, w.size, w.archived) for w in page] == [
+        (running.id, "running", 2, False),
+        (failed.id, "failed", 2, True),
+        (old.id, "succeeded", 3, True),
+    ]
+    assert page[2].counts == {"done": 3} and page[2].finished_at is not None
+    assert by_state == {
+        "running": [running.id],
+        "finished": [failed.id, old.id],
+        "failed": [failed.id],
+    }
+    assert status.archived and status.finished and all(s.archived for s in status.steps)
+    listed = json.loads(ok(db_url, "workflow", "list", "--json"))
+    assert [(w["id"], w["archived"], w["archived_steps"]) for w in listed] == [
+        (str(running.id), False, 0),
+        (str(failed.id), True, 2),
+        (str(old.id), True, 3),
+    ]
+    assert f"{old.id}  succeeded (archived)" in ok(db_url, "workflow", "list")
+    shown = ok(db_url, "workflow", "show", str(old.id))
+    assert shown.startswith(f"workflow {old.id}: 3 done (archived: read-only)")
+    assert json.loads(ok(db_url, "workflow", "show", str(old.id), "--json"))["archived"] is True

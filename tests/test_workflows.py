@@ -14,11 +14,11 @@ import flowapp
 import pytest
 import sqlalchemy as sa
 from flowapp import registry
-from helpers import rows, scalar, url_text
+from helpers import rows, scalar, url_text, wait_for
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
-from test_ops_cli import ok
+from test_ops_cli import cli, ok
 
 from sqla_jobs import models, ops, testing, workflows
 from sqla_jobs.exceptions import ConfigError, JobNotFoundError, WorkflowError
@@ -367,6 +367,190 @@ def test_the_archiver_leaves_every_step_of_an_unfinished_workflow(
     assert scalar(flow_engine, "SELECT count(*) FROM jobs_workflow_edges") == 0
 
 
+def fan_out(n: int) -> Workflow:
+    flow = Workflow(registry=registry)
+    flow.add("a", "flow.step")
+    for i in range(n):
+        flow.add(f"b{i}", "flow.step", after="a")
+    return flow
+
+
+def end_steps(engine: sa.Engine, where: str, ago: str, status: str = "done", **params: Any) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                f"UPDATE jobs SET status = '{status}', finished_at = now() - interval '{ago}' "
+                f"WHERE {where}"
+            ),
+            params,
+        )
+
+
+def plain_jobs(engine: sa.Engine, n: int, ago: str) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO jobs (kind, payload, status, finished_at) SELECT 'flow.step', '{}', "
+                f"'done', now() - interval '{ago}' FROM generate_series(1, :n)"
+            ),
+            {"n": n},
+        )
+
+
+def where_steps(engine: sa.Engine) -> dict[str, tuple[int, int]]:
+    """workflow id -> (steps in jobs, steps in jobs_archive)."""
+    found = rows(
+        engine,
+        "SELECT workflow_id::text AS w, sum(live) AS live, sum(archived) AS archived FROM ("
+        " SELECT workflow_id, 1 AS live, 0 AS archived FROM jobs WHERE workflow_id IS NOT NULL"
+        " UNION ALL SELECT workflow_id, 0, 1 FROM jobs_archive WHERE workflow_id IS NOT NULL"
+        ") AS s GROUP BY workflow_id",
+    )
+    return {r.w: (r.live, r.archived) for r in found}
+
+
+def test_the_archiver_moves_a_finished_workflow_bigger_than_a_batch_in_one_batch(
+    flow_engine: sa.Engine,
+) -> None:
+    big = enqueue(flow_engine, fan_out(24))
+    small = enqueue(flow_engine, fan_out(2))
+    end_steps(flow_engine, "workflow_id IS NOT NULL", "2 days")
+    plain_jobs(flow_engine, 15, "2 days")
+    seen = []
+    with Session(flow_engine) as s:
+        for moved in ops.archive_batches(s, older_than=ops.parse_duration("1h"), batch=10):
+            # After every committed batch each workflow is all in jobs or all archived.
+            seen.append(moved)
+            assert all(0 in split for split in where_steps(flow_engine).values())
+    assert sum(seen) == 25 + 3 + 15
+    assert max(seen) >= 25  # the big workflow's batch went past the batch size
+    assert where_steps(flow_engine) == {str(big.id): (0, 25), str(small.id): (0, 3)}
+    assert scalar(flow_engine, "SELECT count(*) FROM jobs") == 0
+
+
+def test_the_archiver_waits_for_a_workflows_last_step_and_its_failed_steps_window(
+    flow_engine: sa.Engine,
+) -> None:
+    young = enqueue(flow_engine, fan_out(3))
+    end_steps(flow_engine, "workflow_id = :w", "2 days", w=young.id)
+    end_steps(flow_engine, "id = :id", "1 minute", id=young["b2"])  # its last step: recent
+    failed = enqueue(flow_engine, fan_out(3))
+    end_steps(flow_engine, "workflow_id = :w", "2 days", w=failed.id)
+    end_steps(flow_engine, "id = :id", "3 days", status="dead", w=failed.id, id=failed["b1"])
+    with Session(flow_engine) as s:
+        assert ops.archive(s, older_than=ops.parse_duration("1h"), batch=2) == 0
+        # Dead jobs kept for 4 days: the failed workflow stays whole, all of it.
+        assert (
+            ops.archive(
+                s,
+                older_than=ops.parse_duration("1h"),
+                batch=2,
+                include_dead_after=ops.parse_duration("4d"),
+            )
+            == 0
+        )
+        assert (
+            ops.archive(
+                s,
+                older_than=ops.parse_duration("1h"),
+                batch=2,
+                include_dead_after=ops.parse_duration("1d"),
+            )
+            == 4
+        )
+    assert where_steps(flow_engine) == {str(young.id): (4, 0), str(failed.id): (0, 4)}
+
+
+def test_a_workflow_with_a_step_locked_elsewhere_is_left_whole_for_the_next_batch(
+    flow_engine: sa.Engine,
+) -> None:
+    ids = enqueue(flow_engine, fan_out(3))
+    end_steps(flow_engine, "workflow_id IS NOT NULL", "2 days")
+    plain_jobs(flow_engine, 2, "2 days")
+    with flow_engine.connect() as other:
+        # Someone (an operator's retry, another archiver) holds one step's row lock.
+        other.execute(sa.text("SELECT 1 FROM jobs WHERE id = :id FOR UPDATE"), {"id": ids["b1"]})
+        with Session(flow_engine) as s:
+            assert ops.archive(s, older_than=ops.parse_duration("1h")) == 2
+        assert where_steps(flow_engine) == {str(ids.id): (4, 0)}
+        other.rollback()
+    with Session(flow_engine) as s:
+        assert ops.archive(s, older_than=ops.parse_duration("1h")) == 4
+    assert where_steps(flow_engine) == {str(ids.id): (0, 4)}
+
+
+def test_an_archiver_killed_mid_statement_leaves_the_whole_workflow_in_jobs(
+    flow_engine: sa.Engine,
+) -> None:
+    ids = enqueue(flow_engine, fan_out(12))
+    end_steps(flow_engine, "workflow_id IS NOT NULL", "2 days")
+    names = ", ".join(c.name for c in models.jobs.c)
+    blocker = flow_engine.connect()
+    # An uncommitted archived copy of the last step: the archiver's INSERT waits on its
+    # key, after its DELETE took the steps out of jobs, until its backend is killed.
+    blocker.execute(
+        sa.text(f"INSERT INTO jobs_archive ({names}) SELECT {names} FROM jobs WHERE id = :id"),
+        {"id": ids["b11"]},
+    )
+    failed: list[BaseException] = []
+
+    def archive() -> None:
+        try:
+            with Session(flow_engine) as s:
+                ops.archive(s, older_than=ops.parse_duration("1h"), batch=5)
+        except sa.exc.OperationalError as exc:
+            failed.append(exc)
+
+    worker = threading.Thread(target=archive)
+    worker.start()
+    try:
+        pid = wait_for(
+            lambda: scalar(
+                flow_engine,
+                "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                # The archiver's statement (its text is cut at 1 KiB, before the INSERT).
+                " AND query LIKE 'WITH picked AS MATERIALIZED%' AND datname = current_database()",
+            ),
+            message="the archiver to wait mid-statement",
+        )
+        assert scalar(flow_engine, "SELECT pg_terminate_backend(:p)", p=pid)
+        worker.join(timeout=30)
+    finally:
+        blocker.rollback()
+        blocker.close()
+    assert failed and not worker.is_alive()
+    assert where_steps(flow_engine) == {str(ids.id): (13, 0)}
+    with Session(flow_engine) as s:
+        assert ops.archive(s, older_than=ops.parse_duration("1h"), batch=5) == 13
+    assert where_steps(flow_engine) == {str(ids.id): (0, 13)}
+
+
+def test_an_unfinished_workflows_old_steps_do_not_hold_up_other_jobs(
+    flow_engine: sa.Engine,
+) -> None:
+    ids = enqueue(flow_engine, fan_out(4))
+    end_steps(flow_engine, "workflow_id = :w AND step <> 'b3'", "3 days", w=ids.id)
+    plain_jobs(flow_engine, 3, "2 days")
+    with Session(flow_engine) as s:
+        # Batches of 2: the workflow's four older rows come first in finished_at order.
+        assert ops.archive(s, older_than=ops.parse_duration("1h"), batch=2) == 3
+    assert where_steps(flow_engine) == {str(ids.id): (5, 0)}
+
+
+def test_prune_deletes_an_archived_workflow_as_a_unit(flow_engine: sa.Engine) -> None:
+    big = enqueue(flow_engine, fan_out(14))
+    end_steps(flow_engine, "workflow_id = :w", "10 days", w=big.id)
+    end_steps(flow_engine, "id = :id", "2 days", id=big["b13"])
+    plain_jobs(flow_engine, 3, "10 days")
+    with Session(flow_engine) as s:
+        assert ops.archive(s, older_than=ops.parse_duration("1d")) == 18
+        # Its last step ended 2 days ago: none of it goes with the 5-day cutoff.
+        assert ops.prune(s, older_than=ops.parse_duration("5d"), batch=4) == 3
+        assert where_steps(flow_engine) == {str(big.id): (0, 15)}
+        assert ops.prune(s, older_than=ops.parse_duration("1d"), batch=4) == 15
+    assert where_steps(flow_engine) == {}
+
+
 # --- the fence, the sweep ------------------------------------------------------------
 
 
@@ -593,6 +777,53 @@ def test_retrying_a_dead_step_reopens_the_steps_it_cancelled_and_the_workflow_re
     with Session(flow_engine) as s:
         waits = {st.step: st.waiting_on for st in ops.workflow_status(s, ids.id).steps}
     assert waits["c"] == ("bad",) and waits["d"] == ("c",)
+    drain(db_url)
+    assert set(statuses(flow_engine, ids).values()) == {"done"}
+
+
+def test_retrying_a_step_cancelled_by_its_failed_dependency_alone_is_refused_naming_it(
+    db_url: URL, flow_engine: sa.Engine
+) -> None:
+    flow = Workflow(registry=registry)
+    flow.add("a", "flow.step", {"value": 1})
+    flow.add("bad", "flow.fail", after="a")
+    flow.add("c", "flow.step", after="bad")
+    flow.add("d", "flow.step", after="c")
+    ids = enqueue(flow_engine, flow)
+    drain(db_url)
+    ended = {"a": "done", "bad": "dead", "c": "cancelled", "d": "cancelled"}
+    assert statuses(flow_engine, ids) == ended
+    fix(flow_engine, ids["bad"])
+    message = (
+        f"step 'c' (job {ids['c']}) was not retried: its dependency 'bad' (job {ids['bad']}) "
+        f"ended dead, and it runs only after that succeeds; retry job {ids['bad']} instead "
+        f"(sqla-jobs retry {ids['bad']}; the steps its failure cancelled wait for it again), "
+        f"or with it, or the whole workflow (sqla-jobs workflow retry {ids.id}). "
+        "Nothing was retried."
+    )
+    with Session(flow_engine) as s:
+        with pytest.raises(ConfigError) as refused:
+            ops.retry_jobs(s, ids=[ids["c"]], status="cancelled")
+        assert str(refused.value) == message
+        s.commit()  # the caller commits anyway: the call changed nothing
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            # Every cancelled job (c and d; d's dependency c is among them), not the dead
+            # dependency of c: refused too.
+            ops.retry_jobs(s, status="cancelled")
+    assert statuses(flow_engine, ids) == ended
+    refused_cli = cli(db_url, "retry", str(ids["c"]))
+    assert refused_cli.returncode != 0 and message in " ".join(refused_cli.stderr.split())
+    assert statuses(flow_engine, ids) == ended
+    # With its dependency, in one call: the dependency is queued, the step waits for it.
+    with Session(flow_engine) as s:
+        assert ops.retry_jobs(s, ids=[ids["c"], ids["bad"]], status=["dead", "cancelled"]) == 2
+        s.commit()
+    assert statuses(flow_engine, ids) == {
+        "a": "done",
+        "bad": "queued",
+        "c": "waiting",
+        "d": "waiting",
+    }
     drain(db_url)
     assert set(statuses(flow_engine, ids).values()) == {"done"}
 

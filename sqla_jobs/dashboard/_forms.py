@@ -6,6 +6,7 @@ with the standard library under a size bound: no multipart parser is needed.
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, fields
 from datetime import timedelta
 from typing import Any
@@ -76,6 +77,8 @@ class JobFilter:
     payload: str = ""
     tag: str = ""
     meta: str = ""
+    expired: str = ""
+    workflow: str = ""
 
     @classmethod
     def from_query(cls, query: QueryParams, **fixed: str) -> JobFilter:
@@ -117,6 +120,17 @@ class JobFilter:
             args["payload"] = _payload(self.payload)
         if self.meta:
             args["meta"] = validation.json_object(_label("meta"), self.meta, ConfigError)
+        if self.expired:
+            if self.expired != "1":
+                raise ConfigError(f"{_label('expired')}: 1 or nothing, got {self.expired!r}")
+            if self.status and self.status != JobStatus.RUNNING.value:
+                raise ConfigError(
+                    f"{_label('expired')}: expired leases are running jobs' (status"
+                    f" {self.status} has none)"
+                )
+            args["expired"] = True
+        if self.workflow:
+            args["workflow"] = _workflow_id(self.workflow)
         return args
 
     def job_status(self) -> JobStatus | None:
@@ -162,6 +176,8 @@ LABELS = {
     "payload": "Payload contains",
     "tag": "Tag",
     "meta": "Meta contains",
+    "expired": "Lease expired",
+    "workflow": "Workflow",
 }
 #: Query parameters of the jobs pages that are not filters: the older and newer pages'
 #: cursors, and the signed message after an action (``_flash``).
@@ -201,6 +217,16 @@ def ignored_values(query: QueryParams, page: str) -> list[str]:
             "page filters by any status)"
         )
     return notes
+
+
+def _workflow_id(text: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        raise ConfigError(
+            f"{_label('workflow')}: a workflow id is a UUID (as the Workflows page lists "
+            f"them), got {text!r}"
+        ) from None
 
 
 def _text(name: str, text: str) -> str:

@@ -64,8 +64,8 @@ def list_jobs(
     payload_scan: str = NEAR,
     tags: Sequence[str] | None = None,
     meta: str | None = None,
-    age_scan: str = NEAR,
     workflow: Any = None,
+    expired: bool = False,
 ) -> sa.Select[Any]:
     """One page of jobs in id order; the next page starts after the last id (keyset).
 
@@ -87,18 +87,24 @@ def list_jobs(
     value has few; the values and the cursor are kept out of the planner's estimates
     there, see :func:`_hidden`).
     The age filters walk the primary key and test ``created_at`` (it mostly follows
-    ``id``). ``newer_than`` without a leading filter or a payload is asked in two steps
-    too (:func:`age_in_two_steps`): ``age_scan=NEAR`` the window after the cursor; then
-    ``age_scan=MATCHES`` walks from the lowest id created since the bound
-    (:func:`_lowest_id_since`, revision 0012) rather than through every older job.
+    ``id``). Without a leading filter or a payload (:func:`age_bounded`), the walk runs
+    between the lowest id created since the ``newer_than`` bound and the highest created
+    before the ``older_than`` one (:func:`_id_bound`, revision 0017) rather than through
+    every job on the other side of a bound: one statement, no window first (finding
+    the bound costs less than reading a window of rows).
+
+    ``expired`` keeps jobs whose lease has expired (``locked_until`` past; the caller
+    gives ``statuses=[RUNNING]``, which leads, so the walk reads running jobs only).
 
     ``workflow`` (a workflow id, #26) leads whatever else is given: a workflow's steps
-    are few next to the table, read from ``jobs_workflow_id_idx`` (revision 0014) and
+    are few next to the table, read from ``jobs_workflow_finished_idx`` (revision 0017) and
     sorted; the order is ``id + 0`` (so no walk of the primary key can yield it) and no
     other filter is asked in two steps.
     """
+    conditions = [jobs.c.locked_until < _common.clock(now)] if expired else []
     if workflow is not None:
         return _workflow_page(
+            extra=conditions,
             statuses=statuses,
             kind=kind,
             queue=queue,
@@ -117,11 +123,12 @@ def list_jobs(
             workflow=workflow,
         )
     lead, lead_condition = _leading_filter(statuses, kind, queue)
-    conditions = _job_filters(
+    by_age = age_bounded(statuses, kind, queue, (older_than, newer_than), payload, meta, tags)
+    conditions += _job_filters(
         statuses=None if lead is jobs.c.status else statuses,
         kind=None if lead is jobs.c.kind else kind,
         queue=None if lead is jobs.c.queue else queue,
-        older_than=older_than,
+        older_than=None if by_age else older_than,
         now=now,
     )
     if lead_condition is not None:
@@ -132,18 +139,11 @@ def list_jobs(
         conditions.append(jobs.c.id >= sa.bindparam("min_id", min_id, sa.BigInteger))
     if max_id is not None:
         conditions.append(jobs.c.id <= sa.bindparam("max_id", max_id, sa.BigInteger))
-    if newer_than is not None:
+    if newer_than is not None and not by_age:
         age = sa.bindparam("newer_than", newer_than, sa.Float)
         conditions.append(jobs.c.created_at >= _common.ago(age, now))
-        if age_in_two_steps(statuses, kind, queue, newer_than, payload, meta, tags):
-            if age_scan == NEAR:
-                conditions.append(_near(after_id, newest_first))
-            elif age_scan == MATCHES:
-                conditions.append(jobs.c.id >= _lowest_id_since(age, now))
-                if after_id is not None:
-                    conditions.append(_past_the_window(after_id, newest_first))
-            else:
-                raise ValueError(f"age_scan is {NEAR!r} or {MATCHES!r}, got {age_scan!r}")
+    if by_age:
+        conditions.extend(_age_walk(older_than, newer_than, newest_first, now))
     contains = payload is not None or meta is not None or tags is not None
     # The second step of a containment filter (every match): see _hidden.
     all_matches = contains and lead is None and payload_scan == MATCHES
@@ -182,6 +182,7 @@ def list_jobs(
 
 def _workflow_page(
     *,
+    extra: list[sa.ColumnElement[bool]],
     statuses: Sequence[JobStatus] | None,
     kind: str | None,
     queue: str | None,
@@ -199,8 +200,9 @@ def _workflow_page(
     meta: str | None,
     workflow: Any,
 ) -> sa.Select[Any]:
-    """:func:`list_jobs` of one workflow's steps (see there)."""
-    conditions = _job_filters(
+    """:func:`list_jobs` of one workflow's steps (see there); ``extra``: conditions
+    already made."""
+    conditions = extra + _job_filters(
         statuses=statuses, kind=kind, queue=queue, older_than=older_than, now=now
     )
     # ``workflow_id = :workflow`` (not ``= ANY``): it proves the partial index's
@@ -250,57 +252,113 @@ def _hidden(value: sa.ColumnElement[Any], all_matches: bool) -> sa.ColumnElement
     return sa.select(value).scalar_subquery() if all_matches else value
 
 
-def age_in_two_steps(
+def age_bounded(
     statuses: Sequence[JobStatus] | None,
     kind: str | None,
     queue: str | None,
-    newer_than: Any,
+    ages: Sequence[Any],
     *contains: Any,
 ) -> bool:
-    """Whether :func:`list_jobs` with these filters is asked ``age_scan=NEAR``, then
-    ``MATCHES``: ``newer_than`` on the primary key (no other filter leads, and no
-    payload, meta or tags filter, which have their own two steps)."""
+    """Whether :func:`list_jobs` with these filters bounds its walk of the primary key by
+    the age filters (:func:`_age_walk`): ``ages`` (its ``older_than`` and ``newer_than``)
+    has one given, and no other filter leads, nor a payload, meta or tags filter (which
+    are asked in two steps of their own)."""
     return (
-        newer_than is not None
+        any(a is not None for a in ages)
         and all(c is None for c in contains)
         and _leading_filter(statuses, kind, queue)[0] is None
     )
 
 
-def _past_the_window(after_id: int, newest_first: bool) -> sa.ColumnElement[bool]:
-    """Whether the table goes on past the first step's window (a one-time test, made
-    before the bound is looked up): when it does not, the first step read every id
-    left, and this step returns nothing (the caller keeps the first step's rows)."""
-    window = sa.bindparam("window", PAYLOAD_WINDOW, sa.BigInteger)
-    cursor = sa.bindparam("after_id", after_id, sa.BigInteger)
-    if newest_first:
-        return sa.select(sa.func.min(jobs.c.id)).scalar_subquery() < cursor - window
-    return sa.select(sa.func.max(jobs.c.id)).scalar_subquery() > cursor + window
+def _age_walk(
+    older_than: float | None, newer_than: float | None, newest_first: bool, now: Now
+) -> list[sa.ColumnElement[bool]]:
+    """The age filters of a page walking the primary key, and the bounds of that walk.
 
-
-def _lowest_id_since(age: sa.ColumnElement[Any], now: Now) -> sa.ScalarSelect[Any]:
-    """The lowest id among the jobs created since ``now - age``, from
-    ``jobs_created_at_idx (created_at, id)`` alone (revision 0012).
-
-    A bound for the page's walk on the primary key, exact whatever the order of
-    created_at against id: every job created since is at or above it (a job created in
-    a long transaction gets an id after younger ones). ``id + 0`` and the subquery's
-    ``ORDER BY created_at, id``: ``min(id)`` would be rewritten into a walk of the
-    primary key that stops at the first match (which is the slow walk this bound
-    avoids); ordered by the index's own columns, no plan reads the table's rows.
+    The walk runs between the lowest id created since the ``newer_than`` bound and the
+    highest id created before the ``older_than`` one (:func:`_id_bound`), so neither
+    side of a bound is walked through to reach (or to rule out) the other.
+    ``created_at`` is tested on every row: the page is exact whatever the order of
+    created_at against id.
     """
-    # Both ends out of the planner's sight (InitPlans): it prices a range between two
-    # unknown values at 0.5% of the rows, and reads the index; given the bound itself,
-    # statistics that say every job is recent (or none yet) make it read the table.
-    start = sa.select(_common.ago(age, now)).scalar_subquery()
-    end = sa.select(sa.cast(sa.literal("infinity"), sa.DateTime(timezone=True))).scalar_subquery()
-    since = (
-        sa.select((jobs.c.id + 0).label("id"))
-        .where(jobs.c.created_at >= start, jobs.c.created_at <= end)
-        .order_by(jobs.c.created_at, jobs.c.id)
-        .subquery("since")
+    conditions: list[sa.ColumnElement[bool]] = []
+    both = older_than is not None and newer_than is not None
+    for name, value, older in (("older_than", older_than, True), ("newer_than", newer_than, False)):
+        if value is None:
+            continue
+        bound = _common.ago(sa.bindparam(name, value, sa.Float), now)
+        if both and older is not newest_first:
+            # Both filters: only the bound the page starts from. With an id range
+            # between two values it cannot see, the planner prices it at 0.5% of the
+            # rows and sorts them instead of walking; the walk may then pass the far
+            # end of the window on the last page (a combination, not a single filter).
+            conditions.append(jobs.c.created_at < bound if older else jobs.c.created_at >= bound)
+            continue
+        # The bound out of the planner's sight (an InitPlan, priced at a third of the
+        # rows): statistics taken when every job was on the other side of it (all
+        # recent, or none yet) would otherwise price the walk at the whole table, and
+        # a sort of every row of the id range would look cheaper.
+        hidden = sa.select(bound).scalar_subquery()
+        conditions.append(jobs.c.created_at < hidden if older else jobs.c.created_at >= hidden)
+        edge = _id_bound(bound, older)
+        conditions.append(jobs.c.id <= edge if older else jobs.c.id >= edge)
+    return conditions
+
+
+#: ``jobs_created_hour_idx`` (revision 0017) keys jobs by ``date_bin`` of created_at to
+#: the hour: its width and origin, written as constants here and in the index (an
+#: expression matches an index only when it is the same expression).
+HOUR_WIDTH = "interval '1 hour'"
+HOUR_ORIGIN = "timestamptz '2000-01-01 00:00:00+00'"
+
+
+def _created_hour(value: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
+    """``date_bin`` of ``value`` to its hour: revision 0017's index key."""
+    return sa.func.date_bin(
+        sa.literal_column(HOUR_WIDTH),
+        value,
+        sa.literal_column(HOUR_ORIGIN),
+        type_=sa.DateTime(timezone=True),
     )
-    return sa.select(sa.func.min(since.c.id)).scalar_subquery()
+
+
+def _id_bound(bound: sa.ColumnElement[Any], older: bool) -> sa.ScalarSelect[Any]:
+    """The highest id of the jobs created before ``bound`` (``older``), or the lowest id
+    of those created since, from ``jobs_created_hour_idx (hour, id) INCLUDE
+    (created_at)`` alone (revision 0017).
+
+    Exact whatever the order of created_at against id (a job enqueued in a long
+    transaction has an old created_at and a high id): every job of an hour wholly past
+    the bound is on the bound's side, so the extreme id among them is the first entry
+    of each such hour, found by one index descent per hour (a recursive walk, hour to
+    hour); the bound's own hour is read entry by entry, testing created_at on the
+    index's copy of it. The cost grows with the hours past the bound and the jobs of one
+    hour, not with the jobs on either side (reading every match's entry took 25 ms at
+    143,000 jobs a day; this reads 24 entries and part of an hour).
+    """
+    hour = _created_hour(jobs.c.created_at)
+    bound_hour = _created_hour(bound)
+
+    def first(where: sa.ColumnElement[bool]) -> sa.Select[Any]:
+        order = (hour.desc(), jobs.c.id.desc()) if older else (hour, jobs.c.id)
+        # LIMIT written as a constant: a generic plan prices a parameter at 10% of the rows.
+        one = sa.literal_column("1", sa.Integer)
+        return sa.select(hour.label("hour"), jobs.c.id).where(where).order_by(*order).limit(one)
+
+    def past(other: sa.ColumnElement[Any]) -> sa.ColumnElement[bool]:
+        return hour < other if older else hour > other
+
+    side = "before" if older else "since"
+    walk = first(past(bound_hour)).cte(f"hours_{side}", recursive=True)
+    step = first(past(walk.c.hour)).lateral(f"next_hour_{side}")
+    walk = walk.union_all(sa.select(step.c.hour, step.c.id).select_from(walk.join(step, sa.true())))
+    on_the_side = jobs.c.created_at < bound if older else jobs.c.created_at >= bound
+    edge = first(sa.and_(hour == bound_hour, on_the_side))
+    ids = sa.union_all(sa.select(walk.c.id), sa.select(edge.subquery().c.id)).subquery(
+        f"ids_{side}"
+    )
+    extreme = sa.func.max(ids.c.id) if older else sa.func.min(ids.c.id)
+    return sa.select(extreme).scalar_subquery()
 
 
 def payload_in_two_steps(
@@ -540,6 +598,86 @@ def matching_jobs(
     )
 
 
+def _ended_before(
+    table: sa.Table | sa.Alias,
+    done_age: sa.ColumnElement[Any],
+    dead_age: sa.ColumnElement[Any] | None,
+) -> sa.ColumnElement[bool]:
+    """The archiver's test of one row: done before the ``done_age`` cutoff, or dead or
+    cancelled before the ``dead_age`` one (none: those stay)."""
+    done = sa.and_(table.c.status == _common.status(JobStatus.DONE), table.c.finished_at < done_age)
+    if dead_age is None:
+        return done
+    failed = sa.and_(
+        table.c.status.in_([_common.status(JobStatus.DEAD), _common.status(JobStatus.CANCELLED)]),
+        table.c.finished_at < dead_age,
+    )
+    return sa.or_(done, failed)
+
+
+def _last_end(table: sa.Table, workflow_id: sa.ColumnElement[Any]) -> sa.ScalarSelect[Any]:
+    """When the last step of a workflow in ``table`` ended: one descent of its
+    ``(workflow_id, finished_at)`` index (revision 0017)."""
+    step = table.alias("last_step")
+    return (
+        sa.select(sa.func.max(step.c.finished_at))
+        .where(step.c.workflow_id == workflow_id)
+        .scalar_subquery()
+    )
+
+
+def _whole_workflows(table: sa.Table, picked: sa.CTE, row_test: sa.ColumnElement[bool]) -> sa.CTE:
+    """The rows that go with ``picked``: its rows outside workflows, and every step of each
+    workflow it touched, or none of them.
+
+    A batch picks rows up to its size; the workflows among them are then taken whole
+    (each of their steps locked, SKIP LOCKED), even past the batch size. A workflow one
+    of whose steps could not be locked (an operator is retrying it, another archiver
+    has it: fewer steps locked than it has) or fails ``row_test`` as locked (retried
+    since the snapshot) is left for the next batch, all of it. One statement: a crash
+    leaves all of a workflow moved or none of it (#26).
+    """
+    units = (
+        sa.select(picked.c.workflow_id)
+        .where(picked.c.workflow_id.is_not(None))
+        .distinct()
+        .cte("units")
+        .prefix_with("MATERIALIZED")
+    )
+    # An array, not a join: the planner, guessing 200 units, hashed every finished step
+    # of every workflow in the table; this is one index range per unit.
+    unit_ids = sa.func.array(sa.select(units.c.workflow_id).scalar_subquery())
+    # Every step of the units is locked; whether it may go is a column (read from the
+    # row as locked), not a filter: in the filter the planner read every old dead job
+    # of the table through jobs_finished_idx to test it against the units.
+    locked = (
+        sa.select(table.c.id, table.c.workflow_id, row_test.label("goes"))
+        .where(table.c.workflow_id == sa.any_(unit_ids))
+        .with_for_update(of=table, skip_locked=True)
+        .cte("unit_steps")
+        .prefix_with("MATERIALIZED")
+    )
+    step = table.alias("any_step")
+    all_steps = (
+        sa.select(sa.func.count())
+        .where(step.c.workflow_id == locked.c.workflow_id)
+        .scalar_subquery()
+    )
+    whole = (
+        sa.select(locked.c.workflow_id)
+        .group_by(locked.c.workflow_id)
+        .having(sa.and_(sa.func.bool_and(locked.c.goes), sa.func.count() == all_steps))
+    )
+    return (
+        sa.union_all(
+            sa.select(picked.c.id).where(picked.c.workflow_id.is_(None)),
+            sa.select(locked.c.id).where(locked.c.workflow_id.in_(whole)),
+        )
+        .cte("chosen")
+        .prefix_with("MATERIALIZED")
+    )
+
+
 def archive_batch(
     *,
     done_older_than: float,
@@ -547,38 +685,42 @@ def archive_batch(
     batch: int,
     now: Now = None,
 ) -> ReturningInsert[Any]:
-    """Move up to ``batch`` finished rows from ``jobs`` to ``jobs_archive``, in one statement.
+    """Move a batch of finished rows from ``jobs`` to ``jobs_archive``, in one statement.
 
     ``WITH picked AS MATERIALIZED (SELECT id ... LIMIT n FOR UPDATE SKIP LOCKED),
     moved AS (DELETE ... RETURNING *) INSERT INTO jobs_archive SELECT ... FROM moved``.
     Done rows finished before ``now - done_older_than`` go; dead and cancelled rows only
     when ``dead_older_than`` is given. Each branch is a range on jobs_finished_idx.
+
+    A workflow goes as a unit (#26), once it has ended and its last step ended before
+    the cutoff (before both, if a step ended dead or cancelled; never, if one did and
+    ``dead_older_than`` is not given): all its steps in the batch that first picks one
+    of them, even past ``batch`` rows (:func:`_whole_workflows`). Until then each of
+    its rows stays: a dependent reads their results, the status page shows them.
     """
-    done = sa.and_(
-        jobs.c.status == _common.status(JobStatus.DONE),
-        jobs.c.finished_at < _common.ago(sa.bindparam("done_age", done_older_than, sa.Float), now),
+    done_age = _common.ago(sa.bindparam("done_age", done_older_than, sa.Float), now)
+    dead_age = (
+        None
+        if dead_older_than is None
+        else _common.ago(sa.bindparam("dead_age", dead_older_than, sa.Float), now)
     )
-    which: sa.ColumnElement[bool] = done
-    if dead_older_than is not None:
-        failed = sa.and_(
-            jobs.c.status.in_(
-                [_common.status(JobStatus.DEAD), _common.status(JobStatus.CANCELLED)]
-            ),
-            jobs.c.finished_at
-            < _common.ago(sa.bindparam("dead_age", dead_older_than, sa.Float), now),
-        )
-        which = sa.or_(done, failed)
+    which = _ended_before(jobs, done_age, dead_age)
+    last_end = _last_end(jobs, jobs.c.workflow_id)
+    ready = sa.and_(sa.not_(workflows.unfinished_workflow(jobs)), last_end < done_age)
+    failed = workflows.has_step_in(jobs.c.workflow_id, JobStatus.DEAD, JobStatus.CANCELLED)
+    ready = sa.and_(
+        ready, sa.not_(failed) if dead_age is None else sa.or_(sa.not_(failed), last_end < dead_age)
+    )
     picked = (
-        sa.select(jobs.c.id)
-        # A finished step of a workflow that has not ended stays: its dependents read
-        # its result, and the workflow is archived as a unit once it ended (#26).
-        .where(which, sa.not_(workflows.unfinished_workflow(jobs)))
+        sa.select(jobs.c.id, jobs.c.workflow_id)
+        .where(which, sa.or_(jobs.c.workflow_id.is_(None), ready))
         .limit(sa.bindparam("batch", batch, sa.Integer))
         .with_for_update(skip_locked=True)
         .cte("picked")
         .prefix_with("MATERIALIZED")
     )
-    moved = sa.delete(jobs).where(jobs.c.id == picked.c.id).returning(*jobs.c).cte("moved")
+    chosen = _whole_workflows(jobs, picked, which)
+    moved = sa.delete(jobs).where(jobs.c.id == chosen.c.id).returning(*jobs.c).cte("moved")
     names = [c.name for c in jobs.c]
     archive = models.jobs_archive
     return (
@@ -593,17 +735,28 @@ def archive_batch(
 
 
 def prune_batch(*, older_than: float, batch: int, now: Now = None) -> ReturningDelete[Any]:
-    """Delete up to ``batch`` archived jobs finished before ``now - older_than``."""
+    """Delete a batch of archived jobs finished before ``now - older_than``.
+
+    An archived workflow goes as a unit (#26): once its last step ended before the
+    cutoff and none of its steps is still in ``jobs``, every step of it in one batch
+    (:func:`_whole_workflows`), even past ``batch`` rows.
+    """
     archive = models.jobs_archive
+    age = _common.ago(sa.bindparam("age", older_than, sa.Float), now)
+    ready = sa.and_(
+        _last_end(archive, archive.c.workflow_id) < age,
+        sa.not_(workflows.has_step_in(archive.c.workflow_id)),
+    )
     picked = (
-        sa.select(archive.c.id)
-        .where(archive.c.finished_at < _common.ago(sa.bindparam("age", older_than, sa.Float), now))
+        sa.select(archive.c.id, archive.c.workflow_id)
+        .where(archive.c.finished_at < age, sa.or_(archive.c.workflow_id.is_(None), ready))
         .limit(sa.bindparam("batch", batch, sa.Integer))
         .with_for_update(skip_locked=True)
         .cte("picked")
         .prefix_with("MATERIALIZED")
     )
-    return sa.delete(archive).where(archive.c.id == picked.c.id).returning(archive.c.id)
+    chosen = _whole_workflows(archive, picked, archive.c.finished_at < age)
+    return sa.delete(archive).where(archive.c.id == chosen.c.id).returning(archive.c.id)
 
 
 def queues_of_kinds(kinds: Sequence[str]) -> sa.Select[Any]:

@@ -13,6 +13,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, aggregate_order_by
 from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.sql.selectable import LateralFromClause
 
 from sqla_jobs import models
 from sqla_jobs.models import JobStatus, jobs, workflow_edges
@@ -247,8 +248,8 @@ def step_page(workflow_id: Any, *, after_id: int | None, limit: int) -> sa.Selec
     dependencies are read: a page of a 10,000-step workflow does not read every step's
     edges.
 
-    The ids come from the workflow's own index entries (``jobs_workflow_id_idx``,
-    ``jobs_archive_workflow_id_idx``), fenced in MATERIALIZED CTEs: asked for "the
+    The ids come from the workflow's own index entries (``jobs_workflow_finished_idx``,
+    ``jobs_archive_workflow_finished_idx``), fenced in MATERIALIZED CTEs: asked for "the
     lowest ids of this workflow", the planner otherwise walks the primary key testing
     each job's workflow (690,000 rows read for the first page of an old workflow in a
     table of 1,000,000). A page costs the workflow's index entries, not the table's.
@@ -276,14 +277,19 @@ def step_page(workflow_id: Any, *, after_id: int | None, limit: int) -> sa.Selec
 
 
 def step_counts(workflow_id: Any) -> sa.Select[Any]:
-    """``status, n``: a workflow's steps (live and archived) by status."""
+    """``status, n, archived``: a workflow's steps (live and archived) by status, and how
+    many of those are archived."""
     wid = sa.bindparam("workflow_id", workflow_id, sa.Uuid)
     archive = models.jobs_archive
     both = sa.union_all(
-        sa.select(jobs.c.status).where(jobs.c.workflow_id == wid),
-        sa.select(archive.c.status).where(archive.c.workflow_id == wid),
+        sa.select(jobs.c.status, sa.false().label("archived")).where(jobs.c.workflow_id == wid),
+        sa.select(archive.c.status, sa.true()).where(archive.c.workflow_id == wid),
     ).subquery("both")
-    return sa.select(both.c.status, sa.func.count().label("n")).group_by(both.c.status)
+    return sa.select(
+        both.c.status,
+        sa.func.count().label("n"),
+        sa.func.count().filter(both.c.archived).label("archived"),
+    ).group_by(both.c.status)
 
 
 def cancel_workflow(workflow_id: Any) -> sa.Update:
@@ -434,6 +440,59 @@ def reopen_cancelled(ids: list[int], kept: list[int]) -> sa.Update:
     )
 
 
+def failed_dependencies(ids: list[int]) -> sa.Select[Any]:
+    """The dependencies that ended dead, cancelled or deleted of the steps ``ids`` (each
+    needing them to succeed), not among ``ids`` themselves: ``child_id, child_step,
+    workflow_id, parent_id, parent_step, outcome``. A step retried by hand with one of
+    these would run without what it needs (:func:`sqla_jobs.ops.retry_jobs` refuses it)."""
+    chosen = sa.bindparam("ids", ids, ARRAY(sa.BigInteger))
+    child = jobs.alias("child")
+    parent = jobs.alias("parent")
+    archive = models.jobs_archive
+    return (
+        sa.select(
+            workflow_edges.c.child_id,
+            child.c.step.label("child_step"),
+            child.c.workflow_id,
+            workflow_edges.c.parent_id,
+            sa.func.coalesce(parent.c.step, archive.c.step).label("parent_step"),
+            workflow_edges.c.parent_outcome.label("outcome"),
+        )
+        .select_from(
+            workflow_edges.join(child, child.c.id == workflow_edges.c.child_id)
+            .outerjoin(parent, parent.c.id == workflow_edges.c.parent_id)
+            .outerjoin(archive, archive.c.id == workflow_edges.c.parent_id)
+        )
+        .where(
+            workflow_edges.c.child_id == sa.any_(chosen),
+            workflow_edges.c.requires == "succeeded",
+            workflow_edges.c.parent_outcome.is_not(None),
+            workflow_edges.c.parent_outcome != "done",
+            workflow_edges.c.parent_id != sa.all_(chosen),
+        )
+        .order_by(workflow_edges.c.child_id, workflow_edges.c.parent_id)
+    )
+
+
+def wait_again(ids: list[int]) -> sa.Update:
+    """The queued steps among ``ids`` with a dependency not ended (it is retried with them)
+    back to waiting: they run after it, not beside it. RETURNING their ids."""
+    chosen = sa.bindparam("ids", ids, ARRAY(sa.BigInteger))
+    unmet = sa.exists().where(
+        workflow_edges.c.child_id == jobs.c.id, workflow_edges.c.parent_outcome.is_(None)
+    )
+    return (
+        sa.update(jobs)
+        .where(
+            jobs.c.id == sa.any_(chosen),
+            jobs.c.status == _common.status(JobStatus.QUEUED),
+            unmet,
+        )
+        .values(status=_common.status(JobStatus.WAITING))
+        .returning(jobs.c.id)
+    )
+
+
 def reopen_edges_into(parents: list[int], children: list[int]) -> sa.Update:
     """The edges from ``parents`` (steps that run again) into ``children`` (steps that
     wait again) wait for their parent's new outcome."""
@@ -464,59 +523,85 @@ def upstream_results(job_id: int) -> sa.Select[Any]:
     return sa.select(found).order_by(found.c.id)
 
 
+def has_step_in(workflow_id: sa.ColumnElement[Any], *statuses: JobStatus) -> sa.ColumnElement[bool]:
+    """True when the workflow ``workflow_id`` (a column of the outer row) has a step in
+    ``jobs`` in one of ``statuses`` (none given: any step): one probe of
+    ``jobs_workflow_status_idx`` per status (of ``jobs_workflow_finished_idx``).
+
+    A scalar sub-select with ``LIMIT 1``, not ``EXISTS``: inside the archiver's ``OR``
+    the planner made the ``EXISTS`` a hashed sub-plan, reading every open (or every
+    dead and cancelled) job of the table once per batch instead of probing per row.
+    """
+    other = jobs.alias("other_step")
+    probe = (
+        sa.select(sa.literal_column("1"))
+        .where(
+            other.c.workflow_id == workflow_id,
+            *([other.c.status.in_(_statuses(*statuses))] if statuses else []),
+        )
+        .limit(1)
+        .scalar_subquery()
+    )
+    return probe.is_not(None)
+
+
 def unfinished_workflow(table: sa.Table) -> sa.ColumnElement[bool]:
     """True for a row of ``table`` whose workflow still has a step that has not ended:
     the archiver leaves such rows where they are (a dependent reads their results)."""
-    other = jobs.alias("step")
     return sa.and_(
-        table.c.workflow_id.is_not(None),
-        sa.exists().where(
-            other.c.workflow_id == table.c.workflow_id,
-            other.c.status.in_(_statuses(*OPEN_STATUSES)),
-        ),
+        table.c.workflow_id.is_not(None), has_step_in(table.c.workflow_id, *OPEN_STATUSES)
     )
 
 
 #: ``list_workflows(state=...)``: workflows with a step not ended yet, workflows whose
 #: every step ended, workflows with a step that ended dead or cancelled (running or not).
 LIST_STATES = ("running", "finished", "failed")
-_STATE_STATUSES = {
-    "running": OPEN_STATUSES,
-    "failed": (JobStatus.DEAD, JobStatus.CANCELLED),
-}
 
 
 def _below(
-    bound: sa.ColumnElement[Any] | None, status: JobStatus | None, *, inclusive: bool = False
+    bound: sa.ColumnElement[Any] | None,
+    status: JobStatus | None,
+    *,
+    inclusive: bool = False,
+    table: sa.Table = jobs,
 ) -> sa.ScalarSelect[Any]:
-    """The highest workflow id below ``bound`` (of a step in ``status``): one descent of
-    ``jobs_workflow_id_idx`` (or, with a status, of ``jobs_workflow_status_idx``)."""
-    conditions: list[sa.ColumnElement[bool]] = [jobs.c.workflow_id.is_not(None)]
+    """The highest workflow id below ``bound`` (of a step in ``status``) in ``table``: one
+    descent of its ``(workflow_id, finished_at)`` index (or, with a status, of its
+    ``(status, workflow_id)`` one)."""
+    conditions: list[sa.ColumnElement[bool]] = [table.c.workflow_id.is_not(None)]
     if bound is not None:
-        conditions.append(jobs.c.workflow_id <= bound if inclusive else jobs.c.workflow_id < bound)
+        conditions.append(
+            table.c.workflow_id <= bound if inclusive else table.c.workflow_id < bound
+        )
     if status is not None:
         # The status as a sub-select, not a literal: the planner cannot then prove the
         # predicate of jobs_claim_idx (status = 'queued') or jobs_lease_idx ('running')
         # and pick one of them, filtering every queued job of the table by workflow
         # and sorting them, when statistics say few are queued (seen on an empty table).
-        conditions.append(jobs.c.status == sa.select(_common.status(status)).scalar_subquery())
+        conditions.append(table.c.status == sa.select(_common.status(status)).scalar_subquery())
     # ORDER BY ... LIMIT 1, not max(): PostgreSQL has no max(uuid).
     return (
-        sa.select(jobs.c.workflow_id)
+        sa.select(table.c.workflow_id)
         .where(*conditions)
-        .order_by(jobs.c.workflow_id.desc())
+        .order_by(table.c.workflow_id.desc())
         .limit(1)
         .scalar_subquery()
     )
 
 
 def _next(bound: sa.ColumnElement[Any] | None, state: str | None) -> sa.ColumnElement[Any]:
-    statuses = _STATE_STATUSES.get(state or "")
-    if statuses is None:
-        return _below(bound, None)
-    # One descent per status (an IN list would not give the ids in order on PostgreSQL
-    # 15): the highest of them is the next workflow with a step in one of the statuses.
-    return sa.func.greatest(*(_below(bound, s) for s in statuses))
+    archive = models.jobs_archive
+    if state == "running":
+        # An archived workflow has ended: only ``jobs`` holds running ones.
+        return sa.func.greatest(*(_below(bound, s) for s in OPEN_STATUSES))
+    if state == "failed":
+        failed = (JobStatus.DEAD, JobStatus.CANCELLED)
+        return sa.func.greatest(
+            *(_below(bound, s, table=t) for t in (jobs, archive) for s in failed)
+        )
+    # One descent per status and table (an IN list would not give the ids in order on
+    # PostgreSQL 15): the highest of them is the next workflow (greatest skips NULLs).
+    return sa.func.greatest(_below(bound, None), _below(bound, None, table=archive))
 
 
 def set_jit(value: str | None = None) -> sa.Select[Any]:
@@ -546,10 +631,12 @@ def list_workflows(*, state: str | None, before: bool, limit: int = 50) -> sa.Se
     Workflow ids are time-ordered (UUID version 7), so "newest first" is a walk down
     the ids: a recursive CTE that takes the highest id below the previous one, an index
     descent each (a loose index scan), stopped by the LIMIT after ``limit`` workflows.
-    Each workflow's figures are one aggregate over its steps (``jobs_workflow_id_idx``):
+    Each workflow's figures are one aggregate over its steps (``jobs_workflow_finished_idx``):
     a page costs its workflows' steps, not the table. ``state="finished"`` walks every
     workflow and skips those with a step not ended (three index descents each).
-    Only steps still in ``jobs`` are counted (a finished workflow is archived as a unit).
+    Archived workflows are walked too (``jobs_archive``'s indexes of revision 0017), and
+    a workflow's figures count its steps in both tables (``archived``: how many are in
+    ``jobs_archive``).
     """
     if state is not None and state not in LIST_STATES:
         raise ValueError(f"state must be one of {LIST_STATES}, got {state!r}")
@@ -579,24 +666,42 @@ def list_workflows(*, state: str | None, before: bool, limit: int = 50) -> sa.Se
         .limit(sa.bindparam("limit", limit, sa.Integer))
         .subquery("page")
     )
-    counts = [
-        sa.func.count().filter(jobs.c.status == _common.status(s)).label(s.value) for s in JobStatus
-    ]
-    open_ = sa.func.count().filter(jobs.c.status.in_(_statuses(*OPEN_STATUSES)))
-    figures = (
-        sa.select(
-            sa.func.count().label("size"),
-            *counts,
-            sa.func.min(jobs.c.created_at).label("created_at"),
-            sa.case((open_ == sa.literal_column("0"), sa.func.max(jobs.c.finished_at))).label(
-                "finished_at"
-            ),
+
+    # Its steps in both tables (a finished workflow is archived as a unit, and listed
+    # after that as before): one aggregate per table and workflow (LATERAL, an index
+    # range each), not a GROUP BY of the page, which sorted every step it counted.
+    def figures(table: sa.Table, name: str) -> LateralFromClause:
+        open_ = sa.func.count().filter(table.c.status.in_(_statuses(*OPEN_STATUSES)))
+        return (
+            sa.select(
+                sa.func.count().label("size"),
+                *(
+                    sa.func.count().filter(table.c.status == _common.status(s)).label(s.value)
+                    for s in JobStatus
+                ),
+                open_.label("open"),
+                sa.func.min(table.c.created_at).label("created_at"),
+                sa.func.max(table.c.finished_at).label("finished_at"),
+            )
+            .where(table.c.workflow_id == page.c.id)
+            .lateral(name)
         )
-        .where(jobs.c.workflow_id == page.c.id)
-        .lateral("figures")
-    )
+
+    live, gone = figures(jobs, "live"), figures(models.jobs_archive, "gone")
     return (
-        sa.select(page.c.id, figures)
-        .select_from(page.join(figures, sa.true()))
+        sa.select(
+            page.c.id,
+            (live.c.size + gone.c.size).label("size"),
+            *((live.c[s.value] + gone.c[s.value]).label(s.value) for s in JobStatus),
+            gone.c.size.label("archived"),
+            sa.func.least(live.c.created_at, gone.c.created_at).label("created_at"),
+            sa.case(
+                (
+                    live.c.open == sa.literal_column("0"),
+                    sa.func.greatest(live.c.finished_at, gone.c.finished_at),
+                )
+            ).label("finished_at"),
+        )
+        .select_from(page.join(live, sa.true()).join(gone, sa.true()))
         .order_by(page.c.id.desc())
     )

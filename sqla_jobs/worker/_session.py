@@ -473,7 +473,8 @@ def returned(
 ) -> tuple[str | None, bool]:
     """After a handler returned (its guard disarmed): ``(result to store, wrote)``, or the
     exception that makes the return a failed attempt. One set of checks for both executors."""
-    check_ran(value)
+    if value is not None:
+        check_ran(value)
     check_transaction(session, thread_conn)
     stop = control.interruption()
     if stop is not None:  # it returned, but too late or after a cancel
@@ -481,7 +482,10 @@ def returned(
     result = stored_result(value)
     # session.add() alone does not begin a transaction: pending objects count as writes
     # too, or they would never be flushed.
-    wrote = session.in_transaction() or bool(session.new or session.dirty or session.deleted)
+    # ``dirty`` walks the identity map: only asked when it holds something.
+    wrote = session.in_transaction() or bool(
+        session.new or session.deleted or (session.identity_map and session.dirty)
+    )
     return result, wrote
 
 

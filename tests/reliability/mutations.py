@@ -53,6 +53,17 @@ FLOW_STALE = _FLOWS + (
     "test_a_stale_workers_done_mark_releases_nothing_and_the_current_one_releases_once"
 )
 FLOW_ARCHIVER = _FLOWS + "test_the_archiver_leaves_every_step_of_an_unfinished_workflow"
+FLOW_ARCHIVER_PROGRESS = _FLOWS + "test_an_unfinished_workflows_old_steps_do_not_hold_up_other_jobs"
+FLOW_ARCHIVE_WHOLE = _FLOWS + (
+    "test_the_archiver_moves_a_finished_workflow_bigger_than_a_batch_in_one_batch"
+)
+FLOW_ARCHIVE_LOCKED = _FLOWS + (
+    "test_a_workflow_with_a_step_locked_elsewhere_is_left_whole_for_the_next_batch"
+)
+FLOW_PRUNE_WHOLE = _FLOWS + "test_prune_deletes_an_archived_workflow_as_a_unit"
+FLOW_RETRY_REFUSED = _FLOWS + (
+    "test_retrying_a_step_cancelled_by_its_failed_dependency_alone_is_refused_naming_it"
+)
 FLOW_CALLBACKS = _FLOWS + "test_batch_callbacks_on_success_on_failure_and_on_complete"
 FLOW_SWEEP = _FLOWS + "test_the_sweep_releases_a_step_whose_release_was_missed"
 FLOW_STATS_WAITING = _FLOWS + "test_stats_count_waiting_steps_apart_from_ready_and_scheduled"
@@ -547,8 +558,9 @@ MUTATIONS: list[Mutation] = [
         "handler_writes_committed",
         "what a handler wrote through its session is committed (with the done-mark)",
         SESSION,
-        "    wrote = session.in_transaction() or bool(session.new or session.dirty or "
-        "session.deleted)\n",
+        "    wrote = session.in_transaction() or bool(\n"
+        "        session.new or session.deleted or (session.identity_map and session.dirty)\n"
+        "    )\n",
         "    wrote = False and bool(session.new)  # MUTATION\n",
         (MISBEHAVING,),
     ),
@@ -925,15 +937,18 @@ MUTATIONS: list[Mutation] = [
         ),
     ),
     Mutation(
-        "newer_than_bound_is_the_lowest_id_since",
-        "a newer_than page walks from the lowest id created since its bound, not from the "
-        "first job by created_at (exact when created_at is out of step with id)",
+        "age_bound_walks_every_hour_past_it",
+        "an age filter's page walks between the lowest id created since its newer_than bound "
+        "and the highest created before its older_than one, over every hour past the bound "
+        "(exact when created_at is out of step with id), not only the bound's own hour",
         "sqla_jobs/sql/admin.py",
-        "    return sa.select(sa.func.min(since.c.id)).scalar_subquery()\n",
-        "    return sa.select(since.c.id).limit(1).scalar_subquery()  # MUTATION\n",
+        "    ids = sa.union_all(sa.select(walk.c.id), sa.select(edge.subquery().c.id)).subquery(\n",
+        "    ids = sa.select(edge.subquery().c.id).subquery(  # MUTATION\n",
         (
             "tests/test_ops_dashboard_queries.py::"
             "test_newer_than_pages_are_exact_when_created_at_is_out_of_step_with_id",
+            "tests/test_ops_dashboard_queries.py::"
+            "test_older_than_pages_are_exact_when_created_at_is_out_of_step_with_id",
         ),
     ),
     Mutation(
@@ -1344,11 +1359,28 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "archiver_keeps_unfinished_workflows",
-        "the archiver never moves a step of a workflow that has not ended",
+        "the archiver's batch skips the rows of a workflow that has not ended (so they"
+        " never fill it and hold up other jobs)",
         ADMIN_SQL,
-        "        .where(which, sa.not_(workflows.unfinished_workflow(jobs)))\n",
-        "        .where(which)  # MUTATION\n",
-        (FLOW_ARCHIVER,),
+        "    ready = sa.and_(sa.not_(workflows.unfinished_workflow(jobs)), last_end < done_age)\n",
+        "    ready = last_end < done_age  # MUTATION\n",
+        (FLOW_ARCHIVER, FLOW_ARCHIVER_PROGRESS),
+    ),
+    Mutation(
+        "archive_takes_whole_workflows",
+        "the archiver and prune take every step of a workflow their batch touched",
+        ADMIN_SQL,
+        "            sa.select(locked.c.id).where(locked.c.workflow_id.in_(whole)),\n",
+        "            sa.select(picked.c.id).where(picked.c.workflow_id.is_not(None)),  # MUT\n",
+        (FLOW_ARCHIVE_WHOLE, FLOW_PRUNE_WHOLE),
+    ),
+    Mutation(
+        "archive_unit_needs_every_step_locked",
+        "a workflow one of whose steps is locked elsewhere or may not go yet stays whole",
+        ADMIN_SQL,
+        "        .having(sa.and_(sa.func.bool_and(locked.c.goes), sa.func.count() == all_steps))\n",
+        "        .having(sa.true())  # MUTATION\n",
+        (FLOW_ARCHIVE_LOCKED, FLOW_PRUNE_WHOLE, FLOW_ARCHIVER),
     ),
     Mutation(
         "workflow_sweep_resolves_missed_parents",
@@ -1387,8 +1419,8 @@ MUTATIONS: list[Mutation] = [
         "retry_jobs_reopens_cancelled_dependents",
         "retrying a workflow step reopens the steps its failure cancelled, in its transaction",
         "sqla_jobs/ops.py",
-        "    if steps:\n        _reopen_downstream(session, steps)\n",
-        "    # MUTATION\n",
+        "            _reopen_downstream(session, steps)\n",
+        "            pass  # MUTATION\n",
         (FLOW_RETRY_REOPENS,),
     ),
     Mutation(
@@ -1398,6 +1430,22 @@ MUTATIONS: list[Mutation] = [
         "            sa.not_(failed_elsewhere),\n",
         "            sa.true(),  # MUTATION\n",
         (FLOW_RETRY_BLOCKED,),
+    ),
+    Mutation(
+        "retry_jobs_refuses_a_step_whose_dependency_failed",
+        "ops.retry_jobs does not queue a step whose dependency failed and is not retried with it",
+        "sqla_jobs/ops.py",
+        "            _refuse_failed_dependencies(session, steps)\n",
+        "            pass  # MUTATION\n",
+        (FLOW_RETRY_REFUSED,),
+    ),
+    Mutation(
+        "retry_jobs_step_waits_for_its_retried_dependency",
+        "a step retried with its failed dependency waits for it instead of running beside it",
+        "sqla_jobs/ops.py",
+        "            session.execute(workflows_sql.wait_again(steps))\n",
+        "            pass  # MUTATION\n",
+        (FLOW_RETRY_REFUSED,),
     ),
     # --- dashboard: no-op actions, the unserved note (#22) ---------------------------------
     Mutation(
@@ -1560,7 +1608,7 @@ MUTATIONS: list[Mutation] = [
         "workflow_flags_refused",
         "sqla-jobs workflow refuses a flag the action does not take",
         "sqla_jobs/cli.py",
-        '        _check_workflow_flags(sub.choices["workflow"], args)\n',
+        '        _check_workflow_flags(commands["workflow"], args)\n',
         "        pass  # MUTATION\n",
         (FLOW_CLI_FLAGS,),
     ),

@@ -1,24 +1,72 @@
 WITH picked AS MATERIALIZED
-  (SELECT jobs.id AS id
+  (SELECT jobs.id AS id,
+          jobs.workflow_id AS workflow_id
    FROM jobs
    WHERE (jobs.status = 'done'::job_status
           AND jobs.finished_at < statement_timestamp() - interval '1 second' * %(done_age)s
           OR jobs.status IN ('dead'::job_status,
                              'cancelled'::job_status)
           AND jobs.finished_at < statement_timestamp() - interval '1 second' * %(dead_age)s)
-     AND NOT (jobs.workflow_id IS NOT NULL
-              AND (EXISTS
-                     (SELECT *
-                      FROM jobs AS step
-                      WHERE step.workflow_id = jobs.workflow_id
-                        AND step.status IN ('waiting'::job_status,
-                                            'queued'::job_status,
-                                            'running'::job_status))))
+     AND (jobs.workflow_id IS NULL
+          OR NOT (jobs.workflow_id IS NOT NULL
+                  AND
+                    (SELECT 1
+                     FROM jobs AS other_step
+                     WHERE other_step.workflow_id = jobs.workflow_id
+                       AND other_step.status IN ('waiting'::job_status,
+                                                 'queued'::job_status,
+                                                 'running'::job_status)
+                     LIMIT %(param_1)s::INTEGER) IS NOT NULL)
+          AND
+            (SELECT max(last_step.finished_at) AS max_1
+             FROM jobs AS last_step
+             WHERE last_step.workflow_id = jobs.workflow_id) < statement_timestamp() - interval '1 second' * %(done_age)s
+          AND (
+                 (SELECT 1
+                  FROM jobs AS other_step
+                  WHERE other_step.workflow_id = jobs.workflow_id
+                    AND other_step.status IN ('dead'::job_status,
+                                              'cancelled'::job_status)
+                  LIMIT %(param_2)s::INTEGER) IS NULL
+               OR
+                 (SELECT max(last_step.finished_at) AS max_1
+                  FROM jobs AS last_step
+                  WHERE last_step.workflow_id = jobs.workflow_id) < statement_timestamp() - interval '1 second' * %(dead_age)s))
    LIMIT %(batch)s::INTEGER
-   FOR UPDATE SKIP LOCKED), moved AS
+   FOR UPDATE SKIP LOCKED), units AS MATERIALIZED
+  (SELECT DISTINCT picked.workflow_id AS workflow_id
+   FROM picked
+   WHERE picked.workflow_id IS NOT NULL), unit_steps AS MATERIALIZED
+  (SELECT jobs.id AS id,
+          jobs.workflow_id AS workflow_id,
+          jobs.status = 'done'::job_status
+   AND jobs.finished_at < statement_timestamp() - interval '1 second' * %(done_age)s
+   OR jobs.status IN ('dead'::job_status,
+                      'cancelled'::job_status)
+   AND jobs.finished_at < statement_timestamp() - interval '1 second' * %(dead_age)s AS goes
+   FROM jobs
+   WHERE jobs.workflow_id = ANY (array(
+                                         (SELECT units.workflow_id
+                                          FROM units)))
+     FOR
+     UPDATE OF jobs SKIP LOCKED), chosen AS MATERIALIZED
+  (SELECT picked.id AS id
+   FROM picked
+   WHERE picked.workflow_id IS NULL
+   UNION ALL SELECT unit_steps.id AS id
+   FROM unit_steps
+   WHERE unit_steps.workflow_id IN
+       (SELECT unit_steps.workflow_id
+        FROM unit_steps
+        GROUP BY unit_steps.workflow_id
+        HAVING bool_and(unit_steps.goes)
+        AND count(*) =
+          (SELECT count(*) AS count_1
+           FROM jobs AS any_step
+           WHERE any_step.workflow_id = unit_steps.workflow_id))), moved AS
   (DELETE
-   FROM jobs USING picked
-   WHERE jobs.id = picked.id RETURNING jobs.id,
+   FROM jobs USING chosen
+   WHERE jobs.id = chosen.id RETURNING jobs.id,
                                        jobs.kind,
                                        jobs.queue,
                                        jobs.priority,

@@ -53,15 +53,18 @@ WITH RECURSIVE walk(id) AS
    prior
    WHERE prior.id IS NOT NULL)
 SELECT page.id,
-       figures.size,
-       figures.queued,
-       figures.running,
-       figures.done,
-       figures.dead,
-       figures.cancelled,
-       figures.waiting,
-       figures.created_at,
-       figures.finished_at
+       live.size + gone.size AS size,
+       live.queued + gone.queued AS queued,
+       live.running + gone.running AS running,
+       live.done + gone.done AS done,
+       live.dead + gone.dead AS dead,
+       live.cancelled + gone.cancelled AS cancelled,
+       live.waiting + gone.waiting AS waiting,
+       gone.size AS archived,
+       least(live.created_at, gone.created_at) AS created_at,
+       CASE
+           WHEN (live.open = 0) THEN greatest(live.finished_at, gone.finished_at)
+       END AS finished_at
 FROM
   (SELECT walk.id AS id
    FROM walk
@@ -81,11 +84,30 @@ JOIN LATERAL
                            WHERE jobs.status = 'cancelled'::job_status) AS cancelled,
           count(*) FILTER (
                            WHERE jobs.status = 'waiting'::job_status) AS waiting,
+          count(*) FILTER (
+                           WHERE jobs.status IN ('waiting'::job_status, 'queued'::job_status, 'running'::job_status)) AS open,
           min(jobs.created_at) AS created_at,
-          CASE
-              WHEN (count(*) FILTER (
-                                     WHERE jobs.status IN ('waiting'::job_status, 'queued'::job_status, 'running'::job_status)) = 0) THEN max(jobs.finished_at)
-          END AS finished_at
+          max(jobs.finished_at) AS finished_at
    FROM jobs
-   WHERE jobs.workflow_id = page.id) AS figures ON true
+   WHERE jobs.workflow_id = page.id) AS live ON true
+JOIN LATERAL
+  (SELECT count(*) AS size,
+          count(*) FILTER (
+                           WHERE jobs_archive.status = 'queued'::job_status) AS queued,
+          count(*) FILTER (
+                           WHERE jobs_archive.status = 'running'::job_status) AS running,
+          count(*) FILTER (
+                           WHERE jobs_archive.status = 'done'::job_status) AS done,
+          count(*) FILTER (
+                           WHERE jobs_archive.status = 'dead'::job_status) AS dead,
+          count(*) FILTER (
+                           WHERE jobs_archive.status = 'cancelled'::job_status) AS cancelled,
+          count(*) FILTER (
+                           WHERE jobs_archive.status = 'waiting'::job_status) AS waiting,
+          count(*) FILTER (
+                           WHERE jobs_archive.status IN ('waiting'::job_status, 'queued'::job_status, 'running'::job_status)) AS open,
+          min(jobs_archive.created_at) AS created_at,
+          max(jobs_archive.finished_at) AS finished_at
+   FROM jobs_archive
+   WHERE jobs_archive.workflow_id = page.id) AS gone ON true
 ORDER BY page.id DESC;
