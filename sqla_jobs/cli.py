@@ -558,13 +558,14 @@ def _add_ops_commands(sub: Any) -> None:
     p = command("show", "show one job: payload, attempts, last error, timestamps")
     p.add_argument("id", type=int)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--app", help="'module:registry' to show the handler's timeout")
 
     p = command("retry", "put dead (or cancelled) jobs back in the queue")
     p.add_argument("ids", type=int, nargs="*", metavar="ID")
     p.add_argument("--all-dead", action="store_true", help="every dead job matching filters")
     _add_filters(p, status=False)
 
-    p = command("cancel", "cancel queued or scheduled jobs; stop running ones")
+    p = command("cancel", "cancel queued jobs and waiting workflow steps; stop running ones")
     p.add_argument("ids", type=int, nargs="*", metavar="ID")
     _add_filters(p, status=False)
     p.add_argument(
@@ -985,6 +986,11 @@ def _cmd_periodic(session: Any, args: argparse.Namespace) -> int:
 def _cmd_list(session: Any, args: argparse.Namespace) -> int:
     from sqla_jobs import ops, validation
 
+    for name in ("kind", "queue", "key"):
+        if getattr(args, name) is not None:
+            validation.filter_value(name, f"--{name}", getattr(args, name), ConfigError)
+    for tag in args.tag or ():
+        validation.filter_value("tag", "--tag", tag, ConfigError)
     jobs = ops.list_jobs(
         session,
         status=args.status,
@@ -1081,7 +1087,13 @@ def _cmd_show(session: Any, args: argparse.Namespace) -> int:
     for name in ("idempotency_key", "worker", "created_at", "run_at", "locked_until"):
         print(f"{name + ':':<17}{data[name] if data[name] is not None else '-'}")
     print(f"{'finished_at:':<17}{data['finished_at'] or '-'}")
-    print(f"{'timeout:':<17}{f'{job.timeout:g}s' if job.timeout is not None else '-'}")
+    registry = None
+    if args.app:
+        from sqla_jobs import tasks
+
+        sys.path.insert(0, os.getcwd())
+        registry = tasks.load_registry(args.app)
+    print(f"{'timeout:':<17}{ops.timeout_text(job, registry)}")
     print(f"{'snoozes:':<17}{job.snoozes}")
     if job.cancel_requested_at is not None:
         print(f"{'cancel asked at:':<17}{data['cancel_requested_at']}")
@@ -1124,10 +1136,12 @@ def _print_history(history: tuple[AttemptRecord, ...]) -> None:
             print(f"      {a.error.strip().splitlines()[0]}")
 
 
-def _one_id_check(session: Any, ids: list[int], allowed: tuple[str, ...], verb: str) -> None:
-    """Refuse unknown ids, and a single id in the wrong state, before changing anything."""
+def _one_id_check(session: Any, ids: list[int], action: str, verb: str) -> None:
+    """Refuse unknown ids, and a single id in a state ``action`` does not apply to
+    (``ops.ACTION_STATUSES``), before changing anything."""
     from sqla_jobs import ops
 
+    allowed = [s.value for s in ops.ACTION_STATUSES[action]]
     for job_id in ids:
         job = ops.get_job(session, job_id)  # JobNotFoundError: "no job with id N"
         if job.archived:
@@ -1137,8 +1151,8 @@ def _one_id_check(session: Any, ids: list[int], allowed: tuple[str, ...], verb: 
             )
         if len(ids) == 1 and job.status.value not in allowed:
             raise ConfigError(
-                f"job {job_id} is {job.status.value}; only {' or '.join(allowed)} jobs can be "
-                f"{verb}"
+                f"job {job_id} is {job.status.value}; only {ops.applies_text(action)} jobs "
+                f"can be {verb}"
             )
 
 
@@ -1148,7 +1162,7 @@ def _cmd_retry(session: Any, args: argparse.Namespace) -> int:
     if bool(args.ids) == bool(args.all_dead):
         return _fail("give job ids, or --all-dead (optionally with --kind/--queue)")
     if args.ids:
-        _one_id_check(session, args.ids, ("dead", "cancelled"), "retried")
+        _one_id_check(session, args.ids, "retry", "retried")
         n = ops.retry_jobs(
             session,
             args.ids,
@@ -1172,7 +1186,7 @@ def _cmd_cancel(session: Any, args: argparse.Namespace) -> int:
     if args.wait < 0:
         return _fail(f"--wait must be >= 0 seconds, got {args.wait:g}")
     if args.ids:
-        _one_id_check(session, args.ids, ("queued", "running"), "cancelled")
+        _one_id_check(session, args.ids, "cancel", "cancelled")
     done = ops.cancel(
         session,
         args.ids or None,
@@ -1240,7 +1254,7 @@ def _cmd_delete(session: Any, args: argparse.Namespace) -> int:
     from sqla_jobs import ops
 
     if args.ids:
-        _one_id_check(session, args.ids, ("queued", "done", "dead", "cancelled"), "deleted")
+        _one_id_check(session, args.ids, "delete", "deleted")
     filters: dict[str, Any] = {
         "status": args.status,
         "kind": args.kind,

@@ -828,6 +828,8 @@ def _payload_match(value: Mapping[str, Any], name: str = "payload") -> str:
         return json.dumps(dict(value), allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{name} is not JSON: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{name} is nested too deeply to encode as JSON") from None
 
 
 def _tags_filter(tag: str | Sequence[str] | None) -> list[str] | None:
@@ -855,6 +857,20 @@ def _statuses(
     if isinstance(status, (str, JobStatus)):
         return [_status(status)]
     return [_status(s) for s in status]
+
+
+def timeout_text(job: JobRecord, registry: Registry | None) -> str:
+    """A job's timeout in words, as its worker applies it: its own, else its handler's
+    (from ``registry``, said to be the handler's); without a registry, that it is the
+    handler's and unknown here (``sqla-jobs show``, the dashboard's job page)."""
+    if job.timeout is not None:
+        return f"{job.timeout:g} s"
+    if registry is None:
+        return "its handler's (unknown without the app's registry)"
+    if job.kind not in registry.kinds:
+        return f"its handler's (unknown: the registry has no handler for {job.kind!r})"
+    declared = registry[job.kind].timeout
+    return "none (its handler's)" if declared is None else f"{declared:g} s (its handler's)"
 
 
 @_sessions.sync_form
@@ -912,8 +928,28 @@ def job_states(session: Session, ids: Sequence[int]) -> dict[int, JobState]:
 
 # --- acting on jobs -----------------------------------------------------------------
 
-_RETRYABLE = (JobStatus.DEAD, JobStatus.CANCELLED)
-_DELETABLE = (JobStatus.QUEUED, JobStatus.DONE, JobStatus.DEAD, JobStatus.CANCELLED)
+#: The statuses each job action applies to: what its call changes (cancel asks a
+#: running job to stop). The CLI and the dashboard offer the action and word their
+#: refusals from these (:func:`applies_text`), so all three agree.
+ACTION_STATUSES: dict[str, tuple[JobStatus, ...]] = {
+    "retry": (JobStatus.DEAD, JobStatus.CANCELLED),
+    "cancel": (JobStatus.QUEUED, JobStatus.WAITING, JobStatus.RUNNING),
+    "delete": (
+        JobStatus.QUEUED,
+        JobStatus.WAITING,
+        JobStatus.DONE,
+        JobStatus.DEAD,
+        JobStatus.CANCELLED,
+    ),
+}
+_RETRYABLE = ACTION_STATUSES["retry"]
+_DELETABLE = ACTION_STATUSES["delete"]
+
+
+def applies_text(action: str) -> str:
+    """The statuses ``action`` applies to, in words: "queued, waiting or running"."""
+    names = [s.value for s in ACTION_STATUSES[action]]
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
 
 
 def _check_filters(ids: list[int] | None, kind: str | None, queue: str | None) -> None:
@@ -954,7 +990,9 @@ def retry_jobs(
     statuses = _statuses(status) or []
     bad = [s.value for s in statuses if s not in _RETRYABLE]
     if bad or not statuses:
-        raise ConfigError(f"only dead or cancelled jobs can be retried, not {bad or statuses}")
+        raise ConfigError(
+            f"only {applies_text('retry')} jobs can be retried, not {bad or statuses}"
+        )
     ids_ = _ids(ids)
     _check_filters(ids_, kind, queue)
     stmt = admin.retry_jobs(
@@ -1045,11 +1083,14 @@ def cancel(
     older_than: timedelta | None = None,
     running: bool = True,
 ) -> CancelResult:
-    """Cancel queued jobs, and (``running``) ask running ones to stop.
+    """Cancel queued jobs and waiting workflow steps, and (``running``) ask running ones
+    to stop (:data:`ACTION_STATUSES`).
 
     Give ``ids`` or at least one filter: cancelling every job takes an explicit ``kind``
     or ``queue``. A queued job becomes ``cancelled`` (a job a worker claims while this
-    runs is skipped, then handled as a running one would be next time). A running job
+    runs is skipped, then handled as a running one would be next time). A waiting step
+    becomes ``cancelled`` too, and its dependents follow as the workflow rules say (those
+    that need it to succeed are cancelled, an on-failure step is released). A running job
     gets ``cancel_requested_at``, and its worker is told when you commit (NOTIFY on
     ``sqla_jobs_cancel``; its heartbeat reads the flag too): the handler is stopped as
     for a timeout, its writes rolled back, and the job ends ``cancelled``, never retried.
@@ -1119,7 +1160,9 @@ def delete_jobs(
 ) -> int:
     """Delete jobs that are not running; return how many were deleted.
 
-    Give ``ids`` or ``status`` (any but ``running``), optionally narrowed by kind, queue
+    Give ``ids`` or ``status`` (any but ``running``: queued, waiting, done, dead or
+    cancelled; a deleted workflow step's dependents follow as the workflow rules say),
+    optionally narrowed by kind, queue
     and age. ``dry_run``: delete nothing, return how many would be deleted now
     (:func:`jobs_to_delete` says which). Never commits. Prefer :func:`archive` for
     finished jobs: it keeps history.

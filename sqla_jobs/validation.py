@@ -14,7 +14,7 @@ import json
 import math
 import re
 import types
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -571,12 +571,38 @@ def json_object(label: str, text: str, error: type[SqlaJobsError]) -> dict[str, 
     ``1e999`` are not), not an object, or holding a NUL character."""
     try:
         value = json.loads(text, parse_float=_finite, parse_constant=_no_constant)
+        nul = isinstance(value, dict) and _has_nul(value)
     except ValueError as exc:
         raise error(f'{label} is not JSON ({exc}); e.g. {{"user": 7}}') from None
+    except RecursionError:
+        # The decoder (and the walk) recurse once per level: text nested ~1,000 deep
+        # exhausts Python's stack, which is bad input, not a server error.
+        raise error(f"{label} is nested too deeply to decode") from None
     if not isinstance(value, dict):
         raise error(f'{label} must be a JSON object, e.g. {{"user": 7}}, got {what(value)}')
-    if _has_nul(value):
+    if nul:
         raise error(f"{label} must not contain a NUL character (jsonb refuses \\u0000)")
+    return value
+
+
+#: What enqueue checks of each value a list filter matches exactly: a value it refuses
+#: can be in no job, so the filter could never match.
+_FILTER_CHECKS: dict[str, Callable[[str], object]] = {
+    "kind": check_kind,
+    "queue": check_queue,
+    "key": check_key,
+    "tag": lambda tag: check_tags([tag]),
+}
+
+
+def filter_value(name: str, label: str, value: str, error: type[SqlaJobsError]) -> str:
+    """``value`` of the list filter ``name`` (kind, queue, key, tag), or ``error`` naming
+    ``label`` and the rule enqueue applies, when no job can hold it (a tag with a comma, a
+    queue name with a space): such a filter would silently match nothing."""
+    try:
+        _FILTER_CHECKS[name](value)
+    except InvalidJobError as exc:
+        raise error(f"{label} can match no job: {exc}") from None
     return value
 
 

@@ -1069,7 +1069,7 @@ def test_an_action_that_does_nothing_to_a_job_says_why(
     )
     cancelled = client.post(f"/jobs/{done}/cancel")
     assert said(client, cancelled) == (
-        f"Job {done} is done: only jobs that are queued or running can be cancelled."
+        f"Job {done} is done: only jobs that are queued, waiting or running can be cancelled."
     )
     assert client.post(f"/jobs/{queued}/delete").status_code == 303
     again = client.post(f"/jobs/{queued}/delete")

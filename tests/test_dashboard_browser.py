@@ -875,6 +875,45 @@ def test_a_workflow_cancelled_and_retried_from_its_page_is_run_by_the_worker(
     assert console_problems(driver) == []
 
 
+def test_a_workflow_pages_counts_and_waits_on_follow_a_cancel_live(
+    driver: Any, base_url: str, db: sa.Engine
+) -> None:
+    flow = Workflow(registry=app_registry)
+    flow.add("start", "noop", {"n": 1}, delay=3600)  # held: nothing runs
+    flow.add("left", "noop", {"n": 2}, after="start")
+    flow.add("right", "noop", {"n": 3}, after="start")
+    flow.add("end", "noop", {"n": 4}, after=["left", "right"])
+    with Session(db) as session:
+        ids = flow.enqueue(session)
+        session.commit()
+    driver.get(f"{base_url}/workflows/{ids.id}")
+    counts = driver.find_element(By.CSS_SELECTOR, "[data-flow-counts]")
+    assert counts.text == "queued 1, waiting 3"
+
+    def waits(step: str) -> str:
+        row = driver.find_element(By.ID, f"step-{ids[step]}")
+        return str(row.find_element(By.CSS_SELECTOR, "td[data-waits]").text)
+
+    assert waits("end") == "left, right"
+    wait_for(lambda: driver.find_element(By.ID, "live-state").text == "live", message="live")
+    with Session(db) as session:  # from elsewhere: the page is not reloaded
+        ops.cancel(session, [ids["left"]])
+        session.commit()
+    wait_for(
+        lambda: counts.text == "cancelled 2, queued 1, waiting 1",
+        timeout=20,
+        message="the counts to follow the cancel",
+    )
+    assert waits("end") == "-" and waits("left") == "-"  # ended: they wait on nothing
+    assert waits("right") == "start"
+    with Session(db) as session:
+        ops.cancel(session, [ids["start"]])
+        session.commit()
+    wait_for(lambda: waits("right") == "-", timeout=20, message="right's waits-on to clear")
+    assert counts.text == "cancelled 4"
+    assert driver.find_element(By.CSS_SELECTOR, "[data-flow-finished]").is_displayed()
+
+
 def test_the_workflows_list_filters_by_state_and_leads_to_a_workflow_and_its_jobs(
     driver: Any, base_url: str, db: sa.Engine, worker: Worker
 ) -> None:

@@ -196,6 +196,7 @@ def offered(page: str) -> list[str]:
         ("/jobs?status=done", ["delete"]),
         ("/jobs?status=running", ["cancel"]),
         ("/jobs?status=queued", ["cancel", "delete"]),
+        ("/jobs?status=waiting", ["cancel", "delete"]),
         ("/jobs?status=cancelled", ["retry", "delete"]),
         ("/jobs", ["retry", "cancel", "delete"]),
     ],
@@ -203,7 +204,7 @@ def offered(page: str) -> list[str]:
 def test_a_jobs_page_offers_only_the_bulk_actions_that_can_apply_to_its_jobs(
     engine: sa.Engine, make_client: MakeClient, path: str, expected: list[str]
 ) -> None:
-    for status in ("dead", "done", "running", "queued", "cancelled"):
+    for status in ("dead", "done", "running", "queued", "waiting", "cancelled"):
         job(engine, status)
     assert offered(make_client().get(path).text) == expected
 
@@ -272,8 +273,8 @@ def test_bulk_action_without_a_filter_says_it_is_every_job_and_needs_a_second_ti
     text = html.unescape(review.text)
     assert '<p class="count"><strong>2 job(s)</strong> to cancel.</p>' in text
     assert (
-        f"Every job in the table (no filter) that is queued or running, up to job {waiting[1]}."
-        in text
+        "Every job in the table (no filter) that is queued, waiting or running, up to job "
+        f"{waiting[1]}." in text
     )
     assert 'name="everything" value="yes" required' in text
 
@@ -297,7 +298,7 @@ def test_bulk_review_says_delete_applies_to_any_state_but_running(
     review = make_client().post(
         "/jobs/bulk", {"op": "delete", "scope": "matching", "filter": "kind=a"}
     )
-    assert "that is in any state but running, up to job" in review.text
+    assert "that is queued, waiting, done, dead or cancelled, up to job" in review.text
 
 
 @pytest.mark.parametrize(

@@ -289,3 +289,38 @@ def test_dashboard_command_on_a_port_in_use_says_so_in_one_line_and_exits_2(
         f"sqla_jobs: error: cannot listen on 127.0.0.1:{port}: the port is already in use "
         "(another server?): choose another with --port\n"
     )
+
+
+def test_dashboard_command_stops_without_waiting_for_the_live_views_query_in_flight(
+    db_url: URL,
+) -> None:
+    # The process cannot exit before the live view's read (in a worker thread) returns:
+    # the query is cancelled. Here it waits on a lock that is held until the end.
+    engine = sa.create_engine(db_url)
+    try:
+        with (
+            dashboard(db_url) as (base, proc),
+            httpx.stream("GET", base + "/events?counts=1", timeout=10) as events,
+            engine.connect() as conn,
+        ):
+            assert next(events.iter_lines()) == "retry: 2000"
+            conn.exec_driver_sql("LOCK TABLE jobs IN ACCESS EXCLUSIVE MODE")
+
+            def blocked() -> bool:
+                with engine.connect() as other:  # its own transaction: a fresh view
+                    found = other.exec_driver_sql(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                        "AND datname = current_database()"
+                    )
+                    return bool(found.scalar_one())
+
+            wait_for(blocked, message="the live view's next round to wait on the lock")
+            proc.send_signal(signal.SIGTERM)
+            # Exits while the lock is still held (the round's query was cancelled).
+            assert proc.wait(timeout=30) == 0
+            assert proc.stdout is not None
+            output = proc.stdout.read()
+            conn.rollback()
+    finally:
+        engine.dispose()
+    assert "ERROR" not in output and "Traceback" not in output and "WARNING" not in output, output

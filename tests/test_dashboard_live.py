@@ -278,8 +278,8 @@ def test_close_streams_ends_the_open_streams_of_a_mounted_dashboard(engine: sa.E
 @pytest.mark.parametrize(
     ("options", "actionable"),
     [
-        ({}, "cancelled dead done queued running"),
-        ({"permissions": {"retry", "cancel"}}, "cancelled dead queued running"),
+        ({}, "cancelled dead done queued running waiting"),
+        ({"permissions": {"retry", "cancel"}}, "cancelled dead queued running waiting"),
         ({"permissions": {"retry"}}, "cancelled dead"),
         ({"permissions": set()}, None),
         ({"read_only": True}, None),

@@ -55,10 +55,10 @@ def fan_in(engine: sa.Engine) -> WorkflowIds:
 def step_rows(page: str) -> dict[str, dict[str, str]]:
     """Each step row of the page: its cells' text by their data-label."""
     found: dict[str, dict[str, str]] = {}
-    for row in re.findall(r'<tr id="step-\d+">(.*?)</tr>', page, re.S):
+    for row in re.findall(r'<tr id="step-\d+"[^>]*>(.*?)</tr>', page, re.S):
         cells = {
             label: html.unescape(re.sub(r"<[^>]+>", "", text)).strip()
-            for label, text in re.findall(r'data-label="([^"]+)">(.*?)</t[dh]>', row, re.S)
+            for label, text in re.findall(r'data-label="([^"]+)"[^>]*>(.*?)</t[dh]>', row, re.S)
         }
         found[cells["Step"]] = cells
     return found

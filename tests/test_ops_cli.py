@@ -327,7 +327,7 @@ def test_acting_on_a_job_in_the_wrong_state_is_refused(engine: sa.Engine, db_url
     running = scalar(engine, "SELECT min(id) FROM jobs WHERE status = 'running'")
     done = scalar(engine, "SELECT min(id) FROM jobs WHERE status = 'done'")
     for args, message in [
-        (["cancel", str(done)], f"job {done} is done; only queued or running jobs can be"),
+        (["cancel", str(done)], f"job {done} is done; only queued, waiting or running jobs can be"),
         (["retry", str(done)], f"job {done} is done; only dead or cancelled jobs can be retried"),
         (["delete", str(running)], f"job {running} is running"),
     ]:

@@ -113,8 +113,10 @@ def create_app(
 
 
 def close_streams(app: Starlette) -> None:
-    """End the open tabs' live streams of ``app`` (made by :func:`create_app`) and refuse
-    new ones, so a stopping server need not wait for them: call it on the server's event
+    """End the open tabs' live streams of ``app`` (made by :func:`create_app`), cancel the
+    live view's query in flight and refuse new streams, so a stopping server (and its
+    process, which waits for the query's thread) need not wait for them: call it on the
+    server's event
     loop as the server *begins* to stop. A tab reconnects by itself to the next server.
 
     An ASGI lifespan's shutdown runs only after the server's graceful-shutdown wait, so

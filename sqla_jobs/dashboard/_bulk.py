@@ -29,11 +29,7 @@ from sqla_jobs.models import JobStatus
 MAX_BULK = ops.MAX_LIMIT
 
 #: The statuses each action applies to (what its ops call changes).
-APPLIES_TO: dict[str, tuple[JobStatus, ...]] = {
-    "retry": (JobStatus.DEAD, JobStatus.CANCELLED),
-    "cancel": (JobStatus.QUEUED, JobStatus.RUNNING),
-    "delete": (JobStatus.QUEUED, JobStatus.DONE, JobStatus.DEAD, JobStatus.CANCELLED),
-}
+APPLIES_TO: dict[str, tuple[JobStatus, ...]] = ops.ACTION_STATUSES
 VERBS = {"retry": "Retry", "cancel": "Cancel", "delete": "Delete"}
 
 
@@ -43,12 +39,8 @@ def applicable(status: JobStatus | None) -> list[str]:
     return [op for op, statuses in APPLIES_TO.items() if status is None or status in statuses]
 
 
-#: The same statuses in words, as the README says them.
-APPLIES_TEXT = {
-    "retry": "dead or cancelled",
-    "cancel": "queued or running",
-    "delete": "in any state but running",
-}
+#: The same statuses in words, as the CLI says them.
+APPLIES_TEXT = {op: ops.applies_text(op) for op in APPLIES_TO}
 #: The confirmation form's check box that an action on every job of the table (no
 #: filter) needs ticked: one button press is too little for that.
 EVERYTHING_FIELD = "everything"

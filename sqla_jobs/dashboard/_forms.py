@@ -26,13 +26,24 @@ PAGE_SIZE = 50
 MAX_FIELDS = PAGE_SIZE + 20
 
 
+#: The one form encoding the dashboard reads (its pages' forms send it).
+URLENCODED = "application/x-www-form-urlencoded"
+
+
 class FormTooLarge(ConfigError):
     pass
 
 
 async def read_form(request: Request) -> dict[str, str]:
     """The posted fields (the last value of a repeated name, but the ticked ``id`` boxes
-    of a list joined by commas as ``ids``); ConfigError if too large."""
+    of a list joined by commas as ``ids``); ConfigError if too large, or not urlencoded
+    (the only encoding read: a multipart form's token would otherwise read as missing)."""
+    media = request.headers.get("content-type", URLENCODED).split(";", 1)[0].strip().lower()
+    if media != URLENCODED:
+        raise ConfigError(
+            f"forms must be sent urlencoded ({URLENCODED}, as the dashboard's pages send "
+            f"them), not {media or 'without a type'}: the dashboard reads no other encoding"
+        )
     body = b""
     async for chunk in request.stream():
         body += chunk
@@ -221,7 +232,7 @@ def _workflow_id(text: str) -> uuid.UUID:
 def _text(name: str, text: str) -> str:
     if "\x00" in text:
         raise ConfigError(f"{_label(name)} must not contain a NUL character")
-    return text
+    return validation.filter_value(name, _label(name), text, ConfigError)
 
 
 def _integer(label: str, text: str, minimum: int = 0) -> int:

@@ -179,6 +179,13 @@ class Hub:
         self.listening = False
         self.closing = False
         self._task: asyncio.Task[None] | None = None
+        #: The database connections of the round's read in flight (in a worker thread),
+        #: so :meth:`close` can cancel their queries: the process cannot exit before that
+        #: thread returns, and on a loaded database a round takes seconds. Every
+        #: connection the hub's own engine opens (``ops.stats`` opens one of its own) is
+        #: listed, by an event local to that engine (the pages' reads are not).
+        self._reading: list[Any] = []
+        sa.event.listen(self.reads, "engine_connect", self._opened)
 
     # --- streams --------------------------------------------------------------------
 
@@ -223,6 +230,14 @@ class Hub:
         self.closing = True
         for watch in self.watches:
             watch.changed.set()
+        for reading in list(self._reading):
+            # psycopg's cancel is safe from another thread; the read then fails and
+            # its round ends (not logged: the hub is closing).
+            with contextlib.suppress(Exception):
+                reading.cancel()
+
+    def _opened(self, conn: sa.Connection) -> None:
+        self._reading.append(conn.connection.dbapi_connection)
 
     def _join(self, watch: Watch) -> None:
         self.watches.add(watch)
@@ -307,7 +322,8 @@ class Hub:
         try:
             self.snapshot = await run_in_threadpool(self._read, counts, ids)
         except (sa.exc.SQLAlchemyError, ConfigError) as exc:
-            log.warning("dashboard: live update failed: %s", exc)
+            if not self.closing:  # else: the read close() cancelled
+                log.warning("dashboard: live update failed: %s", exc)
             return
         self.rounds += 1
         for watch in self.watches:
@@ -315,11 +331,19 @@ class Hub:
 
     def _read(self, counts: bool, ids: list[int]) -> Snapshot:
         with Session(self.reads) as session:
-            found = counts_of(ops.stats(session, exact_up_to=EXACT_UP_TO)) if counts else None
-            states: dict[int, dict[str, Any]] = {}
-            for chunk in _chunks(ids, ops.MAX_STATE_IDS):
-                states.update({i: state_of(s) for i, s in ops.job_states(session, chunk).items()})
-            return Snapshot(found, states, frozenset(ids))
+            try:
+                session.connection()
+                # Closed before the connection was listed: close() could not cancel.
+                if self.closing:
+                    return self.snapshot
+                found = counts_of(ops.stats(session, exact_up_to=EXACT_UP_TO)) if counts else None
+                states: dict[int, dict[str, Any]] = {}
+                for chunk in _chunks(ids, ops.MAX_STATE_IDS):
+                    found_states = ops.job_states(session, chunk)
+                    states.update({i: state_of(s) for i, s in found_states.items()})
+                return Snapshot(found, states, frozenset(ids))
+            finally:
+                self._reading.clear()
 
 
 def _chunks(ids: list[int], size: int) -> Iterable[list[int]]:

@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone, tzinfo
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import jinja2
 
-from sqla_jobs import ops
+from sqla_jobs import models, ops
 
 HERE = Path(__file__).resolve().parent
 TEMPLATES = HERE / "templates"
@@ -37,7 +38,12 @@ def environment() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters.update(
-        pretty=pretty_json, compact=compact_json, age=age, moment=moment, size=table_size
+        pretty=pretty_json,
+        compact=compact_json,
+        age=age,
+        moment=moment,
+        zoned=zoned,
+        size=table_size,
     )
     return env
 
@@ -77,6 +83,18 @@ def table_size(table: ops.TableStats) -> str:
 def moment(value: datetime | None) -> str:
     """A timestamp to the second, with its UTC offset; ``"-"`` for none."""
     return "-" if value is None else value.isoformat(sep=" ", timespec="seconds")
+
+
+def zoned(value: datetime | None, zone: str | None) -> str:
+    """:func:`moment` in the time zone ``zone`` (a schedule's; UTC for None), so the
+    times of one schedule are read on one clock."""
+    if value is None:
+        return moment(value)
+    try:
+        where: tzinfo = ZoneInfo(zone) if zone else timezone.utc
+    except (ZoneInfoNotFoundError, ValueError):
+        where = timezone.utc  # a removed schedule's zone this host does not know
+    return moment(value.astimezone(where))
 
 
 @dataclass(frozen=True)
@@ -183,14 +201,16 @@ def workflow_graph(steps: Sequence[ops.WorkflowStep], *, whole: bool = True) -> 
     for s in steps:
         name = s.step or str(s.id)
         stages[name] = 1 + max((stages.get(d, 0) for d in s.depends_on), default=0)
+        # A step that ended waits on nothing (cancelled while a dependency still ran).
+        waiting = () if s.status in models.FINISHED_STATUSES else s.waiting_on
         rows.append(
             StepRow(
                 step=s,
                 stage=stages[name] if whole else None,
                 depends_on=tuple((d, ids.get(d)) for d in s.depends_on[:n]),
-                waiting_on=tuple((d, ids.get(d)) for d in s.waiting_on[:n]),
+                waiting_on=tuple((d, ids.get(d)) for d in waiting[:n]),
                 more_depends=max(0, len(s.depends_on) - n),
-                more_waiting=max(0, len(s.waiting_on) - n),
+                more_waiting=max(0, len(waiting) - n),
             )
         )
     if not whole:

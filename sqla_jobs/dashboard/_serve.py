@@ -5,7 +5,8 @@ command binds to 127.0.0.1 (this machine only) and says so, and refuses any addr
 but a loopback one (``localhost``, 127.0.0.0/8, ``::1`` or ``[::1]``) unless
 ``--insecure-no-auth`` says that is intended. ``--permissions`` narrows the actions
 (names, or a ``module:function`` rule), checked before anything listens. When it stops
-(Ctrl-C, SIGTERM) it ends the open tabs' live streams first, so it stops at once.
+(Ctrl-C, SIGTERM) it ends the open tabs' live streams first and cancels the live view's
+query in flight (the process would wait for its thread), so it stops without waiting.
 """
 
 from __future__ import annotations

@@ -76,9 +76,8 @@ MESSAGES = {
 #: Why an action on one job did nothing: the job is in a status the action does not
 #: apply to ("retry-queued": retrying a queued job).
 _CAN = {
-    "retry": ("dead or cancelled", "retried"),
-    "cancel": ("queued or running", "cancelled"),
-    "delete": ("in any state but running", "deleted"),
+    action: (ops.applies_text(action), done)
+    for action, done in (("retry", "retried"), ("cancel", "cancelled"), ("delete", "deleted"))
 }
 MESSAGES.update(
     {
@@ -189,6 +188,7 @@ class Views:
             warning=warning,
             live=f"{prefix}/events?{live}" if live else None,
             max_attempts=self.max_attempts,
+            timeout=lambda job: ops.timeout_text(job, self.settings.registry),
             **context,
         )
         response = HTMLResponse(html, status_code=status)
@@ -500,6 +500,7 @@ class Views:
             nav="jobs",
             timeline=timeline,
             actionable=_actionable(viewer),
+            job_actions=JOB_ACTIONS,
             **data,
         )
 
@@ -875,9 +876,7 @@ class Views:
 #: The job page's actions and the states (as the live view names them) each applies to:
 #: a running job asked to stop already ("running-stopping") has none.
 JOB_ACTIONS = {
-    "retry": ("dead", "cancelled"),
-    "cancel": ("queued", "running"),
-    "delete": ("queued", "done", "dead", "cancelled"),
+    action: tuple(s.value for s in statuses) for action, statuses in ops.ACTION_STATUSES.items()
 }
 
 

@@ -473,8 +473,9 @@ def retry_jobs(
     )
 
 
-#: ``last_error`` of a queued job an operator cancelled (a running one gets JobCancelled).
-CANCELLED_QUEUED = "cancelled by an operator while it was queued"
+#: ``last_error`` of a queued job or waiting step an operator cancelled, followed by that
+#: status (a running one gets JobCancelled).
+CANCELLED_BY_OPERATOR = "cancelled by an operator while it was "
 #: Before what ``last_error`` held (the failure a retry was queued after, a snooze's note).
 CANCELLED_EARLIER = "\n\nbefore that:\n"
 
@@ -487,25 +488,31 @@ def cancel_jobs(
     older_than: float | None = None,
     now: Now = None,
 ) -> sa.Update:
-    """Queued jobs (ready or scheduled) to cancelled. A job claimed meanwhile is running,
-    fails the status test once its lock is released, and is not changed.
+    """Queued jobs (ready or scheduled) and waiting workflow steps to cancelled. A job
+    claimed meanwhile is running, fails the status test once its lock is released, and
+    is not changed. A cancelled step's dependents follow by the workflow rules (the
+    trigger of :mod:`sqla_jobs.workflows`, in this statement's transaction).
 
-    ``last_error`` says an operator cancelled it (``show`` prints it; ``finished_at`` is
-    when); what it held (the failure a retry was queued after) stays below that line.
+    ``last_error`` says an operator cancelled it and in which status (``show`` prints it;
+    ``finished_at`` is when); what it held (the failure a retry was queued after) stays
+    below that line.
     """
+    statuses = [JobStatus.QUEUED, JobStatus.WAITING]
     conditions = _job_filters(
-        ids=ids, statuses=[JobStatus.QUEUED], kind=kind, queue=queue, older_than=older_than, now=now
+        ids=ids, statuses=statuses, kind=kind, queue=queue, older_than=older_than, now=now
     )
     picked = _locked_ids(conditions, "picked")
     earlier = sa.bindparam("earlier", CANCELLED_EARLIER, sa.Text) + jobs.c.last_error
     return (
         sa.update(jobs)
-        .where(jobs.c.id == picked.c.id, jobs.c.status == _common.status(JobStatus.QUEUED))
+        .where(jobs.c.id == picked.c.id, jobs.c.status.in_([_common.status(s) for s in statuses]))
         .values(
             status=_common.status(JobStatus.CANCELLED),
             finished_at=_common.clock(now),
             locked_until=None,
-            last_error=sa.bindparam("note", CANCELLED_QUEUED, sa.Text)
+            # The status before this update: "queued" or "waiting".
+            last_error=sa.bindparam("note", CANCELLED_BY_OPERATOR, sa.Text)
+            + sa.cast(jobs.c.status, sa.Text)
             + sa.func.coalesce(earlier, ""),
         )
         .returning(jobs.c.id)

@@ -82,6 +82,27 @@ FLOW_CLI_ERRORS = _FLOW_CLI + (
 )
 FLOW_CLI_FLAGS = _FLOW_CLI + "test_a_workflow_flag_the_action_does_not_take_is_a_usage_error"
 FLOW_CLI_INDEX = _FLOW_CLI + "test_a_workflows_page_reads_the_workflow_index_not_the_table"
+_TRIAL = "tests/test_dashboard_trial.py::"
+TRIAL_WAITING_CANCEL = _TRIAL + (
+    "test_a_waiting_step_can_be_cancelled_from_its_page_and_its_dependents_follow"
+)
+TRIAL_DEEP_FILTER = _TRIAL + "test_a_json_filter_nested_too_deeply_is_a_400_naming_it"
+TRIAL_NO_MATCH = _TRIAL + "test_a_filter_no_job_can_match_is_a_400_naming_it_and_the_rule"
+TRIAL_TIMEOUT = _TRIAL + "test_a_jobs_timeout_falls_back_to_its_handlers_on_the_page_and_in_show"
+TRIAL_MULTIPART = _TRIAL + "test_a_multipart_form_is_refused_saying_forms_are_sent_urlencoded"
+TRIAL_ZONE = _TRIAL + "test_a_schedules_next_and_last_tick_are_shown_in_its_own_zone"
+TRIAL_ENDED_WAITS = _TRIAL + (
+    "test_a_cancelled_step_waits_on_nothing_and_the_page_carries_what_the_script_updates"
+)
+BROWSER_FLOW_LIVE = "tests/test_dashboard_browser.py::" + (
+    "test_a_workflow_pages_counts_and_waits_on_follow_a_cancel_live"
+)
+DASHBOARD_STOPS_MID_ROUND = "tests/test_dashboard_cli.py::" + (
+    "test_dashboard_command_stops_without_waiting_for_the_live_views_query_in_flight"
+)
+TRIAL_ACTION_TEXT = _TRIAL + (
+    "test_refusals_name_the_states_each_action_applies_to_in_ops_cli_and_dashboard"
+)
 FLOW_DASHBOARD_BUTTONS = "tests/test_dashboard_workflows.py::" + (
     "test_each_workflow_action_shows_only_to_a_viewer_with_its_permission"
 )
@@ -1609,6 +1630,86 @@ MUTATIONS: list[Mutation] = [
             "tests/test_worker_registry.py::"
             "test_two_late_heartbeats_forgetting_each_others_expired_row_do_not_wait_on_each_other",
         ),
+    ),
+    Mutation(
+        "cancel_leaves_waiting_steps",
+        "a waiting workflow step can be cancelled (its dependents follow the workflow rules)",
+        "sqla_jobs/sql/admin.py",
+        "    statuses = [JobStatus.QUEUED, JobStatus.WAITING]\n",
+        "    statuses = [JobStatus.QUEUED]  # MUTATION\n",
+        (TRIAL_WAITING_CANCEL,),
+    ),
+    Mutation(
+        "delete_refusal_names_other_states",
+        "the CLI's and dashboard's refusals list the states ops applies the action to",
+        "sqla_jobs/cli.py",
+        "    allowed = [s.value for s in ops.ACTION_STATUSES[action]]\n",
+        '    allowed = ["queued", "done", "dead", "cancelled"]  # MUTATION\n',
+        (TRIAL_ACTION_TEXT,),
+    ),
+    Mutation(
+        "json_filter_recursion_uncaught",
+        "a JSON filter nested too deeply is a clean refusal naming the filter, not a 500",
+        "sqla_jobs/validation.py",
+        "    except RecursionError:\n        # The decoder (and the walk)",
+        "    except ZeroDivisionError:  # MUTATION\n        # The decoder (and the walk)",
+        (TRIAL_DEEP_FILTER,),
+    ),
+    Mutation(
+        "filter_value_unchecked",
+        "a jobs filter no job can match (enqueue's rules) is refused naming it and the rule",
+        "sqla_jobs/dashboard/_forms.py",
+        "    return validation.filter_value(name, _label(name), text, ConfigError)\n",
+        "    return text  # MUTATION\n",
+        (TRIAL_NO_MATCH,),
+    ),
+    Mutation(
+        "timeout_shown_without_the_handlers",
+        "a job without a timeout of its own shows its handler's, said to be the handler's",
+        "sqla_jobs/ops.py",
+        "    declared = registry[job.kind].timeout\n",
+        "    declared = None  # MUTATION\n",
+        (TRIAL_TIMEOUT,),
+    ),
+    Mutation(
+        "multipart_form_read_as_tokenless",
+        "a form not sent urlencoded is refused saying so, not as a missing CSRF token",
+        "sqla_jobs/dashboard/_forms.py",
+        "    if media != URLENCODED:\n",
+        "    if False:  # MUTATION\n",
+        (TRIAL_MULTIPART,),
+    ),
+    Mutation(
+        "periodic_times_on_two_clocks",
+        "a schedule's next and last tick are shown in the same zone, the schedule's",
+        "sqla_jobs/dashboard/_render.py",
+        "    return moment(value.astimezone(where))\n",
+        "    return moment(value)  # MUTATION\n",
+        (TRIAL_ZONE,),
+    ),
+    Mutation(
+        "ended_step_still_waits",
+        "a workflow step that ended waits on nothing (cancelled while a dependency ran)",
+        "sqla_jobs/dashboard/_render.py",
+        "        waiting = () if s.status in models.FINISHED_STATUSES else s.waiting_on\n",
+        "        waiting = s.waiting_on  # MUTATION\n",
+        (TRIAL_ENDED_WAITS,),
+    ),
+    Mutation(
+        "workflow_page_counts_not_live",
+        "a workflow page's counts and waits-on follow its steps' live states without a reload",
+        "sqla_jobs/dashboard/static/dashboard.js",
+        "    onWorkflow(jobs);\n",
+        "    // MUTATION: no onWorkflow\n",
+        (BROWSER_FLOW_LIVE,),
+    ),
+    Mutation(
+        "dashboard_stop_waits_for_the_live_read",
+        "a stopping dashboard cancels the live view's query in flight instead of waiting for it",
+        "sqla_jobs/dashboard/_live.py",
+        "                reading.cancel()\n",
+        "                pass  # MUTATION\n",
+        (DASHBOARD_STOPS_MID_ROUND,),
     ),
 ]
 

@@ -46,8 +46,68 @@ document.addEventListener("submit", (event) => {
     }
   };
 
+  // The workflow page: its header counts are the drawn ones plus the changes of the
+  // steps on this page (a step on another page changes them at the next load), and a
+  // step's "Waits on" drops each dependency on this page that ended; a step that ended
+  // waits on nothing.
+  const ended = ["done", "dead", "cancelled", "gone"];
+  const statusSpan = (name) => {
+    const span = document.createElement("span");
+    span.className = "status status-" + name;
+    span.textContent = name;
+    return span;
+  };
+  const onWorkflow = (jobs) => {
+    const holder = document.querySelector("[data-flow-counts]");
+    if (!holder) return;
+    const counts = JSON.parse(holder.dataset.flowCounts);
+    const now = {};
+    for (const row of document.querySelectorAll("tr[data-step]")) {
+      const job = jobs[row.dataset.step];
+      // A step gone from jobs was archived (same status) or deleted: counted as drawn.
+      const status = job && job.status !== "gone" ? job.status : row.dataset.drawn;
+      now[row.dataset.step] = job ? job.status : row.dataset.drawn;
+      if (status !== row.dataset.drawn) {
+        counts[row.dataset.drawn] = (counts[row.dataset.drawn] || 0) - 1;
+        counts[status] = (counts[status] || 0) + 1;
+      }
+    }
+    const parts = [];
+    for (const name of Object.keys(counts).sort()) {
+      if (counts[name] <= 0) continue;
+      if (parts.length) parts.push(", ");
+      parts.push(statusSpan(name), " " + String(counts[name]));
+    }
+    holder.replaceChildren(...parts);
+    const finished = document.querySelector("[data-flow-finished]");
+    if (finished) finished.hidden = ["waiting", "queued", "running"].some((s) => counts[s] > 0);
+    for (const cell of document.querySelectorAll("td[data-waits]")) {
+      const own = now[cell.closest("tr").dataset.step];
+      const more = Number(cell.dataset.more || 0);
+      const left = ended.includes(own)
+        ? []
+        : JSON.parse(cell.dataset.waits).filter(([, id]) => id === null || !ended.includes(now[id]));
+      const parts = [];
+      for (const [name, id] of left) {
+        if (parts.length) parts.push(", ");
+        if (id === null) {
+          parts.push(name);
+        } else {
+          const link = document.createElement("a");
+          link.href = "#step-" + id;
+          link.textContent = name;
+          parts.push(link);
+        }
+      }
+      if (more && !ended.includes(own)) parts.push(" and " + more + " more");
+      if (!parts.length) parts.push("-");
+      cell.replaceChildren(...parts);
+    }
+  };
+
   const onJobs = (event) => {
     const jobs = JSON.parse(event.data);
+    onWorkflow(jobs);
     for (const holder of document.querySelectorAll("[data-job]")) {
       const job = jobs[holder.dataset.job];
       if (job) setStatus(holder, job);
