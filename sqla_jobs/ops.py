@@ -808,8 +808,11 @@ def list_jobs(
     if workflow is not None:
         pass  # one statement: the workflow's steps (admin.list_jobs)
     elif len(found) < limit and admin.payload_in_two_steps(statuses, kind, queue, *contains):
-        # Not a page among the ids near the cursor: every match, from the GIN index.
-        found = session.execute(page(payload_scan=admin.MATCHES)).all()
+        # Not a page among the ids near the cursor: every match, from the GIN index,
+        # unless those ids were all the table has past the cursor (the last page).
+        lowest, highest = session.execute(admin.id_edges()).one()
+        if not admin.near_window_was_everything(after_id, bool(newest_first), lowest, highest):
+            found = session.execute(page(payload_scan=admin.MATCHES)).all()
     return [_record(row) for row in found]
 
 

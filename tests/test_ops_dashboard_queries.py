@@ -430,3 +430,39 @@ def test_list_jobs_expired_refuses_what_it_cannot_mean(
     with pytest.raises(ConfigError) as caught:
         ops.list_jobs(session, **arguments)
     assert str(caught.value) == error
+
+
+def test_a_payload_filters_pages_near_the_table_edge_are_exact_and_the_far_ones_too(
+    session: Session, engine: sa.Engine
+) -> None:
+    # 20,000 jobs; "x" on ids 3, 9,000, 19,990 and 19,999 (counted from the first id).
+    # A page whose window of ids after its cursor (admin.PAYLOAD_WINDOW) reaches the
+    # table's edge is complete from that window alone; one whose window ends short of it
+    # (the cursor at 3: 9,000 is past the window) still finds the far matches.
+    insert(
+        engine,
+        "INSERT INTO jobs (kind, payload) SELECT 'k', jsonb_build_object('n', g)"
+        " FROM generate_series(1, 20000) AS g",
+    )
+    first = int(session.execute(sa.text("SELECT min(id) FROM jobs")).scalar_one()) - 1
+    marked = [first + n for n in (3, 9_000, 19_990, 19_999)]
+    insert(
+        engine,
+        """UPDATE jobs SET payload = '{"t": "x"}' WHERE id = ANY(:ids)""",
+        ids=marked,
+    )
+    x = {"t": "x"}
+    assert _all_pages(session, False, payload=x) == marked
+    assert _all_pages(session, True, payload=x) == marked[::-1]
+    # Past the first match, oldest first: the window (ids 4..5,003) holds no match.
+    after_first = ops.list_jobs(session, payload=x, after_id=marked[0], limit=50)
+    assert [j.id for j in after_first] == marked[1:]
+    # Near the end, both ways: the window reaches the edge.
+    near_end = ops.list_jobs(session, payload=x, after_id=first + 19_000, limit=50)
+    assert [j.id for j in near_end] == marked[2:]
+    newest = ops.list_jobs(session, payload=x, newest_first=True, after_id=first + 1_000)
+    assert [j.id for j in newest] == [marked[0]]
+    # A job inserted past the edge after the page's cursor is found, not cut off.
+    insert(engine, """INSERT INTO jobs (kind, payload) VALUES ('k', '{"t": "x"}')""")
+    newer = ops.list_jobs(session, payload=x, after_id=first + 19_000, limit=50)
+    assert [j.id for j in newer][:2] == marked[2:] and len(newer) == 3

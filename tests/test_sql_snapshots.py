@@ -52,6 +52,7 @@ NOT_BUILDERS = {
     "control.lock_key",
     "admin.payload_in_two_steps",
     "admin.age_bounded",
+    "admin.near_window_was_everything",
 }
 
 LEASES = [(1, 1), (2, 3)]
@@ -91,6 +92,7 @@ CASES: dict[str, Callable[[], Any]] = {
     "admin.list_jobs_status": lambda: admin.list_jobs(
         statuses=[JobStatus.QUEUED], limit=50, after_id=7, newest_first=True
     ),
+    "admin.id_edges": lambda: admin.id_edges(),
     "admin.list_jobs_payload_near": lambda: admin.list_jobs(
         payload='{"user": 7}', limit=50, newest_first=True, payload_scan=admin.NEAR
     ),

@@ -386,6 +386,29 @@ def _near(after_id: int | None, newest_first: bool) -> sa.ColumnElement[bool]:
     return jobs.c.id >= start - window if newest_first else jobs.c.id <= start + window
 
 
+def id_edges() -> sa.Select[Any]:
+    """The lowest and highest job ids, one index probe each."""
+    return sa.select(sa.func.min(jobs.c.id), sa.func.max(jobs.c.id))
+
+
+def near_window_was_everything(
+    after_id: int | None, newest_first: bool, lowest: int | None, highest: int | None
+) -> bool:
+    """Whether the NEAR window (:func:`_near`) after ``after_id`` held every id up to the
+    table's far edge (``lowest``/``highest`` from :func:`id_edges`, read after it): then
+    the rows it found are all there are, and the MATCHES step, which reads every match
+    from the GIN index (the last page of a common value: every one of them), has nothing
+    to add. A job inserted past the edge since makes the edge read later farther, so
+    MATCHES runs."""
+    if lowest is None or highest is None:
+        return True
+    if newest_first:
+        start = highest + 1 if after_id is None else after_id
+        return lowest >= start - PAYLOAD_WINDOW
+    start = lowest - 1 if after_id is None else after_id
+    return highest <= start + PAYLOAD_WINDOW
+
+
 def _leading_filter(
     statuses: Sequence[JobStatus] | None, kind: str | None, queue: str | None
 ) -> tuple[sa.ColumnElement[Any] | None, sa.ColumnElement[bool] | None]:

@@ -1621,6 +1621,17 @@ MUTATIONS: list[Mutation] = [
         (FLOW_CLI_INDEX,),
     ),
     Mutation(
+        "payload_window_shortcut_only_at_the_edge",
+        "a payload filter skips its GIN step only when its id window reached the table's edge",
+        "sqla_jobs/sql/admin.py",
+        "    return highest <= start + PAYLOAD_WINDOW\n",
+        "    return True  # MUTATION\n",
+        (
+            "tests/test_ops_dashboard_queries.py::"
+            "test_a_payload_filters_pages_near_the_table_edge_are_exact_and_the_far_ones_too",
+        ),
+    ),
+    Mutation(
         "registry_forget_skips_locked_rows",
         "a heartbeat forgetting expired workers skips rows another heartbeat holds (no deadlock)",
         "sqla_jobs/sql/workers.py",
