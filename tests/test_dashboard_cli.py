@@ -303,7 +303,10 @@ def test_dashboard_command_stops_without_waiting_for_the_live_views_query_in_fli
             httpx.stream("GET", base + "/events?counts=1", timeout=10) as events,
             engine.connect() as conn,
         ):
-            assert next(events.iter_lines()) == "retry: 2000"
+            # Kept: a dropped line iterator closes the stream (httpx closes the connection
+            # when its byte iterator is closed), the tab leaves and the rounds stop.
+            lines = events.iter_lines()
+            assert next(lines) == "retry: 2000"
             conn.exec_driver_sql("LOCK TABLE jobs IN ACCESS EXCLUSIVE MODE")
 
             def blocked() -> bool:
@@ -321,6 +324,7 @@ def test_dashboard_command_stops_without_waiting_for_the_live_views_query_in_fli
             assert proc.stdout is not None
             output = proc.stdout.read()
             conn.rollback()
+            lines.close()
     finally:
         engine.dispose()
     assert "ERROR" not in output and "Traceback" not in output and "WARNING" not in output, output
