@@ -324,7 +324,6 @@ def test_dashboard_command_stops_without_waiting_for_the_live_views_query_in_fli
             assert proc.stdout is not None
             output = proc.stdout.read()
             conn.rollback()
-            lines.close()
     finally:
         engine.dispose()
     assert "ERROR" not in output and "Traceback" not in output and "WARNING" not in output, output
