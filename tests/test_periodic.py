@@ -613,8 +613,9 @@ def test_a_worker_with_schedules_on_an_empty_database_says_the_whole_schema_is_m
     assert "this database has no sqla_jobs schema (the jobs table does not exist)" in message
     assert "jobs_periodic" not in message.split("(", 1)[0]
     # An app with its own Alembic history has two heads: `head` alone would not do.
-    assert "run `alembic upgrade head` (in an app with its own Alembic history: " in message
+    assert "run `alembic upgrade head` (in an app with its own Alembic history, " in message
     assert "`alembic upgrade heads`)" in message
+    assert "an install from pip migrates" in message
 
 
 def test_the_workers_enqueue_loop_survives_database_errors_and_stops_when_told(
