@@ -36,10 +36,17 @@ TESTS = ROOT / "tests"
 RUN_BY: dict[str, str] = {
     "README.md | Quick start | 1": "test_the_documented_commands_are_ones_the_tools_accept",
     "README.md | Install and migrate | 1": "test_the_documented_commands_are_ones_the_tools_accept",
-    "docs/getting-started.md | Quick start | 1": (
+    "docs/getting-started.md | Install | 1": (
         "test_the_documented_commands_are_ones_the_tools_accept"
     ),
-    "docs/getting-started.md | Install and migrate | 1": (
+    # The first app's seven blocks, followed in order (tests/firstapp.py).
+    **{
+        f"docs/getting-started.md | Your first app | {n}": (
+            "test_the_first_app_of_getting_started_runs_as_written"
+        )
+        for n in range(1, 8)
+    },
+    "docs/getting-started.md | From a clone: the demo and the tests | 1": (
         "test_the_documented_commands_are_ones_the_tools_accept"
     ),
     # The Alembic steps: alembic.ini, env.py twice, the first and the later commands.
@@ -263,6 +270,12 @@ def _check_command(words: list[str]) -> str | None:
         from alembic.config import CommandLine
 
         return _parse(CommandLine().parser, args)
+    if program == "export":  # the first app's DATABASE_URL
+        return None if all(re.fullmatch(r"[A-Z_]+=\S+", a) for a in args) else "not NAME=value"
+    if program == "python" and len(args) == 1 and args[0].endswith(".py"):
+        # A script of the page's own (the first app's signup.py), run by its test.
+        given = any(b.code.startswith(f"# {args[0]}\n") for b in _all_blocks())
+        return None if given else f"no page gives {args[0]}"
     if program == "make":
         targets = re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), re.M)
         return None if set(args) <= set(targets) else f"no make target {args}"
@@ -313,6 +326,9 @@ def test_a_wrong_documented_command_is_caught(capsys: pytest.CaptureFixture[str]
     assert _check_command(_words("alembic upgrade heads")) is None
     assert _check_command(_words("alembic upgrayed heads")) is not None
     assert _check_command(_words("curl http://example.com")) is not None
+    assert _check_command(_words("python signup.py")) is None
+    assert _check_command(_words("python nowhere.py")) is not None
+    assert _check_command(_words("export DATABASE_URL=postgresql://h/d")) is None
     capsys.readouterr()
 
 
@@ -526,3 +542,18 @@ def test_every_page_of_the_docs_is_in_the_navigation_once() -> None:
     nav = _nav_pages(config["nav"])
     pages = sorted(p.relative_to(ROOT / "docs").as_posix() for p in (ROOT / "docs").rglob("*.md"))
     assert sorted(nav) == pages
+
+
+def test_the_home_page_links_every_page_of_the_navigation() -> None:
+    """The home page is the map: every page of the navigation is one link away (the
+    API reference by its first page, which links the others)."""
+    config = yaml.load((ROOT / "mkdocs.yml").read_text(), Loader=yaml.SafeLoader)
+    nav = _nav_pages(config["nav"])
+    home = (ROOT / "docs" / "index.md").read_text()
+    linked = set(re.findall(r"\]\(([\w/.-]+\.md)(?:#[\w-]+)?\)", " ".join(home.split())))
+    api = [p for p in nav if p.startswith("reference/") and p != "reference/cli.md"]
+    wanted = set(nav) - {"index.md"} - (set(api) - {"reference/api.md"})
+    assert wanted - linked == set(), "docs/index.md does not link these pages"
+    api_page = (ROOT / "docs" / "reference" / "api.md").read_text()
+    unlinked = [p for p in api[1:] if f"]({p.split('/')[1]})" not in api_page]
+    assert not unlinked, f"docs/reference/api.md does not link {unlinked}"

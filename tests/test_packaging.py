@@ -6,6 +6,7 @@ The wheel is installed with its dependencies into a new virtualenv in a temporar
 directory, and the demo (examples/demo.py and demo_app.py, copied there) runs on that
 install alone: migrations shipped in the wheel, an enqueue, a worker process, a periodic
 job. Nothing of the checkout is on the path: the run starts in the temporary directory.
+Getting started's first app is followed there too (tests/firstapp.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import firstapp
 import pytest
 from helpers import url_text
 from sqlalchemy.engine import URL
@@ -171,6 +173,15 @@ def test_the_demo_runs_on_the_installed_wheel_outside_the_repository(
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "1. migrating" in proc.stdout
     assert "4. result: 24/24 receipts sent" in proc.stdout
+
+
+def test_the_first_app_of_getting_started_runs_on_the_installed_wheel(
+    installed: Path, empty_db_url: URL, tmp_path: Path
+) -> None:
+    """The path a pip user follows: the page's Alembic settings find the revisions in
+    the installed package, the worker and the CLI are the wheel's."""
+    ran = firstapp.follow(tmp_path, installed, empty_db_url, _clean_env())
+    assert ran.count("python") == 2
 
 
 def test_the_readme_names_the_minimum_versions_the_matrix_installs() -> None:
