@@ -1,10 +1,10 @@
 """sqla_jobs: reliable background jobs for SQLAlchemy applications, on PostgreSQL alone.
 
-Jobs are rows of the ``jobs`` table (:class:`Job`), inserted in the caller's own
-transaction (:func:`enqueue`, :func:`enqueue_many` or ``session.add(Job(...))``) and run
-by ``python -m sqla_jobs.worker app.module:registry``.
+Jobs are rows of the ``jobs`` table ([``Job``][sqla_jobs.Job]), inserted in the caller's own
+transaction ([``enqueue``][sqla_jobs.enqueue], [``enqueue_many``][sqla_jobs.enqueue_many] or
+``session.add(Job(...))``) and run by ``python -m sqla_jobs.worker app.module:registry``.
 
-The names below that need SQLAlchemy are loaded on first use (:func:`__getattr__`), so
+The names below that need SQLAlchemy are loaded on first use (``__getattr__``), so
 ``sqla-jobs --help`` and ``python -m sqla_jobs.worker --help`` import neither
 SQLAlchemy nor psycopg (issue #23); ``from sqla_jobs import Job`` works as before.
 """

@@ -3,13 +3,13 @@
 The queue lives in the app's database, so the app can hurt it: a transaction left open
 (an idle-in-transaction session, a long report, a forgotten prepared transaction, a
 replication slot nobody reads) pins the MVCC horizon, vacuum cannot remove the queue's
-dead rows, and every claim walks them. :func:`health` reads, in one short read-only
+dead rows, and every claim walks them. ``health`` reads, in one short read-only
 transaction on a connection of its own, what holds the horizon, the queue tables' dead
 and live tuples, last (auto)vacuum and analyze and sizes, leases that expired, the oldest
 ready job's wait, and workers whose heartbeat stopped; each check compares one figure
-with its threshold (:class:`HealthThresholds`, defaults below) and a figure over its
-threshold is a :class:`Finding` that says what to do. Every statement reads catalog
-views or the live-job partial indexes (:mod:`sqla_jobs.sql.health`): cheap however long
+with its threshold (``HealthThresholds``, defaults below) and a figure over its
+threshold is a ``Finding`` that says what to do. Every statement reads catalog
+views or the live-job partial indexes (``sqla_jobs.sql.health``): cheap however long
 the history.
 """
 
@@ -56,7 +56,7 @@ DEFAULT_MAX_READY_AGE = timedelta(minutes=5)
 #: (a worker beats every third of its lock_seconds, 10 s by default).
 DEFAULT_MAX_HEARTBEAT_AGE = timedelta(minutes=1)
 
-#: Every check's name, as :attr:`Finding.check` spells it.
+#: Every check's name, as ``Finding.check`` spells it.
 CHECKS = (
     *("transaction", "prepared", "slot", "dead_tuples", "vacuum", "table_size"),
     *("expired_leases", "ready_age", "stale_workers"),
@@ -212,7 +212,7 @@ def _jsonable(value: Any) -> Any:
 
 
 def health(session: Session, /, **thresholds: Any) -> Health:
-    """Read the queue's health; ``thresholds`` override :class:`HealthThresholds`' defaults
+    """Read the queue's health; ``thresholds`` override ``HealthThresholds``' defaults
     (``health(session, max_transaction_age=timedelta(minutes=1))``).
 
     Reads on a connection of its own from the session's engine, in one short read-only

@@ -12,18 +12,18 @@ costs one ``get_current_span()`` and a worker's attempt one non-recording span.
   one), so it commits with the job. Building a ``NewJob`` or a ``Job`` records nothing:
   the context is the inserting code's. Those keys are reserved: a context the
   application put there itself must be well formed (``validation``) and is the publish
-  span's parent (see :func:`with_trace_context`). The context comes on top of the
+  span's parent (see ``with_trace_context``). The context comes on top of the
   application's meta and its size limit, bounded (``validation.MAX_TRACE_CONTEXT_BYTES``).
 * **Worker**: each attempt runs in a CONSUMER span ``process {queue}`` made a child of
-  the stored context (:data:`PARENT`, the default) or a new trace linked to it
-  (:data:`LINK`, ``SQLA_JOBS_OTEL_PARENT=link``), with the messaging semantic
+  the stored context (``PARENT``, the default) or a new trace linked to it
+  (``LINK``, ``SQLA_JOBS_OTEL_PARENT=link``), with the messaging semantic
   conventions' attributes and the time the job waited in the queue (from its
   ``run_at`` to the claim, both database times). It is the current span while the
   handler runs, so the handler's own spans (SQLAlchemy's instrumentation of its
   session) nest under it; a process-isolated handler's child gets its context too.
   It ends once the worker has recorded the attempt, with what it recorded on it
-  (:func:`settled`: done, a retry, a death, a lost claim, ...), whichever path records
-  it: see :class:`AttemptSpan` for a done-mark left to the worker's next batch.
+  (``settled``: done, a retry, a death, a lost claim, ...), whichever path records
+  it: see ``AttemptSpan`` for a done-mark left to the worker's next batch.
 """
 
 from __future__ import annotations
@@ -164,7 +164,7 @@ def carrier() -> dict[str, str]:
 
 @contextmanager
 def attached(headers: Mapping[str, str] | None) -> Iterator[None]:
-    """Inside the block the trace context of ``headers`` (:func:`carrier`) is current:
+    """Inside the block the trace context of ``headers`` (``carrier``) is current:
     spans started there are its children."""
     api = _otel()
     if api is None or not headers:
@@ -203,13 +203,13 @@ class ClaimedJob(Protocol):
 class AttemptSpan:
     """One attempt's recording process span, and who ends it.
 
-    The executor's block (:func:`process_span`) ends it when the attempt's outcome was
+    The executor's block (``process_span``) ends it when the attempt's outcome was
     recorded on the executor's own thread or task: a done-mark in the handler's
     transaction, a failure, a process-isolated child's done-mark. A handler that wrote
     nothing is marked done later, in the completer's next batch (one statement for up
     to a thousand jobs, on the completer's thread), and only that batch's commit tells
     whether the attempt is done or its claim was lost. So the completer takes the span
-    over when it queues the done-mark (:meth:`hand_over`), and ends it after the batch,
+    over when it queues the done-mark (``hand_over``), and ends it after the batch,
     with the outcome on it: the span's end is then a little later than the handler's,
     but its recorded outcome is the real one. Ending it on the handler's thread and
     recording the outcome as a separate span (or not at all) would leave the attempt's
@@ -235,9 +235,9 @@ def process_span(job: ClaimedJob) -> AbstractContextManager[AttemptSpan | None]:
     """The span of one attempt, current inside the block; None without the API or
     when the span records nothing (no SDK, not sampled).
 
-    Yields it so the worker records the outcome (:func:`ended`, :func:`settled`). An
+    Yields it so the worker records the outcome (``ended``, ``settled``). An
     exception escaping the block is recorded on it. It ends with the block unless it
-    was handed over to the completer (:class:`AttemptSpan`).
+    was handed over to the completer (``AttemptSpan``).
     """
     api = _otel()
     if api is None or _no_sdk(api[0]):

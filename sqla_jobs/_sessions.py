@@ -31,7 +31,8 @@ ASYNC_KINDS = (AsyncSession, AsyncConnection)
 
 
 def public_name(fn: Callable[..., Any], suffix: str = "") -> str:
-    """``ops.pause`` for :func:`sqla_jobs.ops.pause` (the package prefix dropped)."""
+    """``ops.pause`` for [``sqla_jobs.ops.pause``][sqla_jobs.ops.pause] (the package prefix
+    dropped)."""
     module = fn.__module__.removeprefix("sqla_jobs.").removeprefix("sqla_jobs")
     name = fn.__qualname__ + suffix
     return f"{module}.{name}" if module else name
@@ -70,7 +71,7 @@ def sync_form(fn: Callable[Concatenate[S, P], R]) -> Callable[Concatenate[S, P],
 def async_form(
     fn: Callable[Concatenate[Session, P], R],
 ) -> Callable[Concatenate[AsyncSession, P], Awaitable[R]]:
-    """The ``_async`` twin of a function that takes a ``Session`` (see :func:`_twin`)."""
+    """The ``_async`` twin of a function that takes a ``Session`` (see ``_twin``)."""
     return _twin(fn)
 
 
@@ -84,7 +85,7 @@ def async_form_or_connection(
 def _twin(fn: Callable[..., R]) -> Callable[..., Awaitable[R]]:
     """The ``_async`` twin of ``fn``: ``fn`` run on the AsyncSession's own Session.
 
-    ``fn`` may be a :func:`sync_form`: the twin calls what it wraps (the guard would
+    ``fn`` may be a ``sync_form``: the twin calls what it wraps (the guard would
     only check again what the twin checked).
     """
     inner: Callable[..., R] = getattr(fn, "__wrapped__", fn)
@@ -98,7 +99,7 @@ def _twin(fn: Callable[..., R]) -> Callable[..., Awaitable[R]]:
     twin_fn.__qualname__ = inner.__qualname__ + "_async"
     twin_fn.__module__ = inner.__module__
     twin_fn.__doc__ = (
-        f":func:`{inner.__name__}` for an ``AsyncSession`` (or ``AsyncConnection``): the "
+        f"``{inner.__name__}`` for an ``AsyncSession`` (or ``AsyncConnection``): the "
         "same statements in the same transaction, awaited.\n\n"
         + inspect.cleandoc(inner.__doc__ or "")
     )

@@ -25,14 +25,14 @@ KEEPALIVES: dict[str, str] = {
 
 
 def with_keepalives(url: sa.URL, connect_args: dict[str, Any]) -> dict[str, Any]:
-    """``connect_args`` plus :data:`KEEPALIVES`, minus what the URL or the args set (for a
+    """``connect_args`` plus ``KEEPALIVES``, minus what the URL or the args set (for a
     connection opened with psycopg directly, not through an engine)."""
     given = set(url.query) | set(connect_args)
     return {**{k: v for k, v in KEEPALIVES.items() if k not in given}, **connect_args}
 
 
 def keepalives_by_default(engine: sa.Engine) -> sa.Engine:
-    """Give ``engine``'s new connections :data:`KEEPALIVES` where its URL and
+    """Give ``engine``'s new connections ``KEEPALIVES`` where its URL and
     ``connect_args`` set nothing (the commands' engines: ``sqla-jobs stats`` or the
     dashboard facing a vanished primary end in seconds, not the kernel's minutes)."""
     sa.event.listen(engine, "do_connect", _default_keepalives)

@@ -1118,8 +1118,9 @@ def _cmd_show(session: Any, args: argparse.Namespace) -> int:
 
 
 def _print_history(history: tuple[AttemptRecord, ...]) -> None:
-    """One line per attempt (:attr:`sqla_jobs.ops.JobRecord.history`), oldest first, with
-    the first line of its error under it: ``last_error`` above has the latest in full,
+    """One line per attempt
+    ([``sqla_jobs.ops.JobRecord.history``][sqla_jobs.ops.JobRecord.history]), oldest first, with the
+    first line of its error under it: ``last_error`` above has the latest in full,
     ``--json`` each one as stored."""
     if not history:
         # A job not claimed yet, or written before revision 0011 kept attempts.
@@ -1370,7 +1371,7 @@ def _cmd_limit(session: Any, args: argparse.Namespace) -> int:
 
 def _note_if_unserved(session: Any, args: argparse.Namespace) -> None:
     """Say when live workers exist and none of them serves the name (a typo?): the rule
-    is :func:`sqla_jobs.ops.unserved`, shared with the dashboard."""
+    is [``sqla_jobs.ops.unserved``][sqla_jobs.ops.unserved], shared with the dashboard."""
     from sqla_jobs import ops
 
     found = ops.unserved(session, args.queue, kind=args.kind)

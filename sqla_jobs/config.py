@@ -121,14 +121,15 @@ class WorkerConfig:
             behind PgBouncer in transaction pooling mode (before 1.21, or without
             ``max_prepared_statements``), where a statement prepared on one server
             connection is missing on the next. Defaults to True.
-        archive_every: seconds between two archiving runs (:func:`sqla_jobs.ops.archive`)
+        archive_every: seconds between two archiving runs
+        ([``sqla_jobs.ops.archive``][sqla_jobs.ops.archive])
             by this worker; an advisory lock lets one worker of the fleet archive at a
             time, the others skip their turn. Defaults to None (workers do not archive).
         archive_older_than: done jobs finished longer ago than this many seconds are
             archived. Defaults to 604800 (7 days).
         workflow_sweep_every: seconds between two runs of the workflow repair sweep
-            (:func:`sqla_jobs.workflows.sweep`): it releases or cancels steps whose
-            dependency ended in a transaction that could not see them (a step appended
+            ([``sqla_jobs.workflows.sweep``][sqla_jobs.workflows.sweep]): it releases or cancels
+            steps whose dependency ended in a transaction that could not see them (a step appended
             to a running workflow meanwhile). One worker of the fleet runs it at a time
             (an advisory lock). Defaults to 10.0.
         listener_probe_interval: seconds between two probes of the LISTEN connection: a

@@ -1,7 +1,7 @@
 """The stop signal of one running job: its deadline, and whether it was cancelled.
 
-Every run of a handler gets a :class:`Control`, shared by the handler (through
-:class:`~sqla_jobs.JobContext`: ``job.deadline``, ``job.cancelled``, ``job.check()``) and
+Every run of a handler gets a ``Control``, shared by the handler (through
+[``JobContext``][sqla_jobs.JobContext]: ``job.deadline``, ``job.cancelled``, ``job.check()``) and
 the worker (the executor, the lease keeper and the listener). It holds no database
 state and imports nothing of the worker, so any executor can use it: a thread
 executor checks it between statements, an asyncio executor can wrap the handler in
@@ -10,14 +10,14 @@ clock of asyncio's default loop), a process executor can kill its child at it.
 
 Three things stop a run, in order of strength:
 
-1. cooperation: ``job.check()`` raises :class:`~sqla_jobs.JobTimeout` or
-   :class:`~sqla_jobs.JobCancelled` once the deadline passed or an operator cancelled;
+1. cooperation: ``job.check()`` raises [``JobTimeout``][sqla_jobs.JobTimeout] or
+   [``JobCancelled``][sqla_jobs.JobCancelled] once the deadline passed or an operator cancelled;
 2. the database: the handler's transaction runs with ``statement_timeout`` set to the
    time left, and a cancel or the deadline cancels the statement it is running
-   (:meth:`Control.on_interrupt` hooks, e.g. ``psycopg.Connection.cancel``);
+   (``Control.on_interrupt`` hooks, e.g. ``psycopg.Connection.cancel``);
 3. abandonment: ``grace`` seconds after the deadline (or the cancel) the worker records
    the outcome itself, stops renewing the lease and fences away whatever the handler's
-   thread still does (:meth:`Control.abandon`).
+   thread still does (``Control.abandon``).
 """
 
 from __future__ import annotations
@@ -95,7 +95,8 @@ class Control:
         return stop
 
     def check(self) -> None:
-        """Raise :class:`JobCancelled` or :class:`JobTimeout` if this run must stop."""
+        """Raise [``JobCancelled``][sqla_jobs.exceptions.JobCancelled] or
+        [``JobTimeout``][sqla_jobs.exceptions.JobTimeout] if this run must stop."""
         stop = self.interruption()
         if stop is not None:
             raise stop

@@ -80,7 +80,8 @@ def db_error_text(exc: BaseException) -> str:
 
 
 class JobNotDoneError(SqlaJobsError, LookupError):
-    """:func:`sqla_jobs.result` was asked for the result of a job that is not ``done``."""
+    """[``sqla_jobs.result``][sqla_jobs.result] was asked for the result of a job that is not
+    ``done``."""
 
 
 class ResultError(SqlaJobsError, ValueError):
@@ -94,8 +95,8 @@ class ResultError(SqlaJobsError, ValueError):
 class JobInterrupted(SqlaJobsError):
     """The worker stopped this run of a handler; its writes are rolled back.
 
-    Raised by :meth:`sqla_jobs.JobContext.check` inside a handler that cooperates, and
-    recorded (in ``last_error``) for every run the worker stopped.
+    Raised by [``sqla_jobs.JobContext.check``][sqla_jobs.tasks.JobContext.check] inside a handler
+    that cooperates, and recorded (in ``last_error``) for every run the worker stopped.
     """
 
 

@@ -14,12 +14,12 @@ Counters of this process, labelled ``queue`` and ``kind``:
 
 Gauges of the whole queue (every worker reports the same values; aggregate with ``max``,
 not ``sum``), refreshed every ``--metrics-refresh`` seconds from
-:func:`sqla_jobs.ops.stats`, labelled ``queue`` and ``kind``:
+``sqla_jobs.ops.stats``, labelled ``queue`` and ``kind``:
 ``sqla_jobs_queue_depth`` (ready now), ``sqla_jobs_scheduled``, ``sqla_jobs_running``,
 ``sqla_jobs_expired_leases``, ``sqla_jobs_dead``, ``sqla_jobs_oldest_ready_age_seconds``;
 and ``sqla_jobs_table_dead_tuples`` / ``sqla_jobs_table_live_tuples`` for bloat.
 
-From :func:`sqla_jobs.ops.health` on the same refresh (issue #25):
+From [``sqla_jobs.ops.health``][sqla_jobs.ops.health] on the same refresh (issue #25):
 ``sqla_jobs_horizon_age_seconds`` (the oldest transaction or prepared transaction of
 this database holding the xmin horizon; 0 when none), ``sqla_jobs_horizon_xid_age``
 (how many transactions back any session, slot or prepared transaction holds it),
@@ -31,7 +31,7 @@ how many findings over their default thresholds).
 The alerts that matter: ``max(sqla_jobs_dead) > 0`` (see docs/operations.md) and
 ``max(sqla_jobs_health_findings) > 0`` (run ``sqla-jobs health`` to see what to do).
 
-The same figures as OpenTelemetry instruments: :func:`instrument` (``sqla-jobs worker
+The same figures as OpenTelemetry instruments: ``instrument`` (``sqla-jobs worker
 --otel-metrics``), on the application's meter provider.
 """
 
@@ -149,7 +149,7 @@ class Metrics:
         )
 
     def refresh_health(self, session: Session) -> None:
-        """Set the health gauges from one :func:`sqla_jobs.ops.health` look."""
+        """Set the health gauges from one [``sqla_jobs.ops.health``][sqla_jobs.ops.health] look."""
         found = ops.health(session)
         ages = [h.age_seconds for h in found.horizon if h.age_seconds is not None]
         xids = [h.xid_age for h in found.horizon if h.xid_age is not None]
@@ -178,7 +178,7 @@ class Metrics:
         (self.dead if outcome == "dead" else self.retried).labels(*labels).inc()
 
     def refresh(self, session: Session) -> None:
-        """Set the queue gauges from one :func:`sqla_jobs.ops.stats` snapshot."""
+        """Set the queue gauges from one ``sqla_jobs.ops.stats`` snapshot."""
         snapshot = ops.stats(session)
         for gauge in (*self.gauges.values(), self.oldest_ready):
             gauge.clear()  # a (queue, kind) that emptied must not keep its last value
@@ -227,14 +227,14 @@ def serve(
 
 
 class OtelMetrics:
-    """The figures of :class:`Metrics` as OpenTelemetry instruments of one meter.
+    """The figures of ``Metrics`` as OpenTelemetry instruments of one meter.
 
     Counters ``sqla_jobs.jobs.succeeded``, ``.failed``, ``.retried``, ``.dead`` and the
     histogram ``sqla_jobs.handler.duration`` (seconds), with attributes
     ``messaging.destination.name`` (the queue) and ``sqla_jobs.job.kind``; observable
     gauges ``sqla_jobs.queue.depth``, ``.scheduled``, ``.running``, ``.expired_leases``,
-    ``.dead`` and ``.oldest_ready_age`` read from one :func:`sqla_jobs.ops.stats` snapshot
-    per collection (no older than ``refresh`` seconds).
+    ``.dead`` and ``.oldest_ready_age`` read from one ``sqla_jobs.ops.stats``
+    snapshot per collection (no older than ``refresh`` seconds).
     """
 
     def __init__(
@@ -271,7 +271,7 @@ class OtelMetrics:
             meter.create_observable_gauge(name, [self._observer(field, otel_metrics)])
 
     def on_event(self, event: WorkerEvent) -> None:
-        """Subscribed to the worker's events, as :meth:`Metrics.on_event` is."""
+        """Subscribed to the worker's events, as ``Metrics.on_event`` is."""
         outcome = event.outcome.value
         if outcome not in ("done", "retry", "dead"):
             return

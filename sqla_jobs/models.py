@@ -40,8 +40,9 @@ Revision 0017 puts ``finished_at`` after ``workflow_id`` in both workflow indexe
 (``jobs_workflow_finished_idx``, ``jobs_archive_workflow_finished_idx``, replacing
 them): the archiver and prune ask "when did this workflow's last step end?" per row.
 
-Finished rows are moved to ``jobs_archive`` (:class:`JobArchive`, same columns plus
-``archived_at``) by :func:`sqla_jobs.ops.archive`, so the live table stays small.
+Finished rows are moved to ``jobs_archive`` ([``JobArchive``][sqla_jobs.models.JobArchive], same
+columns plus ``archived_at``) by [``sqla_jobs.ops.archive``][sqla_jobs.ops.archive], so the live
+table stays small.
 
 The seed design had one index over ``status IN ('queued', 'running')`` and a claim with
 an ``OR (status = 'running' AND locked_until < now())`` branch. That branch cannot be
@@ -106,10 +107,11 @@ class JobStatus(str, enum.Enum):
     """Life cycle: queued -> running -> done | queued (retry, snooze) | dead | cancelled;
     queued -> cancelled.
 
-    ``cancelled`` (revision 0002) is set by an operator (:func:`sqla_jobs.ops.cancel_jobs`)
-    on a queued job, by the worker when an operator cancelled the job while it ran
-    (revision 0005), or when its handler raised :class:`~sqla_jobs.Discard`. Workers
-    claim ``queued`` rows only, so a worker built before 0002 never sees a cancelled job.
+    ``cancelled`` (revision 0002) is set by an operator
+    ([``sqla_jobs.ops.cancel_jobs``][sqla_jobs.ops.cancel_jobs]) on a queued job, by the worker when
+    an operator cancelled the job while it ran (revision 0005), or when its handler raised
+    [``Discard``][sqla_jobs.Discard]. Workers claim ``queued`` rows only, so a worker built before
+    0002 never sees a cancelled job.
     """
 
     QUEUED = "queued"
@@ -139,7 +141,7 @@ class DelayedRunAt:
     """The ``run_at`` of a ``Job(delay=...)`` until it is flushed: ``seconds`` after its insert.
 
     Never written as it is: the flush inserts such a job with ``enqueue``'s statement
-    (see :mod:`sqla_jobs.producer`), which adds the delay to the database's clock.
+    (see ``sqla_jobs.producer``), which adds the delay to the database's clock.
     """
 
     seconds: float
@@ -148,12 +150,12 @@ class DelayedRunAt:
 class Job(Base):
     """One background job. ``session.add(Job(kind=..., payload=...))`` enqueues it.
 
-    It takes what :func:`~sqla_jobs.enqueue` takes: ``kind``, ``payload``, ``key`` (the
+    It takes what [``enqueue``][sqla_jobs.enqueue] takes: ``kind``, ``payload``, ``key`` (the
     ``idempotency_key`` column, either name), ``run_at`` or ``delay`` (seconds or a
     timedelta, not both), ``queue``, ``priority``, ``max_attempts``, ``timeout``,
     ``meta`` and ``tags``. Values
-    are checked when set (see :mod:`sqla_jobs.validation`), so a bad job raises
-    :class:`~sqla_jobs.exceptions.InvalidJobError` before the session is flushed.
+    are checked when set (see ``sqla_jobs.validation``), so a bad job raises
+    [``InvalidJobError``][sqla_jobs.exceptions.InvalidJobError] before the session is flushed.
 
     At flush, a job with a key or a delay is inserted by ``enqueue``'s own statement
     (``ON CONFLICT (idempotency_key) DO NOTHING``) and ends as ``enqueue`` would: if
@@ -164,7 +166,7 @@ class Job(Base):
     the ORM's own insert leaves it, and leaves the session again if the transaction (or
     savepoint) that inserted it rolls back. Such a job sets only the values above (a
     ``status`` or ``attempts`` is refused at flush). A flush with a few jobs with neither
-    (:data:`sqla_jobs.producer.ONE_BY_ONE_UP_TO`) that set only those values inserts
+    (``sqla_jobs.producer.ONE_BY_ONE_UP_TO``) that set only those values inserts
     them the same way, for speed; more, or any setting a worker's column, keep the ORM's
     own batched insert (the row is the same). ``session.merge`` keeps all of this;
     ``bulk_save_objects`` and ``session.execute(insert(Job), rows)`` bypass the flush:
@@ -173,7 +175,7 @@ class Job(Base):
     ``"idempotency_key"``).
 
     The flush listeners are registered below, with this class, so they hold however
-    ``Job`` was imported; their work is :mod:`sqla_jobs.producer`'s.
+    ``Job`` was imported; their work is ``sqla_jobs.producer``'s.
     """
 
     __tablename__ = "jobs"
@@ -356,10 +358,11 @@ jobs: sa.Table = Job.__table__  # type: ignore[assignment]
 
 
 class JobArchive(Base):
-    """A finished job moved out of ``jobs`` by :func:`sqla_jobs.ops.archive`; read-only history.
+    """A finished job moved out of ``jobs`` by [``sqla_jobs.ops.archive``][sqla_jobs.ops.archive];
+    read-only history.
 
-    Same columns as :class:`Job` plus ``archived_at``. No unique idempotency key: a key
-    only deduplicates against live (unarchived) jobs.
+    Same columns as [``Job``][sqla_jobs.models.Job] plus ``archived_at``. No unique idempotency key:
+    a key only deduplicates against live (unarchived) jobs.
     """
 
     __tablename__ = "jobs_archive"
@@ -457,7 +460,7 @@ class QueueControl(Base):
     """Fleet-wide control of one queue or one kind (revision 0006): pause and limits.
 
     One row per ``(scope, name)``, ``scope`` being ``'queue'`` or ``'kind'``. Operators
-    set ``paused`` and the ``concurrency`` / ``rate_*`` overrides (:mod:`sqla_jobs.control`);
+    set ``paused`` and the ``concurrency`` / ``rate_*`` overrides (``sqla_jobs.control``);
     workers write the limits their code declares into the ``declared_*`` columns at
     start. The effective limit is the override when set, else the declared one. Every
     claim reads this table, so a pause or a limit holds on every host at once.
@@ -528,7 +531,7 @@ class WorkerRecord(Base):
     """A live worker (revision 0006), refreshed by its heartbeat; gone once ``expires_at`` passes.
 
     ``expires_at`` is the last heartbeat plus the worker's ``lock_seconds``: a worker
-    that died disappears from :func:`sqla_jobs.control.workers` when its leases would
+    that died disappears from ``sqla_jobs.control.workers`` when its leases would
     expire, and the next heartbeat of any worker deletes its row.
     """
 
@@ -566,7 +569,7 @@ class WorkflowEdge(Base):
     writes the status it ended with (``done``, ``dead``, ``cancelled``, or ``deleted``)
     into this row, its own: the parents of a wide fan-in share no row. ``requires`` is
     the child's (the same on each of its edges). A step's incoming edges are deleted
-    with it (or when it is archived); see :mod:`sqla_jobs.workflows`.
+    with it (or when it is archived); see [``sqla_jobs.workflows``][sqla_jobs.workflows].
     """
 
     __tablename__ = "jobs_workflow_edges"
@@ -603,9 +606,9 @@ AUDIT_SCOPES = ("job", "jobs", "queue", "kind")
 class AuditEntry(Base):
     """One operator action, who did it and when (revision 0009): the dashboard's audit trail.
 
-    Written by :func:`sqla_jobs.ops.record_action` in the transaction of the action it
-    records, so an entry exists exactly when its action committed. ``target`` is the job
-    id, queue or kind name as text; ``detail`` what the action was given and what it did
+    Written by [``sqla_jobs.ops.record_action``][sqla_jobs.ops.record_action] in the transaction of
+    the action it records, so an entry exists exactly when its action committed. ``target`` is the
+    job id, queue or kind name as text; ``detail`` what the action was given and what it did
     (counts, limits). Rows are only inserted; read newest first, per target through
     ``jobs_audit_scope_target_id_idx``.
     """

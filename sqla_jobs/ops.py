@@ -38,11 +38,11 @@ makes sure one worker of the fleet does it at a time.
 
 **Async apps** call the ``_async`` twin of each function (``await ops.pause_async(session,
 "mail")``, ``ops.stats_async``, ...): it runs the function below on the ``AsyncSession``'s
-own ``Session``, in its transaction (:mod:`sqla_jobs._sessions`). Either form given the
+own ``Session``, in its transaction (``sqla_jobs._sessions``). Either form given the
 other kind of session raises ``TypeError`` at once, naming the right call.
 
 Times are the database's (the time of the statement that writes or reads them, not of
-its transaction's start); durations are :class:`~datetime.timedelta`.
+its transaction's start); durations are ``timedelta``.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ if TYPE_CHECKING:  # only annotations: the CLI's stats need none of the handler 
 
 #: Rows moved (archive) or deleted (prune) per transaction. Defaults to 10,000.
 DEFAULT_BATCH = 10_000
-#: Default page size of :func:`list_jobs`, and its largest.
+#: Default page size of ``list_jobs``, and its largest.
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 10_000
 #: Key of the session-level advisory lock a worker holds while it archives.
@@ -218,7 +218,7 @@ class ScheduleStatus:
 @dataclass(frozen=True)
 class UnservedJobs:
     """Ready jobs of ``kind`` waiting in ``queue``, which no live worker running ``kind``
-    serves (see :attr:`Stats.unserved_jobs`)."""
+    serves (see ``Stats.unserved_jobs``)."""
 
     kind: str
     queue: str
@@ -232,8 +232,8 @@ class Stats:
     ``by_kind`` has one entry per (queue, kind) that has anything queued, waiting (a
     workflow step, #26), running, dead, cancelled, or done in the last hour, sorted.
     ``unknown_kinds`` lists the kinds with jobs queued, running or dead that the
-    registry given to :func:`stats` has no handler for (its workers never claim them,
-    and a retry of a dead one would not run; kinds with only done or cancelled jobs are
+    registry given to ``stats`` has no handler for (its workers never claim
+    them, and a retry of a dead one would not run; kinds with only done or cancelled jobs are
     history, not listed); ``unserved_queues``, queues holding ready jobs that no handler
     of that registry declares (a worker started without ``--queues`` does not claim from
     them). ``unserved_jobs`` (with or without a registry) lists the ready jobs, per kind
@@ -259,12 +259,12 @@ class Stats:
 
     @property
     def paused_queues(self) -> tuple[str, ...]:
-        """Queues no worker starts jobs from (:func:`pause`)."""
+        """Queues no worker starts jobs from ([``pause``][sqla_jobs.ops.pause])."""
         return tuple(c.name for c in self.controls if c.scope == "queue" and c.paused)
 
     @property
     def paused_kinds(self) -> tuple[str, ...]:
-        """Kinds no worker starts jobs of (:func:`pause` with ``kind=``)."""
+        """Kinds no worker starts jobs of ([``pause``][sqla_jobs.ops.pause] with ``kind=``)."""
         return tuple(c.name for c in self.controls if c.scope == "kind" and c.paused)
 
     def to_dict(self) -> dict[str, Any]:
@@ -293,7 +293,7 @@ _COUNTS = (
 )
 
 
-#: The families of counts :func:`stats` can estimate: their statuses, their exact
+#: The families of counts ``stats`` can estimate: their statuses, their exact
 #: statement (without ``exact_up_to``), the figures they give.
 _ESTIMABLE = (
     ((JobStatus.QUEUED,), stats_sql.stats_queued, ("ready", "scheduled", "oldest_ready")),
@@ -326,7 +326,7 @@ def stats(
     figures are estimates instead: the shares of each (queue, kind) among those newest
     jobs, scaled to the planner's total for the status (``pg_stats``, as of the last
     ANALYZE, never less than the jobs seen), and for queued jobs the oldest ready among
-    them (a lower bound of the age). :attr:`Stats.estimated` names those figures.
+    them (a lower bound of the age). ``Stats.estimated`` names those figures.
     """
     if exact_up_to is not None:
         exact_up_to = _positive_int("exact_up_to", exact_up_to)
@@ -452,7 +452,7 @@ def periodic_statuses(session: Session, registry: Registry) -> tuple[ScheduleSta
     """Every schedule of ``registry`` and every one the database knows, sorted by name.
 
     Reads ``jobs_periodic`` (revision 0004) and the status of each schedule's last job
-    on a connection of its own, like :func:`stats`.
+    on a connection of its own, like ``stats``.
     """
     bind = session.get_bind()
     engine = bind if isinstance(bind, sa.Engine) else bind.engine
@@ -515,14 +515,16 @@ _throughput_now = functools.lru_cache(maxsize=8)(stats_sql.throughput_now)
 
 @functools.lru_cache(maxsize=8)
 def _stats_statement(exact_up_to: int | None) -> tuple[tuple[str, ...], sa.Select[Any]]:
-    """:func:`stats`' per-(queue, kind) statement, as of ``{"taken_at": ...}``, and the
+    """``stats``' per-(queue, kind) statement, as of ``{"taken_at": ...}``,
+    and the
     names of its parts."""
     parts = _stats_parts(_common.TAKEN_AT, exact_up_to)
     return tuple(name for name, _ in parts), stats_sql.stats_parts(parts)
 
 
 def _stats_parts(taken_at: _common.At, exact_up_to: int | None) -> list[tuple[str, sa.Select[Any]]]:
-    """The per-(queue, kind) statements of :func:`stats`, named: exact counts, or the
+    """The per-(queue, kind) statements of ``stats``, named: exact counts, or
+    the
     newest ``exact_up_to + 1`` rows of each status the overview may estimate."""
     parts: list[tuple[str, sa.Select[Any]]] = []
     for statuses, exact, _ in _ESTIMABLE:
@@ -538,7 +540,8 @@ def _stats_parts(taken_at: _common.At, exact_up_to: int | None) -> list[tuple[st
 
 
 def _table_stats(row: Any) -> TableStats:
-    """:class:`TableStats` from a :func:`sqla_jobs.sql.stats.stats_head` row (its table
+    """[``TableStats``][sqla_jobs.ops.TableStats] from a ``sqla_jobs.sql.stats.stats_head`` row (its
+    table
     columns NULL when the table is missing from the statistics views)."""
     estimates: dict[str, int] = {}
     reltuples = max(0, int(row.reltuples or 0))
@@ -559,7 +562,7 @@ def _table_stats(row: Any) -> TableStats:
 # --- health (issue #25) ----------------------------------------------------------------
 
 
-#: Every health check's name (:attr:`Finding.check`).
+#: Every health check's name (``Finding.check``).
 HEALTH_CHECKS = _health.CHECKS
 
 
@@ -567,11 +570,11 @@ HEALTH_CHECKS = _health.CHECKS
 def health(session: Session, /, **thresholds: Any) -> Health:
     """What pins the MVCC horizon, bloat, expired leases, waits and silent workers.
 
-    ``thresholds`` override :class:`HealthThresholds` (``max_transaction_age``,
+    ``thresholds`` override ``HealthThresholds`` (``max_transaction_age``,
     ``max_slot_xid_age``, ``max_dead_tuples``, ``max_dead_ratio``, ``max_vacuum_age``,
     ``max_jobs_table_bytes``, ``max_expired_leases``, ``max_ready_age``,
-    ``max_heartbeat_age``; defaults in :mod:`sqla_jobs._health`). Each figure over
-    its threshold is a :class:`Finding` that says what to do; :attr:`Health.ok` is
+    ``max_heartbeat_age``; defaults in ``sqla_jobs._health``). Each figure over
+    its threshold is a ``Finding`` that says what to do; ``Health.ok`` is
     True when there is none. Reads catalog views and the live-job partial indexes on
     a connection of its own: cheap however long the history. Raises ConfigError for
     an unknown or bad threshold.
@@ -584,7 +587,8 @@ def health(session: Session, /, **thresholds: Any) -> Health:
 
 @dataclass(frozen=True)
 class AttemptRecord:
-    """One attempt of a job (revision 0011), as :attr:`JobRecord.history` tells it.
+    """One attempt of a job (revision 0011), as
+    [``JobRecord.history``][sqla_jobs.ops.JobRecord.history] tells it.
 
     ``attempt`` is its number: a snoozed attempt is not spent, so the next claim has
     the same number; a retry by hand starts again at 1. ``claimed_at`` is when its
@@ -606,7 +610,7 @@ class AttemptRecord:
 
     @classmethod
     def from_entry(cls, entry: Mapping[str, Any]) -> AttemptRecord:
-        """An object of ``jobs.errors``, as :mod:`sqla_jobs.sql.lease` writes them."""
+        """An object of ``jobs.errors``, as ``sqla_jobs.sql.lease`` writes them."""
         return cls(
             attempt=int(entry.get("attempt") or 0),
             worker=entry.get("worker"),
@@ -638,7 +642,8 @@ def _current_error(
     status: JobStatus, attempts: int, snoozes: int, last_error: str | None
 ) -> str | None:
     """``last_error`` if it is why the job is where it is (see
-    :attr:`JobRecord.current_error`), else None: it is history."""
+    [``JobRecord.current_error``][sqla_jobs.ops.JobRecord.current_error]), else None: it is
+    history."""
     failed = status in (JobStatus.DEAD, JobStatus.CANCELLED) or (
         status is JobStatus.QUEUED and (attempts > 0 or snoozes > 0)
     )
@@ -647,12 +652,13 @@ def _current_error(
 
 @dataclass(frozen=True)
 class JobRecord:
-    """A job as read by :func:`list_jobs` / :func:`get_job`: a snapshot, not an ORM object.
+    """A job as read by [``list_jobs``][sqla_jobs.ops.list_jobs] /
+    [``get_job``][sqla_jobs.ops.get_job]: a snapshot, not an ORM object.
 
-    ``archived_at`` is set when the job was read from ``jobs_archive`` (see :func:`archive`).
-    ``run_at`` is when the job was (or will be) ready for its latest attempt; a dead job
-    keeps that of its last attempt. ``last_error`` is the latest failure, kept after a
-    retry succeeds: :attr:`current_error` is it only while the failure is the job's state.
+    ``archived_at`` is set when the job was read from ``jobs_archive`` (see
+    [``archive``][sqla_jobs.ops.archive]). ``run_at`` is when the job was (or will be) ready for its
+    latest attempt; a dead job keeps that of its last attempt. ``last_error`` is the latest failure,
+    kept after a retry succeeds: ``current_error`` is it only while the failure is the job's state.
     """
 
     id: int
@@ -677,7 +683,7 @@ class JobRecord:
     cancel_requested_at: datetime | None = None
     #: When the latest attempt was claimed (revision 0011; None before its first claim).
     attempted_at: datetime | None = None
-    #: The attempts that ended other than done, as stored (revision 0011): see :attr:`history`.
+    #: The attempts that ended other than done, as stored (revision 0011): see ``history``.
     errors: list[dict[str, Any]] | None = None
     archived_at: datetime | None = None
     #: The job's metadata (revision 0013): ``{}`` and ``[]`` when it has none.
@@ -891,7 +897,8 @@ def get_job(session: Session, id: int, *, archived: bool = True) -> JobRecord:
 
 @dataclass(frozen=True)
 class JobState:
-    """Where one job stands, as :func:`job_states` reads it (the dashboard's live view)."""
+    """Where one job stands, as [``job_states``][sqla_jobs.ops.job_states] reads it (the dashboard's
+    live view)."""
 
     id: int
     status: JobStatus
@@ -904,14 +911,14 @@ class JobState:
 #: changes; running jobs asked to stop): what a live view can LISTEN to.
 NOTIFY_CHANNELS = (locks.NOTIFY_CHANNEL, locks.CANCEL_CHANNEL)
 
-#: Most ids :func:`job_states` looks up at once (a page of the dashboard shows 50).
+#: Most ids ``job_states`` looks up at once (a page of the dashboard shows 50).
 MAX_STATE_IDS = 500
 
 
 @_sessions.sync_form
 def job_states(session: Session, ids: Sequence[int]) -> dict[int, JobState]:
     """The state of each job in ``ids`` still in ``jobs``, by id (archived or deleted jobs
-    are absent). At most :data:`MAX_STATE_IDS` ids; each is a primary key look-up."""
+    are absent). At most ``MAX_STATE_IDS`` ids; each is a primary key look-up."""
     ids_ = _ids(ids) or []
     if len(ids_) > MAX_STATE_IDS:
         raise ConfigError(f"job_states takes at most {MAX_STATE_IDS} ids, got {len(ids_)}")
@@ -933,7 +940,7 @@ def job_states(session: Session, ids: Sequence[int]) -> dict[int, JobState]:
 
 #: The statuses each job action applies to: what its call changes (cancel asks a
 #: running job to stop). The CLI and the dashboard offer the action and word their
-#: refusals from these (:func:`applies_text`), so all three agree.
+#: refusals from these (``applies_text``), so all three agree.
 ACTION_STATUSES: dict[str, tuple[JobStatus, ...]] = {
     "retry": (JobStatus.DEAD, JobStatus.CANCELLED),
     "cancel": (JobStatus.QUEUED, JobStatus.WAITING, JobStatus.RUNNING),
@@ -982,11 +989,11 @@ def retry_jobs(
     that were cancelled because it failed (transitively): they wait for it again, and
     the workflow resumes when it succeeds. One that also depends on another step that
     failed and is not retried stays cancelled, and so do its dependents (retry that
-    step too, or the whole workflow with :func:`retry_workflow`). The count returned is
-    of the jobs matched, not of the steps reopened.
+    step too, or the whole workflow with [``retry_workflow``][sqla_jobs.ops.retry_workflow]). The
+    count returned is of the jobs matched, not of the steps reopened.
 
     A step whose dependency failed (it was cancelled because of it) is not queued on
-    its own: the call raises :class:`~sqla_jobs.ConfigError` naming the dependency and
+    its own: the call raises [``ConfigError``][sqla_jobs.ConfigError] naming the dependency and
     changes nothing, unless that dependency is retried in the same call; then the step
     waits for it (so does any retried step whose dependency is retried with it).
     """
@@ -1068,8 +1075,8 @@ def _reopen_downstream(session: Session, retried: list[int]) -> None:
 
 @dataclass(frozen=True)
 class CancelResult:
-    """What :func:`cancel` did: queued jobs ``cancelled`` at once, and running jobs
-    asked to stop (``stopping``: their worker rolls the attempt back and ends them
+    """What [``cancel``][sqla_jobs.ops.cancel] did: queued jobs ``cancelled`` at once, and running
+    jobs asked to stop (``stopping``: their worker rolls the attempt back and ends them
     ``cancelled``; one that finishes first stays ``done``)."""
 
     cancelled: tuple[int, ...]
@@ -1087,7 +1094,7 @@ def cancel(
     running: bool = True,
 ) -> CancelResult:
     """Cancel queued jobs and waiting workflow steps, and (``running``) ask running ones
-    to stop (:data:`ACTION_STATUSES`).
+    to stop (``ACTION_STATUSES``).
 
     Give ``ids`` or at least one filter: cancelling every job takes an explicit ``kind``
     or ``queue``. A queued job becomes ``cancelled`` (a job a worker claims while this
@@ -1123,7 +1130,7 @@ def cancel_jobs(
     older_than: timedelta | None = None,
     running: bool = True,
 ) -> int:
-    """:func:`cancel`, returning how many jobs were cancelled or asked to stop.
+    """[``cancel``][sqla_jobs.ops.cancel], returning how many jobs were cancelled or asked to stop.
 
     With ``running=False``, running jobs are left alone (the behaviour before 0005).
     Never commits.
@@ -1136,8 +1143,8 @@ def cancel_jobs(
 def result(session: Session, job_id: int) -> Any:
     """The value the handler of a ``done`` job returned (None if it returned None).
 
-    Reads the job, or its archived copy. :class:`~sqla_jobs.JobNotFoundError` if there
-    is neither; :class:`~sqla_jobs.JobNotDoneError` if the job is not ``done`` (yet).
+    Reads the job, or its archived copy. [``JobNotFoundError``][sqla_jobs.JobNotFoundError] if there
+    is neither; [``JobNotDoneError``][sqla_jobs.JobNotDoneError] if the job is not ``done`` (yet).
     Runs in the session's transaction.
     """
     validation.integer("job_id", job_id, minimum=0, error=ConfigError)
@@ -1167,8 +1174,8 @@ def delete_jobs(
     cancelled; a deleted workflow step's dependents follow as the workflow rules say),
     optionally narrowed by kind, queue
     and age. ``dry_run``: delete nothing, return how many would be deleted now
-    (:func:`jobs_to_delete` says which). Never commits. Prefer :func:`archive` for
-    finished jobs: it keeps history.
+    ([``jobs_to_delete``][sqla_jobs.ops.jobs_to_delete] says which). Never commits. Prefer
+    [``archive``][sqla_jobs.ops.archive] for finished jobs: it keeps history.
     """
     if dry_run:
         return len(
@@ -1190,7 +1197,8 @@ def archive_batches(
     batch: int = DEFAULT_BATCH,
     include_dead_after: timedelta | None = None,
 ) -> Iterator[int]:
-    """Like :func:`archive`, yielding each committed batch's row count (the worker uses it
+    """Like [``archive``][sqla_jobs.ops.archive], yielding each committed batch's row count (the
+    worker uses it
     to stop between batches)."""
     done_age = _seconds("older_than", older_than)
     dead_age = _seconds("include_dead_after", include_dead_after)
@@ -1321,10 +1329,10 @@ def pause(session: Session, queue: str | None = None, *, kind: str | None = None
 
     Takes effect when the caller commits: every claim that begins after the commit
     leaves the queue out (the claim's own SQL reads the pause), on every host, and it
-    stays paused across restarts until :func:`resume`. Running jobs finish; enqueueing
-    keeps working. Returns False, writing nothing, when it was paused already. Any name
-    is accepted (a queue may get its first job later): :func:`unserved` says when no live
-    worker serves it. Never commits.
+    stays paused across restarts until [``resume``][sqla_jobs.ops.resume]. Running jobs finish;
+    enqueueing keeps working. Returns False, writing nothing, when it was paused already. Any name
+    is accepted (a queue may get its first job later): [``unserved``][sqla_jobs.ops.unserved] says
+    when no live worker serves it. Never commits.
     """
     scope, name = _scope(queue, kind)
     return _changed(session, control_sql.set_control(scope, name, paused=True))
@@ -1332,7 +1340,8 @@ def pause(session: Session, queue: str | None = None, *, kind: str | None = None
 
 @_sessions.sync_form
 def resume(session: Session, queue: str | None = None, *, kind: str | None = None) -> bool:
-    """Undo :func:`pause`; at commit, a notification wakes the idle workers. Returns
+    """Undo [``pause``][sqla_jobs.ops.pause]; at commit, a notification wakes the idle workers.
+    Returns
     False, writing nothing, when it was not paused. Never commits."""
     scope, name = _scope(queue, kind)
     return _changed(session, control_sql.update_control(scope, name, paused=False), notify=True)
@@ -1351,8 +1360,8 @@ def set_limit(
 
     ``concurrency``: at most this many of its jobs run at once; ``rate`` (``"100/min"``):
     at most that many start in any window of that length. Only what is given changes;
-    :func:`clear_limits` drops the overrides. Workers pick the change up within about a
-    second (at once for a raised or removed limit). Every bad value is named in one
+    [``clear_limits``][sqla_jobs.ops.clear_limits] drops the overrides. Workers pick the change up
+    within about a second (at once for a raised or removed limit). Every bad value is named in one
     ConfigError. Returns False, writing nothing, when the limits were so already. Never
     commits.
     """
@@ -1425,12 +1434,13 @@ class Unserved:
 def unserved(
     session: Session, queue: str | None = None, *, kind: str | None = None
 ) -> Unserved | None:
-    """:class:`Unserved` when live workers exist and none of them serves ``queue`` (or
-    ``kind``); None when one does, or when no worker is live (nothing to compare with).
+    """[``Unserved``][sqla_jobs.ops.Unserved] when live workers exist and none of them serves
+    ``queue`` (or ``kind``); None when one does, or when no worker is live (nothing to compare
+    with).
 
-    Any name is accepted by :func:`pause` and :func:`set_limit` (a queue may get its
-    first job later), so a typo would pass unnoticed: the CLI and the dashboard ask this
-    after those actions and show its sentence.
+    Any name is accepted by [``pause``][sqla_jobs.ops.pause] and
+    [``set_limit``][sqla_jobs.ops.set_limit] (a queue may get its first job later), so a typo would
+    pass unnoticed: the CLI and the dashboard ask this after those actions and show its sentence.
     """
     scope, name = _scope(queue, kind)
     live = workers(session)
@@ -1481,7 +1491,8 @@ def jobs_to_delete(
     queue: str | None = None,
     older_than: timedelta | None = None,
 ) -> list[tuple[int, str, str, str]]:
-    """``(id, status, queue, kind)`` of each job :func:`delete_jobs` with the same
+    """``(id, status, queue, kind)`` of each job [``delete_jobs``][sqla_jobs.ops.delete_jobs] with
+    the same
     arguments would delete now, by id. Deletes nothing (``sqla-jobs delete --dry-run``)."""
     stmt = admin.matching_jobs(**_delete_filters(ids, status, kind, queue, older_than))
     return [(r.id, JobStatus(r.status).value, r.queue, r.kind) for r in session.execute(stmt)]
@@ -1494,7 +1505,8 @@ def _delete_filters(
     queue: str | None,
     older_than: timedelta | None,
 ) -> dict[str, Any]:
-    """The checked filters of :func:`delete_jobs` and :func:`jobs_to_delete`."""
+    """The checked filters of [``delete_jobs``][sqla_jobs.ops.delete_jobs] and
+    [``jobs_to_delete``][sqla_jobs.ops.jobs_to_delete]."""
     ids_ = _ids(ids)
     _check_filters(ids_, kind, queue)
     statuses = _statuses(status)
@@ -1539,7 +1551,7 @@ class Throughput:
     minutes: tuple[MinuteCount, ...]
 
 
-#: Longest window :func:`throughput` reads, in minutes (a day).
+#: Longest window ``throughput`` reads, in minutes (a day).
 MAX_THROUGHPUT_MINUTES = 1440
 
 
@@ -1580,7 +1592,7 @@ class AuditEntry:
         return _jsonable(asdict(self))  # type: ignore[no-any-return]
 
 
-#: Longest ``actor`` and ``action`` text :func:`record_action` accepts.
+#: Longest ``actor`` and ``action`` text ``record_action`` accepts.
 MAX_AUDIT_TEXT = 200
 
 
@@ -1676,7 +1688,8 @@ def audit_log(
 def _audit_entries(
     scope: str | tuple[str, ...] | None, by_target: bool, before: bool
 ) -> sa.Select[Any]:
-    """:func:`audit_log`'s statement, built once per shape: its target, limit and
+    """[``audit_log``][sqla_jobs.ops.audit_log]'s statement, built once per shape: its target, limit
+    and
     before_id are the execution's parameters."""
     return audit_sql.entries(
         scope=scope, target="" if by_target else None, limit=1, before_id=0 if before else None
@@ -1716,7 +1729,7 @@ class WorkflowStep:
         """``last_error`` while it is the step's state (dead, cancelled, queued for
         another attempt); None once the step ran again since (a retried step now
         ``done``, ``waiting`` or ``queued`` afresh): ``last_error`` is then history, as
-        for :attr:`JobRecord.current_error`."""
+        for [``JobRecord.current_error``][sqla_jobs.ops.JobRecord.current_error]."""
         return _current_error(self.status, self.attempts, self.snoozes, self.last_error)
 
 
@@ -1778,7 +1791,8 @@ def _workflow_steps(session: Session, workflow_id: uuid.UUID) -> tuple[WorkflowS
 
 @dataclass(frozen=True)
 class WorkflowPage:
-    """One page of a workflow's steps (:func:`workflow_page`), with the whole workflow's
+    """One page of a workflow's steps ([``workflow_page``][sqla_jobs.ops.workflow_page]), with the
+    whole workflow's
     counts."""
 
     id: uuid.UUID
@@ -1817,8 +1831,9 @@ def workflow_page(
 ) -> WorkflowPage:
     """One page of a workflow's steps (live or archived) in id order, from a keyset
     cursor (``after_id``: the last id of the previous page), and how many steps of the
-    whole workflow are in each status: :func:`workflow_status` for a workflow too big
-    to read at once. :class:`~sqla_jobs.JobNotFoundError` if no step has this id."""
+    whole workflow are in each status: [``workflow_status``][sqla_jobs.ops.workflow_status] for a
+    workflow too big
+    to read at once. [``JobNotFoundError``][sqla_jobs.JobNotFoundError] if no step has this id."""
     wid = _workflow_id(workflow_id)
     limit = _positive_int("limit", limit, MAX_LIMIT)
     after = None if after_id is None else _non_negative_id(after_id)
@@ -1836,7 +1851,7 @@ def workflow_page(
 def workflow_status(session: Session, workflow_id: uuid.UUID | str) -> WorkflowStatus:
     """Every step of a workflow (live or archived), its status and what it waits on.
 
-    :class:`~sqla_jobs.JobNotFoundError` if no step has this workflow id.
+    [``JobNotFoundError``][sqla_jobs.JobNotFoundError] if no step has this workflow id.
     """
     wid = _workflow_id(workflow_id)
     return WorkflowStatus(wid, _workflow_steps(session, wid))
@@ -1845,7 +1860,8 @@ def workflow_status(session: Session, workflow_id: uuid.UUID | str) -> WorkflowS
 @_sessions.sync_form
 def cancel_workflow(session: Session, workflow_id: uuid.UUID | str) -> CancelResult:
     """Cancel a whole workflow in the session's transaction: its waiting and queued steps
-    end ``cancelled``, its running steps are asked to stop (as :func:`cancel` does).
+    end ``cancelled``, its running steps are asked to stop (as [``cancel``][sqla_jobs.ops.cancel]
+    does).
     Never commits."""
     wid = _workflow_id(workflow_id)
     _workflow_steps(session, wid)  # JobNotFoundError for an unknown id
@@ -1893,7 +1909,8 @@ def retry_workflow(
 
 @dataclass(frozen=True)
 class WorkflowSummary:
-    """One workflow as :func:`list_workflows` reads it: its steps (live and archived)
+    """One workflow as [``list_workflows``][sqla_jobs.ops.list_workflows] reads it: its steps (live
+    and archived)
     counted by status, when its first step was created and when its last one ended."""
 
     id: uuid.UUID

@@ -13,9 +13,9 @@ a ``zoneinfo`` time zone, or a plain interval (``every=timedelta(seconds=30)``, 
 counted from the Unix epoch, so ``every=timedelta(hours=1)`` ticks on the hour, UTC).
 
 **Once per tick, without a leader.** Every worker of the app evaluates every schedule
-(:func:`enqueue_due`, run by each worker's ``PeriodicEnqueuer`` service). Each schedule
-has a row in ``jobs_periodic`` holding the last tick enqueued. A worker locks the row (``FOR
-UPDATE SKIP LOCKED``: the row another worker holds is being handled), reads the
+([``enqueue_due``][sqla_jobs.periodic.enqueue_due], run by each worker's ``PeriodicEnqueuer``
+service). Each schedule has a row in ``jobs_periodic`` holding the last tick enqueued. A worker
+locks the row (``FOR UPDATE SKIP LOCKED``: the row another worker holds is being handled), reads the
 database's ``now()``, inserts one job per due tick with the idempotency key
 ``periodic:<name>:<tick in UTC>`` (``INSERT ... ON CONFLICT DO NOTHING``) and moves
 ``last_tick`` forward, all in one short transaction. The row makes a tick run once even
@@ -127,7 +127,7 @@ class Schedule:
     """One periodic schedule: which kind to enqueue, when, with what payload.
 
     Built by ``Registry.periodic`` / ``Registry.schedule``, validated when built (bad
-    values raise :class:`~sqla_jobs.exceptions.RegistryError` naming the schedule).
+    values raise [``RegistryError``][sqla_jobs.exceptions.RegistryError] naming the schedule).
     ``cron`` holds the expression as given (an alias stays an alias); ``every`` the
     interval. ``expression`` describes either, as ``sqla-jobs periodic`` shows it.
     """
@@ -397,7 +397,8 @@ def _duration(value: timedelta) -> str:
 
 @dataclass(frozen=True)
 class Enqueued:
-    """What one :func:`enqueue_due` did: the ticks enqueued per schedule; when to call again."""
+    """What one [``enqueue_due``][sqla_jobs.periodic.enqueue_due] did: the ticks enqueued per
+    schedule; when to call again."""
 
     ticks: Mapping[str, tuple[datetime, ...]]
     next_in: float
@@ -409,7 +410,7 @@ def enqueue_due(engine: sa.Engine, registry: Registry, *, now: datetime | None =
     Each tick's job takes its handler's queue, priority and max_attempts. Schedules
     whose row another transaction holds are left to it. Returns what was enqueued and,
     as ``next_in``, the seconds until the next tick of any schedule (at most
-    :data:`MAX_SLEEP`), measured on the database's clock. ``now`` pins the database's
+    ``MAX_SLEEP``), measured on the database's clock. ``now`` pins the database's
     clock (tests).
     """
     if isinstance(engine, AsyncEngine):
@@ -427,7 +428,8 @@ def enqueue_due(engine: sa.Engine, registry: Registry, *, now: datetime | None =
 async def enqueue_due_async(
     engine: AsyncEngine, registry: Registry, *, now: datetime | None = None
 ) -> Enqueued:
-    """:func:`enqueue_due` for an async app's ``AsyncEngine`` (its tests, mostly): the same
+    """[``enqueue_due``][sqla_jobs.periodic.enqueue_due] for an async app's ``AsyncEngine`` (its
+    tests, mostly): the same
     statements in one short transaction, committed."""
     if not isinstance(engine, AsyncEngine):
         raise TypeError(

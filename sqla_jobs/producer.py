@@ -7,10 +7,11 @@ on (the table is the outbox). The same holds for ``session.add(Job(...))``: a fl
 listener on every ``Session`` (so on every ``AsyncSession``, which wraps one) inserts a
 pending ``Job`` with a key or a delay with the same statement as ``enqueue``, so the
 ORM style dedupes, waits and schedules exactly as ``enqueue`` does (see
-:func:`_insert_jobs_as_enqueue_does`).
+``_insert_jobs_as_enqueue_does``).
 
 Every value is checked before any SQL runs, so a bad job raises
-:class:`~sqla_jobs.exceptions.InvalidJobError` and leaves the caller's transaction usable.
+[``InvalidJobError``][sqla_jobs.exceptions.InvalidJobError] and leaves the caller's transaction
+usable.
 """
 
 from __future__ import annotations
@@ -251,7 +252,7 @@ def enqueue(
     its handler's when a worker claims it (else 8); without ``queue`` or ``priority`` it
     gets ``"default"`` and 0, not its handler's: ``registry.enqueue`` and
     ``handler.enqueue`` use the handler's. ``meta`` (a JSON object) and ``tags`` (a list
-    of strings) are the job's metadata, see :class:`NewJob`.
+    of strings) are the job's metadata, see [``NewJob``][sqla_jobs.producer.NewJob].
 
     Returns ``None`` when ``key`` is given and a job with that idempotency key already
     exists (``ON CONFLICT DO NOTHING``): the existing job is left as it is. If another
@@ -277,14 +278,15 @@ def enqueue(
 
 
 def insert_one(session: Executor, job: NewJob) -> int | None:
-    """Insert an already validated :class:`NewJob`; the same contract as :func:`enqueue`."""
+    """Insert an already validated [``NewJob``][sqla_jobs.producer.NewJob]; the same contract as
+    [``enqueue``][sqla_jobs.producer.enqueue]."""
     return _execute(session, *_single_insert(job)).scalar_one_or_none()
 
 
 async def _execute_async(
     session: AsyncExecutor, shape: tuple[Any, ...], params: dict[str, Any]
 ) -> CursorResult[Any]:
-    """:func:`_execute` on an ``AsyncSession`` or ``AsyncConnection``."""
+    """``_execute`` on an ``AsyncSession`` or ``AsyncConnection``."""
     stmt = _statement(shape)
     if isinstance(session, AsyncSession):
         conn = await session.connection(bind_arguments={"mapper": Job, "clause": stmt})
@@ -309,7 +311,7 @@ async def enqueue_async(
 
 
 async def insert_one_async(session: AsyncExecutor, job: NewJob) -> int | None:
-    """:func:`insert_one` on an ``AsyncSession`` or ``AsyncConnection``. Never commits."""
+    """``insert_one`` on an ``AsyncSession`` or ``AsyncConnection``. Never commits."""
     return (await _execute_async(session, *_single_insert(job))).scalar_one_or_none()
 
 
@@ -319,7 +321,7 @@ ENQUEUE_MANY_MAX_CHARS = 32 * 1024 * 1024
 
 
 class _RowsWriter:
-    """Builds the ``rows`` JSON text of :func:`enqueue_sql.insert_jobs_json` for a batch.
+    """Builds the ``rows`` JSON text of ``enqueue_sql.insert_jobs_json`` for a batch.
 
     Every value was checked (and the payload serialized) when its NewJob was built;
     this only joins the pieces. Kinds and queues repeat, so their JSON is cached.
@@ -420,7 +422,8 @@ def enqueue_many(session: Executor, jobs: Iterable[NewJob]) -> list[int]:
 
 
 async def enqueue_many_async(session: AsyncExecutor, jobs: Iterable[NewJob]) -> list[int]:
-    """:func:`enqueue_many` on an ``AsyncSession`` or ``AsyncConnection``. Never commits."""
+    """[``enqueue_many``][sqla_jobs.producer.enqueue_many] on an ``AsyncSession`` or
+    ``AsyncConnection``. Never commits."""
     if not isinstance(session, (AsyncSession, AsyncConnection)):
         raise _wrong_session(session, async_=True)  # even for an empty batch
     ids: list[int] = []
@@ -474,7 +477,7 @@ def _routed(session: Session, instances: Sequence[Any] | None) -> list[Job]:
 
     Every Job with a key (a taken key must not abort the caller's transaction) or a delay
     (counted in database time). Plain ones too, for speed, when there are at most
-    :data:`ONE_BY_ONE_UP_TO` and each sets a kind and a payload and no worker column
+    ``ONE_BY_ONE_UP_TO`` and each sets a kind and a payload and no worker column
     (``status``, ``attempts``, ...): those the ORM would insert as they are, so the row
     is the same; any other is the ORM's to insert (or refuse) as before.
     """
@@ -556,13 +559,13 @@ def _insert_jobs_as_enqueue_does(
     session: Session, _flush_context: Any, instances: Sequence[Any] | None
 ) -> None:
     """``before_flush``: insert pending Jobs with a key or a delay (and a few plain ones,
-    see :func:`_routed`) as :func:`enqueue` does.
+    see ``_routed``) as [``enqueue``][sqla_jobs.producer.enqueue] does.
 
-    Each is taken out of the unit of work and inserted by :func:`enqueue`'s statement
-    (``ON CONFLICT DO NOTHING``), in the order they were added. A new row makes the
-    object persistent, filled from the row (RETURNING: no query to read it later, as
-    after the ORM's own insert); no row (the key is taken) leaves it transient with
-    ``id`` None. Every job is checked before the first insert. The rest of the flush
+    Each is taken out of the unit of work and inserted by
+    [``enqueue``][sqla_jobs.producer.enqueue]'s statement (``ON CONFLICT DO NOTHING``), in the order
+    they were added. A new row makes the object persistent, filled from the row (RETURNING: no query
+    to read it later, as after the ORM's own insert); no row (the key is taken) leaves it transient
+    with ``id`` None. Every job is checked before the first insert. The rest of the flush
     (other jobs included) is the ORM's own.
     """
     pending = _routed(session, instances)  # the first of two equal keys wins

@@ -13,8 +13,9 @@ your pytest settings::
 
 Fixtures (override any of them in a conftest.py of your own):
 
-* ``sqla_jobs_admin_url`` (session): a real server, from :func:`sqla_jobs.testing.find_server`
-  (``$DATABASE_URL``, else 127.0.0.1:5432, else the embedded server).
+* ``sqla_jobs_admin_url`` (session): a real server, from
+  [``sqla_jobs.testing.find_server``][sqla_jobs.testing.find_server] (``$DATABASE_URL``, else
+  127.0.0.1:5432, else the embedded server).
 * ``sqla_jobs_alembic_config`` (session): the Alembic ``Config`` to migrate with, or None
   for sqla_jobs' own migrations. From ``sqla_jobs_alembic_ini``; its ``sqlalchemy.url`` is
   replaced by the scratch database's, so your ``env.py`` must read the URL from it (as
@@ -26,8 +27,9 @@ Fixtures (override any of them in a conftest.py of your own):
   engine, rolled back and closed after the test.
 
 The clone costs a ``CREATE DATABASE ... TEMPLATE`` (tens of milliseconds), so tests share
-nothing, and a test may commit, run a worker (:func:`sqla_jobs.testing.drain`) or inline
-jobs (:func:`sqla_jobs.testing.run_inline`) as it likes.
+nothing, and a test may commit, run a worker
+([``sqla_jobs.testing.drain``][sqla_jobs.testing.drain]) or inline jobs
+([``sqla_jobs.testing.run_inline``][sqla_jobs.testing.run_inline]) as it likes.
 """
 
 from __future__ import annotations

@@ -11,9 +11,9 @@
     send_welcome_email.enqueue(session, {"user_id": 42})   # kind typed once
 
 A handler takes ``(session, payload)`` or ``(session, payload, job)``; ``job`` is a
-:class:`JobContext` (id, kind, attempt, ...), also available anywhere in the handler's
-call stack through :func:`current_job`. The worker imports the module that builds the
-registry, so importing it must register every handler.
+[``JobContext``][sqla_jobs.tasks.JobContext] (id, kind, attempt, ...), also available anywhere in
+the handler's call stack through [``current_job``][sqla_jobs.tasks.current_job]. The worker imports
+the module that builds the registry, so importing it must register every handler.
 
 An ``async def`` handler gets an ``AsyncSession`` instead and runs on the worker's event
 loop (``WorkerConfig.async_concurrency`` at once); its writes commit with the done-mark,
@@ -71,7 +71,7 @@ class JobContext:
     max_attempts: int
     worker: str
     #: The tick a periodic job serves (aware, in its schedule's UTC offset); None for
-    #: jobs not enqueued by a schedule. See :mod:`sqla_jobs.periodic`.
+    #: jobs not enqueued by a schedule. See ``sqla_jobs.periodic``.
     scheduled_for: datetime | None = None
     #: The run's deadline and cancel flag (set by the worker; none in a plain call).
     control: Control | None = field(default=None, repr=False, compare=False)
@@ -89,7 +89,8 @@ class JobContext:
         return None if self.control is None else self.control.deadline
 
     def time_left(self) -> float | None:
-        """Seconds until :attr:`deadline` (0 once passed); None without a timeout."""
+        """Seconds until [``deadline``][sqla_jobs.tasks.JobContext.deadline] (0 once passed); None
+        without a timeout."""
         return None if self.control is None else self.control.time_left()
 
     @property
@@ -98,7 +99,8 @@ class JobContext:
         return self.control is not None and self.control.interruption() is not None
 
     def check(self) -> None:
-        """Raise :class:`~sqla_jobs.JobTimeout` or :class:`~sqla_jobs.JobCancelled` if this
+        """Raise [``JobTimeout``][sqla_jobs.JobTimeout] or
+        [``JobCancelled``][sqla_jobs.JobCancelled] if this
         run must stop; call it in long loops. The worker rolls back the run's writes."""
         if self.control is not None:
             self.control.check()
@@ -162,7 +164,7 @@ class Handler(Generic[R]):
         self.wants_job = _takes_job_argument(self.kind, fn)
         self.periodic = False  # set when a schedule enqueues this kind
         #: An ``async def`` handler: the worker runs it on its event loop, with an
-        #: AsyncSession (:meth:`run_async`).
+        #: AsyncSession (``run_async``).
         self.is_async = _is_async(fn)
         if self.is_async and isolation == "process":
             raise RegistryError(
@@ -190,7 +192,8 @@ class Handler(Generic[R]):
     async def run_async(
         self, session: AsyncSession, payload: Mapping[str, Any], job: JobContext
     ) -> Any:
-        """Await an ``async def`` handler, with :func:`current_job` set for its task."""
+        """Await an ``async def`` handler, with [``current_job``][sqla_jobs.tasks.current_job] set
+        for its task."""
         if not self.is_async:
             raise TypeError(f"handler {self.kind!r} is a plain def function: call it")
         if self.periodic and job.scheduled_for is None:
@@ -221,7 +224,8 @@ class Handler(Generic[R]):
         meta: Mapping[str, Any] | None = None,
         tags: Sequence[str] | None = None,
     ) -> producer.NewJob:
-        """A :class:`NewJob` of this kind, with this handler's defaults, for enqueue_many."""
+        """A [``NewJob``][sqla_jobs.NewJob] of this kind, with this handler's defaults, for
+        enqueue_many."""
         return producer.NewJob(
             self.kind,
             {} if payload is None else payload,
@@ -339,7 +343,7 @@ class Registry:
 
         ``timeout`` (seconds or timedelta): how long one run may take, unless the job
         sets its own (``enqueue(..., timeout=...)``); see docs/guides/job-control.md.
-        ``max_snoozes``: how often a job may raise :class:`~sqla_jobs.Snooze`.
+        ``max_snoozes``: how often a job may raise [``Snooze``][sqla_jobs.Snooze].
         ``isolation="process"``: run each job in a child process that the worker kills at
         the deadline or a cancel (see docs/guides/job-control.md).
 
@@ -425,7 +429,7 @@ class Registry:
 
         ``name`` defaults to the handler's kind; stack several ``@registry.periodic``
         with distinct names for several schedules of one kind. The arguments are those
-        of :meth:`schedule`. Returns the handler unchanged.
+        of [``schedule``][sqla_jobs.tasks.Registry.schedule]. Returns the handler unchanged.
         """
 
         def add(handler: Handler[R]) -> Handler[R]:
@@ -472,10 +476,10 @@ class Registry:
         ``timezone`` (an IANA name); or ``cron=None`` and ``every=timedelta(...)``.
         ``payload``: the jobs' payload, plus ``"scheduled_for"`` (the tick). ``missed``:
         ``"latest"`` (default), ``"skip"`` or ``"all"`` (with ``catch_up``), applied when
-        a due tick is more than ``grace`` old (see :mod:`sqla_jobs.periodic`). ``meta``
-        and ``tags``: the metadata of every tick's job.
-        ``handler``: a registered :class:`Handler` or its kind. Raises RegistryError,
-        naming the schedule, for anything that could not run.
+        a due tick is more than ``grace`` old (see [``sqla_jobs.periodic``][sqla_jobs.periodic]).
+        ``meta`` and ``tags``: the metadata of every tick's job.
+        ``handler``: a registered [``Handler``][sqla_jobs.tasks.Handler] or its kind. Raises
+        RegistryError, naming the schedule, for anything that could not run.
         """
         kind = handler.kind if isinstance(handler, Handler) else handler
         if not isinstance(kind, str) or kind not in self._handlers:
@@ -523,7 +527,8 @@ class Registry:
     def new(
         self, kind: str, payload: Mapping[str, Any] | None = None, **options: Any
     ) -> producer.NewJob:
-        """A :class:`NewJob` of ``kind`` with its handler's defaults (queue, priority,
+        """A [``NewJob``][sqla_jobs.NewJob] of ``kind`` with its handler's defaults (queue,
+        priority,
         max_attempts), for ``enqueue_many``. RegistryError for a kind with no handler."""
         return self._handler_for(kind).new(payload, **options)
 
@@ -536,8 +541,8 @@ class Registry:
     ) -> int | None:
         """Enqueue ``kind`` by name with its handler's defaults, as ``handler.enqueue`` does.
 
-        Plain :func:`sqla_jobs.enqueue` (and ``Job(...)``) never look at a registry: a
-        job without ``max_attempts`` gets its handler's when a worker claims it, but
+        Plain [``sqla_jobs.enqueue``][sqla_jobs.enqueue] (and ``Job(...)``) never look at a
+        registry: a job without ``max_attempts`` gets its handler's when a worker claims it, but
         ``queue`` and ``priority`` default to ``"default"`` and 0 (the worker warns about
         ready jobs left in a queue it does not serve). A kind with no handler here is a
         RegistryError, raised before anything is written. Never commits.
@@ -551,7 +556,7 @@ class Registry:
         payload: Mapping[str, Any] | None = None,
         **options: Any,
     ) -> int | None:
-        """:meth:`enqueue` on an ``AsyncSession`` or ``AsyncConnection``. Never commits."""
+        """``enqueue`` on an ``AsyncSession`` or ``AsyncConnection``. Never commits."""
         return await self._handler_for(kind).enqueue_async(session, payload, **options)
 
     def __contains__(self, kind: object) -> bool:

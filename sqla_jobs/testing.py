@@ -210,8 +210,8 @@ def scratch_database(
     """A throwaway database, migrated unless told otherwise, dropped on exit.
 
     Migrated with sqla_jobs' revisions, or with your app's ``alembic_config`` (an
-    ``alembic.config.Config``: its heads, see :func:`migrate_app`). A ``template``
-    database is cloned as it is.
+    ``alembic.config.Config``: its heads, see [``migrate_app``][sqla_jobs.testing.migrate_app]). A
+    ``template`` database is cloned as it is.
     """
     name = f"{prefix}_{uuid.uuid4().hex[:12]}"
     url = create_database(admin_url, name, template=template)
@@ -228,9 +228,9 @@ def scratch_database(
 
 @dataclass(frozen=True)
 class DrainSummary:
-    """What :func:`drain` or :func:`run_inline` ran: per kind, how many attempts ended
-    done, were retried (failed, queued again), went dead, were snoozed or ended cancelled
-    (``Discard``, or cancelled while running).
+    """What [``drain``][sqla_jobs.testing.drain] or [``run_inline``][sqla_jobs.testing.run_inline]
+    ran: per kind, how many attempts ended done, were retried (failed, queued again), went dead,
+    were snoozed or ended cancelled (``Discard``, or cancelled while running).
 
     ``summary.done`` is ``{"send_receipt": 2, ...}``; ``summary.total("retried")`` adds up
     one outcome over every kind.
@@ -293,13 +293,13 @@ def drain(
     """Run ``registry``'s handlers in this process until none of its jobs is ready or running.
 
     Like Oban.Testing's ``drain_queue``: a real worker against the real database, stopped
-    once the queue is empty; it returns what ran (:class:`DrainSummary`). Jobs scheduled
-    in the future are left alone, unless ``until_empty``: then retries waiting out their
-    backoff and jobs scheduled within ``within`` (seconds or a timedelta, default an hour)
-    of the database's ``now()`` are made ready at once (their ``run_at`` is pulled
-    forward, for these jobs only: no clock is changed) and run, again and again, until
-    none of the registry's jobs is ready, running or due within that bound. So a job that
-    fails twice and then succeeds is done when this returns. Jobs must be committed.
+    once the queue is empty; it returns what ran
+    ([``DrainSummary``][sqla_jobs.testing.DrainSummary]). Jobs scheduled in the future are left
+    alone, unless ``until_empty``: then retries waiting out their backoff and jobs scheduled within
+    ``within`` (seconds or a timedelta, default an hour) of the database's ``now()`` are made ready
+    at once (their ``run_at`` is pulled forward, for these jobs only: no clock is changed) and run,
+    again and again, until none of the registry's jobs is ready, running or due within that bound.
+    So a job that fails twice and then succeeds is done when this returns. Jobs must be committed.
     Periodic schedules enqueue nothing here (call ``sqla_jobs.periodic.enqueue_due``,
     with a pinned ``now`` if you like, to enqueue their ticks).
     Raises TimeoutError if jobs are still pending after ``timeout`` seconds.
@@ -397,7 +397,8 @@ async def drain_async(
     until_empty: bool = False,
     within: float | timedelta = 3600.0,
 ) -> DrainSummary:
-    """:func:`drain`, awaitable from an async test: the worker runs on threads of its own.
+    """[``drain``][sqla_jobs.testing.drain], awaitable from an async test: the worker runs on
+    threads of its own.
 
     The caller's event loop is free meanwhile (the worker's ``async def`` handlers run on
     the worker's own loop), so an async test may serve what the handlers call.
@@ -466,7 +467,8 @@ def assert_enqueued(
     count: int | None = None,
 ) -> ops.JobRecord:
     """Assert that a queued job of ``kind`` matches (``count``: exactly that many do);
-    return the first match. Sees the caller's uncommitted jobs; see :func:`enqueued_jobs`.
+    return the first match. Sees the caller's uncommitted jobs; see
+    [``enqueued_jobs``][sqla_jobs.testing.enqueued_jobs].
 
     The AssertionError lists the queued jobs of that kind, to show what was there instead.
     """
@@ -511,7 +513,7 @@ refute_enqueued_async = _sessions.async_form_or_connection(refute_enqueued)
 # --- inline mode ----------------------------------------------------------------------
 
 
-#: ``jobs.worker`` (and ``JobContext.worker``) of jobs run by :func:`run_inline`.
+#: ``jobs.worker`` (and ``JobContext.worker``) of jobs run by ``run_inline``.
 INLINE_WORKER = "inline"
 
 
@@ -527,9 +529,9 @@ def run_inline(
 
     For unit tests, with no worker: each job is locked, marked running (attempt + 1) and
     its handler called with ``session``, the payload as stored (read back from jsonb, as
-    the worker gives it) and a :class:`JobContext` whose worker is ``"inline"``. Its
-    writes and its done-mark stay in your transaction, inside a savepoint: a handler that
-    raises has its writes rolled back and the failure recorded as the worker would
+    the worker gives it) and a [``JobContext``][sqla_jobs.tasks.JobContext] whose worker is
+    ``"inline"``. Its writes and its done-mark stay in your transaction, inside a savepoint: a
+    handler that raises has its writes rolled back and the failure recorded as the worker would
     (queued again after its backoff, or dead at max_attempts), then the exception is
     re-raised unless ``raise_errors=False``. As in the worker, ``session.commit()`` inside
     a handler raises ``HandlerTransactionError``. Jobs the handlers enqueue run too, up
@@ -538,7 +540,7 @@ def run_inline(
 
     ``async def`` handlers need an ``AsyncSession``: with one, ``await
     run_inline_async(registry, async_session)`` runs both kinds. Here a ready job of an
-    async kind raises :class:`~sqla_jobs.RegistryError` before any job runs (and a job of
+    async kind raises [``RegistryError``][sqla_jobs.RegistryError] before any job runs (and a job of
     an async kind that a handler enqueues stops the run with the same error).
     """
     _sessions.refuse_async(session, "testing.run_inline", "testing.run_inline_async")
@@ -559,12 +561,13 @@ async def run_inline_async(
     raise_errors: bool = True,
     limit: int = 1000,
 ) -> DrainSummary:
-    """:func:`run_inline` on an ``AsyncSession``: plain and ``async def`` handlers alike.
+    """[``run_inline``][sqla_jobs.testing.run_inline] on an ``AsyncSession``: plain and ``async
+    def`` handlers alike.
 
     ``async def`` handlers are awaited with ``session``; plain ones are called with its
     own ``Session`` (``session.sync_session``, the same transaction), on the event loop's
     thread as SQLAlchemy's ``run_sync`` does. Everything else is as in
-    :func:`run_inline`: one savepoint per job, nothing committed.
+    [``run_inline``][sqla_jobs.testing.run_inline]: one savepoint per job, nothing committed.
     """
     _sessions.refuse_sync(session, "testing.run_inline_async", "testing.run_inline")
     return await session.run_sync(

@@ -2,7 +2,7 @@
 durations and ids of the worker's configuration and the operators' commands.
 
 Both ways in (``enqueue``/``enqueue_many`` and ``session.add(Job(...))``) call these, so
-bad input is refused with :class:`~sqla_jobs.exceptions.InvalidJobError` before any SQL
+bad input is refused with [``InvalidJobError``][sqla_jobs.exceptions.InvalidJobError] before any SQL
 runs and the caller's transaction stays usable. PostgreSQL would refuse some of these
 values too (jsonb rejects ``\\u0000`` and ``NaN``), but only after aborting the caller's
 transaction, which is exactly what a job queue must not do to its caller.
@@ -285,7 +285,7 @@ def _dump_object(label: str, value: object, max_bytes: int) -> str:
 #: Largest ``meta`` object, as bytes of its JSON text: metadata is for short facts
 #: (tenant, request id, trace context) that filters and traces read, not for data. It
 #: bounds the meta the application gives; the trace context an insert adds when tracing
-#: is on (:data:`MAX_TRACE_CONTEXT_BYTES`) comes on top, so turning tracing on never
+#: is on (``MAX_TRACE_CONTEXT_BYTES``) comes on top, so turning tracing on never
 #: makes a job that was accepted without it too large.
 MAX_META_BYTES = 8_192
 #: Most tags on one job, and the longest tag (characters).
@@ -307,7 +307,7 @@ _TRACEPARENT_EXAMPLE = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 #: end), so the context an insert adds is bounded.
 MAX_TRACESTATE_BYTES = 512
 #: Most bytes the trace context adds to a job's meta as JSON: the keys, a traceparent
-#: (55 characters) and a tracestate of at most :data:`MAX_TRACESTATE_BYTES` as JSON.
+#: (55 characters) and a tracestate of at most ``MAX_TRACESTATE_BYTES`` as JSON.
 MAX_TRACE_CONTEXT_BYTES = (
     (len(',"traceparent":""') + len(_TRACEPARENT_EXAMPLE) + len(',"tracestate":'))
     + 2
@@ -354,7 +354,7 @@ def _short(value: object) -> str:
 
 def dump_meta(meta: object) -> str | None:
     """``meta``'s JSON text (None for None or an empty object: the column stays NULL),
-    or InvalidJobError: a JSON object of at most :data:`MAX_META_BYTES` whose trace
+    or InvalidJobError: a JSON object of at most ``MAX_META_BYTES`` whose trace
     context keys, if any, are well formed."""
     if meta is None:
         return None
@@ -372,7 +372,7 @@ def dump_meta(meta: object) -> str | None:
 
 def dump_traced_meta(meta: Mapping[str, Any]) -> str:
     """The JSON text of a checked meta plus the trace context an insert added to it: it
-    may exceed :data:`MAX_META_BYTES` by at most :data:`MAX_TRACE_CONTEXT_BYTES`."""
+    may exceed ``MAX_META_BYTES`` by at most ``MAX_TRACE_CONTEXT_BYTES``."""
     return _dump_object("meta", meta, MAX_META_BYTES + MAX_TRACE_CONTEXT_BYTES)
 
 
@@ -384,7 +384,7 @@ def check_meta(meta: object) -> dict[str, Any] | None:
 def check_tags(tags: object) -> tuple[str, ...] | None:
     """``tags`` as a tuple of distinct strings, in the order given (None for None or
     empty: the column stays NULL), or InvalidJobError: a list (or tuple) of at most
-    :data:`MAX_TAGS` non-empty strings of at most :data:`MAX_TAG_LENGTH` characters,
+    ``MAX_TAGS`` non-empty strings of at most ``MAX_TAG_LENGTH`` characters,
     without a comma. A single string is refused: ``tags="vip"`` would otherwise read as
     three tags; a set too: its order, so the stored one, would be arbitrary (tags are
     shown in the order given)."""
@@ -430,7 +430,7 @@ _SCALARS = (str, int, float, bool, type(None))
 
 def _keys_are_strings(value: object) -> bool:
     """True when every key in ``value`` is a ``str``, checked by exact types only; False
-    when it finds another key or a mapping of another type (then :func:`_check_keys`
+    when it finds another key or a mapping of another type (then ``_check_keys``
     decides). The fast path of every enqueue: no ABC checks, no paths built (the walk
     with paths cost 7x the encoding of a 200-item payload)."""
     stack = [value]

@@ -67,25 +67,26 @@ anyway (the "ignore" policy); ``when="failed"`` runs only if some dependency did
 done, and is cancelled once all ended done. A waiting step always ends: released, or
 cancelled.
 
-*A sweep repairs what the trigger could not see* (:func:`sweep`, run by one worker at a
-time under an advisory lock): an edge appended by a transaction that had not committed
+*A sweep repairs what the trigger could not see* ([``sweep``][sqla_jobs.workflows.sweep], run by one
+worker at a time under an advisory lock): an edge appended by a transaction that had not committed
 when its parent ended, or edges of parents ended while the triggers were disabled.
 
-*Retrying a step resumes its workflow.* :func:`sqla_jobs.ops.retry_jobs` on a step that
-ended dead or cancelled reopens, in its transaction, the steps that its failure
+*Retrying a step resumes its workflow.* [``sqla_jobs.ops.retry_jobs``][sqla_jobs.ops.retry_jobs] on
+a step that ended dead or cancelled reopens, in its transaction, the steps that its failure
 cancelled (their ``last_error`` begins ``upstream step``), transitively: they wait
 again, their edges from the retried steps reopened. One that also depends on another
 failed step that is not retried stays cancelled (it would otherwise run without it), and
 the resolve cancels again the steps reopened after it, naming it.
-:func:`sqla_jobs.ops.retry_workflow` retries every failed step at once.
+[``sqla_jobs.ops.retry_workflow``][sqla_jobs.ops.retry_workflow] retries every failed step at once.
 
-*Workflow ids are time-ordered* (:func:`new_workflow_id`, UUID version 7), so the list
-of recent workflows (:func:`sqla_jobs.ops.list_workflows`) walks
-``jobs_workflow_finished_idx`` downwards, one descent per workflow, with no table of
-workflows to keep.
+*Workflow ids are time-ordered* ([``new_workflow_id``][sqla_jobs.workflows.new_workflow_id], UUID
+version 7), so the list of recent workflows
+([``sqla_jobs.ops.list_workflows``][sqla_jobs.ops.list_workflows]) walks
+``jobs_workflow_finished_idx`` downwards, one descent per workflow, with no table of workflows to
+keep.
 
-*Results flow downstream.* :func:`upstream_results` reads the stored results
-(``result``, revision 0005) of a step's dependencies, live or archived. The archiver
+*Results flow downstream.* ``upstream_results`` reads the
+stored results (``result``, revision 0005) of a step's dependencies, live or archived. The archiver
 leaves every finished step of a workflow that has not ended in ``jobs``.
 """
 
@@ -130,7 +131,7 @@ def new_workflow_id() -> uuid.UUID:
     its first 48 bits, then random bits. Workflow ids therefore sort by creation time
     (to the millisecond, by the clocks of the hosts that enqueue them), and the list of
     workflows reads them newest first from ``jobs_workflow_finished_idx`` with one index
-    descent per workflow (:func:`sqla_jobs.ops.list_workflows`)."""
+    descent per workflow ([``sqla_jobs.ops.list_workflows``][sqla_jobs.ops.list_workflows])."""
     value = (time.time_ns() // 1_000_000 & (1 << 48) - 1) << 80
     value |= int.from_bytes(os.urandom(10), "big")
     value = (value & ~(0xF << 76)) | 7 << 76  # version 7
@@ -148,7 +149,8 @@ class _Step:
 
 @dataclass(frozen=True)
 class WorkflowIds:
-    """What :meth:`Workflow.enqueue` wrote: the workflow's id and each step's job id."""
+    """What ``Workflow.enqueue`` wrote: the workflow's id
+    and each step's job id."""
 
     id: uuid.UUID
     steps: Mapping[str, int] = field(default_factory=dict)
@@ -169,9 +171,9 @@ def _check_when(value: object, where: str) -> str:
 class Workflow:
     """Named steps (each a job of a kind, with its payload and options) and dependencies.
 
-    Build it with :meth:`add`, then :meth:`enqueue` (or :meth:`enqueue_async`) it in the
-    caller's Session or AsyncSession: every step and edge is written in the caller's
-    transaction, so the workflow commits with the application's writes or not at all.
+    Build it with ``add``, then ``enqueue`` (or
+    ``enqueue_async``) it in the caller's Session or AsyncSession: every step and edge is written in
+    the caller's transaction, so the workflow commits with the application's writes or not at all.
     Everything is checked before anything is written: unknown dependency names, cycles,
     duplicate step names, and (with ``registry``) kinds with no handler.
 
@@ -220,7 +222,7 @@ class Workflow:
 
         ``run_at`` / ``delay`` hold the step back further: it runs at that time or when
         released, whichever is later. ``meta`` and ``tags`` are the step's metadata,
-        checked as :func:`~sqla_jobs.enqueue` checks them; :meth:`enqueue` adds the
+        checked as [``enqueue``][sqla_jobs.enqueue] checks them; ``enqueue`` adds the
         inserting code's trace context to each step's meta, as any insert does.
         """
         if not isinstance(name, str) or not name or len(name) > validation.MAX_KIND_LENGTH:
@@ -416,7 +418,7 @@ class Workflow:
         return workflow_id, existing
 
     async def enqueue_async(self, session: AsyncSession | AsyncConnection) -> WorkflowIds:
-        """:meth:`enqueue` for an AsyncSession or AsyncConnection (the same statements, in
+        """``enqueue`` for an AsyncSession or AsyncConnection (the same statements, in
         its transaction)."""
         if isinstance(session, AsyncSession):
             conn = await session.connection(bind_arguments={"mapper": Job})
@@ -483,7 +485,8 @@ def upstream_results(
 ) -> dict[str, Any]:
     """The stored results of a step's dependencies, by step name (a fan-in gets all of
     them), live or archived; ``job`` defaults to the running handler's
-    (:func:`sqla_jobs.current_job`). A dependency that ended without a result (or did
+    ([``sqla_jobs.current_job``][sqla_jobs.current_job]). A dependency that ended without a result
+    (or did
     not end done, for a step that runs anyway) maps to None."""
     if not isinstance(session, Session | Connection):
         raise TypeError(
@@ -497,7 +500,8 @@ def upstream_results(
 async def upstream_results_async(
     session: AsyncSession | AsyncConnection, job: JobContext | int | None = None
 ) -> dict[str, Any]:
-    """:func:`upstream_results` for an AsyncSession or AsyncConnection."""
+    """``upstream_results`` for an AsyncSession or
+    AsyncConnection."""
     if not isinstance(session, AsyncSession | AsyncConnection):
         raise TypeError(
             "upstream_results_async() takes an AsyncSession or AsyncConnection, got "

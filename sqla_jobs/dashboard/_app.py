@@ -31,9 +31,9 @@ def create_app(
     ``engine``: a synchronous SQLAlchemy ``Engine`` on the jobs database (pages run the
     ops on a thread pool; an async app creates one beside its ``AsyncEngine``, with the
     same URL). ``auth``: called with each request (sync or async), returns ``"allow"``,
-    ``"read-only"``, ``"deny"`` or a :class:`Decision`; None lets everyone in (fine for
-    the standalone command on 127.0.0.1, not for a public app). ``permissions``: the
-    actions an allowed viewer may take, a collection of names from :data:`ACTIONS`
+    ``"read-only"``, ``"deny"`` or a [``Decision``][sqla_jobs.dashboard.Decision]; None lets
+    everyone in (fine for the standalone command on 127.0.0.1, not for a public app).
+    ``permissions``: the actions an allowed viewer may take, a collection of names from ``ACTIONS``
     or a callable ``(request, action) -> bool`` (sync or async); None grants every
     action. ``read_only``: no action for anyone. ``registry``: the app's handlers, for
     periodic schedules, declared queues and kinds, and kinds no handler serves.
@@ -113,10 +113,10 @@ def create_app(
 
 
 def close_streams(app: Starlette) -> None:
-    """End the open tabs' live streams of ``app`` (made by :func:`create_app`), cancel the
-    live view's query in flight and refuse new streams, so a stopping server (and its
-    process, which waits for the query's thread) need not wait for them: call it on the
-    server's event
+    """End the open tabs' live streams of ``app`` (made by
+    [``create_app``][sqla_jobs.dashboard._app.create_app]), cancel the live view's query in flight
+    and refuse new streams, so a stopping server (and its process, which waits for the query's
+    thread) need not wait for them: call it on the server's event
     loop as the server *begins* to stop. A tab reconnects by itself to the next server.
 
     An ASGI lifespan's shutdown runs only after the server's graceful-shutdown wait, so

@@ -7,9 +7,9 @@ never as a decision: the ticked ids, or the filter with the highest id it matche
 review (``upto``), so a job enqueued after the review is not touched, and a job whose
 status changed in between is left alone by the ops call's own status condition.
 
-Everything goes through :mod:`sqla_jobs.ops` (``list_jobs``, ``job_states``,
+Everything goes through [``sqla_jobs.ops``][sqla_jobs.ops] (``list_jobs``, ``job_states``,
 ``retry_jobs``, ``cancel``, ``delete_jobs``). A filter matching more than
-:data:`MAX_BULK` jobs acts on the first :data:`MAX_BULK` (oldest first) and says so.
+``MAX_BULK`` jobs acts on the first ``MAX_BULK`` (oldest first) and says so.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ class Selection:
 
 
 def select(session: Session, asked: Asked) -> Selection:
-    """The jobs of ``asked`` that its action applies to, by id (at most :data:`MAX_BULK`)."""
+    """The jobs of ``asked`` that its action applies to, by id (at most ``MAX_BULK``)."""
     statuses = APPLIES_TO[asked.op]
     if asked.filter is None:
         states = ops.job_states(session, asked.ids)

@@ -7,7 +7,7 @@ page claim an action nobody took. So the value is signed with an HMAC keyed by t
 browser's CSRF token (a secret in an ``HttpOnly`` cookie, the same in every process of
 the app: no server key to share), and carries the time it was made. A page shows it
 only when the signature matches the cookie the browser sends and it is at most
-:data:`MAX_AGE` seconds old; anything else in the URL shows nothing. A message may also
+``MAX_AGE`` seconds old; anything else in the URL shows nothing. A message may also
 name what it acted on (``queue mail``), signed with the rest.
 """
 
@@ -56,7 +56,7 @@ def sign(token: str, code: str, n: int | None, now: float | None = None, name: s
 
 def read(request: Request, now: float | None = None) -> tuple[str, int | None, str] | None:
     """The message code, count and name this request's URL carries, if the server signed
-    them for this browser in the last :data:`MAX_AGE` seconds; else None."""
+    them for this browser in the last ``MAX_AGE`` seconds; else None."""
     value = request.query_params.get(PARAM, "")
     token = request.cookies.get(_security.CSRF_COOKIE, "")
     parts = value.split(".")

@@ -97,7 +97,8 @@ class JobFilter:
         return any(getattr(self, f.name) for f in fields(self))
 
     def arguments(self) -> dict[str, Any]:
-        """Keyword arguments of :func:`sqla_jobs.ops.list_jobs`; ConfigError if one is wrong,
+        """Keyword arguments of [``sqla_jobs.ops.list_jobs``][sqla_jobs.ops.list_jobs]; ConfigError
+        if one is wrong,
         naming the page's control (and its query parameter)."""
         args: dict[str, Any] = {}
         if self.status:

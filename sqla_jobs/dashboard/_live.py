@@ -1,10 +1,10 @@
 """Live updates: a server-sent events stream per open tab, all fed by one shared hub.
 
 Cost first: an open tab must not slow the workers down. So the database is not asked
-once per tab but once per *round* of the :class:`Hub`, shared by every open stream of
+once per tab but once per *round* of the ``Hub``, shared by every open stream of
 the app: one ``ops.stats`` (only while some tab shows the counts) and one
 ``ops.job_states`` for the union of the jobs the tabs show, at most once a second
-(:data:`MIN_INTERVAL`), however many tabs are open. With no tab open the hub stops and
+(``MIN_INTERVAL``), however many tabs are open. With no tab open the hub stops and
 costs nothing; a hidden tab closes its stream (``static/dashboard.js``).
 
 Rounds come every ``refresh`` seconds (polling), and sooner after a notification: the
@@ -16,7 +16,7 @@ LISTEN is impossible (``listen=False``, behind PgBouncer in transaction mode, or
 connection fails or is lost) the hub simply polls, and tries to LISTEN again later.
 
 A stream sends an event only when what its tab shows changed: ``counts`` (the
-overview's figures; :func:`counts_of` says running from claimed) and ``jobs``
+overview's figures; ``counts_of`` says running from claimed) and ``jobs``
 (``{id: {status, attempts, stopping}}``), and a comment now and then so proxies keep
 the connection open. The browser's ``EventSource``
 reconnects by itself after a lost connection (the ``retry`` field sets its delay).
@@ -180,7 +180,7 @@ class Hub:
         self.closing = False
         self._task: asyncio.Task[None] | None = None
         #: The database connections of the round's read in flight (in a worker thread),
-        #: so :meth:`close` can cancel their queries: the process cannot exit before that
+        #: so ``close`` can cancel their queries: the process cannot exit before that
         #: thread returns, and on a loaded database a round takes seconds. Every
         #: connection the hub's own engine opens (``ops.stats`` opens one of its own) is
         #: listed, by an event local to that engine (the pages' reads are not).
@@ -190,7 +190,7 @@ class Hub:
     # --- streams --------------------------------------------------------------------
 
     async def stream(self, watch: Watch) -> AsyncIterator[str]:
-        """The text of one tab's event stream, until the tab goes away or :meth:`close`."""
+        """The text of one tab's event stream, until the tab goes away or ``close``."""
         if self.closing:
             return
         self._join(watch)

@@ -86,7 +86,7 @@ def moment(value: datetime | None) -> str:
 
 
 def zoned(value: datetime | None, zone: str | None) -> str:
-    """:func:`moment` in the time zone ``zone`` (a schedule's; UTC for None), so the
+    """``moment`` in the time zone ``zone`` (a schedule's; UTC for None), so the
     times of one schedule are read on one clock."""
     if value is None:
         return moment(value)
@@ -122,7 +122,8 @@ class Chart:
 
 
 def chart(data: ops.Throughput) -> Chart:
-    """Bars for :func:`sqla_jobs.ops.throughput`, scaled to the busiest minute."""
+    """Bars for [``sqla_jobs.ops.throughput``][sqla_jobs.ops.throughput], scaled to the busiest
+    minute."""
     minutes = data.minutes
     peak = max((m.done + m.dead for m in minutes), default=0)
     base = float(CHART_HEIGHT - CHART_AXIS)
@@ -171,7 +172,7 @@ LISTED_DEPENDENCIES = 20
 class StepRow:
     """One step on the workflow page: its stage (1 + the deepest of its dependencies';
     None on a page of a workflow too big for one), and its dependencies as ``(name, job
-    id or None)`` for the links between rows, the first :data:`LISTED_DEPENDENCIES` of
+    id or None)`` for the links between rows, the first ``LISTED_DEPENDENCIES`` of
     them (``more_depends``, ``more_waiting``: how many are not listed)."""
 
     step: ops.WorkflowStep

@@ -1,10 +1,10 @@
 """Who may look and who may act: the ``auth`` hook, per-action permissions, CSRF, headers.
 
-Every request goes through :func:`resolve`: the application's ``auth`` hook (sync or
+Every request goes through ``resolve``: the application's ``auth`` hook (sync or
 async, given the request) answers ``"allow"``, ``"read-only"`` or ``"deny"`` (or a
-:class:`Decision` that also names the user, for the audit trail). A read-only viewer,
-and everyone when the app was built with ``read_only=True``, sees every page and no
-action; an allowed viewer may take the actions ``permissions`` grants.
+[``Decision``][sqla_jobs.dashboard._security.Decision] that also names the user, for the audit
+trail). A read-only viewer, and everyone when the app was built with ``read_only=True``, sees every
+page and no action; an allowed viewer may take the actions ``permissions`` grants.
 
 State changes are POST only, and each POST carries a CSRF token: a random value kept in
 a ``SameSite=Strict``, ``HttpOnly`` cookie and repeated in a hidden form field
@@ -196,7 +196,7 @@ def csrf_problem(request: Request, submitted: str | None) -> str | None:
 
 
 class SecurityHeaders:
-    """ASGI middleware: :data:`SECURITY_HEADERS` on every response, static files included."""
+    """ASGI middleware: ``SECURITY_HEADERS`` on every response, static files included."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app

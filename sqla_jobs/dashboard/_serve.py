@@ -45,7 +45,7 @@ def bind_address(host: str) -> str:
 
 
 def is_loopback(host: str) -> bool:
-    """Whether ``host`` (as :func:`bind_address` returns it) reaches this machine only:
+    """Whether ``host`` (as ``bind_address`` returns it) reaches this machine only:
     ``localhost``, 127.0.0.0/8, ``::1``, or 127.x written as an IPv4-mapped IPv6 address."""
     if host == "localhost":
         return True
@@ -220,7 +220,7 @@ def serve(
     registry: Registry | None,
     sock: socket.socket,
 ) -> None:
-    """Serve the dashboard on ``sock`` (from :func:`listen`) until stopped; says where
+    """Serve the dashboard on ``sock`` (from ``listen``) until stopped; says where
     once it accepts connections."""
     import uvicorn
 

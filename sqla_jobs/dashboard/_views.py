@@ -1,11 +1,11 @@
-"""The pages and actions: each a thin route over :mod:`sqla_jobs.ops`.
+"""The pages and actions: each a thin route over [``sqla_jobs.ops``][sqla_jobs.ops].
 
 A page reads what it shows with ops functions in one ``Session`` on a worker thread
 (``run_in_threadpool``: the ops are synchronous, the event loop stays free) and renders
 a template. An action is a POST: its CSRF token and the viewer's permission are checked
 first, then the ops call and its audit entry run in one transaction, and the browser is
 sent back (303) to the page it came from, with a message code and count the server
-signed for this browser (:mod:`._flash`): a link cannot make a page say something it
+signed for this browser (``._flash``): a link cannot make a page say something it
 would not, nor claim an action nobody took.
 """
 
@@ -229,7 +229,7 @@ class Views:
         name: str = "",
     ) -> Response:
         """303 to ``path`` (with ``query``, a page's own), saying what was done (signed:
-        see :mod:`._flash`)."""
+        see ``._flash``)."""
         prefix = request.scope.get("root_path", "").rstrip("/")
         token = request.cookies.get(_security.CSRF_COOKIE, "")  # checked by the action
         signed = _flash.sign(token, did, n, name=name)
@@ -627,7 +627,7 @@ class Views:
         )
 
     async def events(self, request: Request) -> Response:
-        """The live view's server-sent events for one tab (see :mod:`._live`)."""
+        """The live view's server-sent events for one tab (see ``._live``)."""
         try:
             viewer = await self._viewer(request)
         except _security.HookFailed as exc:
@@ -888,7 +888,7 @@ def _actionable(viewer: Viewer) -> str:
 
 
 def _said(done: tuple[str, int | None, str] | None) -> tuple[str | None, str | None]:
-    """What a page says after an action (see :data:`MESSAGES`), and its note if any."""
+    """What a page says after an action (see ``MESSAGES``), and its note if any."""
     if done is None:
         return None, None
     code, n, name = done

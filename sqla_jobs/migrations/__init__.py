@@ -98,7 +98,7 @@ def upgrade(connection: Connection, revision: str = "heads") -> None:
 
 
 def downgrade(connection: Connection, revision: str = "base") -> None:
-    """Revert sqla_jobs' migrations on ``connection`` (commits, like :func:`upgrade`)."""
+    """Revert sqla_jobs' migrations on ``connection`` (commits, like ``upgrade``)."""
     if connection.in_transaction():
         connection.commit()
     command.downgrade(alembic_config(connection), revision)

@@ -2,13 +2,13 @@
 
 Split by concern, one module each:
 
-* :mod:`~sqla_jobs.sql.enqueue`: inserting jobs;
-* :mod:`~sqla_jobs.sql.lease`: the worker's claim and the fenced outcomes of a claim;
-* :mod:`~sqla_jobs.sql.admin`: operators' commands and the testing helpers' look-ups;
-* :mod:`~sqla_jobs.sql.stats`: ``sqla_jobs.stats`` and the throughput by minute;
-* :mod:`~sqla_jobs.sql.audit`: the audit trail of operators' actions (revision 0009);
-* :mod:`~sqla_jobs.sql.locks`: advisory lock keys and the notification channel;
-* :mod:`~sqla_jobs.sql.schema`: probes that the migrations have run.
+* ``enqueue``: inserting jobs;
+* ``lease``: the worker's claim and the fenced outcomes of a claim;
+* ``admin``: operators' commands and the testing helpers' look-ups;
+* ``stats``: ``sqla_jobs.stats`` and the throughput by minute;
+* ``audit``: the audit trail of operators' actions (revision 0009);
+* ``locks``: advisory lock keys and the notification channel;
+* ``schema``: probes that the migrations have run.
 
 Each function is pure: it takes plain values (including an optional ``now`` so tests can
 pin time) and returns an executable Core statement. ``tests/sql/*.sql`` keeps the compiled

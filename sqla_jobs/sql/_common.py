@@ -23,7 +23,7 @@ from sqla_jobs.models import JobStatus, jobs
 
 Now = datetime | None
 #: ``now`` as a value, or as a parameter given at execution (``{"taken_at": ...}`` for
-#: :data:`TAKEN_AT`): a statement built with the parameter is built once and reused, its
+#: ``TAKEN_AT``): a statement built with the parameter is built once and reused, its
 #: SQLAlchemy cache key computed once (the dashboard's overview, several times a second).
 At = datetime | sa.BindParameter[datetime] | None
 #: The instant every figure of a stats read refers to, given at execution.

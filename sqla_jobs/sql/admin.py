@@ -79,17 +79,17 @@ def list_jobs(
     A page reads one index in its order and stops at ``limit`` rows (revision 0010):
     the first of kind, queue and a single status given leads, on its ``(column, id)``
     index; otherwise the primary key. A payload filter without a leading one is asked
-    in two steps (:func:`sqla_jobs.ops.list_jobs`), and so are ``meta`` and ``tags``
-    (revision 0013): ``payload_scan=NEAR`` reads the ``PAYLOAD_WINDOW`` ids after the
+    in two steps ([``sqla_jobs.ops.list_jobs``][sqla_jobs.ops.list_jobs]), and so are ``meta`` and
+    ``tags`` (revision 0013): ``payload_scan=NEAR`` reads the ``PAYLOAD_WINDOW`` ids after the
     cursor on the primary key (a common value fills the page there); if that is not a
     page, ``payload_scan=MATCHES`` reads every match from the GIN index
     (``jobs_payload_idx``, ``jobs_meta_idx``, ``jobs_tags_idx``) and sorts them (a rare
     value has few; the values and the cursor are kept out of the planner's estimates
-    there, see :func:`_hidden`).
+    there, see ``_hidden``).
     The age filters walk the primary key and test ``created_at`` (it mostly follows
-    ``id``). Without a leading filter or a payload (:func:`age_bounded`), the walk runs
+    ``id``). Without a leading filter or a payload (``age_bounded``), the walk runs
     between the lowest id created since the ``newer_than`` bound and the highest created
-    before the ``older_than`` one (:func:`_id_bound`, revision 0017) rather than through
+    before the ``older_than`` one (``_id_bound``, revision 0017) rather than through
     every job on the other side of a bound: one statement, no window first (finding
     the bound costs less than reading a window of rows).
 
@@ -200,7 +200,7 @@ def _workflow_page(
     meta: str | None,
     workflow: Any,
 ) -> sa.Select[Any]:
-    """:func:`list_jobs` of one workflow's steps (see there); ``extra``: conditions
+    """``list_jobs`` of one workflow's steps (see there); ``extra``: conditions
     already made."""
     conditions = extra + _job_filters(
         statuses=statuses, kind=kind, queue=queue, older_than=older_than, now=now
@@ -259,8 +259,8 @@ def age_bounded(
     ages: Sequence[Any],
     *contains: Any,
 ) -> bool:
-    """Whether :func:`list_jobs` with these filters bounds its walk of the primary key by
-    the age filters (:func:`_age_walk`): ``ages`` (its ``older_than`` and ``newer_than``)
+    """Whether ``list_jobs`` with these filters bounds its walk of the primary key by
+    the age filters (``_age_walk``): ``ages`` (its ``older_than`` and ``newer_than``)
     has one given, and no other filter leads, nor a payload, meta or tags filter (which
     are asked in two steps of their own)."""
     return (
@@ -276,7 +276,7 @@ def _age_walk(
     """The age filters of a page walking the primary key, and the bounds of that walk.
 
     The walk runs between the lowest id created since the ``newer_than`` bound and the
-    highest id created before the ``older_than`` one (:func:`_id_bound`), so neither
+    highest id created before the ``older_than`` one (``_id_bound``), so neither
     side of a bound is walked through to reach (or to rule out) the other.
     ``created_at`` is tested on every row: the page is exact whatever the order of
     created_at against id.
@@ -367,7 +367,7 @@ def payload_in_two_steps(
     queue: str | None,
     *contains: Any,
 ) -> bool:
-    """Whether :func:`list_jobs` with these filters is asked NEAR, then MATCHES:
+    """Whether ``list_jobs`` with these filters is asked NEAR, then MATCHES:
     ``contains`` are its payload, meta and tags filters (None where not given)."""
     return (
         any(c is not None for c in contains) and _leading_filter(statuses, kind, queue)[0] is None
@@ -394,8 +394,8 @@ def id_edges() -> sa.Select[Any]:
 def near_window_was_everything(
     after_id: int | None, newest_first: bool, lowest: int | None, highest: int | None
 ) -> bool:
-    """Whether the NEAR window (:func:`_near`) after ``after_id`` held every id up to the
-    table's far edge (``lowest``/``highest`` from :func:`id_edges`, read after it): then
+    """Whether the NEAR window (``_near``) after ``after_id`` held every id up to the
+    table's far edge (``lowest``/``highest`` from ``id_edges``, read after it): then
     the rows it found are all there are, and the MATCHES step, which reads every match
     from the GIN index (the last page of a common value: every one of them), has nothing
     to add. A job inserted past the edge since makes the edge read later farther, so
@@ -514,7 +514,7 @@ def cancel_jobs(
     """Queued jobs (ready or scheduled) and waiting workflow steps to cancelled. A job
     claimed meanwhile is running, fails the status test once its lock is released, and
     is not changed. A cancelled step's dependents follow by the workflow rules (the
-    trigger of :mod:`sqla_jobs.workflows`, in this statement's transaction).
+    trigger of [``sqla_jobs.workflows``][sqla_jobs.workflows], in this statement's transaction).
 
     ``last_error`` says an operator cancelled it and in which status (``show`` prints it;
     ``finished_at`` is when); what it held (the failure a retry was queued after) stays
@@ -609,7 +609,7 @@ def matching_jobs(
     older_than: float | None = None,
     now: Now = None,
 ) -> sa.Select[Any]:
-    """``(id, status, queue, kind)`` of the jobs :func:`delete_jobs` with the same
+    """``(id, status, queue, kind)`` of the jobs ``delete_jobs`` with the same
     arguments would delete now, by id (a dry run: no lock, nothing changed)."""
     conditions = _job_filters(
         ids=ids, statuses=statuses, kind=kind, queue=queue, older_than=older_than, now=now
@@ -718,7 +718,7 @@ def archive_batch(
     A workflow goes as a unit (#26), once it has ended and its last step ended before
     the cutoff (before both, if a step ended dead or cancelled; never, if one did and
     ``dead_older_than`` is not given): all its steps in the batch that first picks one
-    of them, even past ``batch`` rows (:func:`_whole_workflows`). Until then each of
+    of them, even past ``batch`` rows (``_whole_workflows``). Until then each of
     its rows stays: a dependent reads their results, the status page shows them.
     """
     done_age = _common.ago(sa.bindparam("done_age", done_older_than, sa.Float), now)
@@ -762,7 +762,7 @@ def prune_batch(*, older_than: float, batch: int, now: Now = None) -> ReturningD
 
     An archived workflow goes as a unit (#26): once its last step ended before the
     cutoff and none of its steps is still in ``jobs``, every step of it in one batch
-    (:func:`_whole_workflows`), even past ``batch`` rows.
+    (``_whole_workflows``), even past ``batch`` rows.
     """
     archive = models.jobs_archive
     age = _common.ago(sa.bindparam("age", older_than, sa.Float), now)
@@ -799,7 +799,7 @@ def queues_of_kinds(kinds: Sequence[str]) -> sa.Select[Any]:
 def pending_count(kinds: Sequence[str], queues: Sequence[str]) -> sa.Select[Any]:
     """``(pending, paused)`` of the jobs of ``kinds`` in ``queues``: ``pending`` counts those
     running or ready to be claimed; ``paused``, those ready but held back by a paused queue
-    or kind (no worker starts them until :func:`sqla_jobs.ops.resume`)."""
+    or kind (no worker starts them until [``sqla_jobs.ops.resume``][sqla_jobs.ops.resume])."""
     ready = sa.and_(
         jobs.c.status == _common.status(JobStatus.QUEUED), jobs.c.run_at <= _common.clock(None)
     )
@@ -871,7 +871,7 @@ def due_within(kinds: Sequence[str], queues: Sequence[str], seconds: float) -> s
 
 
 def pull_forward(kinds: Sequence[str], queues: Sequence[str], seconds: float) -> sa.Update:
-    """Make the queued jobs :func:`due_within` counts ready now (``run_at = now()``):
+    """Make the queued jobs ``due_within`` counts ready now (``run_at = now()``):
     the test's clock moves for these jobs only. RETURNING their ids."""
     return (
         sa.update(jobs)
@@ -890,7 +890,8 @@ def pull_forward(kinds: Sequence[str], queues: Sequence[str], seconds: float) ->
 
 def inline_next(kinds: Sequence[str], *, scheduled: bool) -> sa.Select[Any]:
     """The next queued job of ``kinds`` in claim order, locked (``FOR UPDATE SKIP
-    LOCKED``), for :func:`sqla_jobs.testing.run_inline`; with ``scheduled``, jobs whose
+    LOCKED``), for [``sqla_jobs.testing.run_inline``][sqla_jobs.testing.run_inline]; with
+    ``scheduled``, jobs whose
     run_at is still ahead are included."""
     conditions = [
         jobs.c.kind == sa.any_(_common.text_array(kinds)),
@@ -909,7 +910,7 @@ def inline_next(kinds: Sequence[str], *, scheduled: bool) -> sa.Select[Any]:
 
 def _handler_max_attempts(value: int) -> sa.ColumnElement[Any]:
     """The job's own max_attempts, else ``value`` (its handler's, else 8), as a claim
-    resolves it (:func:`sqla_jobs.sql.lease.claim`, revision 0008)."""
+    resolves it (``sqla_jobs.sql.lease.claim``, revision 0008)."""
     return sa.func.coalesce(
         jobs.c.max_attempts, sa.bindparam("handler_max_attempts", value, sa.Integer)
     )
@@ -997,7 +998,7 @@ def inline_failed(
 ) -> sa.Update:
     """Record a failed inline attempt (its own writes were rolled back with it): queued
     again after ``delay_seconds``, or dead at max_attempts (the job's, else
-    ``handler_max_attempts``), as :func:`retry` does."""
+    ``handler_max_attempts``), as ``retry`` does."""
     max_attempts = _handler_max_attempts(handler_max_attempts)
     exhausted = jobs.c.attempts + 1 >= max_attempts
     return (

@@ -1,14 +1,14 @@
 """Queue control (revision 0006): pauses and limits the claim obeys, and their upkeep.
 
 ``jobs_controls`` holds one row per paused or limited queue or kind. The claim
-(:func:`sqla_jobs.sql.lease.claim`) takes its queues and kinds through
-:func:`claimable`, which removes, inside the claim's own statement, every paused queue
+(``sqla_jobs.sql.lease.claim``) takes its queues and kinds through
+``claimable``, which removes, inside the claim's own statement, every paused queue
 or kind and every limited one whose lock the claim does not hold: a worker with a stale
 idea of the controls can fail to claim, never claim what it must not.
 
 A limited queue or kind is claimed in a transaction of its own that first takes a
-transaction-level advisory lock keyed by it (:func:`lock_key`), then reads what is
-running and what started (:func:`capacity`: a statement of its own, so its snapshot is
+transaction-level advisory lock keyed by it (``lock_key``), then reads what is
+running and what started (``capacity``: a statement of its own, so its snapshot is
 taken after the lock was granted and sees every claim committed before), then claims at
 most the room left. Claims of one limited kind are thereby serialized across the fleet;
 unlimited kinds never take the lock.
@@ -140,7 +140,7 @@ def capacity(
 ) -> sa.Select[Any]:
     """For each limited scope: its limits, jobs running on other workers, recent starts.
 
-    Run after :func:`lock_scope`, in its own statement. ``running`` counts other workers'
+    Run after ``lock_scope``, in its own statement. ``running`` counts other workers'
     running jobs (jobs_lease_idx holds only running rows); the claiming worker adds its
     own from its ledger, where a job whose handler already returned no longer counts
     although its done-mark is still on the way. ``started`` sums the starts inside the
@@ -180,14 +180,14 @@ def capacity(
 def room(*, worker: str, scopes: Sequence[tuple[str, str]]) -> sa.ScalarSelect[Any]:
     """How many jobs a claim of ``scopes`` may take, computed inside the claim's statement.
 
-    The claim's LIMIT (:func:`sqla_jobs.sql.lease.claim`, ``room=``), so that the claim
+    The claim's LIMIT (``sqla_jobs.sql.lease.claim``, ``room=``), so that the claim
     of a group whose limits are concurrency only goes in the same round trip as its
     advisory locks and commit: ``least(:limit, concurrency - running elsewhere - mine)``
     over the scopes, where ``mine_kind`` / ``mine_queue`` are the claiming worker's own
     jobs of its kind and queue scope (its ledger: buffered, running and settling, not
-    those whose handler has returned). Sent after :func:`lock_scope`, in a statement of
+    those whose handler has returned). Sent after ``lock_scope``, in a statement of
     its own, so its snapshot sees every claim committed before the lock was granted, as
-    :func:`capacity` does. A paused scope leaves no room, and so does a rate-limited
+    ``capacity`` does. A paused scope leaves no room, and so does a rate-limited
     one: its claim must record its starts, which the caller does in a second round
     trip (the count is only known once the claim returns).
 

@@ -32,7 +32,7 @@ def insert_job(
     flagged, and one per name in ``columns`` (queue, priority, max_attempts,
     idempotency_key, timeout, meta as JSON text, tags). Columns not named take the
     table's defaults.
-    ``with_defaults``: RETURNING the columns the table fills (:data:`FILLED_BY_THE_TABLE`:
+    ``with_defaults``: RETURNING the columns the table fills (``FILLED_BY_THE_TABLE``:
     the id and every column with a server default), for the flush of a ``Job`` object,
     which fills the object from it (the ORM's own insert fetches its defaults the same
     way, so reading them later needs no query, which an ``AsyncSession`` could not run).

@@ -7,7 +7,7 @@ overwriting the new run (the seed finished jobs by id alone).
 
 Attempt history (revision 0011): the claim writes ``attempted_at`` (it writes the row
 anyway); every statement that ends an attempt other than done (a failure, a snooze, a
-cancel, an expired lease) appends one object to ``errors`` (:func:`_attempt_ended`).
+cancel, an expired lease) appends one object to ``errors`` (``_attempt_ended``).
 The done-marks, the hottest statements, write neither: ``finished_at`` says when the
 done attempt ended.
 """
@@ -65,8 +65,8 @@ def claim(
     Paused queues and kinds are left out by the statement itself, and so are limited
     ones (revision 0006) unless named in ``locked_queues`` / ``locked_kinds``: the
     caller holds their advisory locks and sized ``limit`` to the room they have left,
-    or passes ``room`` (:func:`sqla_jobs.sql.control.room`), which the statement
-    computes itself and claims at most (see :mod:`sqla_jobs.sql.control`).
+    or passes ``room`` (``sqla_jobs.sql.control.room``), which the statement
+    computes itself and claims at most (see ``sqla_jobs.sql.control``).
 
     Each row ends with ``waited``: seconds from the job's ``run_at`` to this claim, both
     database times (its time in the queue for this attempt, on the process span).
@@ -236,7 +236,7 @@ def _attempt_ended(
 ) -> sa.ColumnElement[Any]:
     """``errors`` with one more object: the attempt this UPDATE ends (``outcome``), the
     status it leaves the job in (``then``) and its ``error``, cut to its first
-    :data:`ERROR_CHARS` characters; the latest :data:`MAX_ERRORS` objects are kept.
+    ``ERROR_CHARS`` characters; the latest ``MAX_ERRORS`` objects are kept.
 
     In an UPDATE's SET every column reads the row as it was: ``attempts``, ``worker``
     and ``attempted_at`` are those of the attempt that ends, whatever else is set.
@@ -340,7 +340,7 @@ def complete(*, worker: str, leases: Sequence[tuple[int, int]], now: Now = None)
 def complete_one(*, worker: str, job_id: int, attempt: int, now: Now = None) -> sa.Update:
     """Mark one ``(job_id, attempt)`` claim done, in the handler's transaction.
 
-    The same fence as :func:`complete`, with scalar parameters: the worker runs this once
+    The same fence as ``complete``, with scalar parameters: the worker runs this once
     per job whose handler wrote, and adapting the lease arrays cost more client time than
     the rest of the statement. One row updated means the claim was ours; zero, lost. Its
     generic plan (it may be prepared) is a primary-key probe.

@@ -1,10 +1,11 @@
-"""Statements behind periodic schedules (:mod:`sqla_jobs.periodic`) and their listing.
+"""Statements behind periodic schedules ([``sqla_jobs.periodic``][sqla_jobs.periodic]) and their
+listing.
 
 A schedule's state is one row of ``jobs_periodic`` (revision 0004). Enqueueing its due
 ticks is one short transaction: insert the rows of schedules never seen before
-(:func:`register`), lock the rows nobody else is working on (:func:`lock_due`), insert
-the ticks' jobs (the ordinary keyed insert of :mod:`sqla_jobs.sql.enqueue`), move
-``last_tick`` forward (:func:`advance`), commit. Every time is the database's.
+(``register``), lock the rows nobody else is working on (``lock_due``), insert
+the ticks' jobs (the ordinary keyed insert of ``sqla_jobs.sql.enqueue``), move
+``last_tick`` forward (``advance``), commit. Every time is the database's.
 """
 
 from __future__ import annotations

@@ -204,7 +204,7 @@ def throughput(minutes: int, now: Now = None) -> sa.Select[Any]:
     one included), oldest first; minutes with neither are absent.
 
     A range on jobs_finished_idx for each of the two statuses, as in
-    :func:`stats_done_recent`: the cost follows the jobs finished in the window, never
+    ``stats_done_recent``: the cost follows the jobs finished in the window, never
     the history.
     """
     # 'minute' as SQL text, not a parameter: the same expression in SELECT and GROUP BY.
@@ -228,7 +228,7 @@ def throughput(minutes: int, now: Now = None) -> sa.Select[Any]:
 
 
 def throughput_now(minutes: int) -> sa.Select[Any]:
-    """:func:`throughput` as of the statement's clock, with that clock (``taken_at``) on
+    """``throughput`` as of the statement's clock, with that clock (``taken_at``) on
     every row, and alone on one row when no minute had a job: one round trip, not two.
     (``statement_timestamp()`` is one value throughout a statement.)"""
     one = sa.select(_common.clock(None).label("taken_at")).subquery("clock")
@@ -247,7 +247,7 @@ def stats_sample(status: JobStatus, size: int, now: At = None) -> sa.Select[Any]
 
     Read backwards on jobs_status_id_idx (revision 0010), written as the jobs page's
     statement is (``status = ANY(ARRAY[...])`` ordered by ``(status, id)``, see
-    :func:`sqla_jobs.sql.admin.list_jobs`): ``ORDER BY id`` alone lets the planner walk
+    ``sqla_jobs.sql.admin.list_jobs``): ``ORDER BY id`` alone lets the planner walk
     the primary key back through every newer row of other statuses.
     """
     literal: sa.ColumnElement[Any] = sa.literal_column(f"ARRAY['{status.value}'::job_status]")
@@ -279,8 +279,8 @@ def stats_sample(status: JobStatus, size: int, now: At = None) -> sa.Select[Any]
 
 
 def stats_head(now: Now = None) -> sa.Select[Any]:
-    """One row: the clock every figure refers to (``taken_at``), :func:`stats_table`'s
-    columns and :func:`stats_status_estimates`' (NULL when missing): one round trip
+    """One row: the clock every figure refers to (``taken_at``), ``stats_table``'s
+    columns and ``stats_status_estimates``' (NULL when missing): one round trip
     where the dashboard's overview made three."""
     table = stats_table().subquery("table_stats")
     estimates = stats_status_estimates().subquery("status_estimates")

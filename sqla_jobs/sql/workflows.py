@@ -3,7 +3,7 @@ cancel, retry and upstream results.
 
 The release itself is not here: it is ``jobs_workflow_resolve``, a database function
 the migration installs, run by a trigger in the transaction of whatever statement ended
-a step (see :mod:`sqla_jobs.workflows`). :func:`sweep` calls the same function.
+a step (see [``sqla_jobs.workflows``][sqla_jobs.workflows]). ``sweep`` calls the same function.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def insert_steps() -> sa.Insert:
     Parameters: ``workflow_id`` and ``rows``, a JSON array of objects with ``s`` (step
     name), ``k``, ``p``, ``w`` (true: the step waits for dependencies) and the optional
     ``q``, ``pr``, ``m``, ``at``, ``d``, ``t``, ``mt``, ``tg`` of
-    :func:`sqla_jobs.sql.enqueue.insert_jobs_json`.
+    ``sqla_jobs.sql.enqueue.insert_jobs_json``.
     No idempotency key: a step skipped by a conflict would leave a hole in the graph.
     """
     rows = (
@@ -243,7 +243,7 @@ def steps(workflow_id: Any) -> sa.Select[Any]:
 
 
 def step_page(workflow_id: Any, *, after_id: int | None, limit: int) -> sa.Select[Any]:
-    """One page of :func:`steps`: the ``limit`` steps with the lowest ids above
+    """One page of ``steps``: the ``limit`` steps with the lowest ids above
     ``after_id`` (keyset). The page's ids are picked first, then only its steps'
     dependencies are read: a page of a 10,000-step workflow does not read every step's
     edges.
@@ -294,7 +294,7 @@ def step_counts(workflow_id: Any) -> sa.Select[Any]:
 
 def cancel_workflow(workflow_id: Any) -> sa.Update:
     """Every waiting or queued step of a workflow to cancelled, in one statement; RETURNING
-    the ids. (Running steps are asked to stop by :func:`sqla_jobs.sql.admin.request_cancel`.)"""
+    the ids. (Running steps are asked to stop by ``sqla_jobs.sql.admin.request_cancel``.)"""
     wid = sa.bindparam("workflow_id", workflow_id, sa.Uuid)
     return (
         sa.update(jobs)
@@ -368,7 +368,7 @@ def _has_open_dependency() -> sa.Exists:
 
 def reopen_steps(ids: list[int]) -> sa.Update:
     """The retried steps: waiting if a dependency has not ended, else queued and ready
-    now, with a fresh set of attempts (as :func:`sqla_jobs.sql.admin.retry_jobs`)."""
+    now, with a fresh set of attempts (as ``sqla_jobs.sql.admin.retry_jobs``)."""
     chosen = sa.bindparam("ids", ids, ARRAY(sa.BigInteger))
     unmet = _has_open_dependency()
     return (
@@ -449,7 +449,8 @@ def failed_dependencies(ids: list[int]) -> sa.Select[Any]:
     """The dependencies that ended dead, cancelled or deleted of the steps ``ids`` (each
     needing them to succeed), not among ``ids`` themselves: ``child_id, child_step,
     workflow_id, parent_id, parent_step, outcome``. A step retried by hand with one of
-    these would run without what it needs (:func:`sqla_jobs.ops.retry_jobs` refuses it)."""
+    these would run without what it needs ([``sqla_jobs.ops.retry_jobs``][sqla_jobs.ops.retry_jobs]
+    refuses it)."""
     chosen = sa.bindparam("ids", ids, ARRAY(sa.BigInteger))
     child = jobs.alias("child")
     parent = jobs.alias("parent")
@@ -611,7 +612,7 @@ def set_jit(value: str | None = None) -> sa.Select[Any]:
     """``jit`` set to ``value`` for the rest of the transaction (as ``SET LOCAL``);
     returns the value before. (Without ``value``: only reads it.)
 
-    :func:`list_workflows` is run with JIT off: under misleading statistics (taken when
+    ``list_workflows`` is run with JIT off: under misleading statistics (taken when
     the table was empty) its plan is the same index descents, but its estimated cost
     (5,000 steps a workflow, 50 times) passes ``jit_above_cost``, and compiling it took
     650 ms of a 750 ms page on 1,000,000 jobs; the plan itself ran in 2 ms.

@@ -1,23 +1,24 @@
 """The worker: claim, run, complete or retry, with leases, heartbeats and fencing.
 
-``python -m sqla_jobs.worker app.module:registry`` (or :class:`Worker` in code) runs
-the handlers of a registry. The worker is a few parts with one job each
+``python -m sqla_jobs.worker app.module:registry`` (or [``Worker``][sqla_jobs.worker.Worker] in
+code) runs the handlers of a registry. The worker is a few parts with one job each
 (``docs/architecture.md`` follows one job through them, thread by thread):
 
-* the **supervisor** (:class:`Worker`): wiring, run/stop, signals, the drain phases;
+* the **supervisor** ([``Worker``][sqla_jobs.worker.Worker]): wiring, run/stop, signals, the drain
+  phases;
 * the **ledger** (``_inflight``): the one lock and the one record of the jobs this
   worker holds (buffered, running, settling, completing);
 * the **dispatcher**: the claim loop, the prefetch buffer's size, the idle flag that
   asks producers to notify, one timer for early wake-ups;
-* the **executor**: runs one job's handler in a :class:`HandlerSession` and reports the
+* the **executor**: runs one job's handler in a ``HandlerSession`` and reports the
   attempt; the session's **guard** refuses every way a handler could end the worker's
   transaction;
 * the **completer**: records outcomes, fenced: the done-mark in the handler's own
   transaction, batched done-marks for handlers that wrote nothing, retries, releases;
 * **services** on one loop-until-stopped base: the lease keeper (heartbeat), the
   listener (LISTEN/NOTIFY), the lease rescuer and the archiver;
-* **events** (:class:`WorkerEvent`): one per recorded outcome, for metrics and any
-  other subscriber (:meth:`Worker.subscribe`).
+* **events** (``WorkerEvent``): one per recorded outcome, for metrics and any
+  other subscriber (``Worker.subscribe``).
 
 Every completion, retry, heartbeat and release is fenced on ``(id, attempts, worker,
 status = 'running')``: after a takeover the stale worker's statements update zero rows,

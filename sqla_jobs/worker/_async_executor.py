@@ -3,15 +3,15 @@
 One thread (``sqla_jobs-asyncio``) runs an event loop; up to ``async_concurrency`` jobs
 run on it at once, each on a *lane* (a long-lived task that runs one job after another,
 started when a job finds every lane busy) with an ``AsyncSession`` of its own. The session's sync
-half is the same :class:`HandlerSession` a thread's handler gets, so the same guard
+half is the same ``HandlerSession`` a thread's handler gets, so the same guard
 refuses every way to end the job's transaction (``await session.commit()`` goes through
 ``HandlerSession.commit``; ``AsyncConnection.commit()`` through
 ``GuardedConnection.commit``). Its transaction runs on a connection of the loop's small
 pool, taken when the handler first uses the session (a handler that only awaits other
 I/O holds none) and given back when the job's outcome is recorded.
 
-Each run ends in the same :class:`Attempt` as a thread's, recorded by the same
-:class:`Completer`: the done-mark in the handler's transaction (fenced, then commit),
+Each run ends in the same ``Attempt`` as a thread's, recorded by the same
+``Completer``: the done-mark in the handler's transaction (fenced, then commit),
 a batch done-mark for a handler that wrote nothing, a retry or a dead job for one that
 raised (``BaseException`` and a ``CancelledError`` it raised itself included). The
 blocking parts of the completer (failures, releases) run in the loop's default thread
@@ -70,8 +70,8 @@ CANCEL_GRACE_SECONDS = 5.0
 class LoopBuffer:
     """The event loop's buffer: any thread puts claimed jobs in; the loop hands them out.
 
-    Jobs wait most urgent first (:class:`~sqla_jobs.worker._buffer.Waiting`, safe from any
-    thread), so the drain can take back the jobs no lane started (:meth:`get_nowait`)
+    Jobs wait most urgent first (``Waiting``, safe from any
+    thread), so the drain can take back the jobs no lane started (``get_nowait``)
     from its own thread. A put wakes the loop (``call_soon_threadsafe``) only if no
     hand-out is scheduled yet: one wake-up per claimed batch, not one per job.
     """
@@ -160,7 +160,7 @@ class AsyncExecutor:
         return self._thread
 
     def stop(self) -> None:
-        """Start no more jobs; running ones go on (see :meth:`cancel_running`)."""
+        """Start no more jobs; running ones go on (see ``cancel_running``)."""
         self._stopping = True
         self.buffer.scheduled = False  # a hand-out must run after this, to end idle lanes
         self.buffer.wake()
@@ -350,7 +350,7 @@ class AsyncExecutor:
     def _interrupt(self, running: _Running) -> None:
         """On the loop: the run's timeout passed, an operator cancelled it, or the worker
         gave up on it; its handler's task is cancelled (what it raises is recorded as
-        the timeout or the cancel, see :meth:`_attempt`)."""
+        the timeout or the cancel, see ``_attempt``)."""
         if running.in_handler and running.task is not None:
             running.task.cancel()
 

@@ -49,7 +49,7 @@ class Waiting:
 
 
 class ThreadBuffer:
-    """The handler threads' buffer: :meth:`get` blocks until a job or a stop sentinel.
+    """The handler threads' buffer: ``get`` blocks until a job or a stop sentinel.
 
     A ``queue.SimpleQueue`` carries one token per item, in the order put (so each
     thread's stop sentinel comes after the jobs put before it); the job a token
@@ -71,5 +71,5 @@ class ThreadBuffer:
         return self.jobs.pop() if self._tokens.get() else None
 
     def get_nowait(self) -> Claimed | None:
-        """Like :meth:`get` without waiting: ``queue.Empty`` if nothing is buffered."""
+        """Like ``get`` without waiting: ``queue.Empty`` if nothing is buffered."""
         return self.jobs.pop() if self._tokens.get_nowait() else None

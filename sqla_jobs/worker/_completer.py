@@ -1,19 +1,19 @@
 """The completer: records each attempt's outcome in the database, fenced.
 
 * a handler that wrote: its done-mark in the handler's own transaction, then commit
-  (:meth:`Completer.complete_in`, on the handler's thread; :meth:`complete_in_async`
+  (``Completer.complete_in``, on the handler's thread; ``complete_in_async``
   for an ``async def`` handler's AsyncSession, on the event loop);
-* a handler that wrote nothing: done-marks in batches (:meth:`complete_later`, written
+* a handler that wrote nothing: done-marks in batches (``complete_later``, written
   by the completer's own thread);
 * a failed attempt: queued again after the handler's backoff, or dead at its last
-  attempt (:meth:`fail`); a retry due before the next poll sets the dispatcher's timer;
+  attempt (``fail``); a retry due before the next poll sets the dispatcher's timer;
 * a job claimed but never started (shutdown): queued again, attempt not spent
-  (:meth:`release`).
+  (``release``).
 
 Every statement is fenced on ``(id, attempt, worker, status running)``; a claim found
-lost is logged here, in :meth:`_lost`, and nowhere else. Each outcome is emitted as a
-:class:`~sqla_jobs.worker.WorkerEvent` and recorded on the attempt's OpenTelemetry
-process span (:meth:`_emit`), whichever path recorded it; a batched done-mark's span
+lost is logged here, in ``_lost``, and nowhere else. Each outcome is emitted as a
+``WorkerEvent`` and recorded on the attempt's OpenTelemetry
+process span (``_emit``), whichever path recorded it; a batched done-mark's span
 is ended here, after its batch (see ``_otel.AttemptSpan``).
 """
 
@@ -108,7 +108,7 @@ class Completer:
         self._batch: queue.SimpleQueue[Attempt | None] = queue.SimpleQueue()
         self._givebacks: collections.OrderedDict[int, int] = collections.OrderedDict()
         self._givebacks_lock = threading.Lock()
-        #: What :meth:`give_up` recorded for a run whose handler has not come back yet
+        #: What ``give_up`` recorded for a run whose handler has not come back yet
         #: (by lease): its span, still open on the handler's thread or task, gets it then.
         self._given_up: dict[tuple[int, int], Outcome] = {}
 
@@ -146,7 +146,7 @@ class Completer:
         return self._lost(attempt, "the handler's process rolled back its writes")
 
     async def complete_in_async(self, session: AsyncSession, attempt: Attempt) -> Outcome:
-        """:meth:`complete_in` for an ``async def`` handler's AsyncSession (the same fence,
+        """``complete_in`` for an ``async def`` handler's AsyncSession (the same fence,
         and the result stored with the done-mark)."""
         job = attempt.job
         self.ledger.move(job, State.SETTLING)
@@ -308,7 +308,7 @@ class Completer:
         Called by the lease keeper ``timeout_grace`` seconds after the deadline (or the
         cancel), while the handler's thread is still inside the handler. Fenced like
         every outcome: if the handler's own outcome got in first, nothing happens (None).
-        Whatever that thread does later is fenced away (logged in :meth:`_lost`).
+        Whatever that thread does later is fenced away (logged in ``_lost``).
         """
         if not control.abandon():
             return None  # the handler returned meanwhile: its thread records the outcome
@@ -385,7 +385,7 @@ class Completer:
                 self._complete_batch(batch)
 
     def stop(self) -> None:
-        """Write what is queued, then end :meth:`run`."""
+        """Write what is queued, then end ``run``."""
         self._batch.put(None)
 
     def _complete_batch(self, batch: list[Attempt]) -> None:

@@ -7,19 +7,19 @@ recovery", and a server that shuts down sends 57P01/57P02/57P03. None of these i
 job's fault, and none gets better by retrying on the same connection: the worker treats
 each of them as a lost connection, like a closed socket.
 
-* :func:`install` hooks the worker's engine: such an error marks the connection (and the
+* ``install`` hooks the worker's engine: such an error marks the connection (and the
   pool's older connections) invalidated, so the next checkout opens a new one; every new
   connection is checked with ``pg_is_in_recovery()`` before use (libpq's
   ``target_session_attrs`` only looks at connect time, and a single-host URL not at all),
   and gets TCP keepalives and ``tcp_user_timeout`` unless the URL or ``connect_args``
-  already say otherwise (:data:`KEEPALIVES`). That holds for an engine the user passed
+  already say otherwise (``KEEPALIVES``). That holds for an engine the user passed
   in (``Worker(engine=...)``) as for the worker's own: the defaults are added to each
   connection's arguments where the user set nothing. An engine whose connections bypass
   those arguments (its own ``creator``) is warned about once, naming the settings.
-* :func:`is_lost` tells such an error from a handler's own failure, so no attempt is
+* ``is_lost`` tells such an error from a handler's own failure, so no attempt is
   spent on it (the claim is given back, see ``Completer.fail``).
-* :data:`THROTTLE` bounds the warnings a failover makes: :data:`BURST` lines per
-  :data:`WINDOW_SECONDS`, then one summary line per window with the count left out
+* ``THROTTLE`` bounds the warnings a failover makes: ``BURST`` lines per
+  ``WINDOW_SECONDS``, then one summary line per window with the count left out
   (graphile-worker logged 30,000 "LISTEN during recovery" lines in 20 s).
 """
 
@@ -94,7 +94,7 @@ def only_standbys(exc: BaseException) -> bool:
 
 
 def install(engine: sa.Engine) -> None:
-    """Classify lost connections on ``engine``, give its new connections :data:`KEEPALIVES`
+    """Classify lost connections on ``engine``, give its new connections ``KEEPALIVES``
     where nothing else is set, and check every new connection (once per engine)."""
     if getattr(engine, "_sqla_jobs_connlost", False):
         return
@@ -146,7 +146,7 @@ def _check_writable(dbapi_conn: Any, _record: Any) -> None:
 
 
 def check_writable(conn: psycopg.Connection[Any]) -> None:
-    """Raise :class:`ReadOnlyServer` unless ``conn`` (autocommit) reached a primary."""
+    """Raise ``ReadOnlyServer`` unless ``conn`` (autocommit) reached a primary."""
     row = conn.execute(*_compiled(locks.not_a_primary())).fetchone()
     if row is not None and row[0]:
         raise _read_only(conn)
@@ -167,7 +167,7 @@ def _read_only(conn: Any) -> ReadOnlyServer:
 
 
 def invalidate_pool(conn: sa.Connection, exc: BaseException) -> None:
-    """The raw-cursor paths' twin of :func:`_on_error`: drop ``conn`` and every older
+    """The raw-cursor paths' twin of ``_on_error``: drop ``conn`` and every older
     connection of its pool (a failover took them all)."""
     fairy = conn.connection
     conn.invalidate(exc)
@@ -177,7 +177,7 @@ def invalidate_pool(conn: sa.Connection, exc: BaseException) -> None:
 
 
 class Throttle:
-    """At most :data:`BURST` warnings per :data:`WINDOW_SECONDS`; then a summary."""
+    """At most ``BURST`` warnings per ``WINDOW_SECONDS``; then a summary."""
 
     def __init__(self, burst: int = BURST, window: float = WINDOW_SECONDS) -> None:
         self.burst = burst
@@ -235,8 +235,8 @@ def probe(conn: psycopg.Connection[Any], channel: str, token: str) -> bool:
 
 def connect_kwargs(url: URL, connect_args: dict[str, Any] | None = None) -> dict[str, Any]:
     """``psycopg.connect`` keyword arguments for ``url``, as the engine would pass them
-    (a multi-host URL included), with :data:`KEEPALIVES` where the URL and the args set
-    none (:func:`sqla_jobs._tcp.with_keepalives`)."""
+    (a multi-host URL included), with ``KEEPALIVES`` where the URL and the args set
+    none (``sqla_jobs._tcp.with_keepalives``)."""
     engine = sa.create_engine(url)  # connects to nothing: its dialect reads the URL
     _, kwargs = engine.dialect.create_connect_args(url)
     kwargs.pop("context", None)

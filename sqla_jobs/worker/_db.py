@@ -119,7 +119,7 @@ def rows_and_commit(
     prepare: bool,
     json_loads: Callable[[str | bytes], Any] | None = None,
 ) -> list[Any]:
-    """Like :func:`rows`, then commit, in one round trip (:func:`pipelined`).
+    """Like ``rows``, then commit, in one round trip (``pipelined``).
 
     The caller's ``engine.begin()`` block then commits a transaction that is already
     over, which psycopg treats as nothing to do.
@@ -131,7 +131,7 @@ def rows_and_commit(
 
 
 def count(conn: sa.Connection, sql: str, params: dict[str, Any], *, prepare: bool) -> int:
-    """Like :func:`rows`; returns the number of rows affected (no rows built)."""
+    """Like ``rows``; returns the number of rows affected (no rows built)."""
     return _on_cursor(conn, sql, params, prepare, lambda c: c.rowcount)
 
 

@@ -5,7 +5,7 @@ free handler slots plus a prefetch buffer, and puts them in the buffer; it claim
 when at least half the buffer is free, so a short job never waits for a claim round
 trip and a batch of jobs costs one claim. It sleeps when nothing is ready, until a
 wake-up: a notification (the listener), a freed slot (the ledger), a short retry coming
-due (:meth:`wake_at`: one timer for all of them), the lease rescuer, or the poll interval.
+due (``wake_at``: one timer for all of them), the lease rescuer, or the poll interval.
 Once a wake-up that may bring jobs leaves nothing ready, it looks up when the next
 queued job comes due and sets the timer for it (a scheduled job starts at its
 ``run_at``, not at the next poll).
@@ -187,7 +187,7 @@ class Dispatcher:
             self._wake.set()
 
     def job_took(self, seconds: float) -> None:
-        """A handler of the first pool ran for ``seconds`` (see :meth:`Pool.job_took`)."""
+        """A handler of the first pool ran for ``seconds`` (see ``Pool.job_took``)."""
         self.pools[0].job_took(seconds)
 
     def run(self, draining: threading.Event) -> None:

@@ -1,6 +1,6 @@
 """Typed worker events: what happened to a job, for metrics and other subscribers.
 
-``Worker.subscribe(callback)`` registers a callable that receives a :class:`WorkerEvent`
+``Worker.subscribe(callback)`` registers a callable that receives a ``WorkerEvent``
 for every recorded outcome. Callbacks run on the worker thread that recorded the outcome
 (a handler thread or the completer): they must be quick and must not raise (an exception
 is logged and dropped, never allowed to disturb the job's bookkeeping).

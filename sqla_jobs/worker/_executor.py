@@ -1,8 +1,8 @@
-"""The executor: runs one job's handler and says what happened (an :class:`Attempt`).
+"""The executor: runs one job's handler and says what happened (an ``Attempt``).
 
 This is the seam where other ways of running a handler plug in (an asyncio loop, a
 child process, a deadline). The thread executor here runs ``concurrency`` threads; each
-takes a job from the buffer, runs its handler in a :class:`HandlerSession` on the
+takes a job from the buffer, runs its handler in a ``HandlerSession`` on the
 thread's own connection, and passes the attempt to the completer, which records the
 outcome (done, retry, dead, lost). A handler's writes and the done-mark commit in one
 transaction; a handler that wrote nothing is marked done in a batch.

@@ -23,7 +23,7 @@ it is ``SETTLING`` or ``COMPLETING``, the vanishing is this worker's own write.
 The ledger also knows, by this process's clock, until when each lease surely holds:
 from the moment its claim or its last renewal was sent, plus the lease length. A
 buffered job whose lease may have expired (the process was frozen, or the database
-was unreachable for a lease) is not started (:meth:`start`): another worker may run it
+was unreachable for a lease) is not started (``start``): another worker may run it
 already, and a second run's side effects outside the database are what the fence
 cannot undo.
 """
@@ -87,7 +87,7 @@ class Claimed(NamedTuple):
 class Attempt(NamedTuple):
     """What one run of a handler did: returned (and whether it wrote), or raised.
 
-    A named tuple, like :class:`Claimed`: one is built per job.
+    A named tuple, like ``Claimed``: one is built per job.
     """
 
     job: Claimed
@@ -132,7 +132,7 @@ class Inflight:
     must not hide the stale one's slot (which frees when the stale run ends).
 
     ``on_room`` is called (outside the lock) when a handler slot frees up while the
-    dispatcher waits for room in that pool (:meth:`room`), and whenever the ledger
+    dispatcher waits for room in that pool (``room``), and whenever the ledger
     empties. ``on_end`` (outside the lock, on the thread that freed it) with every job
     whose handler slot frees up: a limited kind's held-back job may start in its place.
     """
@@ -279,7 +279,7 @@ class Inflight:
             return self._held[(scope, name)]
 
     def holding_unlocked(self, scope: str, name: str) -> int:
-        """:meth:`holding` without taking the lock, for a caller that runs once per job:
+        """``holding`` without taking the lock, for a caller that runs once per job:
         one read of a counter, which counts a job when it is added and stops when it
         frees its slot (so a caller that adds jobs and then reads sees them)."""
         return self._held[(scope, name)]
@@ -318,7 +318,7 @@ class Inflight:
         )
 
     def leases(self) -> list[tuple[int, int]]:
-        """The leases to renew: every held job's but those given up (:meth:`overdue`)."""
+        """The leases to renew: every held job's but those given up (``overdue``)."""
         with self._lock:
             return [
                 job.lease

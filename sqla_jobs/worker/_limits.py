@@ -5,14 +5,14 @@ every paused or limited queue and kind by itself. Limited ones are claimed here,
 *group* at a time: a limited kind in the unlimited queues, a limited queue's unlimited
 kinds, and each limited kind in each limited queue. A group's claim is a short
 transaction of its own, sent in one round trip (psycopg's pipeline); the claim sets
-``synchronous_commit`` off for it (see :func:`sqla_jobs.sql.lease.claim`, as the
+``synchronous_commit`` off for it (see ``sqla_jobs.sql.lease.claim``, as the
 dispatcher's claims):
 
 1. ``pg_advisory_xact_lock`` on each of the group's scopes (sorted keys: no deadlock);
-2. :func:`sqla_jobs.sql.control.capacity`, a statement of its own so that its snapshot
+2. ``sqla_jobs.sql.control.capacity``, a statement of its own so that its snapshot
    is taken after the lock was granted: jobs running on other workers, starts in the
    rate window, and the limits as they are now;
-3. the claim, whose LIMIT is :func:`sqla_jobs.sql.control.room` (the limit minus the
+3. the claim, whose LIMIT is ``sqla_jobs.sql.control.room`` (the limit minus the
    jobs running elsewhere minus this worker's own, from its ledger, as parameters),
    naming the locked scopes so the claim's SQL lets them through; then commit.
 
@@ -21,12 +21,12 @@ transaction, so its claim is sent once steps 1-2 are back (two round trips).
 Other workers claiming the same scope wait at step 1 and see this claim at step 2.
 
 A group of one limited scope (concurrency only) may claim beyond its limit while other
-workers leave it room (a *reserve*, sized to about :data:`RESERVE_AHEAD_SECONDS`
+workers leave it room (a *reserve*, sized to about ``RESERVE_AHEAD_SECONDS``
 of its jobs) and start them through the worker's *gate*, as its own jobs end: see
 "reserves" below for why the limit still holds.
 
 Which groups exist is read from ``jobs_controls`` at most every
-:data:`REFRESH_SECONDS`; a stale view can only delay a claim: the claim's SQL still
+``REFRESH_SECONDS``; a stale view can only delay a claim: the claim's SQL still
 refuses a paused or limited scope it does not hold the lock of.
 """
 
@@ -86,7 +86,7 @@ class Group:
 
 
 def declared_rows(registry: Registry) -> list[dict[str, Any]]:
-    """The limits the code declares, as rows for :func:`sqla_jobs.sql.control.declare_limits`."""
+    """The limits the code declares, as rows for ``sqla_jobs.sql.control.declare_limits``."""
 
     def row(
         scope: str, name: str, limit: int | None, rate: validation.Rate | None
@@ -248,7 +248,7 @@ class Limits:
         """Whether the limited groups should be tried before the unlimited claim.
 
         After the unlimited claim they are tried whenever it leaves room; before it,
-        every :data:`RECHECK_SECONDS`, so a backlog of unlimited jobs that keeps every
+        every ``RECHECK_SECONDS``, so a backlog of unlimited jobs that keeps every
         slot busy neither starves limited kinds nor pays their locks on every batch.
         """
         return bool(self.groups) and time.monotonic() - self._tried_at >= RECHECK_SECONDS
@@ -435,8 +435,8 @@ class Limits:
         reserve: int = 0,
         gates: list[Any] | None = None,
     ) -> Room:
-        """The room :func:`sqla_jobs.sql.control.capacity`'s rows leave for a claim (as
-        :func:`sqla_jobs.sql.control.room` computes it); the scopes' gates."""
+        """The room ``sqla_jobs.sql.control.capacity``'s rows leave for a claim (as
+        ``sqla_jobs.sql.control.room`` computes it); the scopes' gates."""
         room = Room(free)
         for r in rows:
             if r.paused:
@@ -693,7 +693,7 @@ def _refill_at(limit: int) -> int:
 
 
 def _rates(rows: list[Any]) -> bool:
-    """Whether a scope in :func:`sqla_jobs.sql.control.capacity`'s rows has a rate limit."""
+    """Whether a scope in ``sqla_jobs.sql.control.capacity``'s rows has a rate limit."""
     return any(r.rate_count is not None for r in rows)
 
 

@@ -1,17 +1,17 @@
 """The worker's background services, each one loop on one base: do a round, wait, repeat.
 
-* :class:`LeaseKeeper` renews the lease of every job this worker holds (the heartbeat);
-* :class:`Listener` LISTENs for inserts on its own connection and wakes the dispatcher;
-* :class:`Rescuer` requeues jobs whose lease expired (their worker died), or buries a
+* ``LeaseKeeper`` renews the lease of every job this worker holds (the heartbeat);
+* ``Listener`` LISTENs for inserts on its own connection and wakes the dispatcher;
+* ``Rescuer`` requeues jobs whose lease expired (their worker died), or buries a
   job that already used its last attempt;
-* :class:`Archiver` moves finished jobs to ``jobs_archive`` (``--archive-every``);
-* :class:`PeriodicEnqueuer` enqueues the due ticks of the registry's periodic schedules,
+* ``Archiver`` moves finished jobs to ``jobs_archive`` (``--archive-every``);
+* ``PeriodicEnqueuer`` enqueues the due ticks of the registry's periodic schedules,
   waking at each next tick (``sqla_jobs.periodic``; off with ``--no-periodic``);
-* :class:`UnservedWatch` warns, once per kind and queue, about ready jobs of this
+* ``UnservedWatch`` warns, once per kind and queue, about ready jobs of this
   worker's kinds waiting in a queue it does not serve.
 
 A round that fails on the database is logged and tried again after a backoff that
-doubles up to :data:`MAX_ERROR_BACKOFF`: one policy for all of them.
+doubles up to ``MAX_ERROR_BACKOFF``: one policy for all of them.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ UNSERVED_CHECK_SECONDS = 60.0
 
 
 class Service:
-    """A loop that runs :meth:`round` every ``interval`` seconds until ``until`` is set."""
+    """A loop that runs ``round`` every ``interval`` seconds until ``until`` is set."""
 
     name = "service"
     #: The warning's words when a round fails (followed by the pause and the error).
@@ -479,8 +479,8 @@ class PeriodicEnqueuer(Service):
     """Enqueues the due ticks of ``registry``'s schedules, then sleeps until the next tick.
 
     Every worker runs one; the database decides which ticks are due and each is
-    enqueued once (see :func:`sqla_jobs.periodic.enqueue_due`). The pause after a round
-    is the time to the next tick by the database's clock, at most a minute.
+    enqueued once (see [``sqla_jobs.periodic.enqueue_due``][sqla_jobs.periodic.enqueue_due]). The
+    pause after a round is the time to the next tick by the database's clock, at most a minute.
     """
 
     name = "periodic ticks"
@@ -508,8 +508,8 @@ class UnservedWatch(Service):
 
     Their usual cause: a plain ``enqueue(session, kind)`` (or ``Job(...)``) puts a job
     in ``default``, not in its handler's ``queue=``, and the worker serves the handler's
-    queue only. The look is :func:`sqla_jobs.sql.stats.unserved_ready` (bounded, read
-    through jobs_claim_idx), at start and every :data:`UNSERVED_CHECK_SECONDS`.
+    queue only. The look is ``sqla_jobs.sql.stats.unserved_ready`` (bounded, read
+    through jobs_claim_idx), at start and every ``UNSERVED_CHECK_SECONDS``.
     """
 
     name = "unserved queue check"

@@ -2,9 +2,10 @@
 
 The worker promises that a handler's database writes commit with the job's done-mark,
 in one transaction. That holds only if the handler cannot end that transaction itself,
-by any route a SQLAlchemy user knows. Each job gets a new :class:`HandlerSession` whose
-transactions run on the handler thread's own :class:`GuardedConnection`; while the
-handler runs, the guard is *armed* and refuses, with :class:`HandlerTransactionError`:
+by any route a SQLAlchemy user knows. Each job gets a new ``HandlerSession`` whose
+transactions run on the handler thread's own ``GuardedConnection``; while the
+handler runs, the guard is *armed* and refuses, with
+[``HandlerTransactionError``][sqla_jobs.exceptions.HandlerTransactionError]:
 
 * ``session.commit()``, ``session.close()``, ``session.begin()`` (as a block or not),
   ``session.reset()`` and ``session.invalidate()``;
@@ -20,7 +21,7 @@ handler runs, the guard is *armed* and refuses, with :class:`HandlerTransactionE
 (a SAVEPOINT) stay allowed. Whatever a refused call left behind, the worker closes the
 connection (PostgreSQL rolls the transaction back) and records a failed attempt. As a
 last line, after every handler the worker asks the driver whether the transaction it
-opened is still open (:meth:`Guard.ended_by_handler`); a handler that went below
+opened is still open (``Guard.ended_by_handler``); a handler that went below
 SQLAlchemy to the DBAPI connection and committed is caught there, though writes it
 committed that way cannot be taken back (the README says so).
 """

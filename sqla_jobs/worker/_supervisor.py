@@ -3,7 +3,7 @@
 Phases, in order: ``NEW`` -> ``RUNNING`` (claiming) -> ``DRAINING`` (no more claims;
 buffered jobs given back; running handlers get ``shutdown_timeout``) -> ``STOPPED``
 (services ended). SIGTERM or SIGINT (when ``run`` installs the handlers) or
-:meth:`Worker.stop` starts the drain; a second signal exits at once.
+``Worker.stop`` starts the drain; a second signal exits at once.
 """
 
 from __future__ import annotations
@@ -198,7 +198,7 @@ class Worker:
     def check_schema(self) -> None:
         """Raise SchemaNotReadyError unless the jobs table has every column and status.
 
-        Waits for a primary first (see :meth:`_wait_for_primary`)."""
+        Waits for a primary first (see ``_wait_for_primary``)."""
         if not self._wait_for_primary():
             return
         with self.engine.connect() as conn:
@@ -259,10 +259,11 @@ class Worker:
     async def run_async(self) -> None:
         """``await worker.run_async()``: run the worker from an application's event loop.
 
-        The worker runs as :meth:`run` does, on threads of its own (its ``async def``
-        handlers on its own event loop, not the caller's), so nothing it does blocks the
-        caller's loop. Cancelling the awaiting task stops the worker gracefully (the
-        drain of :meth:`stop`) and re-raises the cancellation once it has stopped.
+        The worker runs as [``run``][sqla_jobs.worker._supervisor.Worker.run] does, on threads of
+        its own (its ``async def`` handlers on its own event loop, not the caller's), so nothing it
+        does blocks the caller's loop. Cancelling the awaiting task stops the worker gracefully (the
+        drain of [``stop``][sqla_jobs.worker._supervisor.Worker.stop]) and re-raises the
+        cancellation once it has stopped.
         """
         loop = asyncio.get_running_loop()
         finished: asyncio.Future[None] = loop.create_future()

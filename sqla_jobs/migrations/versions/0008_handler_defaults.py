@@ -25,7 +25,7 @@ Safe on a large live table: ``SET DEFAULT`` and ``DROP NOT NULL`` change the cat
 only (no scan, no rewrite), one ``ALTER TABLE`` per table. Each still needs a moment of
 ``ACCESS EXCLUSIVE``, and waiting for it behind a long transaction would queue every
 claim and enqueue behind the migration: the lock is waited for at most
-:data:`LOCK_TIMEOUT` (the migration then fails with "canceling statement due to lock
+``LOCK_TIMEOUT`` (the migration then fails with "canceling statement due to lock
 timeout"; run it again).
 
 Deploy order: workers first. A worker built with this revision works on a database

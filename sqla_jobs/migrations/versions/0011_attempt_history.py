@@ -23,7 +23,7 @@ The done-mark writes neither: ``finished_at`` already says when the done attempt
 Safe on a large live table: ``ADD COLUMN`` with no default and no constraint changes the
 catalog only (no scan, no rewrite); rows written before it read NULL (no history). Each
 ``ALTER`` still needs a moment of ``ACCESS EXCLUSIVE``, waited for at most
-:data:`LOCK_TIMEOUT` so that a long transaction does not queue every claim behind the
+``LOCK_TIMEOUT`` so that a long transaction does not queue every claim behind the
 migration (it then fails with "canceling statement due to lock timeout": run it again).
 
 Deploy order: migrate first, then the workers built with it (their claim writes

@@ -9,7 +9,7 @@ on its last page newest first, it reads every job older than the bound before (o
 after) the ones it shows: 0.23-0.36 s at 1,000,000 rows. ``(created_at, id)`` gives
 the lowest id of the jobs created since the bound by reading those jobs' index entries
 only (no table rows); the page then starts its walk there (see
-:func:`sqla_jobs.sql.admin.list_jobs`). The id is in the index so that look-up needs
+``sqla_jobs.sql.admin.list_jobs``). The id is in the index so that look-up needs
 no table row; the created_at test stays on the page, so a job whose created_at is out
 of step with its id (created in a long transaction) is still shown exactly when it
 matches.

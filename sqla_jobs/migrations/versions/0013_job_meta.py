@@ -15,7 +15,7 @@ Both are NULL for a job that has none, which is every job written before this re
 
 Safe on a large live table: ``ADD COLUMN`` with no default and no constraint changes the
 catalog only (no scan, no rewrite). Each ``ALTER`` still needs a moment of ``ACCESS
-EXCLUSIVE``, waited for at most :data:`LOCK_TIMEOUT` (it then fails with "canceling
+EXCLUSIVE``, waited for at most ``LOCK_TIMEOUT`` (it then fails with "canceling
 statement due to lock timeout": run it again). Then the two GIN indexes that answer
 ``meta @> ...`` (``jsonb_path_ops``, as ``jobs_payload_idx``) and ``tags @> ARRAY[...]``
 are built with ``CREATE INDEX CONCURRENTLY`` in an autocommit block, as revision 0010

@@ -4,7 +4,7 @@ Revision ID: 0014_workflows
 Revises: 0013_job_meta
 Create Date: 2026-12-01
 
-What it adds (see :mod:`sqla_jobs.workflows` for the design):
+What it adds (see [``sqla_jobs.workflows``][sqla_jobs.workflows] for the design):
 
 * ``waiting``, a new ``job_status`` value: a step whose dependencies have not all
   ended. The claim reads ``status = 'queued'`` rows only, through ``jobs_claim_idx
@@ -27,7 +27,7 @@ What it adds (see :mod:`sqla_jobs.workflows` for the design):
 Safe on a large live table: ``ADD VALUE`` and ``ADD COLUMN`` without a default change
 the catalog only (no scan, no rewrite); the index is built ``CONCURRENTLY`` (no lock
 blocks the workers' writes while it builds); the triggers take a brief SHARE ROW
-EXCLUSIVE lock. Every ``ALTER`` waits at most :data:`LOCK_TIMEOUT` for its lock. The
+EXCLUSIVE lock. Every ``ALTER`` waits at most ``LOCK_TIMEOUT`` for its lock. The
 enum value is added in an autocommit block (PostgreSQL refuses to use a value in the
 transaction that added it).
 

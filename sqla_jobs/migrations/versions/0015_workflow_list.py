@@ -5,13 +5,14 @@ Revises: 0014_workflows
 Create Date: 2026-12-01
 
 * ``jobs_workflow_status_idx (status, workflow_id) WHERE workflow_id IS NOT NULL``: the
-  list of workflows filtered by state (:func:`sqla_jobs.ops.list_workflows`) walks the
-  workflow ids newest first (ids are time-ordered, see :mod:`sqla_jobs.workflows`)
-  with one index probe per workflow shown: "running" takes the highest id below the
-  cursor among waiting, queued and running steps, "failed" among dead and cancelled
-  ones, each a descent of this index. Without it, "running" tests every workflow in
-  turn, and a few running workflows among 100,000 finished ones read them all.
-  ``jobs_workflow_id_idx`` (0014) serves the unfiltered list and each workflow's counts.
+  list of workflows filtered by state
+  ([``sqla_jobs.ops.list_workflows``][sqla_jobs.ops.list_workflows]) walks the workflow ids newest
+  first (ids are time-ordered, see [``sqla_jobs.workflows``][sqla_jobs.workflows]) with one index
+  probe per workflow shown: "running" takes the highest id below the cursor among waiting, queued
+  and running steps, "failed" among dead and cancelled ones, each a descent of this index. Without
+  it, "running" tests every workflow in turn, and a few running workflows among 100,000 finished
+  ones read them all. ``jobs_workflow_id_idx`` (0014) serves the unfiltered list and each workflow's
+  counts.
 * ``jobs_archive_workflow_id_idx (workflow_id) WHERE workflow_id IS NOT NULL`` on
   ``jobs_archive``: a workflow's archived steps (``workflow_status``, appending to a
   workflow) were found by reading the whole archive.

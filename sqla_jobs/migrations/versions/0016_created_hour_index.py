@@ -14,7 +14,7 @@ oldest first, through the older ones (revision 0012 bounded that one from
 
 ``(date_bin('1 hour', created_at, origin), id) INCLUDE (created_at)`` gives either end
 of a side by one index descent per hour past the bound, and the bound's own hour read
-entry by entry from the index (:func:`sqla_jobs.sql.admin._id_bound`): the lowest id
+entry by entry from the index (``sqla_jobs.sql.admin._id_bound``): the lowest id
 created since a bound and the highest created before one, with no table row read. It
 replaces 0012's ``jobs_created_at_idx``, which nothing else reads (one index written
 per insert and non-HOT update, as before).

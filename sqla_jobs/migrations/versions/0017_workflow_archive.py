@@ -7,7 +7,7 @@ Create Date: 2026-12-02
 
 The archiver and ``prune`` take a finished workflow as a unit: a row of a workflow goes
 only when the workflow's last step ended before the cutoff (see
-:func:`sqla_jobs.sql.admin.archive_batch`). That is ``max(finished_at)`` of the
+``sqla_jobs.sql.admin.archive_batch``). That is ``max(finished_at)`` of the
 workflow's steps, asked once per row the batch looks at: with ``finished_at`` in the
 workflow's index it is one descent; with ``(workflow_id)`` alone it read every step of
 the workflow, per row (10,000 x 10,000 entries for one big workflow in one batch).
@@ -19,8 +19,8 @@ the workflow, per row (10,000 x 10,000 entries for one big workflow in one batch
 * ``jobs_archive_workflow_finished_idx (workflow_id, finished_at)`` replaces
   ``jobs_archive_workflow_id_idx (workflow_id)`` (0015).
 * ``jobs_archive_workflow_status_idx (status, workflow_id)``: archived workflows are
-  listed too (:func:`sqla_jobs.ops.list_workflows`); "failed" walks the archive's
-  workflow ids with a dead or cancelled step one descent each, as 0015's
+  listed too ([``sqla_jobs.ops.list_workflows``][sqla_jobs.ops.list_workflows]); "failed" walks the
+  archive's workflow ids with a dead or cancelled step one descent each, as 0015's
   ``jobs_workflow_status_idx`` does in ``jobs``.
 
 All partial (``WHERE workflow_id IS NOT NULL``). Built with ``CREATE INDEX
