@@ -1,4 +1,5 @@
-"""The framework recipes (examples/recipes/, docs/recipes.md) run as written.
+"""The framework recipes (examples/recipes/, docs/recipes.md) run as written, and the page
+says what each needs installed.
 
 Each one enqueues the way its framework does (a FastAPI dependency's AsyncSession,
 Flask-SQLAlchemy's ``db.session``, a script's Session) against a real database, and a
@@ -18,6 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import docpages
 import httpx
 import pytest
 import sqlalchemy as sa
@@ -202,11 +204,63 @@ def test_inprocess_worker_recipe_runs_the_job_in_the_web_process_and_drains_at_s
 
 
 def test_every_code_block_of_docs_recipes_is_cut_from_the_file_it_names() -> None:
+    """A part (first line ``# name.py``) is in examples/recipes/name.py as written; each
+    file is also shown whole, once, by a snippet include the build resolves."""
     text = (ROOT / "docs" / "recipes.md").read_text()
-    blocks = re.findall(r"```python\n(.*?)```", text, re.DOTALL)
-    assert len(blocks) >= 6
+    blocks = [b.code for b in docpages.blocks(ROOT / "docs" / "recipes.md")]
+    assert len(blocks) >= 10
+    whole = []
     for block in blocks:
         first, _, code = block.partition("\n")
-        source = re.fullmatch(r"# (examples/recipes/\w+\.py)", first)
+        included = re.fullmatch(r'--8<-- "examples/recipes/(\w+\.py)"', first)
+        if included:
+            assert not code.strip(), block
+            whole.append(included.group(1))
+            continue
+        source = re.fullmatch(r"# (\w+\.py)", first)
         assert source, f"a block that names no recipe file: {first!r}"
-        assert code in (ROOT / source.group(1)).read_text(), f"not in {source.group(1)}:\n{code}"
+        path = RECIPES / source.group(1)
+        assert code in path.read_text(), f"not in {path.name}:\n{code}"
+    assert sorted(whole) == sorted(p.name for p in RECIPES.glob("*.py")), text
+
+
+#: What a recipe's file imports, or names as the program to run, from outside the
+#: standard library, sqla_jobs and its dependencies; pydantic comes with FastAPI.
+_PROVIDED = {"sqla_jobs", "sqlalchemy", "pydantic"}
+
+
+def _extras() -> dict[str, str]:
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    part = pyproject.split("[project.optional-dependencies]")[1].split("\n[")[0]
+    return dict(re.findall(r"^([\w-]+) = \[(.*?)\]$", part, re.M | re.S))
+
+
+def test_every_recipe_says_which_install_brings_what_its_file_needs() -> None:
+    """One ``**Install:**`` line per recipe, the same as the page's table, with extras
+    that exist and that bring every framework the recipe's file imports or runs."""
+    page = (ROOT / "docs" / "recipes.md").read_text()
+    table = dict(re.findall(r"^\| \[([^\]]+)\]\(#[\w-]+\) \| `([^`]+)` \|$", page, re.M))
+    sections = re.split(r"^## ", page, flags=re.M)[1:]
+    assert len(sections) == len(table) == 4
+    extras = _extras()
+    for section in sections:
+        title = section.splitlines()[0]
+        installs = re.findall(r"^\*\*Install:\*\* `(pip install [^`]+)`", section, re.M)
+        assert len(installs) == 1, title
+        (row,) = [cmd for name, cmd in table.items() if title.startswith(name)]
+        assert installs[0] == row, title
+        spec = re.fullmatch(r"pip install (?:'sqla-jobs\[([\w,-]+)\]'|sqla-jobs)", row)
+        assert spec, row
+        names = (spec.group(1) or "").split(",") if spec.group(1) else []
+        assert set(names) <= set(extras), row
+        brought = {
+            n.lower().replace("-", "_")
+            for name in names
+            for n in re.findall(r'"([A-Za-z][\w-]*)', extras[name])
+        }
+        (include,) = re.findall(r'--8<-- "examples/recipes/(\w+\.py)"', section)
+        source = (RECIPES / include).read_text()
+        imported = set(re.findall(r"^(?:from|import) (\w+)", source, re.M))
+        needed = {m for m in imported if m not in sys.stdlib_module_names} - _PROVIDED
+        needed |= {"uvicorn"} & set(re.findall(r"^ +(\w+) \S+:app", source, re.M))
+        assert needed <= brought, f"{title}: {row} lacks {needed - brought}"

@@ -10,7 +10,7 @@ does. The worker is a process of its own::
     uvicorn fastapi_app:app                          # the web process
     python -m sqla_jobs.worker fastapi_app:registry  # the worker, as many as you need
 
-docs/recipes.md walks through it; tests/test_recipes.py runs it.
+The documentation's Recipes page walks through it; the project's tests run it.
 """
 
 from __future__ import annotations

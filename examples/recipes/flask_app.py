@@ -13,7 +13,8 @@ ordinary SQLAlchemy classes, so it needs none. The worker is a process of its ow
 
 The models subclass ``Base`` (the ``model_class`` given to ``SQLAlchemy``), not
 ``db.Model``: the same tables and ``db.session`` work the same, and a type checker can
-read them. docs/recipes.md walks through it; tests/test_recipes.py runs it.
+read them. The documentation's Recipes page walks through it; the project's tests run
+it.
 """
 
 from __future__ import annotations

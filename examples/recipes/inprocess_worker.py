@@ -12,8 +12,8 @@ since the jobs are rows and any worker takes them::
     export DATABASE_URL=postgresql://localhost/app   # migrated: alembic upgrade heads
     uvicorn inprocess_worker:app                     # serves and works
 
-What it costs, and when not to do it, is in docs/recipes.md ("A worker inside the web
-process"). tests/test_recipes.py runs it under uvicorn.
+What it costs, and when not to do it, is on the documentation's Recipes page ("A worker
+inside the web process"). The project's tests run it under uvicorn.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ in a worker process, never in the script::
     python script.py 1 2 3 --wait
 
 The handler lives in this file so the example is one file; in an app it sits with the
-other handlers and the script imports them. tests/test_recipes.py runs it.
+other handlers and the script imports them. The project's tests run it.
 """
 
 from __future__ import annotations
