@@ -57,6 +57,10 @@ RUN_BY: dict[str, str] = {
         for n in range(1, 6)
     },
     "docs/guides/async.md | Async handlers | 1": "test_readme_async_handlers_example_runs",
+    # examples/async_app.py, included whole at build time.
+    "docs/guides/async.md | Async handlers | 2": (
+        "test_a_request_enqueues_and_the_async_handler_calls_the_apps_own_endpoint"
+    ),
     **{
         f"docs/guides/async.md | Async applications | {n}": (
             "test_readme_async_applications_section_runs_as_the_apps_own_test_suite"
