@@ -19,7 +19,7 @@ from sqla_jobs.exceptions import ConfigError, InvalidJobError
 if TYPE_CHECKING:
     from sqlalchemy.engine import URL
 
-#: Defaults, each documented in the README's configuration table.
+#: Defaults, each documented on its ``WorkerConfig`` field and in the worker guide's table.
 DEFAULT_CONCURRENCY = 1
 #: ``async def`` handlers run at once on the worker's event loop.
 DEFAULT_ASYNC_CONCURRENCY = 100
@@ -144,7 +144,7 @@ class WorkerConfig:
             workers may; each tick is enqueued once). Defaults to True.
         timeout_grace: seconds a handler may run past its timeout (or an operator's
             cancel) before the worker records the outcome without it, stops renewing
-            its lease and replaces its thread (see docs/guides/job-control.md).
+            its lease and replaces its thread (see the Job control guide, "Timeouts").
             Defaults to 5.0.
         worker_id: recorded in ``jobs.worker`` and used to fence completions.
             Defaults to ``host:pid``.

@@ -20,7 +20,7 @@ finished rows by status then ``finished_at`` (``jobs_finished_idx``, revision 00
 and cancelled counts are a range on ``status``, "done in the last hour" a range on
 ``(status, finished_at)``. Nothing counts every done row; the table's total and the
 split by status are the planner's estimates (``pg_class.reltuples`` and ``pg_stats``),
-refreshed by autovacuum/ANALYZE. ``tests/test_ops.py`` checks the plans.
+refreshed by autovacuum/ANALYZE. A test checks the plans.
 
 **Actions are safe while workers claim.** ``retry_jobs``, ``cancel_jobs`` and
 ``delete_jobs`` lock their rows with ``FOR UPDATE SKIP LOCKED`` and test the status: a

@@ -248,7 +248,7 @@ def enqueue(
     """Insert one job in the caller's transaction and return its id.
 
     ``timeout`` (seconds or timedelta) limits each run of this job, over its handler's
-    own ``timeout``; see docs/guides/job-control.md. Without ``max_attempts`` the job gets
+    own ``timeout``; see the Job control guide. Without ``max_attempts`` the job gets
     its handler's when a worker claims it (else 8); without ``queue`` or ``priority`` it
     gets ``"default"`` and 0, not its handler's: ``registry.enqueue`` and
     ``handler.enqueue`` use the handler's. ``meta`` (a JSON object) and ``tags`` (a list

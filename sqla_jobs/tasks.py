@@ -342,10 +342,10 @@ class Registry:
         """Decorator registering ``fn(session, payload[, job])`` for ``kind``.
 
         ``timeout`` (seconds or timedelta): how long one run may take, unless the job
-        sets its own (``enqueue(..., timeout=...)``); see docs/guides/job-control.md.
+        sets its own (``enqueue(..., timeout=...)``); see the Job control guide.
         ``max_snoozes``: how often a job may raise [``Snooze``][sqla_jobs.Snooze].
         ``isolation="process"``: run each job in a child process that the worker kills at
-        the deadline or a cancel (see docs/guides/job-control.md).
+        the deadline or a cancel (see the Job control guide).
 
         ``limit``: at most this many jobs of the kind run at once across every worker;
         ``rate`` (``"100/min"``): at most that many start in any such window. Both are

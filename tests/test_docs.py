@@ -562,3 +562,14 @@ def test_the_home_page_links_every_page_of_the_navigation() -> None:
     api_page = (ROOT / "docs" / "reference" / "api.md").read_text()
     unlinked = [p for p in api[1:] if f"]({p.split('/')[1]})" not in api_page]
     assert not unlinked, f"docs/reference/api.md does not link {unlinked}"
+
+
+def test_the_readme_has_no_relative_link_that_would_break_on_pypi() -> None:
+    """README.md is the package's long description: on PyPI a relative link or image
+    (``docs/...``, ``LICENSE``) leads nowhere, so every link is absolute or an anchor of
+    the README itself; pages are named by their path as text instead."""
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    targets = re.findall(r"\]\(([^)\s]+)", readme) + re.findall(r"<img [^>]*src=\"([^\"]+)", readme)
+    relative = [t for t in targets if not re.match(r"(https?://|#)", t)]
+    assert not relative, f"relative links in README.md: {relative}"
+    assert "(`docs/getting-started.md`)" in readme

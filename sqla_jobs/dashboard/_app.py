@@ -120,8 +120,8 @@ def close_streams(app: Starlette) -> None:
     loop as the server *begins* to stop. A tab reconnects by itself to the next server.
 
     An ASGI lifespan's shutdown runs only after the server's graceful-shutdown wait, so
-    it comes too late for this; docs/guides/dashboard.md ("Live updates") says where to
-    call it.
+    it comes too late for this; the dashboard guide ("Live updates") says where to call
+    it.
     """
     close = getattr(getattr(app, "state", None), "close_streams", None)
     if close is None:

@@ -23,7 +23,7 @@ connection (PostgreSQL rolls the transaction back) and records a failed attempt.
 last line, after every handler the worker asks the driver whether the transaction it
 opened is still open (``Guard.ended_by_handler``); a handler that went below
 SQLAlchemy to the DBAPI connection and committed is caught there, though writes it
-committed that way cannot be taken back (the README says so).
+committed that way cannot be taken back (the Handlers guide says so).
 """
 
 from __future__ import annotations
