@@ -1613,7 +1613,7 @@ def _audit_text(name: str, value: str) -> str:
 
 def _audit_schema_error(exc: sa_exc.ProgrammingError) -> SchemaNotReadyError:
     return SchemaNotReadyError(
-        "cannot use the audit trail (jobs_audit); run `alembic upgrade head` "
+        "cannot use the audit trail (jobs_audit); run `alembic upgrade heads` "
         f"(revision 0009): {exceptions.db_error_text(exc)}"
     )
 

@@ -327,3 +327,22 @@ def test_dashboard_command_stops_without_waiting_for_the_live_views_query_in_fli
     finally:
         engine.dispose()
     assert "ERROR" not in output and "Traceback" not in output and "WARNING" not in output, output
+
+
+@pytest.mark.parametrize("missing", ["starlette", "jinja2"])
+def test_importing_the_dashboard_without_its_extra_names_the_install(missing: str) -> None:
+    """An app's ``from sqla_jobs.dashboard import create_app`` says which extra to
+    install, as the command does (a new user saw a bare ModuleNotFoundError)."""
+    code = (
+        f"import sys; sys.modules[{missing!r}] = None\n"  # as if it were not installed
+        "try:\n"
+        "    from sqla_jobs.dashboard import create_app\n"
+        "except ModuleNotFoundError as exc:\n"
+        "    print(exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(
+        "the dashboard needs its extra: pip install 'sqla-jobs[dashboard]' ("
+    ), out.stdout
+    assert missing in out.stdout

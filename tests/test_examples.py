@@ -80,7 +80,7 @@ def test_readme_periodic_example_runs_and_registers_its_schedules(
     code = re.search(r"```python\n(.*?)```", section, re.S)
     assert code is not None
     os.environ["DATABASE_URL"] = users_url(db_url)
-    namespace: dict[str, object] = {"__name__": "readme_periodic"}
+    namespace: dict[str, object] = {"__name__": "__main__"}
     try:
         exec(compile(code.group(1), "<docs example>", "exec"), namespace)
     finally:
@@ -260,7 +260,7 @@ def test_readme_async_handlers_example_runs(engine: sa.Engine, db_url: URL) -> N
     code = re.search(r"```python\n(.*?)```", section, re.S)
     assert code is not None
     os.environ["DATABASE_URL"] = users_url(db_url)
-    namespace: dict[str, object] = {"__name__": "readme_async"}
+    namespace: dict[str, object] = {"__name__": "__main__"}
     try:
         exec(compile(code.group(1), "<docs example>", "exec"), namespace)
     finally:
@@ -279,7 +279,7 @@ def test_readme_workflows_example_runs_the_fan_in_and_the_batch_callbacks(
     blocks = re.findall(r"```python\n(.*?)```", section, re.S)
     assert len(blocks) == 2
     os.environ["DATABASE_URL"] = users_url(db_url)
-    namespace: dict[str, object] = {"__name__": "readme_workflows"}
+    namespace: dict[str, object] = {"__name__": "__main__"}
     try:
         for block in blocks:
             exec(compile(block, "<docs example>", "exec"), namespace)
@@ -431,3 +431,24 @@ def test_readme_app_engine_for_failover_carries_the_workers_keepalive_defaults()
     assert seen["host"] == "db1.internal,db2.internal"
     assert seen["target_session_attrs"] == "primary"
     assert {k: str(seen[k]) for k in _connlost.KEEPALIVES} == _connlost.KEEPALIVES
+
+
+@pytest.mark.parametrize("heading", ["Async handlers", "Workflows", "Periodic jobs"])
+def test_a_guide_module_imported_by_a_worker_enqueues_nothing(
+    engine: sa.Engine, db_url: URL, heading: str
+) -> None:
+    """The guides put handlers and a script in one module; the worker imports that
+    module for its handlers, so the script part must not run then (a new user's worker
+    start enqueued the example's jobs again)."""
+    blocks = re.findall(r"```python\n(.*?)```", docpages.section(heading), re.S)
+    os.environ["DATABASE_URL"] = users_url(db_url)
+    namespace: dict[str, object] = {"__name__": "imported_by_the_worker"}
+    try:
+        for block in blocks[:2] if heading == "Workflows" else blocks[:1]:
+            exec(compile(block, "<docs example>", "exec"), namespace)
+    finally:
+        del os.environ["DATABASE_URL"]
+    assert isinstance(namespace["registry"], sqla_jobs.Registry)
+    # The periodic script enqueues no job (nothing is due yet) but registers its schedules.
+    written = "SELECT (SELECT count(*) FROM jobs) + (SELECT count(*) FROM jobs_periodic)"
+    assert scalar(engine, written) == 0

@@ -580,7 +580,7 @@ def test_a_worker_with_schedules_refuses_a_database_without_revision_0004(
     try:
         with pytest.raises(
             SchemaNotReadyError,
-            match=r"jobs_periodic \(revision 0004\) is missing.*run `alembic upgrade head`",
+            match=r"jobs_periodic \(revision 0004\) is missing.*run `alembic upgrade heads`",
         ):
             worker.check_schema()
     finally:
@@ -613,7 +613,7 @@ def test_a_worker_with_schedules_on_an_empty_database_says_the_whole_schema_is_m
     assert "this database has no sqla_jobs schema (the jobs table does not exist)" in message
     assert "jobs_periodic" not in message.split("(", 1)[0]
     # An app with its own Alembic history has two heads: `head` alone would not do.
-    assert "run `alembic upgrade head` (in an app with its own Alembic history, " in message
+    assert "run `alembic upgrade heads` (in an app with its own Alembic history, " in message
     assert "`alembic upgrade heads`)" in message
     assert "an install from pip migrates" in message
 

@@ -212,4 +212,4 @@ def test_the_worker_on_an_unmigrated_database_prints_one_line(empty_db_url: URL)
     )
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("\n") == 1, proc.stderr
-    assert "run `alembic upgrade head`" in proc.stderr
+    assert "run `alembic upgrade heads`" in proc.stderr

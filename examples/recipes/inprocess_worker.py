@@ -3,10 +3,11 @@
 One process serves the requests and runs the jobs: the app's lifespan starts a
 ``Worker`` on the app's own event loop (``worker.run_async()`` as a task) and stops it at
 shutdown (cancelling the task drains it: running jobs finish, up to
-``shutdown_timeout``). ``async def`` handlers run on that loop; plain ones on the
-worker's threads. Set ``RUN_JOBS_IN_WEB=0`` and run ``python -m sqla_jobs.worker
-inprocess_worker:registry`` instead when the app outgrows it: nothing else changes,
-since the jobs are rows and any worker takes them::
+``shutdown_timeout``). ``async def`` handlers run on the worker's own event loop (thread
+``sqla_jobs-asyncio``), plain ones on its threads: neither blocks the requests' loop,
+but they share the process's CPU and GIL. Set ``RUN_JOBS_IN_WEB=0`` and run
+``python -m sqla_jobs.worker inprocess_worker:registry`` instead when the app outgrows
+it: nothing else changes, since the jobs are rows and any worker takes them::
 
     pip install 'sqla-jobs[async-example]'
     export DATABASE_URL=postgresql://localhost/app   # migrated: alembic upgrade heads
@@ -52,8 +53,8 @@ registry = Registry()
 
 @registry.handler("check_url", max_attempts=3)
 async def check_url(session: AsyncSession, payload: dict[str, Any], job: JobContext) -> None:
-    # Runs on the web app's event loop: await, never block (no time.sleep, no sync HTTP
-    # client, no CPU-heavy loop), or every request waits behind it.
+    # Runs on the worker's own event loop, not the requests': a blocking call holds one
+    # of the worker's async slots; CPU-heavy work still slows this process's requests.
     ping = await session.get(Ping, payload["ping_id"])
     if ping is not None and ping.checked_at is None:
         ping.checked_by_job = job.id

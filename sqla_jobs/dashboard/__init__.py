@@ -43,7 +43,20 @@ Routes (``._views``) are named, and every link is built from the request's
 
 from __future__ import annotations
 
-from sqla_jobs.dashboard._app import close_streams, create_app
-from sqla_jobs.dashboard._security import ACTIONS, CONTENT_SECURITY_POLICY, Decision
+#: The third-party packages of the ``dashboard`` extra (pyproject.toml).
+_EXTRA = ("starlette", "jinja2", "uvicorn")
+
+try:
+    from sqla_jobs.dashboard._app import close_streams, create_app
+    from sqla_jobs.dashboard._security import ACTIONS, CONTENT_SECURITY_POLICY, Decision
+except ModuleNotFoundError as exc:
+    # Said here, where the app imports it, as `sqla-jobs dashboard` says it: a bare
+    # "No module named 'starlette'" does not say which install brings it.
+    if (exc.name or "").split(".")[0] not in _EXTRA:
+        raise
+    raise ModuleNotFoundError(
+        f"the dashboard needs its extra: pip install 'sqla-jobs[dashboard]' ({exc})",
+        name=exc.name,
+    ) from exc
 
 __all__ = ["ACTIONS", "CONTENT_SECURITY_POLICY", "Decision", "close_streams", "create_app"]

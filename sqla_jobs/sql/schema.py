@@ -18,9 +18,10 @@ from sqla_jobs.sql import periodic as periodic_sql
 #: are a branch of their own, so an app that has its own Alembic history (and sqla_jobs'
 #: versions in ``version_locations``) has two heads: ``head`` alone is ambiguous there.
 UPGRADE = (
-    "run `alembic upgrade head` (in an app with its own Alembic history, which is how an "
+    "run `alembic upgrade heads` (in an app with its own Alembic history, which is how an "
     "install from pip migrates: its `version_locations` lists sqla_jobs' revisions, see the "
-    "Alembic integration guide; then `alembic upgrade heads`)"
+    "Alembic integration guide; `heads`, because sqla_jobs' revisions are a branch of their "
+    "own beside the app's)"
 )
 
 
