@@ -555,6 +555,24 @@ def release(*, worker: str, leases: Sequence[tuple[int, int]]) -> sa.Update:
     )
 
 
+def index_scans_only() -> sa.Select[Any]:
+    """``SET LOCAL enable_seqscan = off`` as a function call, run before
+    :func:`rescue_expired` in its transaction.
+
+    No index holds the lease (revision 0018: a heartbeat is then a HOT update), so the
+    rescuer finds expired leases among the running jobs of ``jobs_status_id_idx`` and
+    tests each one's lease. The running jobs are few (the fleet's concurrency), but
+    statistics taken while most rows were running (a bulk claim, a small table) make a
+    sequential scan of the whole table look cheaper, and it would be re-read at every
+    rescue. Off for this transaction only, the planner takes the index.
+    """
+    return sa.select(
+        sa.func.set_config(
+            sa.literal_column("'enable_seqscan'"), sa.literal_column("'off'"), sa.true()
+        )
+    )
+
+
 def rescue_expired(*, limit: int = 1000, now: Now = None) -> sa.Update:
     """Requeue jobs whose lease expired (their worker died or stopped heartbeating).
 
@@ -562,6 +580,10 @@ def rescue_expired(*, limit: int = 1000, now: Now = None) -> sa.Update:
     kills its worker must not be handed to the next one forever; a job an operator asked
     to cancel goes ``cancelled``. This replaces the
     seed's ``OR (status = 'running' AND locked_until < now())`` claim branch.
+
+    The running jobs are read from ``jobs_status_id_idx`` and their leases tested there
+    (no index holds ``locked_until``, revision 0018); run :func:`index_scans_only` first
+    in the same transaction.
     """
     expired = (
         sa.select(jobs.c.id)

@@ -282,6 +282,7 @@ FROZEN_DEADLINE = (
 )
 CANCEL_RUNNING = f"{STOPS}::test_cancelling_a_running_job_stops_it_rolls_back_and_never_retries"
 CANCEL_LATENCY = f"{STOPS}::test_a_cancel_stops_a_running_statement_long_before_the_next_heartbeat"
+HOT_HEARTBEATS = "tests/test_horizon.py::test_heartbeats_are_hot_updates_under_a_pinned_horizon"
 ASYNC = f"{REL}/test_async_handlers.py"
 ASYNC_KILL_STORM = f"{ASYNC}::test_kill_storm_of_async_workers_loses_no_job_and_doubles_no_effect"
 ASYNC_STALE = f"{ASYNC}::test_stale_async_worker_resumed_after_takeover_is_fenced_and_rolls_back"
@@ -1721,6 +1722,15 @@ MUTATIONS: list[Mutation] = [
         "                reading.cancel()\n",
         "                pass  # MUTATION\n",
         (DASHBOARD_STOPS_MID_ROUND,),
+    ),
+    # --- a pinned horizon (#25) -------------------------------------------------------------
+    Mutation(
+        "lease_index_kept",
+        "no index holds the lease: a heartbeat is a HOT update (revision 0018)",
+        "sqla_jobs/migrations/versions/0018_hot_heartbeats.py",
+        '        _autocommit([f"DROP INDEX CONCURRENTLY IF EXISTS {name}" for name in DROPPED])\n',
+        "        pass  # MUTATION\n",
+        (HOT_HEARTBEATS,),
     ),
 ]
 
