@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -19,7 +20,7 @@ from helpers import url_text
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
-from sqla_jobs import NewJob, WorkerConfig, enqueue_many
+from sqla_jobs import NewJob, WorkerConfig, Workflow, enqueue_many
 from sqla_jobs.sql import lease
 from sqla_jobs.worker import _dispatcher
 from sqla_jobs.worker._buffer import ThreadBuffer
@@ -175,3 +176,38 @@ def test_a_job_ready_below_the_floor_is_claimed_by_the_next_full_claim(
     assert dispatcher._timers[0][0] == pool.full_claim_at
     pool.full_claim_at = time.monotonic()  # due
     assert [j.id for j in dispatcher._claim_unlimited(pool, 4)] == [straggler]
+
+
+def test_a_released_workflow_step_is_ready_from_its_release_so_a_floored_claim_finds_it(
+    engine: sa.Engine,
+) -> None:
+    # Revision 0019: a step enqueued long ago and released by its dependency's end
+    # takes the release's time as run_at (a later run_at, a delay, is kept), so the
+    # worker's floored claim finds it at once instead of at the next full claim.
+    flow = Workflow()
+    flow.add("a", "k")
+    flow.add("b", "k", after="a")
+    with Session(engine) as s:
+        ids = flow.enqueue(s)
+        s.commit()
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE jobs SET run_at = now() - interval '1 hour'"))
+    with engine.begin() as conn:
+        (parent,) = _claim(conn, 4)
+        assert parent.id == ids["a"]
+    with engine.begin() as conn:
+        conn.execute(lease.complete(worker=WORKER, leases=[(parent.id, parent.attempts)])).all()
+    with engine.begin() as conn:
+        released, finished = conn.execute(
+            sa.text(
+                "SELECT b.run_at >= a.finished_at, a.finished_at FROM jobs AS a, jobs AS b"
+                " WHERE a.id = :a AND b.id = :b"
+            ),
+            {"a": ids["a"], "b": ids["b"]},
+        ).one()
+        assert released
+        stmt = lease.claim(worker=WORKER, lock_seconds=30, queues=["default"], kinds=["k"], limit=4)
+        compiled = stmt.compile(dialect=conn.dialect)
+        floors = [finished - timedelta(seconds=1)] + [None] * 9
+        found = conn.exec_driver_sql(str(compiled), {**compiled.params, "floors": floors}).all()
+        assert [row.id for row in found] == [ids["b"]]

@@ -283,6 +283,9 @@ FROZEN_DEADLINE = (
 CANCEL_RUNNING = f"{STOPS}::test_cancelling_a_running_job_stops_it_rolls_back_and_never_retries"
 CANCEL_LATENCY = f"{STOPS}::test_a_cancel_stops_a_running_statement_long_before_the_next_heartbeat"
 HOT_HEARTBEATS = "tests/test_horizon.py::test_heartbeats_are_hot_updates_under_a_pinned_horizon"
+RELEASED_STEP = "tests/test_horizon.py::" + (
+    "test_a_released_workflow_step_is_ready_from_its_release_so_a_floored_claim_finds_it"
+)
 FLOOR_STRAGGLER = (
     "tests/test_horizon.py::test_a_job_ready_below_the_floor_is_claimed_by_the_next_full_claim"
 )
@@ -1742,6 +1745,14 @@ MUTATIONS: list[Mutation] = [
         "        full = since >= pool.full_claim_at\n",
         "        full = not pool.floors  # MUTATION\n",
         (FLOOR_STRAGGLER,),
+    ),
+    Mutation(
+        "released_step_keeps_old_run_at",
+        "a workflow step released by its dependencies is ready from its release (0019)",
+        "sqla_jobs/migrations/versions/0019_released_steps_ready_now.py",
+        "    op.execute(_resolve(RELEASE))\n",
+        "    op.execute(_resolve(RELEASE_0014))  # MUTATION\n",
+        (RELEASED_STEP,),
     ),
 ]
 
