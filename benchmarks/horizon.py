@@ -96,22 +96,38 @@ def _dead_tuples(conn: psycopg.Connection[Any]) -> tuple[int, str]:
 
 
 def _one_claim(url: str) -> str:
-    """Buffers and time of one claim of one fresh job, after the flow (rolled back):
-    the index entries a claim walks past."""
+    """Buffers and time of one claim of one fresh job, after the flow (rolled back): the
+    index entries a claim walks past. Twice: from the start of each priority (a full
+    claim, made at least every FULL_CLAIM_SECONDS), and from the floor the worker keeps
+    (the newest run_at it claimed, less FLOOR_SLACK_SECONDS; sqla_jobs.sql.lease._floor),
+    as its other claims are made."""
     import run
+
+    from sqla_jobs.worker import _dispatcher
 
     sql, params = run._claim_sql()
     sql = sql.replace("'noop'", "'stamp'")
     params = {k: (["stamp"] if v == ["noop"] else v) for k, v in params.items()}
+    out = []
     with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "SELECT max(run_at) - %s * interval '1 second' FROM jobs WHERE status = 'done'",
+            (_dispatcher.FLOOR_SLACK_SECONDS,),
+        ).fetchone()
+        floor = row[0] if row else None
         conn.execute("INSERT INTO jobs (kind, payload) VALUES ('stamp', '{}')")
-        plan = [
-            str(r[0]) for r in conn.execute(f"EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {sql}", params)
-        ]
+        for label, floors in (("full", None), ("floored", [floor] + [None] * 9)):
+            plan = [
+                str(r[0])
+                for r in conn.execute(
+                    f"EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {sql}", {**params, "floors": floors}
+                )
+            ]
+            wanted = [line.strip() for line in plan if "Execution" in line]
+            buffers = [line.strip() for line in plan if "Buffers" in line][:1]
+            out.append(f"{label}: " + "; ".join(wanted + buffers))
         conn.rollback()
-    wanted = [line.strip() for line in plan if "jobs_claim_idx" in line or "Execution" in line]
-    buffers = [line.strip() for line in plan if "Buffers" in line][:1]
-    return "; ".join(wanted + buffers)
+    return " | ".join(out)
 
 
 def flow(pinned: bool, seconds: float, rate: int, window: float) -> Flow:

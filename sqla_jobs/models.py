@@ -5,15 +5,20 @@ naming convention so an application can list it beside its own metadata in Alemb
 ``target_metadata`` without name clashes, and so constraint names are stable across
 autogenerate runs.
 
-Two partial indexes keep the hot paths small no matter how many finished rows pile up:
+Partial indexes keep the hot paths small no matter how many finished rows pile up:
 
 * ``jobs_claim_idx (priority, run_at) WHERE status = 'queued'``: the claim walks it one
   priority at a time with an index range bound on ``run_at``, so future (scheduled) jobs
   are never scanned.
-* ``jobs_lease_idx (locked_until) WHERE status = 'running'``: finds expired leases.
 * ``jobs_finished_idx (status, finished_at) WHERE status IN ('done', 'dead', 'cancelled')``
   (revision 0002): "done in the last hour", "how many dead" and "finished before the
   archive cut-off" are range scans on it, never a scan of millions of finished rows.
+
+No index holds ``locked_until`` (revision 0018 dropped 0001's ``jobs_lease_idx
+(locked_until) WHERE status = 'running'``): a heartbeat sets only the lease, so it is a
+HOT update (no index entry written, no dead version left for vacuum, which an app's
+long transaction may hold off). Expired leases are found among the running jobs of
+``jobs_status_id_idx``, which the fleet's concurrency bounds.
 
 Revision 0010 adds what the dashboard's jobs page filters by, each giving one page in id
 order from a keyset cursor: ``jobs_status_id_idx (status, id)``, ``jobs_kind_id_idx
@@ -228,11 +233,6 @@ class Job(Base):
             "priority",
             "run_at",
             postgresql_where=sa.text("status = 'queued'"),
-        ),
-        sa.Index(
-            "jobs_lease_idx",
-            "locked_until",
-            postgresql_where=sa.text("status = 'running'"),
         ),
         sa.Index(
             "jobs_finished_idx",

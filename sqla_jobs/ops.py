@@ -14,13 +14,14 @@ from your own code, a shell, or an admin view::
             ops.retry_jobs(session, ids=[job.id for job in page])
             session.commit()
 
-**Stats stay cheap however much history piles up.** Every figure is read through a
-partial index: queued rows (``jobs_claim_idx``), running rows (``jobs_lease_idx``), and
-finished rows by status then ``finished_at`` (``jobs_finished_idx``, revision 0002): dead
-and cancelled counts are a range on ``status``, "done in the last hour" a range on
-``(status, finished_at)``. Nothing counts every done row; the table's total and the
-split by status are the planner's estimates (``pg_class.reltuples`` and ``pg_stats``),
-refreshed by autovacuum/ANALYZE. A test checks the plans.
+**Stats stay cheap however much history piles up.** Every figure is read through an
+index: queued rows (``jobs_claim_idx``), running rows (``jobs_status_id_idx``: the
+fleet's concurrency bounds them), and finished rows by status then ``finished_at``
+(``jobs_finished_idx``, revision 0002): dead and cancelled counts are a range on
+``status``, "done in the last hour" a range on ``(status, finished_at)``. Nothing counts
+every done row; the table's total and the split by status are the planner's estimates
+(``pg_class.reltuples`` and ``pg_stats``), refreshed by autovacuum/ANALYZE. A test
+checks the plans.
 
 **Actions are safe while workers claim.** ``retry_jobs``, ``cancel_jobs`` and
 ``delete_jobs`` lock their rows with ``FOR UPDATE SKIP LOCKED`` and test the status: a

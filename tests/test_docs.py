@@ -545,7 +545,7 @@ def _nav_pages(nav: Any) -> list[str]:
 def _mkdocs_config() -> Any:
     """mkdocs.yml as data; MkDocs' own tags (``!relative``) read as their text."""
 
-    class Loader(yaml.SafeLoader):
+    class Loader(yaml.SafeLoader):  # type: ignore[misc]
         pass
 
     Loader.add_multi_constructor("!", lambda loader, tag, node: loader.construct_scalar(node))

@@ -272,7 +272,7 @@ def test_health_async_reads_the_same_on_an_async_session(db_url: URL, held: int)
 
 
 HISTORY_PLANS: dict[str, tuple[Callable[[], sa.Select[Any]], str]] = {
-    "expired_leases": (lambda: health_sql.expired_leases(60.0), "jobs_lease_idx"),
+    "expired_leases": (lambda: health_sql.expired_leases(60.0), "jobs_status_id_idx"),
     "oldest_ready": (lambda: health_sql.oldest_ready(), "jobs_claim_idx"),
 }
 

@@ -130,7 +130,7 @@ def test_stats_table_figures_come_from_planner_estimates(
 STATS_QUERIES = {
     # (status, id) (revision 0010) reads one status's rows as well as the partial ones.
     "queued": (stats.stats_queued, ("jobs_claim_idx", "jobs_status_id_idx")),
-    "running": (stats.stats_running, ("jobs_lease_idx", "jobs_status_id_idx")),
+    "running": (stats.stats_running, ("jobs_status_id_idx",)),
     "dead": (stats.stats_dead, ("jobs_finished_idx", "jobs_status_id_idx")),
     "waiting": (stats.stats_waiting, ("jobs_status_id_idx",)),
     "done_recent": (stats.stats_done_recent, ("jobs_finished_idx",)),

@@ -86,6 +86,7 @@ CASES: dict[str, Callable[[], Any]] = {
     "lease.heartbeat": lambda: lease.heartbeat(worker="w", leases=LEASES, lock_seconds=30),
     "lease.release": lambda: lease.release(worker="w", leases=LEASES),
     "lease.rescue_expired": lambda: lease.rescue_expired(),
+    "lease.index_scans_only": lambda: lease.index_scans_only(),
     "admin.list_jobs": lambda: admin.list_jobs(
         statuses=[JobStatus.DEAD], kind="a", queue="q", older_than=60, limit=50, after_id=7
     ),

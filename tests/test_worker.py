@@ -361,8 +361,9 @@ def test_fenced_statements_probe_the_primary_key_even_with_stale_statistics(
                 plan = "\n".join(
                     conn.exec_driver_sql(f"EXPLAIN {compiled}", compiled.params).scalars()
                 )
-                # Reading jobs_lease_idx end to end would visit all 2,000 running jobs.
-                assert "jobs_pkey" in plan and "jobs_lease_idx" not in plan, (name, mode, plan)
+                # Reading the running jobs of jobs_status_id_idx end to end would visit
+                # all 2,000 of them.
+                assert "jobs_pkey" in plan and "jobs_status_id_idx" not in plan, (name, mode, plan)
         conn.rollback()
 
 

@@ -141,9 +141,9 @@ def capacity(
     """For each limited scope: its limits, jobs running on other workers, recent starts.
 
     Run after ``lock_scope``, in its own statement. ``running`` counts other workers'
-    running jobs (jobs_lease_idx holds only running rows); the claiming worker adds its
-    own from its ledger, where a job whose handler already returned no longer counts
-    although its done-mark is still on the way. ``started`` sums the starts inside the
+    running jobs (read from jobs_status_id_idx, running rows only); the claiming worker
+    adds its own from its ledger, where a job whose handler already returned no longer
+    counts although its done-mark is still on the way. ``started`` sums the starts inside the
     rate window ending now (clock_timestamp(): the lock may have been waited for), the
     window made longer by a quarter of itself, up to ``margin`` seconds;
     ``next_start_in`` says in how many seconds the oldest of them leaves it.

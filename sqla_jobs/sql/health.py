@@ -5,7 +5,8 @@ None of them reads the history: the horizon holders come from ``pg_stat_activity
 prepared transaction, never per job); dead and live tuples, vacuum times and sizes
 from ``pg_stat_user_tables`` and the relation's files (``pg_relation_size`` stats a
 file, it does not read it); the queue's figures through the partial indexes that hold
-live jobs only: expired leases on ``jobs_lease_idx`` (running rows), the oldest ready
+live jobs: expired leases among the running rows of ``jobs_status_id_idx`` (bounded
+by the fleet's concurrency), the oldest ready
 job on ``jobs_claim_idx`` one priority at a time, as a claim reads it. The cost stays
 that of the live queue however many finished jobs the tables keep (``tests/test_health.py``
 checks the plans on a large history).
@@ -173,7 +174,8 @@ def tables(names: Sequence[str]) -> sa.Select[Any]:
 
 def expired_leases(grace_seconds: float, now: Now = None) -> sa.Select[Any]:
     """Running jobs whose lease expired over ``grace_seconds`` ago, and the oldest
-    expiry (jobs_lease_idx): their worker died and no rescuer took them back yet."""
+    expiry (the running jobs of jobs_status_id_idx): their worker died and no rescuer
+    took them back yet."""
     cutoff = _common.ago(sa.bindparam("grace", grace_seconds, sa.Float), now)
     return sa.select(
         sa.func.count().label("expired"),

@@ -1,14 +1,14 @@
 """Statements behind ``sqla_jobs.stats``.
 
-Stats read indexes only: the three partial ones, jobs_claim_idx (queued),
-jobs_lease_idx (running) and jobs_finished_idx (done/dead/cancelled, by status then
-finished_at), and (revision 0010) jobs_status_id_idx, which the planner may take for one
-status's rows. No statement here counts all finished rows; their total comes from
-planner estimates (pg_class.reltuples, pg_stats), so the cost does not grow with the
-history. The exact per-(queue, kind) counts of queued and of dead jobs do grow with
-the backlog and the dead jobs kept; ``stats_sample`` lets ``ops.stats(exact_up_to=n)``
-count them from the newest ``n + 1`` rows of each status instead, exactly when there
-are no more, as an estimate when there are (the dashboard).
+Stats read indexes only: the partial ones, jobs_claim_idx (queued) and jobs_finished_idx
+(done/dead/cancelled, by status then finished_at), and (revision 0010)
+jobs_status_id_idx, which the planner may take for one status's rows (running jobs are
+read there since revision 0018 dropped jobs_lease_idx). No statement here counts all
+finished rows; their total comes from planner estimates (pg_class.reltuples, pg_stats),
+so the cost does not grow with the history. The exact per-(queue, kind) counts of queued
+and of dead jobs do grow with the backlog and the dead jobs kept; ``stats_sample`` lets
+``ops.stats(exact_up_to=n)`` count them from the newest ``n + 1`` rows of each status
+instead, exactly when there are no more, as an estimate when there are (the dashboard).
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ def stats_queued(now: At = None) -> sa.Select[Any]:
 
 
 def stats_running(now: At = None) -> sa.Select[Any]:
-    """Per (queue, kind): running, and expired leases among them (jobs_lease_idx)."""
+    """Per (queue, kind): running, and expired leases among them (jobs_status_id_idx;
+    no index holds the lease, revision 0018)."""
     return (
         sa.select(
             jobs.c.queue,

@@ -579,9 +579,10 @@ def _below(
         )
     if status is not None:
         # The status as a sub-select, not a literal: the planner cannot then prove the
-        # predicate of jobs_claim_idx (status = 'queued') or jobs_lease_idx ('running')
-        # and pick one of them, filtering every queued job of the table by workflow
-        # and sorting them, when statistics say few are queued (seen on an empty table).
+        # predicate of jobs_claim_idx (status = 'queued') or jobs_lease_idx ('running',
+        # before revision 0018) and pick one of them, filtering every queued job of the
+        # table by workflow and sorting them, when statistics say few are queued (seen
+        # on an empty table).
         conditions.append(table.c.status == sa.select(_common.status(status)).scalar_subquery())
     # ORDER BY ... LIMIT 1, not max(): PostgreSQL has no max(uuid).
     return (
@@ -652,7 +653,7 @@ def list_workflows(*, state: str | None, before: bool, limit: int = 50) -> sa.Se
     if state == "finished":
         # "Has a step in this status" as the same ordered descent (the highest id at or
         # below this one is this one), not an EXISTS: under misleading statistics the
-        # planner answered that from jobs_claim_idx or jobs_lease_idx, filtering every
+        # planner answered that from jobs_claim_idx (or the old jobs_lease_idx), filtering every
         # queued or running job by workflow.
         conditions.append(
             sa.not_(

@@ -10,6 +10,19 @@ Once a wake-up that may bring jobs leaves nothing ready, it looks up when the ne
 queued job comes due and sets the timer for it (a scheduled job starts at its
 ``run_at``, not at the next poll).
 
+Each claim of a pool's kinds starts each priority's walk of ``jobs_claim_idx`` just below
+the newest ``run_at`` it claimed at that priority (``FLOOR_SLACK_SECONDS`` below), not
+at the start: while an application's transaction pins the MVCC horizon, the index
+entries of every job claimed since stay at the head of the index and a walk from the
+start reads past all of them, more with each job run (sqla_jobs.sql.lease._floor). A job
+can be ready below the floor: one committed late with an older ``run_at`` (a long
+producer transaction, ``run_at=`` in the past), one given back by a stopping worker,
+one skipped while another worker held its lock and then released. At least every
+``FULL_CLAIM_SECONDS`` the claim walks from the start (a full claim): such a job waits
+at most that much longer than it would have, given a free slot (when a floored claim
+comes back short, a timer makes sure that full claim happens even if nothing else
+wakes the worker), and is then claimed in priority order like any other.
+
 Each pool of handler slots (the handler threads for ``def`` handlers, the event loop
 for ``async def`` ones) has its own buffer, its own pace and its own claim, of its own
 kinds only: a worker whose threads are busy never claims their kinds for the loop's
@@ -28,6 +41,7 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 import sqlalchemy as sa
@@ -66,6 +80,19 @@ IDLE_RECHECK_SECONDS = 0.05
 #: sets (see _look_for_next_due): the claim compares with the server's clock, and a
 #: timer that fires first finds nothing.
 DUE_MARGIN_SECONDS = 0.001
+#: A pool's claim starts its walk of each priority this far below the newest ``run_at``
+#: it claimed there (see the module's docstring): jobs enqueued with a ``run_at`` up to
+#: this much older than ones already claimed (producers' transactions committing out
+#: of order) are still claimed at once; the dead entries walked past are those of the
+#: jobs claimed in this span (rate x span), not of all claimed since the horizon was
+#: pinned.
+FLOOR_SLACK_SECONDS = 1.0
+#: At least this often a pool's claim walks each priority from the start, so a job
+#: ready below the floor waits at most this long (plus a claim, given a free slot). Each
+#: full walk reads every dead entry at the head of the index while the horizon is
+#: pinned: the bigger, the cheaper the pinned case, the later such a job.
+FULL_CLAIM_SECONDS = 1.0
+FLOOR_SLACK = timedelta(seconds=FLOOR_SLACK_SECONDS)
 
 
 class Buffer(Protocol):
@@ -101,6 +128,30 @@ class Pool:
     # The last claim came back full: claim again at this (monotonic) time whatever the
     # room (BUSY_LOOK_SECONDS); 0.0: not busy.
     look_at: float = 0.0
+    # Per priority: where its claims start in run_at (sqla_jobs.sql.lease._floor), the
+    # newest run_at claimed there minus FLOOR_SLACK_SECONDS; empty: from the start.
+    floors: dict[int, datetime] = field(default_factory=dict)
+    # The next claim from the start (FULL_CLAIM_SECONDS), monotonic; and the one a
+    # timer was set for (see Dispatcher._claim_unlimited).
+    full_claim_at: float = 0.0
+    full_claim_timer: float = 0.0
+
+    def floor_values(self) -> list[datetime | None] | None:
+        """The ``floors`` parameter of the claim: one per level, None for no floor."""
+        if not self.floors:
+            return None
+        levels = range(validation.MIN_PRIORITY, validation.MAX_PRIORITY + 1)
+        return [self.floors.get(level) for level in levels]
+
+    def learn_floors(self, jobs: list[Claimed]) -> None:
+        """Raise each priority's floor to just below the newest run_at claimed there."""
+        for job in jobs:
+            if job.run_at is None:
+                continue
+            floor = job.run_at - FLOOR_SLACK
+            current = self.floors.get(job.priority)
+            if current is None or floor > current:
+                self.floors[job.priority] = floor
 
     def job_took(self, seconds: float) -> None:
         """A handler ran for ``seconds``: the pace the buffer is sized from."""
@@ -444,9 +495,22 @@ class Dispatcher:
         urgent, into the ledger."""
         sql, params = pool.claim_sql
         since = time.monotonic()
+        # From the start at least every FULL_CLAIM_SECONDS, else from each priority's
+        # floor (see the module's docstring).
+        full = since >= pool.full_claim_at
+        floors = None if full else pool.floor_values()
+        values = {**params, "max_priority": max_priority, "floors": floors}
         # Alone in autocommit mode: one statement, one round trip (sql.lease.claim).
         with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            jobs = self._run_claim(conn, (sql, {**params, "max_priority": max_priority}), limit)
+            jobs = self._run_claim(conn, (sql, values), limit)
+        if floors is None:
+            pool.full_claim_at = since + FULL_CLAIM_SECONDS
+        elif len(jobs) < limit and pool.full_claim_timer != pool.full_claim_at:
+            # Short: a job may be ready below a floor. An idle worker may get no other
+            # wake-up, so one is set for the next full claim.
+            pool.full_claim_timer = pool.full_claim_at
+            self.wake_at(pool.full_claim_at)
+        pool.learn_floors(jobs)
         self.ledger.add(jobs, pool.number, since)
         return jobs
 

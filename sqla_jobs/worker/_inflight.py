@@ -35,6 +35,7 @@ import enum
 import threading
 import time
 from collections.abc import Callable, Iterable
+from datetime import datetime
 from typing import Any, NamedTuple
 
 from sqla_jobs.control import Control
@@ -64,6 +65,9 @@ class Claimed(NamedTuple):
     tags: list[str] | None = None
     #: Seconds from its run_at to its claim, both by the database's clock.
     waited: float | None = None
+    #: Its run_at (the database's): the dispatcher's next claim of its priority starts
+    #: its walk of the queued jobs near it (sqla_jobs.sql.lease.claim's floors).
+    run_at: datetime | None = None
 
     @property
     def lease(self) -> tuple[int, int]:

@@ -382,6 +382,7 @@ class Rescuer(Service):
 
     def round(self) -> None:
         with self.engine.begin() as conn:
+            conn.execute(lease.index_scans_only())  # see lease.index_scans_only
             rows = _db.fenced(self.engine, conn, lease.rescue_expired())
         for row in rows:
             status = JobStatus(row.status)

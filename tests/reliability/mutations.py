@@ -282,6 +282,13 @@ FROZEN_DEADLINE = (
 )
 CANCEL_RUNNING = f"{STOPS}::test_cancelling_a_running_job_stops_it_rolls_back_and_never_retries"
 CANCEL_LATENCY = f"{STOPS}::test_a_cancel_stops_a_running_statement_long_before_the_next_heartbeat"
+HOT_HEARTBEATS = "tests/test_horizon.py::test_heartbeats_are_hot_updates_under_a_pinned_horizon"
+RELEASED_STEP = "tests/test_horizon.py::" + (
+    "test_a_released_workflow_step_is_ready_from_its_release_so_a_floored_claim_finds_it"
+)
+FLOOR_STRAGGLER = (
+    "tests/test_horizon.py::test_a_job_ready_below_the_floor_is_claimed_by_the_next_full_claim"
+)
 ASYNC = f"{REL}/test_async_handlers.py"
 ASYNC_KILL_STORM = f"{ASYNC}::test_kill_storm_of_async_workers_loses_no_job_and_doubles_no_effect"
 ASYNC_STALE = f"{ASYNC}::test_stale_async_worker_resumed_after_takeover_is_fenced_and_rolls_back"
@@ -1721,6 +1728,31 @@ MUTATIONS: list[Mutation] = [
         "                reading.cancel()\n",
         "                pass  # MUTATION\n",
         (DASHBOARD_STOPS_MID_ROUND,),
+    ),
+    # --- a pinned horizon (#25) -------------------------------------------------------------
+    Mutation(
+        "lease_index_kept",
+        "no index holds the lease: a heartbeat is a HOT update (revision 0018)",
+        "sqla_jobs/migrations/versions/0018_hot_heartbeats.py",
+        '        _autocommit([f"DROP INDEX CONCURRENTLY IF EXISTS {name}" for name in DROPPED])\n',
+        "        pass  # MUTATION\n",
+        (HOT_HEARTBEATS,),
+    ),
+    Mutation(
+        "claim_floor_never_falls_back",
+        "a job ready below the claim's floor is claimed by the next full claim (dispatcher)",
+        DISPATCHER,
+        "        full = since >= pool.full_claim_at\n",
+        "        full = not pool.floors  # MUTATION\n",
+        (FLOOR_STRAGGLER,),
+    ),
+    Mutation(
+        "released_step_keeps_old_run_at",
+        "a workflow step released by its dependencies is ready from its release (0019)",
+        "sqla_jobs/migrations/versions/0019_released_steps_ready_now.py",
+        "    op.execute(_resolve(RELEASE))\n",
+        "    op.execute(_resolve(RELEASE_0014))  # MUTATION\n",
+        (RELEASED_STEP,),
     ),
 ]
 

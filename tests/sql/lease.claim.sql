@@ -6,6 +6,7 @@ WITH picked AS MATERIALIZED
       FROM jobs
       WHERE jobs.status = 'queued'::job_status
         AND jobs.priority = levels.level
+        AND jobs.run_at >= coalesce((CAST(%(floors)s::TIMESTAMP WITH TIME ZONE[] AS TIMESTAMP WITH TIME ZONE[]))[(levels.level + 1)], '-infinity'::timestamptz)
         AND jobs.run_at <= statement_timestamp()
         AND jobs.queue = ANY (array(
                                       (SELECT unnest(%(queues)s::TEXT[]) AS name
@@ -64,7 +65,8 @@ SELECT claimed.id,
        claimed.priority,
        claimed.meta,
        claimed.tags,
-       claimed.waited
+       claimed.waited,
+       claimed.run_at
 FROM claimed
 WHERE
     (SELECT set_config('synchronous_commit', 'off', true) AS set_config_1) IS NOT NULL

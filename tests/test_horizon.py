@@ -1,0 +1,213 @@
+"""A pinned MVCC horizon costs the worker's statements little (issue #25, part 2).
+
+While an application's transaction pins the horizon, vacuum removes no row version
+newer than it, and an index entry of a dead version cannot be marked dead either: every
+non-HOT update leaves entries that each later scan walks past. These tests read what the
+database did (HOT update counters, the buffers of a plan), never the time it took.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+from helpers import url_text
+from sqlalchemy.engine import URL
+from sqlalchemy.orm import Session
+
+from sqla_jobs import NewJob, WorkerConfig, Workflow, enqueue_many
+from sqla_jobs.sql import lease
+from sqla_jobs.worker import _dispatcher
+from sqla_jobs.worker._buffer import ThreadBuffer
+from sqla_jobs.worker._dispatcher import Dispatcher, Pool
+from sqla_jobs.worker._inflight import SYNC_POOL, Claimed, Inflight
+
+WORKER = "w:1"
+
+
+@pytest.fixture
+def pinned(db_url: URL) -> Iterator[None]:
+    """An application's REPEATABLE READ transaction, idle in transaction throughout."""
+    with psycopg.connect(url_text(db_url.set(drivername="postgresql"))) as conn:
+        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        conn.execute("SELECT count(*) FROM jobs").fetchone()  # the snapshot is taken here
+        yield
+        conn.rollback()
+
+
+def _claim(conn: sa.Connection, limit: int) -> list[Any]:
+    stmt = lease.claim(worker=WORKER, lock_seconds=30, queues=["default"], kinds=["k"], limit=limit)
+    return list(conn.execute(stmt))
+
+
+def _updates(conn: sa.Connection) -> tuple[int, int]:
+    """Updates and HOT updates of jobs by this backend not yet reported (the current
+    transaction's, and earlier ones' until the backend flushes its statistics)."""
+    updated, hot = conn.execute(
+        sa.text(
+            "SELECT pg_stat_get_xact_tuples_updated('jobs'::regclass),"
+            " pg_stat_get_xact_tuples_hot_updated('jobs'::regclass)"
+        )
+    ).one()
+    return int(updated), int(hot)
+
+
+def test_heartbeats_are_hot_updates_under_a_pinned_horizon(engine: sa.Engine, pinned: None) -> None:
+    # No index holds locked_until (revision 0018): a heartbeat writes no index entry and
+    # leaves no dead entry for the claim or the fences to walk past. A HOT update needs
+    # room on the row's page: a few jobs, so that their versions fit in one page even
+    # though the pinned horizon lets none of them be pruned.
+    with Session(engine) as s:
+        enqueue_many(s, [NewJob("k", {}) for _ in range(5)])
+        s.commit()
+    with engine.begin() as conn:
+        leases = [(row.id, row.attempts) for row in _claim(conn, 5)]
+    assert len(leases) == 5
+    with engine.begin() as conn:
+        before = _updates(conn)
+        for _ in range(3):
+            beat = lease.heartbeat(worker=WORKER, leases=leases, lock_seconds=30)
+            assert len(conn.execute(beat).all()) == 5
+        after = _updates(conn)
+    assert (after[0] - before[0], after[1] - before[1]) == (15, 15)
+
+
+def _claim_plan(conn: sa.Connection, floors: list[Any] | None) -> int:
+    """Buffers one claim of one job read in jobs_claim_idx and the rows it points at
+    (EXPLAIN ANALYZE, rolled back by the caller)."""
+    stmt = lease.claim(worker=WORKER, lock_seconds=30, queues=["default"], kinds=["k"], limit=1)
+    compiled = stmt.compile(dialect=conn.dialect)
+    params = {**compiled.params, "floors": floors}
+    (plan,) = conn.exec_driver_sql(
+        f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {compiled}", params
+    ).scalar_one()
+
+    def scans(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        if node.get("Index Name") == "jobs_claim_idx":
+            yield node
+        for child in node.get("Plans", []):
+            yield from scans(child)
+
+    found = list(scans(plan["Plan"]))
+    assert found, plan
+    return sum(n["Shared Hit Blocks"] + n["Shared Read Blocks"] for n in found)
+
+
+def _run_jobs(engine: sa.Engine, pool: Pool, count: int) -> None:
+    """``count`` jobs through claim and done-mark, 50 at a time, ready one second apart
+    in the past (a steady flow), each claim from the floors the last one taught."""
+    for _ in range(count // 50):
+        with engine.begin() as conn:
+            conn.execute(
+                sa.text(
+                    "INSERT INTO jobs (kind, payload, run_at) SELECT 'k', '{}',"
+                    " now() - interval '1 day' + (coalesce((SELECT max(id) FROM jobs), 0) + g)"
+                    " * interval '1 second' FROM generate_series(1, 50) AS g"
+                )
+            )
+        with engine.begin() as conn:
+            stmt = lease.claim(
+                worker=WORKER, lock_seconds=30, queues=["default"], kinds=["k"], limit=50
+            )
+            compiled = stmt.compile(dialect=conn.dialect)
+            params = {**compiled.params, "floors": pool.floor_values()}
+            jobs = [Claimed(*row) for row in conn.exec_driver_sql(str(compiled), params)]
+            assert len(jobs) == 50
+            pool.learn_floors(jobs)
+            conn.execute(lease.complete(worker=WORKER, leases=[j.lease for j in jobs])).all()
+
+
+def test_a_floored_claim_reads_the_same_buffers_however_many_jobs_ran_under_a_pinned_horizon(
+    engine: sa.Engine, pinned: None
+) -> None:
+    # The claimed jobs' entries stay at the head of jobs_claim_idx while the horizon is
+    # pinned (nothing can mark them dead): a claim from the start reads past all of
+    # them, one from the worker's floor (sqla_jobs.sql.lease._floor) does not.
+    pool = Pool(SYNC_POOL, ("k",), 1, ThreadBuffer())
+    read: dict[int, tuple[int, int]] = {}
+    ran = 0
+    for count in (200, 3000):
+        _run_jobs(engine, pool, count - ran)
+        ran = count
+        with engine.connect() as conn:
+            conn.execute(sa.text("INSERT INTO jobs (kind, payload) VALUES ('k', '{}')"))
+            read[count] = (_claim_plan(conn, pool.floor_values()), _claim_plan(conn, None))
+            conn.rollback()
+    print(read)  # the evidence, with -s: {jobs run: (floored, from the start)}
+    (floored_before, _), (floored_after, full_after) = read[200], read[3000]
+    # At most one more index level per priority's descent, not an entry per job run.
+    assert floored_after <= floored_before + 10, read
+    assert full_after >= floored_after + 100, read  # what the floor saves
+
+
+def test_a_job_ready_below_the_floor_is_claimed_by_the_next_full_claim(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    # A job committed after the floor moved past its run_at (a producer's long
+    # transaction, run_at= in the past, a job given back by a stopping worker): the
+    # floored claims do not see it; the claim from the start, due at most
+    # FULL_CLAIM_SECONDS after the last one, does, and a short floored claim sets a
+    # timer for it so an idle worker makes it.
+    config = WorkerConfig(database_url=url_text(db_url), concurrency=4, prefetch=0)
+    pool = Pool(SYNC_POOL, ("k",), 4, ThreadBuffer())
+    dispatcher = Dispatcher(
+        engine, config, ["k"], Inflight(on_room=lambda: None), ThreadBuffer(), [pool]
+    )
+
+    def enqueue(run_at: str = "now()") -> int:
+        insert = f"INSERT INTO jobs (kind, payload, run_at) VALUES ('k', '{{}}', {run_at})"
+        with engine.begin() as conn:
+            return int(conn.execute(sa.text(insert + " RETURNING id")).scalar_one())
+
+    first = enqueue()
+    assert [j.id for j in dispatcher._claim_unlimited(pool, 4)] == [first]  # from the start
+    assert pool.floors
+    assert pool.full_claim_at <= time.monotonic() + _dispatcher.FULL_CLAIM_SECONDS
+    straggler = enqueue("now() - interval '1 hour'")
+    fresh = enqueue()
+    pool.full_claim_at = time.monotonic() + 3600  # the test's pace, not the clock's
+    assert [j.id for j in dispatcher._claim_unlimited(pool, 4)] == [fresh]  # floored
+    # Short: the next full claim is on the timer, in case nothing else wakes the worker.
+    assert dispatcher._timers[0][0] == pool.full_claim_at
+    pool.full_claim_at = time.monotonic()  # due
+    assert [j.id for j in dispatcher._claim_unlimited(pool, 4)] == [straggler]
+
+
+def test_a_released_workflow_step_is_ready_from_its_release_so_a_floored_claim_finds_it(
+    engine: sa.Engine,
+) -> None:
+    # Revision 0019: a step enqueued long ago and released by its dependency's end
+    # takes the release's time as run_at (a later run_at, a delay, is kept), so the
+    # worker's floored claim finds it at once instead of at the next full claim.
+    flow = Workflow()
+    flow.add("a", "k")
+    flow.add("b", "k", after="a")
+    with Session(engine) as s:
+        ids = flow.enqueue(s)
+        s.commit()
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE jobs SET run_at = now() - interval '1 hour'"))
+    with engine.begin() as conn:
+        (parent,) = _claim(conn, 4)
+        assert parent.id == ids["a"]
+    with engine.begin() as conn:
+        conn.execute(lease.complete(worker=WORKER, leases=[(parent.id, parent.attempts)])).all()
+    with engine.begin() as conn:
+        released, finished = conn.execute(
+            sa.text(
+                "SELECT b.run_at >= a.finished_at, a.finished_at FROM jobs AS a, jobs AS b"
+                " WHERE a.id = :a AND b.id = :b"
+            ),
+            {"a": ids["a"], "b": ids["b"]},
+        ).one()
+        assert released
+        stmt = lease.claim(worker=WORKER, lock_seconds=30, queues=["default"], kinds=["k"], limit=4)
+        compiled = stmt.compile(dialect=conn.dialect)
+        floors = [finished - timedelta(seconds=1)] + [None] * 9
+        found = conn.exec_driver_sql(str(compiled), {**compiled.params, "floors": floors}).all()
+        assert [row.id for row in found] == [ids["b"]]
