@@ -1202,13 +1202,15 @@ def archive_batches(
     )
     if session.in_transaction():
         session.commit()
+    floors: dict[str, datetime] = {}  # each batch starts where the previous one stopped
     while True:
-        moved = len(session.execute(stmt).all())
+        rows = session.execute(stmt, floors).all()
         session.commit()
-        if moved:
-            yield moved
-        if moved < batch:
+        if rows:
+            yield len(rows)
+        if len(rows) < batch:
             return
+        floors = admin.next_floors(rows[0], floors)
 
 
 @_sessions.sync_form
@@ -1239,12 +1241,14 @@ def prune(session: Session, older_than: timedelta, batch: int = DEFAULT_BATCH) -
     if session.in_transaction():
         session.commit()
     total = 0
+    floors: dict[str, datetime] = {}  # each batch starts where the previous one stopped
     while True:
-        deleted = len(session.execute(stmt).all())
+        rows = session.execute(stmt, floors).all()
         session.commit()
-        total += deleted
-        if deleted < batch:
+        total += len(rows)
+        if len(rows) < batch:
             return total
+        floors = admin.next_floors(rows[0], floors)
 
 
 # --- queue control: pause, limits, workers (revision 0006) ---------------------------
