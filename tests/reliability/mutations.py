@@ -67,6 +67,7 @@ FLOORS_PRUNE = _FLOORS + "test_each_batch_of_a_long_prune_reads_as_much_as_the_f
 FLOORS_ARCHIVE = _FLOORS + (
     "test_each_batch_of_a_long_archive_reads_as_much_as_the_first_in_every_range"
 )
+FLOORS_NO_JIT = _FLOORS + "test_archive_and_prune_batches_are_never_jit_compiled"
 FLOW_RETRY_REFUSED = _FLOWS + (
     "test_retrying_a_step_cancelled_by_its_failed_dependency_alone_is_refused_naming_it"
 )
@@ -1396,6 +1397,15 @@ MUTATIONS: list[Mutation] = [
         '        if name.startswith("reached") and value is not None:\n',
         "        if False:  # MUTATION\n",
         (FLOORS_PRUNE, FLOORS_ARCHIVE, FLOW_ARCHIVE_WHOLE, FLOW_PRUNE_WHOLE),
+    ),
+    Mutation(
+        "batches_without_jit",
+        "an archive or prune batch is never JIT-compiled (on a long history compiling it"
+        " cost more than running it)",
+        "sqla_jobs/ops.py",
+        '    session.execute(workflows_sql.set_jit("off"))  # SET LOCAL: until the commit\n',
+        "    pass  # MUTATION\n",
+        (FLOORS_NO_JIT,),
     ),
     Mutation(
         "workflow_sweep_resolves_missed_parents",
