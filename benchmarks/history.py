@@ -175,6 +175,9 @@ def measure(engine: sa.Engine, repeats: int) -> dict[str, float]:
         out["prune (1,000 rows)"] = _batch_op(
             engine, _PRUNABLE, lambda: ops.prune(s, timedelta(days=90))
         )
+        out["prune (1,000 rows like the history's)"] = _batch_op(
+            engine, _PRUNABLE_SPREAD, lambda: ops.prune(s, timedelta(days=90))
+        )
     return out
 
 
