@@ -1191,6 +1191,20 @@ def delete_jobs(
 # --- archive and prune --------------------------------------------------------------
 
 
+def _batch(session: Session, stmt: Any, floors: dict[str, datetime]) -> list[Any]:
+    """One archive or prune batch in a transaction of its own, committed, with JIT off.
+
+    When the statistics count many rows under the cutoff (a long history), the planner's
+    estimate of a batch passes ``jit_above_cost``, and compiling it took 45 ms (1,000,000
+    archived rows) to 100-160 ms (10,000,000, a shared host) of calls whose plan ran in
+    2 ms: a 1,000-row prune 5-7x its cost with an empty history (#25).
+    """
+    session.execute(workflows_sql.set_jit("off"))  # SET LOCAL: until the commit
+    rows = list(session.execute(stmt, floors).all())
+    session.commit()
+    return rows
+
+
 @_sessions.sync_form
 def archive_batches(
     session: Session,
@@ -1211,13 +1225,14 @@ def archive_batches(
     )
     if session.in_transaction():
         session.commit()
+    floors: dict[str, datetime] = {}  # each batch starts where the previous one stopped
     while True:
-        moved = len(session.execute(stmt).all())
-        session.commit()
-        if moved:
-            yield moved
-        if moved < batch:
+        rows = _batch(session, stmt, floors)
+        if rows:
+            yield len(rows)
+        if len(rows) < batch:
             return
+        floors = admin.next_floors(rows[0], floors)
 
 
 @_sessions.sync_form
@@ -1248,12 +1263,13 @@ def prune(session: Session, older_than: timedelta, batch: int = DEFAULT_BATCH) -
     if session.in_transaction():
         session.commit()
     total = 0
+    floors: dict[str, datetime] = {}  # each batch starts where the previous one stopped
     while True:
-        deleted = len(session.execute(stmt).all())
-        session.commit()
-        total += deleted
-        if deleted < batch:
+        rows = _batch(session, stmt, floors)
+        total += len(rows)
+        if len(rows) < batch:
             return total
+        floors = admin.next_floors(rows[0], floors)
 
 
 # --- queue control: pause, limits, workers (revision 0006) ---------------------------

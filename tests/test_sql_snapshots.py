@@ -53,6 +53,7 @@ NOT_BUILDERS = {
     "admin.payload_in_two_steps",
     "admin.age_bounded",
     "admin.near_window_was_everything",
+    "admin.next_floors",
 }
 
 LEASES = [(1, 1), (2, 3)]
@@ -136,6 +137,10 @@ CASES: dict[str, Callable[[], Any]] = {
     "admin.matching_jobs": lambda: admin.matching_jobs(statuses=[JobStatus.DONE], queue="q"),
     "admin.archive_batch": lambda: admin.archive_batch(
         done_older_than=60, dead_older_than=3600, batch=1000
+    ),
+    # The worker's archiver: done rows only, one range of jobs_finished_idx.
+    "admin.archive_batch_done": lambda: admin.archive_batch(
+        done_older_than=60, dead_older_than=None, batch=1000
     ),
     "admin.prune_batch": lambda: admin.prune_batch(older_than=86400, batch=1000),
     "admin.queues_of_kinds": lambda: admin.queues_of_kinds(["a", "b"]),
@@ -332,6 +337,7 @@ def test_every_statement_builder_has_a_snapshot_case() -> None:
         "admin.list_jobs_newer_than",
         "admin.list_jobs_older_than",
         "admin.list_jobs_workflow",
+        "admin.archive_batch_done",
         "workflows.list_workflows_running",
         "workflows.list_workflows_finished",
         "audit.entries_scopes",

@@ -3,7 +3,8 @@ archive, prune; and the look-ups of ``sqla_jobs.testing``."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -701,6 +702,43 @@ def _whole_workflows(table: sa.Table, picked: sa.CTE, row_test: sa.ColumnElement
     )
 
 
+#: What each range of :func:`archive_batch` holds, in the order a batch reads them: done
+#: rows past ``done_older_than``, dead and cancelled ones past ``dead_older_than``. One
+#: status per range (not ``status IN (dead, cancelled)``): a range read in
+#: ``finished_at`` order is what lets a batch start where the previous one stopped.
+ARCHIVED_STATUSES = (JobStatus.DONE, JobStatus.DEAD, JobStatus.CANCELLED)
+
+
+def _floor(name: str) -> sa.ColumnElement[Any]:
+    """A batch's lower bound on ``finished_at``, given at execution (:func:`next_floors`):
+    where the previous batch of the same call stopped; ``-infinity`` for the first."""
+    stamp = sa.DateTime(timezone=True)
+    return sa.func.coalesce(
+        sa.bindparam(name, None, stamp), sa.literal_column("'-infinity'::timestamptz", stamp)
+    )
+
+
+def _reached(picked: sa.CTE, status: JobStatus | None = None) -> sa.ScalarSelect[Any]:
+    """The greatest ``finished_at`` among the rows ``picked`` (of one status), returned
+    with every moved row: the next batch's floor (NULL: the range gave nothing)."""
+    reached = sa.select(sa.func.max(picked.c.finished_at))
+    if status is not None:
+        reached = reached.where(picked.c.status == _common.status(status))
+    return reached.scalar_subquery()
+
+
+def next_floors(row: sa.Row[Any], floors: Mapping[str, datetime]) -> dict[str, datetime]:
+    """The parameters of the next batch of :func:`archive_batch` or :func:`prune_batch` in
+    the same call: ``floors`` with each range's floor (``floor_<status>``, ``floor``) moved
+    up to what ``row``, any row the batch returned, says it reached (``reached_<status>``,
+    ``reached``). A range the batch did not read, or found empty, keeps its floor."""
+    moved = dict(floors)
+    for name, value in row._mapping.items():
+        if name.startswith("reached") and value is not None:
+            moved[name.replace("reached", "floor", 1)] = value
+    return moved
+
+
 def archive_batch(
     *,
     done_older_than: float,
@@ -713,7 +751,17 @@ def archive_batch(
     ``WITH picked AS MATERIALIZED (SELECT id ... LIMIT n FOR UPDATE SKIP LOCKED),
     moved AS (DELETE ... RETURNING *) INSERT INTO jobs_archive SELECT ... FROM moved``.
     Done rows finished before ``now - done_older_than`` go; dead and cancelled rows only
-    when ``dead_older_than`` is given. Each branch is a range on jobs_finished_idx.
+    when ``dead_older_than`` is given. Each status is a range on jobs_finished_idx
+    (:data:`ARCHIVED_STATUSES`), read in ``finished_at`` order from its floor, the
+    parameter ``floor_<status>`` (none: from the start).
+
+    Returns, per moved row, its id and ``reached_<status>``: the greatest ``finished_at``
+    the batch picked in each range, the floor of the next batch of the same call
+    (:func:`next_floors`). Without it each batch re-read the index entries its
+    predecessors had just deleted, dead until vacuum: batch k of a call walked k batches
+    of them; with ``dead_older_than`` the two ranges were one BitmapOr read whole. Rows
+    below a floor that a batch skipped (locked, or their workflow not ready) wait for
+    the next call; rows at the floor stay in reach (``>=``).
 
     A workflow goes as a unit (#26), once it has ended and its last step ended before
     the cutoff (before both, if a step ended dead or cancelled; never, if one did and
@@ -734,14 +782,34 @@ def archive_batch(
     ready = sa.and_(
         ready, sa.not_(failed) if dead_age is None else sa.or_(sa.not_(failed), last_end < dead_age)
     )
-    picked = (
-        sa.select(jobs.c.id, jobs.c.workflow_id)
-        .where(which, sa.or_(jobs.c.workflow_id.is_(None), ready))
-        .limit(sa.bindparam("batch", batch, sa.Integer))
-        .with_for_update(skip_locked=True)
-        .cte("picked")
-        .prefix_with("MATERIALIZED")
-    )
+    limit = sa.bindparam("batch", batch, sa.Integer)
+    ranges = [(JobStatus.DONE, done_age)]
+    if dead_age is not None:
+        ranges += [(JobStatus.DEAD, dead_age), (JobStatus.CANCELLED, dead_age)]
+
+    def pick(status: JobStatus, age: sa.ColumnElement[Any]) -> sa.Select[Any]:
+        return (
+            sa.select(jobs.c.id, jobs.c.workflow_id, jobs.c.status, jobs.c.finished_at)
+            .where(
+                jobs.c.status == _common.status(status),
+                jobs.c.finished_at >= _floor(f"floor_{status.value}"),
+                jobs.c.finished_at < age,
+                sa.or_(jobs.c.workflow_id.is_(None), ready),
+            )
+            .order_by(jobs.c.finished_at)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        )
+
+    if len(ranges) == 1:
+        rows = pick(*ranges[0])
+    else:
+        # Each range in a sub-select of its own (FOR UPDATE is not allowed on a UNION's
+        # arms); the outer LIMIT stops before a later range is read once earlier ones
+        # filled the batch.
+        arms = [sa.select(pick(s, age).subquery(f"picked_{s.value}")) for s, age in ranges]
+        rows = sa.select(sa.union_all(*arms).subquery("ranges")).limit(limit)
+    picked = rows.cte("picked").prefix_with("MATERIALIZED")
     chosen = _whole_workflows(jobs, picked, which)
     moved = sa.delete(jobs).where(jobs.c.id == chosen.c.id).returning(*jobs.c).cte("moved")
     names = [c.name for c in jobs.c]
@@ -753,12 +821,20 @@ def archive_batch(
             sa.select(*(moved.c[n] for n in names), _common.clock(now)),
         )
         .add_cte(moved)
-        .returning(archive.c.id)
+        .returning(
+            archive.c.id,
+            *(_reached(picked, status).label(f"reached_{status.value}") for status, _ in ranges),
+        )
     )
 
 
 def prune_batch(*, older_than: float, batch: int, now: Now = None) -> ReturningDelete[Any]:
     """Delete a batch of archived jobs finished before ``now - older_than``.
+
+    Read in ``finished_at`` order from the parameter ``floor`` (none: from the start),
+    ``reached`` of the previous batch of the same call, returned with every deleted
+    row's id (:func:`next_floors`): as :func:`archive_batch`, so that a batch does not
+    walk the dead index entries its predecessors left.
 
     An archived workflow goes as a unit (#26): once its last step ended before the
     cutoff and none of its steps is still in ``jobs``, every step of it in one batch
@@ -771,15 +847,24 @@ def prune_batch(*, older_than: float, batch: int, now: Now = None) -> ReturningD
         sa.not_(workflows.has_step_in(archive.c.workflow_id)),
     )
     picked = (
-        sa.select(archive.c.id, archive.c.workflow_id)
-        .where(archive.c.finished_at < age, sa.or_(archive.c.workflow_id.is_(None), ready))
+        sa.select(archive.c.id, archive.c.workflow_id, archive.c.finished_at)
+        .where(
+            archive.c.finished_at >= _floor("floor"),
+            archive.c.finished_at < age,
+            sa.or_(archive.c.workflow_id.is_(None), ready),
+        )
+        .order_by(archive.c.finished_at)
         .limit(sa.bindparam("batch", batch, sa.Integer))
         .with_for_update(skip_locked=True)
         .cte("picked")
         .prefix_with("MATERIALIZED")
     )
     chosen = _whole_workflows(archive, picked, archive.c.finished_at < age)
-    return sa.delete(archive).where(archive.c.id == chosen.c.id).returning(archive.c.id)
+    return (
+        sa.delete(archive)
+        .where(archive.c.id == chosen.c.id)
+        .returning(archive.c.id, _reached(picked).label("reached"))
+    )
 
 
 def queues_of_kinds(kinds: Sequence[str]) -> sa.Select[Any]:

@@ -61,6 +61,13 @@ FLOW_ARCHIVE_LOCKED = _FLOWS + (
     "test_a_workflow_with_a_step_locked_elsewhere_is_left_whole_for_the_next_batch"
 )
 FLOW_PRUNE_WHOLE = _FLOWS + "test_prune_deletes_an_archived_workflow_as_a_unit"
+# History (#25): a long archive or prune starts each batch where the last one stopped.
+_FLOORS = "tests/test_archive_floors.py::"
+FLOORS_PRUNE = _FLOORS + "test_each_batch_of_a_long_prune_reads_as_much_as_the_first"
+FLOORS_ARCHIVE = _FLOORS + (
+    "test_each_batch_of_a_long_archive_reads_as_much_as_the_first_in_every_range"
+)
+FLOORS_NO_JIT = _FLOORS + "test_archive_and_prune_batches_are_never_jit_compiled"
 FLOW_RETRY_REFUSED = _FLOWS + (
     "test_retrying_a_step_cancelled_by_its_failed_dependency_alone_is_refused_naming_it"
 )
@@ -1388,6 +1395,24 @@ MUTATIONS: list[Mutation] = [
         "        .having(sa.and_(sa.func.bool_and(locked.c.goes), sa.func.count() == all_steps))\n",
         "        .having(sa.true())  # MUTATION\n",
         (FLOW_ARCHIVE_LOCKED, FLOW_PRUNE_WHOLE, FLOW_ARCHIVER),
+    ),
+    Mutation(
+        "batches_start_at_the_floor",
+        "each batch of a long archive or prune starts where the previous one stopped (it"
+        " does not walk the dead index entries the earlier batches left)",
+        ADMIN_SQL,
+        '        if name.startswith("reached") and value is not None:\n',
+        "        if False:  # MUTATION\n",
+        (FLOORS_PRUNE, FLOORS_ARCHIVE, FLOW_ARCHIVE_WHOLE, FLOW_PRUNE_WHOLE),
+    ),
+    Mutation(
+        "batches_without_jit",
+        "an archive or prune batch is never JIT-compiled (on a long history compiling it"
+        " cost more than running it)",
+        "sqla_jobs/ops.py",
+        '    session.execute(workflows_sql.set_jit("off"))  # SET LOCAL: until the commit\n',
+        "    pass  # MUTATION\n",
+        (FLOORS_NO_JIT,),
     ),
     Mutation(
         "workflow_sweep_resolves_missed_parents",

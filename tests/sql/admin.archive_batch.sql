@@ -1,39 +1,133 @@
 WITH picked AS MATERIALIZED
-  (SELECT jobs.id AS id,
-          jobs.workflow_id AS workflow_id
-   FROM jobs
-   WHERE (jobs.status = 'done'::job_status
-          AND jobs.finished_at < statement_timestamp() - interval '1 second' * %(done_age)s
-          OR jobs.status IN ('dead'::job_status,
-                             'cancelled'::job_status)
-          AND jobs.finished_at < statement_timestamp() - interval '1 second' * %(dead_age)s)
-     AND (jobs.workflow_id IS NULL
-          OR NOT (jobs.workflow_id IS NOT NULL
-                  AND
-                    (SELECT 1
-                     FROM jobs AS other_step
-                     WHERE other_step.workflow_id = jobs.workflow_id
-                       AND other_step.status IN ('waiting'::job_status,
-                                                 'queued'::job_status,
-                                                 'running'::job_status)
-                     LIMIT %(param_1)s::INTEGER) IS NOT NULL)
-          AND
-            (SELECT max(last_step.finished_at) AS max_1
-             FROM jobs AS last_step
-             WHERE last_step.workflow_id = jobs.workflow_id) < statement_timestamp() - interval '1 second' * %(done_age)s
-          AND (
-                 (SELECT 1
-                  FROM jobs AS other_step
-                  WHERE other_step.workflow_id = jobs.workflow_id
-                    AND other_step.status IN ('dead'::job_status,
-                                              'cancelled'::job_status)
-                  LIMIT %(param_2)s::INTEGER) IS NULL
-               OR
-                 (SELECT max(last_step.finished_at) AS max_1
-                  FROM jobs AS last_step
-                  WHERE last_step.workflow_id = jobs.workflow_id) < statement_timestamp() - interval '1 second' * %(dead_age)s))
-   LIMIT %(batch)s::INTEGER
-   FOR UPDATE SKIP LOCKED), units AS MATERIALIZED
+  (SELECT ranges.id AS id,
+          ranges.workflow_id AS workflow_id,
+          ranges.status AS status,
+          ranges.finished_at AS finished_at
+   FROM
+     (SELECT picked_done.id AS id,
+             picked_done.workflow_id AS workflow_id,
+             picked_done.status AS status,
+             picked_done.finished_at AS finished_at
+      FROM
+        (SELECT jobs.id AS id,
+                jobs.workflow_id AS workflow_id,
+                jobs.status AS status,
+                jobs.finished_at AS finished_at
+         FROM jobs
+         WHERE jobs.status = 'done'::job_status
+           AND jobs.finished_at >= coalesce(%(floor_done)s::TIMESTAMP WITH TIME ZONE, '-infinity'::timestamptz)
+           AND jobs.finished_at < statement_timestamp() - interval '1 second' * %(done_age)s
+           AND (jobs.workflow_id IS NULL
+                OR NOT (jobs.workflow_id IS NOT NULL
+                        AND
+                          (SELECT 1
+                           FROM jobs AS other_step
+                           WHERE other_step.workflow_id = jobs.workflow_id
+                             AND other_step.status IN ('waiting'::job_status,
+                                                       'queued'::job_status,
+                                                       'running'::job_status)
+                           LIMIT %(param_1)s::INTEGER) IS NOT NULL)
+                AND
+                  (SELECT max(last_step.finished_at) AS max_1
+                   FROM jobs AS last_step
+                   WHERE last_step.workflow_id = jobs.workflow_id) < statement_timestamp() - interval '1 second' * %(done_age)s
+                AND (
+                       (SELECT 1
+                        FROM jobs AS other_step
+                        WHERE other_step.workflow_id = jobs.workflow_id
+                          AND other_step.status IN ('dead'::job_status,
+                                                    'cancelled'::job_status)
+                        LIMIT %(param_2)s::INTEGER) IS NULL
+                     OR
+                       (SELECT max(last_step.finished_at) AS max_1
+                        FROM jobs AS last_step
+                        WHERE last_step.workflow_id = jobs.workflow_id) < statement_timestamp() - interval '1 second' * %(dead_age)s))
+         ORDER BY jobs.finished_at
+         LIMIT %(batch)s::INTEGER
+         FOR UPDATE SKIP LOCKED) AS picked_done
+      UNION ALL SELECT picked_dead.id AS id,
+                       picked_dead.workflow_id AS workflow_id,
+                       picked_dead.status AS status,
+                       picked_dead.finished_at AS finished_at
+      FROM
+        (SELECT jobs.id AS id,
+                jobs.workflow_id AS workflow_id,
+                jobs.status AS status,
+                jobs.finished_at AS finished_at
+         FROM jobs
+         WHERE jobs.status = 'dead'::job_status
+           AND jobs.finished_at >= coalesce(%(floor_dead)s::TIMESTAMP WITH TIME ZONE, '-infinity'::timestamptz)
+           AND jobs.finished_at < statement_timestamp() - interval '1 second' * %(dead_age)s
+           AND (jobs.workflow_id IS NULL
+                OR NOT (jobs.workflow_id IS NOT NULL
+                        AND
+                          (SELECT 1
+                           FROM jobs AS other_step
+                           WHERE other_step.workflow_id = jobs.workflow_id
+                             AND other_step.status IN ('waiting'::job_status,
+                                                       'queued'::job_status,
+                                                       'running'::job_status)
+                           LIMIT %(param_1)s::INTEGER) IS NOT NULL)
+                AND
+                  (SELECT max(last_step.finished_at) AS max_1
+                   FROM jobs AS last_step
+                   WHERE last_step.workflow_id = jobs.workflow_id) < statement_timestamp() - interval '1 second' * %(done_age)s
+                AND (
+                       (SELECT 1
+                        FROM jobs AS other_step
+                        WHERE other_step.workflow_id = jobs.workflow_id
+                          AND other_step.status IN ('dead'::job_status,
+                                                    'cancelled'::job_status)
+                        LIMIT %(param_2)s::INTEGER) IS NULL
+                     OR
+                       (SELECT max(last_step.finished_at) AS max_1
+                        FROM jobs AS last_step
+                        WHERE last_step.workflow_id = jobs.workflow_id) < statement_timestamp() - interval '1 second' * %(dead_age)s))
+         ORDER BY jobs.finished_at
+         LIMIT %(batch)s::INTEGER
+         FOR UPDATE SKIP LOCKED) AS picked_dead
+      UNION ALL SELECT picked_cancelled.id AS id,
+                       picked_cancelled.workflow_id AS workflow_id,
+                       picked_cancelled.status AS status,
+                       picked_cancelled.finished_at AS finished_at
+      FROM
+        (SELECT jobs.id AS id,
+                jobs.workflow_id AS workflow_id,
+                jobs.status AS status,
+                jobs.finished_at AS finished_at
+         FROM jobs
+         WHERE jobs.status = 'cancelled'::job_status
+           AND jobs.finished_at >= coalesce(%(floor_cancelled)s::TIMESTAMP WITH TIME ZONE, '-infinity'::timestamptz)
+           AND jobs.finished_at < statement_timestamp() - interval '1 second' * %(dead_age)s
+           AND (jobs.workflow_id IS NULL
+                OR NOT (jobs.workflow_id IS NOT NULL
+                        AND
+                          (SELECT 1
+                           FROM jobs AS other_step
+                           WHERE other_step.workflow_id = jobs.workflow_id
+                             AND other_step.status IN ('waiting'::job_status,
+                                                       'queued'::job_status,
+                                                       'running'::job_status)
+                           LIMIT %(param_1)s::INTEGER) IS NOT NULL)
+                AND
+                  (SELECT max(last_step.finished_at) AS max_1
+                   FROM jobs AS last_step
+                   WHERE last_step.workflow_id = jobs.workflow_id) < statement_timestamp() - interval '1 second' * %(done_age)s
+                AND (
+                       (SELECT 1
+                        FROM jobs AS other_step
+                        WHERE other_step.workflow_id = jobs.workflow_id
+                          AND other_step.status IN ('dead'::job_status,
+                                                    'cancelled'::job_status)
+                        LIMIT %(param_2)s::INTEGER) IS NULL
+                     OR
+                       (SELECT max(last_step.finished_at) AS max_1
+                        FROM jobs AS last_step
+                        WHERE last_step.workflow_id = jobs.workflow_id) < statement_timestamp() - interval '1 second' * %(dead_age)s))
+         ORDER BY jobs.finished_at
+         LIMIT %(batch)s::INTEGER
+         FOR UPDATE SKIP LOCKED) AS picked_cancelled) AS ranges
+   LIMIT %(batch)s::INTEGER), units AS MATERIALIZED
   (SELECT DISTINCT picked.workflow_id AS workflow_id
    FROM picked
    WHERE picked.workflow_id IS NOT NULL), unit_steps AS MATERIALIZED
@@ -118,4 +212,16 @@ SELECT moved.id,
        moved.workflow_id,
        moved.step,
        statement_timestamp() AS statement_timestamp_1
-FROM moved RETURNING jobs_archive.id;
+FROM moved RETURNING jobs_archive.id,
+
+  (SELECT max(picked.finished_at) AS max_2
+   FROM picked
+   WHERE picked.status = 'done'::job_status) AS reached_done,
+
+  (SELECT max(picked.finished_at) AS max_3
+   FROM picked
+   WHERE picked.status = 'dead'::job_status) AS reached_dead,
+
+  (SELECT max(picked.finished_at) AS max_4
+   FROM picked
+   WHERE picked.status = 'cancelled'::job_status) AS reached_cancelled;

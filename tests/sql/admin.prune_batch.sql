@@ -1,8 +1,10 @@
 WITH picked AS MATERIALIZED
   (SELECT jobs_archive.id AS id,
-          jobs_archive.workflow_id AS workflow_id
+          jobs_archive.workflow_id AS workflow_id,
+          jobs_archive.finished_at AS finished_at
    FROM jobs_archive
-   WHERE jobs_archive.finished_at < statement_timestamp() - interval '1 second' * %(age)s
+   WHERE jobs_archive.finished_at >= coalesce(%(floor)s::TIMESTAMP WITH TIME ZONE, '-infinity'::timestamptz)
+     AND jobs_archive.finished_at < statement_timestamp() - interval '1 second' * %(age)s
      AND (jobs_archive.workflow_id IS NULL
           OR
             (SELECT max(last_step.finished_at) AS max_1
@@ -13,6 +15,7 @@ WITH picked AS MATERIALIZED
              FROM jobs AS other_step
              WHERE other_step.workflow_id = jobs_archive.workflow_id
              LIMIT %(param_1)s::INTEGER) IS NULL)
+   ORDER BY jobs_archive.finished_at
    LIMIT %(batch)s::INTEGER
    FOR UPDATE SKIP LOCKED), units AS MATERIALIZED
   (SELECT DISTINCT picked.workflow_id AS workflow_id
@@ -43,4 +46,7 @@ WITH picked AS MATERIALIZED
            WHERE any_step.workflow_id = unit_steps.workflow_id)))
 DELETE
 FROM jobs_archive USING chosen
-WHERE jobs_archive.id = chosen.id RETURNING jobs_archive.id;
+WHERE jobs_archive.id = chosen.id RETURNING jobs_archive.id,
+
+  (SELECT max(picked.finished_at) AS max_2
+   FROM picked) AS reached;
