@@ -146,7 +146,7 @@ def install() -> None:
 STEPS = (
     ("handler end -> done-mark sent (the handler's own INSERT)", "ended", "settle"),
     ("done-mark UPDATE round trip", "settle", "marked"),
-    ("COMMIT round trip", "marked", "committed"),
+    ("COMMIT round trip (with the done-mark if not timed above)", "marked", "committed"),
     ("commit -> slot freed in the ledger", "committed", "freed"),
 )
 
