@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 import pickup_trace
+import slots_trace
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
@@ -25,6 +26,7 @@ from sqlalchemy.orm import Session
 from sqla_jobs import JobContext, Registry
 
 pickup_trace.install()  # only with SQLA_JOBS_BENCH_TRACE set (run.py's traced pickup)
+slots_trace.install()  # only with SQLA_JOBS_SLOTS_TRACE set (slots.py --trace)
 
 registry = Registry()
 

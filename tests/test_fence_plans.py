@@ -162,6 +162,10 @@ def _fenced_statements(leases: list[tuple[int, int]]) -> dict[str, tuple[sa.Clau
             lease.complete_one(worker=WORKER, job_id=job_id, attempt=attempt),
             "jobs_pkey",
         ),
+        "complete_one_before_commit": (
+            lease.complete_one_before_commit(worker=WORKER, job_id=job_id, attempt=attempt),
+            "jobs_pkey",
+        ),
     }
 
 
@@ -173,6 +177,7 @@ STATEMENTS: list[str] = [
     "snooze",
     "cancel_running",
     "complete_one",
+    "complete_one_before_commit",
 ]
 
 

@@ -72,6 +72,9 @@ CASES: dict[str, Callable[[], Any]] = {
     "lease.complete": lambda: lease.complete(worker="w", leases=LEASES),
     "lease.next_due": lambda: lease.next_due(queues=["default"], kinds=["a"]),
     "lease.complete_one": lambda: lease.complete_one(worker="w", job_id=1, attempt=1),
+    "lease.complete_one_before_commit": lambda: lease.complete_one_before_commit(
+        worker="w", job_id=1, attempt=1
+    ),
     "lease.record_failure": lambda: lease.record_failure(
         worker="w", job_id=1, attempt=1, delay_seconds=2.0, error="boom"
     ),

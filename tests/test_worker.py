@@ -327,6 +327,46 @@ def test_completion_of_a_lost_claim_updates_nothing(engine: sa.Engine) -> None:
         assert conn.execute(lease.complete(worker="new", leases=[(job_id, 2)])).all()
 
 
+def test_a_done_mark_sent_with_its_commit_commits_nothing_when_the_claim_was_lost(
+    engine: sa.Engine,
+) -> None:
+    """A handler's writes, its done-mark and the COMMIT go in one round trip
+    (lease.complete_one_before_commit): the done-mark's row count comes back only after
+    the COMMIT ran, so a lost claim must stop that commit by itself."""
+    from sqla_jobs.worker import _db
+
+    with Session(engine) as s:
+        job_id = enqueue(s, "k", {})
+        s.commit()
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE handler_writes (worker text NOT NULL)")
+        conn.execute(
+            lease.claim(worker="old", lock_seconds=30, queues=["default"], kinds=["k"], limit=1)
+        )
+        # The lease expires and another worker takes the job over (attempt 2).
+        conn.execute(sa.text("UPDATE jobs SET locked_until = now() - interval '1 s'"))
+        conn.execute(lease.rescue_expired())
+        conn.execute(
+            lease.claim(worker="new", lock_seconds=30, queues=["default"], kinds=["k"], limit=1)
+        )
+    assert job_id is not None
+
+    def write_and_mark_done(worker: str, attempt: int) -> bool:
+        stmt = lease.complete_one_before_commit(worker=worker, job_id=job_id, attempt=attempt)
+        sql, params = _db.compile_statement(engine, stmt)
+        with engine.connect() as conn:
+            conn.execute(sa.text("INSERT INTO handler_writes VALUES (:w)"), {"w": worker})
+            return _db.commit_with(conn, sql, params, prepare=True, lost_text=lease.CLAIM_LOST)
+
+    assert write_and_mark_done("old", 1) is False  # the stale worker
+    assert write_and_mark_done("new", 1) is False  # the right worker, an old attempt
+    assert rows(engine, "SELECT worker FROM handler_writes") == []
+    assert scalar(engine, "SELECT status::text FROM jobs") == "running"
+    assert write_and_mark_done("new", 2) is True
+    assert rows(engine, "SELECT worker FROM handler_writes") == [("new",)]
+    assert rows(engine, "SELECT status::text, worker, attempts FROM jobs") == [("done", "new", 2)]
+
+
 def test_fenced_statements_probe_the_primary_key_even_with_stale_statistics(
     engine: sa.Engine,
 ) -> None:

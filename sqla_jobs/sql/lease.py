@@ -394,6 +394,44 @@ def complete_one(*, worker: str, job_id: int, attempt: int, now: Now = None) -> 
     )
 
 
+#: The text a lost claim's :func:`complete_one_before_commit` fails with (inside the
+#: server's "invalid input syntax for type integer" error): the worker reads it as the
+#: claim lost, any other error as the outcome unknown.
+CLAIM_LOST = "sqla_jobs: claim lost"
+
+
+def complete_one_before_commit(
+    *, worker: str, job_id: int, attempt: int, now: Now = None
+) -> sa.Select[Any]:
+    """:func:`complete_one` that fails when its fence matches no row, so that it can go
+    in the same round trip as the COMMIT after it (the worker pipelines the two).
+
+    Sent ahead of the COMMIT, the done-mark's row count comes back only after the
+    COMMIT has run: a lost claim must stop the commit of the handler's writes by
+    itself. It does: zero rows makes the statement cast ``'sqla_jobs: claim lost'`` to
+    an integer, an error, and a statement that fails aborts the transaction, so the
+    COMMIT queued behind it is not run (the worker then rolls back and logs the lost
+    claim). The failing branch depends on the row count, so the planner cannot fold it
+    into a constant and fail every time. One round trip instead of two for every
+    handler that wrote (a limited kind's slot waits for that commit, issue #23).
+    """
+    done = (
+        complete_one(worker=worker, job_id=job_id, attempt=attempt, now=now)
+        .returning(jobs.c.id)
+        .cte("done")
+    )
+    ours = sa.func.count()
+    return sa.select(
+        sa.cast(
+            sa.case(
+                (ours == sa.literal_column("1"), sa.literal_column("'1'", sa.Text)),
+                else_=sa.func.concat(_text(CLAIM_LOST + " "), ours),
+            ),
+            sa.Integer,
+        ).label("done")
+    ).select_from(done)
+
+
 def record_failure(
     *,
     worker: str,

@@ -130,6 +130,28 @@ def rows_and_commit(
     return found
 
 
+def commit_with(
+    conn: sa.Connection, sql: str, params: dict[str, Any], *, prepare: bool, lost_text: str
+) -> bool:
+    """Run ``sql`` and commit, in one round trip (:func:`pipelined`); False, with the
+    transaction rolled back, when ``sql`` failed with an error naming ``lost_text`` (a
+    statement that fails aborts the transaction: the commit behind it does not run).
+
+    For :func:`sqla_jobs.sql.lease.complete_one_before_commit`. Any other error is
+    raised, as SQLAlchemy's, the transaction left for the caller to roll back.
+    """
+    driver = cast("psycopg.Connection[Any]", conn.connection.driver_connection)
+    try:
+        pipelined(conn, (), ((sql, params),), commit=True, prepare=prepare)
+    except sa_exc.DBAPIError as exc:
+        orig = exc.orig
+        if isinstance(orig, psycopg.errors.InvalidTextRepresentation) and lost_text in str(orig):
+            driver.rollback()
+            return False
+        raise
+    return True
+
+
 def count(conn: sa.Connection, sql: str, params: dict[str, Any], *, prepare: bool) -> int:
     """Like ``rows``; returns the number of rows affected (no rows built)."""
     return _on_cursor(conn, sql, params, prepare, lambda c: c.rowcount)

@@ -45,7 +45,7 @@ from sqla_jobs import validation
 from sqla_jobs.control import Control
 from sqla_jobs.exceptions import HandlerTransactionError, ResultError
 from sqla_jobs.sql import lease
-from sqla_jobs.worker import _connlost
+from sqla_jobs.worker import _connlost, _db
 
 log = logging.getLogger("sqla_jobs.worker")
 
@@ -116,10 +116,19 @@ class Guard:
         return None
 
 
+class ClaimLost(Exception):
+    """The done-mark sent with the commit found the claim lost: nothing was committed
+    (the transaction was rolled back)."""
+
+
 class GuardedConnection(sa.Connection):
     """A handler thread's connection: refuses, while armed, to end its transaction."""
 
     guard: Guard
+    #: The job's done-mark (SQL, parameters, whether to prepare it), sent in the same
+    #: round trip as this transaction's COMMIT (:meth:`HandlerSession.worker_commit`);
+    #: None once sent.
+    done_mark: tuple[str, dict[str, Any], bool] | None = None
 
     def _check(self, what: str) -> None:
         if self.guard.armed:
@@ -172,6 +181,14 @@ def _connect(engine: sa.Engine) -> GuardedConnection:
     def _commit(_conn: sa.Connection) -> None:
         if guard.armed:
             raise guard.refuse("a commit of the job's transaction")
+        # After the session's flush and before_commit hooks (so their writes are in the
+        # transaction): the done-mark and the COMMIT in one round trip; the driver's own
+        # commit that follows finds the transaction over and sends nothing.
+        done_mark, conn.done_mark = conn.done_mark, None
+        if done_mark is not None:
+            sql, params, prepare = done_mark
+            if not _db.commit_with(conn, sql, params, prepare=prepare, lost_text=lease.CLAIM_LOST):
+                raise ClaimLost("the done-mark matched no row: the claim was lost")
 
     @sa.event.listens_for(conn, "rollback")
     def _rollback(_conn: sa.Connection) -> None:
@@ -352,10 +369,29 @@ class HandlerSession(Session):
 
     # The worker's own ends of the transaction.
 
-    def worker_commit(self) -> None:
+    def worker_commit(self, done_mark: tuple[str, dict[str, Any], bool] | None = None) -> None:
+        """Commit the job's transaction; with ``done_mark`` (a statement that fails when
+        the claim was lost, see ``lease.complete_one_before_commit``), send it in the
+        same round trip as the COMMIT. Raises :class:`ClaimLost` when it found the claim
+        lost (nothing committed)."""
         guard = self._guard()
-        with guard.disarmed() if guard is not None else _nothing():
-            Session.commit(self)
+        thread_conn = self._sqla_jobs_thread_conn
+        conn = None if thread_conn is None else thread_conn.conn
+        if done_mark is not None:
+            if conn is None or not self.in_transaction():
+                raise RuntimeError("the job's transaction is not on its thread's connection")
+            conn.done_mark = done_mark
+        try:
+            with guard.disarmed() if guard is not None else _nothing():
+                Session.commit(self)
+        finally:
+            unsent = conn is not None and conn.done_mark is not None
+            if conn is not None:
+                conn.done_mark = None
+        if done_mark is not None and unsent:
+            # The commit never reached the connection's commit (nothing would mark the
+            # job done): an outcome not recorded, left to the lease.
+            raise RuntimeError("the job's done-mark was not sent with its commit")
 
     def worker_close(self) -> None:
         guard = self._guard()

@@ -426,6 +426,14 @@ MUTATIONS: list[Mutation] = [
         (STALE_AFTER_DONE, FENCED_TAKEOVER),
     ),
     Mutation(
+        "done_mark_stops_the_commit",
+        "a done-mark sent with the commit that finds the claim lost stops that commit",
+        LEASE,
+        '                else_=sa.func.concat(_text(CLAIM_LOST + " "), ours),\n',
+        "                else_=sa.literal_column(\"'0'\", sa.Text),  # MUTATION\n",
+        (STALE_AFTER_DONE, FENCED_TAKEOVER),
+    ),
+    Mutation(
         "done_fence_batch",
         "the batched done-mark (handlers that wrote nothing) matches worker and attempt",
         LEASE,
@@ -1622,8 +1630,9 @@ MUTATIONS: list[Mutation] = [
         "done_mark_prepared_after_restart",
         "the one-job done-mark is prepared on each connection, a restarted server's new ones too",
         COMPLETER,
-        "                prepare=self.config.prepared_statements,\n",
-        "                prepare=False,  # MUTATION\n",
+        "                session.worker_commit(done_mark=(sql, values, "
+        "self.config.prepared_statements))\n",
+        "                session.worker_commit(done_mark=(sql, values, False))  # MUTATION\n",
         (RESTART_PREPARED,),
     ),
     Mutation(

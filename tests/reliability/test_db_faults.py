@@ -305,7 +305,8 @@ def _run_prepared_jobs(engine: sa.Engine, n: int) -> list[dict[str, Any]]:
 
 
 def _done_mark(result: dict[str, Any]) -> bool:
-    return any(s.startswith("UPDATE jobs SET status=") for s in result["statements"])
+    # lease.complete_one_before_commit: the done-mark in a CTE (WITH done AS (UPDATE ...)).
+    return any("(UPDATE jobs SET status='done'" in s for s in result["statements"])
 
 
 def _handler_select(result: dict[str, Any]) -> bool:
