@@ -104,7 +104,7 @@ from sqlalchemy import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
-from sqla_jobs import producer, validation
+from sqla_jobs import models, producer, validation
 from sqla_jobs.exceptions import InvalidJobError, RegistryError, WorkflowError
 from sqla_jobs.models import WORKFLOW_REQUIRES, Job
 from sqla_jobs.sql import workflows as workflows_sql
@@ -410,6 +410,10 @@ class Workflow:
         else:
             assert target is not None
             workflow_id = target
+        # Held until this transaction ends, so that no archiver (or prune) takes the
+        # workflow without the steps this appends (see hold_steps).
+        conn.execute(workflows_sql.hold_steps(workflow_id, models.jobs))
+        conn.execute(workflows_sql.hold_steps(workflow_id, models.jobs_archive))
         existing = {r.step: r.id for r in conn.execute(workflows_sql.step_ids(workflow_id))}
         if not existing:
             raise WorkflowError(f"cannot append to workflow {workflow_id}: it has no step")

@@ -22,7 +22,7 @@ from test_ops_cli import cli, ok
 
 from sqla_jobs import models, ops, testing, workflows
 from sqla_jobs.exceptions import ConfigError, JobNotFoundError, WorkflowError
-from sqla_jobs.sql import lease
+from sqla_jobs.sql import admin, lease
 from sqla_jobs.workflows import Workflow, WorkflowIds, upstream_results
 
 
@@ -549,6 +549,73 @@ def test_prune_deletes_an_archived_workflow_as_a_unit(flow_engine: sa.Engine) ->
         assert where_steps(flow_engine) == {str(big.id): (0, 15)}
         assert ops.prune(s, older_than=ops.parse_duration("1d"), batch=4) == 15
     assert where_steps(flow_engine) == {}
+
+
+def append_late_step(conn: sa.Connection, workflow_id: uuid.UUID) -> WorkflowIds:
+    more = Workflow(registry=registry, append_to=workflow_id)
+    more.add("late", "flow.step", after="a")
+    return more.enqueue(conn)
+
+
+def test_a_step_appended_while_the_archiver_runs_keeps_its_workflow_whole(
+    flow_engine: sa.Engine,
+) -> None:
+    ids = enqueue(flow_engine, fan_out(2))
+    end_steps(flow_engine, "workflow_id = :w", "2 days", w=ids.id)
+    plain_jobs(flow_engine, 2, "2 days")
+    with flow_engine.connect() as appender:
+        # Not committed yet when the archiver's snapshot is taken: the archiver cannot
+        # see the new step, so only the append's own lock keeps the workflow whole.
+        append_late_step(appender, ids.id)
+        with Session(flow_engine) as s:
+            assert ops.archive(s, older_than=ops.parse_duration("1h")) == 2
+        appender.commit()
+    assert where_steps(flow_engine) == {str(ids.id): (4, 0)}
+    assert statuses(flow_engine, ids)["late"] == "queued"
+    # Archived steps (its dependency "a" here) are appended to the same way: prune waits.
+    end_steps(flow_engine, "workflow_id = :w", "10 days", w=ids.id)
+    with Session(flow_engine) as s:
+        assert ops.archive(s, older_than=ops.parse_duration("1h")) == 4
+    with flow_engine.connect() as appender:
+        later = Workflow(registry=registry, append_to=ids.id)
+        later.add("later", "flow.step", after="a")
+        later.enqueue(appender)
+        with Session(flow_engine) as s:
+            assert ops.prune(s, older_than=ops.parse_duration("1d")) == 2  # the plain jobs
+        appender.commit()
+    assert where_steps(flow_engine) == {str(ids.id): (1, 4)}
+
+
+def test_an_append_waits_for_an_archiver_that_locked_the_workflow_first(
+    flow_engine: sa.Engine,
+) -> None:
+    ids = enqueue(flow_engine, fan_out(2))
+    end_steps(flow_engine, "workflow_id = :w", "2 days", w=ids.id)
+    archiver = Session(flow_engine)
+    done = threading.Event()
+    try:
+        batch = admin.archive_batch(done_older_than=3600, dead_older_than=None, batch=10)
+        moved = archiver.execute(batch).all()
+        assert len(moved) == 3  # not committed: its row locks are held
+
+        def append() -> None:
+            with flow_engine.connect() as conn:
+                append_late_step(conn, ids.id)
+                conn.commit()
+            done.set()
+
+        thread = threading.Thread(target=append)
+        thread.start()
+        assert not done.wait(0.5)  # waits on the archiver's row locks
+        archiver.commit()
+        thread.join(30)
+        assert done.is_set()
+    finally:
+        archiver.close()
+    # Serialized: the workflow was archived whole, then the step appended to it (its
+    # dependency read from the archive).
+    assert where_steps(flow_engine) == {str(ids.id): (1, 3)}
+    assert statuses(flow_engine, ids) == {"late": "queued"}
 
 
 # --- the fence, the sweep ------------------------------------------------------------

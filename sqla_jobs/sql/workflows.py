@@ -111,6 +111,29 @@ def workflow_of(job_id: int) -> sa.Select[Any]:
     )
 
 
+def hold_steps(workflow_id: Any, table: sa.Table) -> sa.Select[Any]:
+    """One step of a workflow in ``table`` (``jobs`` or ``jobs_archive``), locked ``FOR KEY
+    SHARE`` until the transaction ends: what a transaction appending steps holds.
+
+    The archiver and ``prune`` take a workflow only with every step of it locked (``FOR
+    UPDATE SKIP LOCKED``, :func:`sqla_jobs.sql.admin.archive_batch`), as their snapshot
+    showed it: without this lock, steps appended by a transaction that had not committed
+    yet were invisible to that snapshot, and the workflow went without them (split: its
+    old steps archived, the new ones waiting on them in ``jobs``). With it, a workflow
+    being appended to stays whole for the next batch; an archiver that locked first makes
+    the append wait for its commit, and the append then finds the steps archived (it may
+    append to an archived workflow). ``KEY SHARE``: it does not block a step's own
+    updates (its done-mark), only the archiver's and prune's row locks and deletes.
+    """
+    wid = sa.bindparam("workflow_id", workflow_id, sa.Uuid)
+    return (
+        sa.select(table.c.id)
+        .where(table.c.workflow_id == wid)
+        .limit(1)
+        .with_for_update(key_share=True, read=True)
+    )
+
+
 def step_ids(workflow_id: Any) -> sa.Select[Any]:
     """``step, id`` of every step of a workflow, live or archived."""
     wid = sa.bindparam("workflow_id", workflow_id, sa.Uuid)

@@ -61,6 +61,9 @@ FLOW_ARCHIVE_LOCKED = _FLOWS + (
     "test_a_workflow_with_a_step_locked_elsewhere_is_left_whole_for_the_next_batch"
 )
 FLOW_PRUNE_WHOLE = _FLOWS + "test_prune_deletes_an_archived_workflow_as_a_unit"
+FLOW_APPEND_WHILE_ARCHIVING = _FLOWS + (
+    "test_a_step_appended_while_the_archiver_runs_keeps_its_workflow_whole"
+)
 FLOW_RETRY_REFUSED = _FLOWS + (
     "test_retrying_a_step_cancelled_by_its_failed_dependency_alone_is_refused_naming_it"
 )
@@ -1381,6 +1384,22 @@ MUTATIONS: list[Mutation] = [
         "        .having(sa.and_(sa.func.bool_and(locked.c.goes), sa.func.count() == all_steps))\n",
         "        .having(sa.true())  # MUTATION\n",
         (FLOW_ARCHIVE_LOCKED, FLOW_PRUNE_WHOLE, FLOW_ARCHIVER),
+    ),
+    Mutation(
+        "append_holds_its_workflow",
+        "a step appended to a finished workflow is not split from it by a concurrent archiver",
+        "sqla_jobs/workflows.py",
+        "        conn.execute(workflows_sql.hold_steps(workflow_id, models.jobs))\n",
+        "        pass  # MUTATION\n",
+        (FLOW_APPEND_WHILE_ARCHIVING,),
+    ),
+    Mutation(
+        "append_holds_its_archived_workflow",
+        "a step appended to an archived workflow is not split from it by a concurrent prune",
+        "sqla_jobs/workflows.py",
+        "        conn.execute(workflows_sql.hold_steps(workflow_id, models.jobs_archive))\n",
+        "        pass  # MUTATION\n",
+        (FLOW_APPEND_WHILE_ARCHIVING,),
     ),
     Mutation(
         "workflow_sweep_resolves_missed_parents",
