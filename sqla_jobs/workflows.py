@@ -27,7 +27,11 @@ EXPLAIN tests are unchanged).
 parent_outcome)``: a parent that ends writes its own edges, so the parents of a wide
 fan-in do not update one shared counter row (Laravel's ``job_batches``, Sidekiq's
 pending count, which goes wrong under re-runs). The child is released when no edge of
-it is left without an outcome.
+it is left without an outcome. A child whose only dependency ended ``done`` (and which
+does not run only on a failure) is released at once and its edge is not written (revision
+0018): a fan-out's release then writes each child once, not the child and its edge. Its
+edge keeps ``parent_outcome`` NULL; readers take a NULL edge whose parent has ended as
+resolved (the sweep, "waits on", a retry's open dependencies).
 
 *Release exactly once, in the transaction that ends the step.* The release is the
 database function ``jobs_workflow_resolve``. An ``AFTER UPDATE OF status`` / ``AFTER

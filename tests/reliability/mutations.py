@@ -61,6 +61,7 @@ FLOW_ARCHIVE_LOCKED = _FLOWS + (
     "test_a_workflow_with_a_step_locked_elsewhere_is_left_whole_for_the_next_batch"
 )
 FLOW_PRUNE_WHOLE = _FLOWS + "test_prune_deletes_an_archived_workflow_as_a_unit"
+FLOW_RELEASED_ALONE = _FLOWS + ("test_a_fan_outs_children_are_released_without_writing_their_edges")
 FLOW_APPEND_WHILE_ARCHIVING = _FLOWS + (
     "test_a_step_appended_while_the_archiver_runs_keeps_its_workflow_whole"
 )
@@ -306,7 +307,8 @@ LIMITS = "sqla_jobs/worker/_limits.py"
 COMPLETER = "sqla_jobs/worker/_completer.py"
 CONTROL = "sqla_jobs/control.py"
 ASYNC_EXECUTOR = "sqla_jobs/worker/_async_executor.py"
-WORKFLOWS_MIGRATION = "sqla_jobs/migrations/versions/0014_workflows.py"
+#: The release function as it runs now (revision 0018 replaced 0014's).
+RESOLVE_MIGRATION = "sqla_jobs/migrations/versions/0018_fan_out_release.py"
 ADMIN_SQL = "sqla_jobs/sql/admin.py"
 
 
@@ -1314,7 +1316,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "workflow_release_waits_for_every_edge",
         "a step is released only when every dependency has ended (jobs_workflow_resolve)",
-        WORKFLOWS_MIGRATION,
+        RESOLVE_MIGRATION,
         "    WHERE j.id = ANY(near) AND j.status = 'waiting'\n      AND NOT EXISTS (",
         "    WHERE j.id = ANY(near) AND j.status = 'waiting'\n      AND true OR NOT EXISTS (",
         (FLOW_FAN_IN, FLOW_STORM),
@@ -1322,7 +1324,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "workflow_child_locked_before_its_edges_are_read",
         "two parents ending at once: the child's row lock makes exactly one release it",
-        WORKFLOWS_MIGRATION,
+        RESOLVE_MIGRATION,
         "      ORDER BY j.id FOR UPDATE OF j) AS locked;",
         "      ORDER BY j.id) AS locked;  -- MUTATION",
         (FLOW_CONCURRENT_PARENTS, FLOW_STORM),
@@ -1330,7 +1332,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "workflow_cancel_is_transitive",
         "the dependents of a cancelled step are resolved in the same transaction",
-        WORKFLOWS_MIGRATION,
+        RESOLVE_MIGRATION,
         "    frontier := cancelled;\n",
         "    frontier := '{{}}';  -- MUTATION\n",
         (FLOW_TRANSITIVE,),
@@ -1338,10 +1340,43 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "workflow_deleted_dependency_is_a_failure",
         "a deleted dependency cancels its dependents, as a dead one does",
-        WORKFLOWS_MIGRATION,
-        "      SET parent_outcome = coalesce(p.status::text, a.status::text, 'deleted')",
-        "      SET parent_outcome = coalesce(p.status::text, a.status::text, 'done')  -- MUTATION",
+        RESOLVE_MIGRATION,
+        "             coalesce(p.status::text, a.status::text, 'deleted') AS outcome,",
+        "             coalesce(p.status::text, a.status::text, 'done') AS outcome,  -- MUTATION",
         (FLOW_DELETED,),
+    ),
+    Mutation(
+        "workflow_released_alone_only_with_one_dependency",
+        "a step is released with its edge unwritten only when its one dependency ended",
+        RESOLVE_MIGRATION,
+        "                WHERE o.child_id = x.child_id AND o.parent_id <> x.parent_id)) AS alone",
+        "                WHERE false)) AS alone  -- MUTATION",
+        (FLOW_FAN_IN, FLOW_CONCURRENT_PARENTS),
+    ),
+    Mutation(
+        "workflow_released_alone_only_after_done",
+        "a step whose one dependency failed is not released alone (it is cancelled)",
+        RESOLVE_MIGRATION,
+        "             (x.requires <> 'failed' AND "
+        "coalesce(p.status::text, a.status::text, '') = 'done'",
+        "             (x.requires <> 'failed'  -- MUTATION",
+        (FLOW_TRANSITIVE,),
+    ),
+    Mutation(
+        "workflow_sweep_skips_steps_released_alone",
+        "the sweep's room goes to waiting steps, not to the unwritten edges of released ones",
+        "sqla_jobs/sql/workflows.py",
+        "        .where(child.c.status == _common.status(JobStatus.WAITING))\n",
+        "",
+        (FLOW_RELEASED_ALONE, FLOW_SWEEP),
+    ),
+    Mutation(
+        "workflow_waits_on_no_ended_parent",
+        "a step released alone waits on nothing (its unwritten edge's parent ended)",
+        "sqla_jobs/sql/workflows.py",
+        "                .filter(parent.c.status.not_in(_statuses(*models.FINISHED_STATUSES))),\n",
+        "                ,\n",
+        (FLOW_RELEASED_ALONE,),
     ),
     Mutation(
         "workflow_stale_done_releases_nothing",
@@ -1355,7 +1390,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "workflow_callback_requires_its_policy",
         "an on-failure step is cancelled when every dependency ended done",
-        WORKFLOWS_MIGRATION,
+        RESOLVE_MIGRATION,
         "      FROM unneeded AS u\n      WHERE j.id = u.c\n",
         "      FROM unneeded AS u\n      WHERE false  -- MUTATION\n",
         (FLOW_CALLBACKS,),
