@@ -13,8 +13,8 @@ not move with the load:
   xid; needs a superuser, as the benchmarks' default server has).
 * ``done-marks``: ``N`` running jobs marked done 100 per statement (the completer's
   batched done-mark), independent jobs against the fan-out's released children (their
-  row trigger lists each ending step; they are written into the two workflow indexes):
-  the backend's CPU ms.
+  row trigger lists each ending step; they are written into the two workflow indexes),
+  at ``0017`` (0014's row trigger function) and at head: the backend's CPU ms.
 
     python benchmarks/fan_out_release.py [N] [--rounds 5]
 """
@@ -98,8 +98,19 @@ def release(revision: str, n: int) -> dict[str, float]:
     return {"wall": wall, "cpu": cpu, "records": float(records), "bytes": float(size or 0)}
 
 
+def _release_again_if_recycled(revision: str, n: int, tries: int = 3) -> dict[str, float]:
+    # On a host where other databases write much WAL, a checkpoint during the run can
+    # recycle the segment the transaction's records start in: that run is measured again.
+    for _ in range(tries - 1):
+        try:
+            return release(revision, n)
+        except psycopg.errors.UndefinedFile as exc:
+            print(f"  (WAL recycled during the run, measured again: {exc})")
+    return release(revision, n)
+
+
 def done_marks(shape: str, n: int) -> float:
-    with _database("heads") as url:
+    with _database("0017_workflow_archive" if shape.endswith("0017") else "heads") as url:
         if shape == "independent":
             with run._engine(url) as engine, Session(engine) as s:
                 enqueue_many(s, [NewJob("noop") for _ in range(n)])
@@ -135,7 +146,7 @@ def main() -> None:
     got: dict[str, list[dict[str, float]]] = {name: [] for name in REVISIONS}
     for _ in range(args.rounds):
         for name, revision in REVISIONS.items():
-            got[name].append(release(revision, args.n))
+            got[name].append(_release_again_if_recycled(revision, args.n))
     for name, runs in got.items():
         cpus = ", ".join(f"{r['cpu']:.0f}" for r in runs)
         med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
@@ -145,13 +156,17 @@ def main() -> None:
             f"records, {med['bytes'] / 1e6:.1f} MB"
         )
     print(f"done-marks of {args.n:,} jobs, {BATCH} per statement: backend CPU")
-    marks: dict[str, list[float]] = {"independent": [], "fan-out children": []}
+    marks: dict[str, list[float]] = {
+        "independent": [],
+        "fan-out children, at 0017": [],
+        "fan-out children": [],
+    }
     for _ in range(args.rounds):
         for shape in marks:
             marks[shape].append(done_marks(shape, args.n))
     for shape, cpu_runs in marks.items():
         print(
-            f"  {shape:<18} {statistics.median(cpu_runs):4.0f} ms "
+            f"  {shape:<26} {statistics.median(cpu_runs):4.0f} ms "
             f"(runs: {', '.join(f'{r:.0f}' for r in cpu_runs)})"
         )
     print(f"load average after: {os.getloadavg()[0]:.2f}")

@@ -19,12 +19,8 @@ retry's "has an open dependency"); an edge a retry reopens (NULL again) is open 
 its parent runs again, as before. Every other edge (a fan-in's, a failed or deleted
 parent's, an on-failure callback's) is written as before.
 
-The row trigger's function (``jobs_workflow_step_ended``), which lists each step that
-ends for the statement trigger, sets its setting by assignment instead of ``PERFORM``
-(no executor start per row): every step's done-mark pays it.
-
-Only functions change (``CREATE OR REPLACE``: no lock beyond the catalog's; workers
-keep running). Downgrade puts 0014's functions back; edges this one left NULL behind a
+Only the function changes (``CREATE OR REPLACE``: no lock beyond the catalog's; workers
+keep running). Downgrade puts 0014's function back; edges this one left NULL behind a
 finished parent are then written by the sweep (it resolves ended parents with a NULL
 edge), releasing nothing twice (their children are no longer waiting).
 """
@@ -183,36 +179,6 @@ END $$
 """
 
 
-#: The transaction-local setting where the row trigger lists the steps a statement ended.
-ENDED = "sqla_jobs.ended_steps"
-
-# 0014's row trigger function, listing each ended step more cheaply.
-STEP_ENDED = f"""
-CREATE OR REPLACE FUNCTION jobs_workflow_step_ended() RETURNS trigger LANGUAGE plpgsql AS $$
-DECLARE
-  listed text;
-BEGIN
-  -- Depth 1 only: the steps jobs_workflow_resolve cancels are resolved by its own loop.
-  -- Listed, not resolved here: the statement trigger resolves all the steps one
-  -- statement ended at once (a batch done-mark of 1,000 parents of one fan-in reads that
-  -- child's open edges once, not 1,000 times).
-  -- An assignment, not PERFORM: PL/pgSQL evaluates it as a simple expression, without
-  -- starting the executor for each row (every step that ends pays this: a fan-out's
-  -- 10,000 children spent about a quarter less CPU in it).
-  IF pg_trigger_depth() = 1 THEN
-    listed := set_config('{ENDED}', coalesce(current_setting('{ENDED}', true), '') || ','
-      || CASE WHEN TG_OP = 'DELETE' THEN OLD.id ELSE NEW.id END, true);
-  END IF;
-  IF TG_OP = 'DELETE' THEN
-    -- A deleted (or archived) step no longer waits for anything: its incoming edges
-    -- go; its outgoing ones stay, resolved, for its dependents' status and results.
-    DELETE FROM jobs_workflow_edges WHERE child_id = OLD.id;
-  END IF;
-  RETURN NULL;
-END $$
-"""
-
-
 def _revision_0014(name: str) -> str:
     # 0014's own text, for the downgrade: read from its file (migrations are not a package).
     path = Path(__file__).with_name("0014_workflows.py")
@@ -226,9 +192,7 @@ def _revision_0014(name: str) -> str:
 
 def upgrade() -> None:
     op.execute(RESOLVE)
-    op.execute(STEP_ENDED)
 
 
 def downgrade() -> None:
     op.execute(_revision_0014("RESOLVE"))
-    op.execute(_revision_0014("STEP_ENDED"))
