@@ -567,9 +567,12 @@ class WorkflowEdge(Base):
 
     ``parent_outcome`` is NULL until the parent ends; then the transaction that ended it
     writes the status it ended with (``done``, ``dead``, ``cancelled``, or ``deleted``)
-    into this row, its own: the parents of a wide fan-in share no row. ``requires`` is
-    the child's (the same on each of its edges). A step's incoming edges are deleted
-    with it (or when it is archived); see [``sqla_jobs.workflows``][sqla_jobs.workflows].
+    into this row, its own: the parents of a wide fan-in share no row. Except (revision
+    0020) the edge of a child with no other dependency whose parent ended ``done``: the
+    child is released and the edge stays NULL, read as resolved since its parent ended.
+    ``requires`` is the child's (the same on each of its edges). A step's incoming edges
+    are deleted with it (or when it is archived); see
+    [``sqla_jobs.workflows``][sqla_jobs.workflows].
     """
 
     __tablename__ = "jobs_workflow_edges"

@@ -27,7 +27,11 @@ EXPLAIN tests are unchanged).
 parent_outcome)``: a parent that ends writes its own edges, so the parents of a wide
 fan-in do not update one shared counter row (Laravel's ``job_batches``, Sidekiq's
 pending count, which goes wrong under re-runs). The child is released when no edge of
-it is left without an outcome.
+it is left without an outcome. A child whose only dependency ended ``done`` (and which
+does not run only on a failure) is released at once and its edge is not written (revision
+0018): a fan-out's release then writes each child once, not the child and its edge. Its
+edge keeps ``parent_outcome`` NULL; readers take a NULL edge whose parent has ended as
+resolved (the sweep, "waits on", a retry's open dependencies).
 
 *Release exactly once, in the transaction that ends the step.* The release is the
 database function ``jobs_workflow_resolve``. An ``AFTER UPDATE OF status`` / ``AFTER
@@ -105,7 +109,7 @@ from sqlalchemy import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
-from sqla_jobs import producer, validation
+from sqla_jobs import models, producer, validation
 from sqla_jobs.exceptions import InvalidJobError, RegistryError, WorkflowError
 from sqla_jobs.models import WORKFLOW_REQUIRES, Job
 from sqla_jobs.sql import workflows as workflows_sql
@@ -412,6 +416,10 @@ class Workflow:
         else:
             assert target is not None
             workflow_id = target
+        # Held until this transaction ends, so that no archiver (or prune) takes the
+        # workflow without the steps this appends (see hold_steps).
+        conn.execute(workflows_sql.hold_steps(workflow_id, models.jobs))
+        conn.execute(workflows_sql.hold_steps(workflow_id, models.jobs_archive))
         existing = {r.step: r.id for r in conn.execute(workflows_sql.step_ids(workflow_id))}
         if not existing:
             raise WorkflowError(f"cannot append to workflow {workflow_id}: it has no step")

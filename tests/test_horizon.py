@@ -178,25 +178,29 @@ def test_a_job_ready_below_the_floor_is_claimed_by_the_next_full_claim(
     assert [j.id for j in dispatcher._claim_unlimited(pool, 4)] == [straggler]
 
 
+@pytest.mark.parametrize("parents", [["a"], ["a", "c"]], ids=["released-alone", "fan-in"])
 def test_a_released_workflow_step_is_ready_from_its_release_so_a_floored_claim_finds_it(
-    engine: sa.Engine,
+    engine: sa.Engine, parents: list[str]
 ) -> None:
-    # Revision 0019: a step enqueued long ago and released by its dependency's end
-    # takes the release's time as run_at (a later run_at, a delay, is kept), so the
-    # worker's floored claim finds it at once instead of at the next full claim.
+    # Revisions 0019/0020: a step enqueued long ago and released by its dependencies'
+    # end takes the release's time as run_at (a later run_at, a delay, is kept), so the
+    # worker's floored claim finds it at once instead of at the next full claim. Both
+    # releases: a child of one parent (released alone, 0020) and a fan-in's child.
     flow = Workflow()
-    flow.add("a", "k")
-    flow.add("b", "k", after="a")
+    for name in parents:
+        flow.add(name, "k")
+    flow.add("b", "k", after=parents)
     with Session(engine) as s:
         ids = flow.enqueue(s)
         s.commit()
     with engine.begin() as conn:
         conn.execute(sa.text("UPDATE jobs SET run_at = now() - interval '1 hour'"))
     with engine.begin() as conn:
-        (parent,) = _claim(conn, 4)
-        assert parent.id == ids["a"]
+        claimed = _claim(conn, 4)
+        assert sorted(row.id for row in claimed) == sorted(ids[name] for name in parents)
     with engine.begin() as conn:
-        conn.execute(lease.complete(worker=WORKER, leases=[(parent.id, parent.attempts)])).all()
+        leases = [(row.id, row.attempts) for row in claimed]
+        conn.execute(lease.complete(worker=WORKER, leases=leases)).all()
     with engine.begin() as conn:
         released, finished = conn.execute(
             sa.text(

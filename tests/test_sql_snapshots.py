@@ -192,6 +192,8 @@ CASES: dict[str, Callable[[], Any]] = {
     "workflows.insert_edges": lambda: workflows.insert_edges(),
     "workflows.workflow_of": lambda: workflows.workflow_of(1),
     "workflows.step_ids": lambda: workflows.step_ids(WORKFLOW),
+    "workflows.hold_steps": lambda: workflows.hold_steps(WORKFLOW, models.jobs),
+    "workflows.hold_archived_steps": lambda: workflows.hold_steps(WORKFLOW, models.jobs_archive),
     "workflows.resolve": lambda: workflows.resolve([1, 2]),
     "workflows.sweep": lambda: workflows.sweep(limit=1000),
     "workflows.steps": lambda: workflows.steps(WORKFLOW),
@@ -343,6 +345,7 @@ def test_every_statement_builder_has_a_snapshot_case() -> None:
         "admin.archive_batch_done",
         "workflows.list_workflows_running",
         "workflows.list_workflows_finished",
+        "workflows.hold_archived_steps",
         "audit.entries_scopes",
     }
     assert _builders() == set(CASES) - variants

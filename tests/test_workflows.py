@@ -22,7 +22,7 @@ from test_ops_cli import cli, ok
 
 from sqla_jobs import models, ops, testing, workflows
 from sqla_jobs.exceptions import ConfigError, JobNotFoundError, WorkflowError
-from sqla_jobs.sql import lease
+from sqla_jobs.sql import admin, lease
 from sqla_jobs.workflows import Workflow, WorkflowIds, upstream_results
 
 
@@ -551,6 +551,73 @@ def test_prune_deletes_an_archived_workflow_as_a_unit(flow_engine: sa.Engine) ->
     assert where_steps(flow_engine) == {}
 
 
+def append_late_step(conn: sa.Connection, workflow_id: uuid.UUID) -> WorkflowIds:
+    more = Workflow(registry=registry, append_to=workflow_id)
+    more.add("late", "flow.step", after="a")
+    return more.enqueue(conn)
+
+
+def test_a_step_appended_while_the_archiver_runs_keeps_its_workflow_whole(
+    flow_engine: sa.Engine,
+) -> None:
+    ids = enqueue(flow_engine, fan_out(2))
+    end_steps(flow_engine, "workflow_id = :w", "2 days", w=ids.id)
+    plain_jobs(flow_engine, 2, "2 days")
+    with flow_engine.connect() as appender:
+        # Not committed yet when the archiver's snapshot is taken: the archiver cannot
+        # see the new step, so only the append's own lock keeps the workflow whole.
+        append_late_step(appender, ids.id)
+        with Session(flow_engine) as s:
+            assert ops.archive(s, older_than=ops.parse_duration("1h")) == 2
+        appender.commit()
+    assert where_steps(flow_engine) == {str(ids.id): (4, 0)}
+    assert statuses(flow_engine, ids)["late"] == "queued"
+    # Archived steps (its dependency "a" here) are appended to the same way: prune waits.
+    end_steps(flow_engine, "workflow_id = :w", "10 days", w=ids.id)
+    with Session(flow_engine) as s:
+        assert ops.archive(s, older_than=ops.parse_duration("1h")) == 4
+    with flow_engine.connect() as appender:
+        later = Workflow(registry=registry, append_to=ids.id)
+        later.add("later", "flow.step", after="a")
+        later.enqueue(appender)
+        with Session(flow_engine) as s:
+            assert ops.prune(s, older_than=ops.parse_duration("1d")) == 2  # the plain jobs
+        appender.commit()
+    assert where_steps(flow_engine) == {str(ids.id): (1, 4)}
+
+
+def test_an_append_waits_for_an_archiver_that_locked_the_workflow_first(
+    flow_engine: sa.Engine,
+) -> None:
+    ids = enqueue(flow_engine, fan_out(2))
+    end_steps(flow_engine, "workflow_id = :w", "2 days", w=ids.id)
+    archiver = Session(flow_engine)
+    done = threading.Event()
+    try:
+        batch = admin.archive_batch(done_older_than=3600, dead_older_than=None, batch=10)
+        moved = archiver.execute(batch).all()
+        assert len(moved) == 3  # not committed: its row locks are held
+
+        def append() -> None:
+            with flow_engine.connect() as conn:
+                append_late_step(conn, ids.id)
+                conn.commit()
+            done.set()
+
+        thread = threading.Thread(target=append)
+        thread.start()
+        assert not done.wait(0.5)  # waits on the archiver's row locks
+        archiver.commit()
+        thread.join(30)
+        assert done.is_set()
+    finally:
+        archiver.close()
+    # Serialized: the workflow was archived whole, then the step appended to it (its
+    # dependency read from the archive).
+    assert where_steps(flow_engine) == {str(ids.id): (1, 3)}
+    assert statuses(flow_engine, ids) == {"late": "queued"}
+
+
 # --- the fence, the sweep ------------------------------------------------------------
 
 
@@ -606,6 +673,76 @@ def test_the_sweep_releases_a_step_whose_release_was_missed(flow_engine: sa.Engi
     with flow_engine.begin() as conn:
         assert workflows.sweep(conn) == 0
     assert statuses(flow_engine, ids) == {"a": "done", "b": "queued", "c": "waiting"}
+
+
+def edge_outcomes(engine: sa.Engine, ids: WorkflowIds) -> dict[str, str | None]:
+    """ "parent>child" -> the edge's parent_outcome."""
+    found = rows(
+        engine,
+        "SELECT p.step || '>' || c.step AS edge, e.parent_outcome FROM jobs_workflow_edges AS e"
+        " JOIN jobs AS c ON c.id = e.child_id JOIN jobs AS p ON p.id = e.parent_id"
+        " WHERE e.workflow_id = :w",
+        w=ids.id,
+    )
+    return {r.edge: r.parent_outcome for r in found}
+
+
+def test_a_fan_outs_children_are_released_without_writing_their_edges(
+    flow_engine: sa.Engine,
+) -> None:
+    flow = fan_out(2)
+    flow.add("c", "flow.step", after=["b0", "b1"])
+    ids = enqueue(flow_engine, flow)
+    end = "UPDATE jobs SET status = 'done', finished_at = now() WHERE id = :id"
+    with flow_engine.begin() as conn:
+        conn.execute(sa.text(end), {"id": ids["a"]})
+    # b0 and b1 depend on "a" alone: released, their edges left unwritten (revision
+    # 0018); c waits on two, whose edges are written as each ends.
+    assert statuses(flow_engine, ids) == {
+        "a": "done",
+        "b0": "queued",
+        "b1": "queued",
+        "c": "waiting",
+    }
+    assert edge_outcomes(flow_engine, ids) == {
+        "a>b0": None,
+        "a>b1": None,
+        "b0>c": None,
+        "b1>c": None,
+    }
+    with Session(flow_engine) as s:
+        waits = {st.step: st.waiting_on for st in ops.workflow_status(s, ids.id).steps}
+    assert waits == {"a": (), "b0": (), "b1": (), "c": ("b0", "b1")}
+    with flow_engine.begin() as conn:
+        conn.execute(sa.text(end), {"id": ids["b0"]})
+    assert edge_outcomes(flow_engine, ids)["b0>c"] == "done"
+    assert statuses(flow_engine, ids)["c"] == "waiting"
+    # The sweep takes an unwritten edge whose child no longer waits as resolved: with
+    # room for one parent, it finds the missed one, not "a".
+    missed = Workflow(registry=registry)
+    missed.add("x", "flow.step")
+    missed.add("y", "flow.step", after="x")
+    other = enqueue(flow_engine, missed)
+    with flow_engine.begin() as conn:
+        conn.execute(sa.text("ALTER TABLE jobs DISABLE TRIGGER jobs_workflow_step_ended"))
+        conn.execute(sa.text(end), {"id": other["x"]})
+        conn.execute(sa.text("ALTER TABLE jobs ENABLE TRIGGER jobs_workflow_step_ended"))
+    with flow_engine.begin() as conn:
+        assert workflows.sweep(conn, limit=1) == 1
+    assert statuses(flow_engine, other) == {"x": "done", "y": "queued"}
+    # Retried, a child released alone runs again at once (its parent has ended)...
+    end_steps(flow_engine, "id = :id", "1 minute", status="dead", id=ids["b1"])
+    with Session(flow_engine) as s:
+        ops.retry_jobs(s, ids=[ids["b1"]])
+        s.commit()
+    assert statuses(flow_engine, ids)["b1"] == "queued"
+    # ...and, retried with its parent, waits for it.
+    end_steps(flow_engine, "id IN (:a, :b)", "1 minute", status="dead", a=ids["a"], b=ids["b1"])
+    with Session(flow_engine) as s:
+        ops.retry_jobs(s, ids=[ids["a"], ids["b1"]])
+        s.commit()
+    assert statuses(flow_engine, ids)["a"] == "queued"
+    assert statuses(flow_engine, ids)["b1"] == "waiting"
 
 
 def test_two_parents_ending_in_concurrent_transactions_release_their_child_once(

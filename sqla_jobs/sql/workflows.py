@@ -111,6 +111,29 @@ def workflow_of(job_id: int) -> sa.Select[Any]:
     )
 
 
+def hold_steps(workflow_id: Any, table: sa.Table) -> sa.Select[Any]:
+    """One step of a workflow in ``table`` (``jobs`` or ``jobs_archive``), locked ``FOR KEY
+    SHARE`` until the transaction ends: what a transaction appending steps holds.
+
+    The archiver and ``prune`` take a workflow only with every step of it locked (``FOR
+    UPDATE SKIP LOCKED``, :func:`sqla_jobs.sql.admin.archive_batch`), as their snapshot
+    showed it: without this lock, steps appended by a transaction that had not committed
+    yet were invisible to that snapshot, and the workflow went without them (split: its
+    old steps archived, the new ones waiting on them in ``jobs``). With it, a workflow
+    being appended to stays whole for the next batch; an archiver that locked first makes
+    the append wait for its commit, and the append then finds the steps archived (it may
+    append to an archived workflow). ``KEY SHARE``: it does not block a step's own
+    updates (its done-mark), only the archiver's and prune's row locks and deletes.
+    """
+    wid = sa.bindparam("workflow_id", workflow_id, sa.Uuid)
+    return (
+        sa.select(table.c.id)
+        .where(table.c.workflow_id == wid)
+        .limit(1)
+        .with_for_update(key_share=True, read=True)
+    )
+
+
 def step_ids(workflow_id: Any) -> sa.Select[Any]:
     """``step, id`` of every step of a workflow, live or archived."""
     wid = sa.bindparam("workflow_id", workflow_id, sa.Uuid)
@@ -137,12 +160,20 @@ def sweep(*, limit: int = 1000) -> sa.Select[Any]:
     dependency was finishing), or a parent ended while the triggers were disabled.
     """
     parent = jobs.alias("parent")
+    child = jobs.alias("child")
     ended = parent.c.status.in_(_statuses(*models.FINISHED_STATUSES))
     stuck = (
         sa.select(workflow_edges.c.parent_id)
         .distinct()
-        .select_from(workflow_edges.outerjoin(parent, parent.c.id == workflow_edges.c.parent_id))
+        .select_from(
+            workflow_edges.join(child, child.c.id == workflow_edges.c.child_id).outerjoin(
+                parent, parent.c.id == workflow_edges.c.parent_id
+            )
+        )
         .where(workflow_edges.c.parent_outcome.is_(None), sa.or_(parent.c.id.is_(None), ended))
+        # Only a waiting child has anything left to resolve: the edge of a child released
+        # alone by its parent stays NULL (revision 0020), and is not stuck.
+        .where(child.c.status == _common.status(JobStatus.WAITING))
         .limit(sa.bindparam("limit", limit, sa.Integer))
         .cte("stuck")
         .prefix_with("MATERIALIZED")
@@ -165,7 +196,11 @@ def _waiting_on() -> sa.ScalarSelect[Any]:
                         sa.func.coalesce(parent.c.step, sa.cast(parent.c.id, sa.Text)),
                         workflow_edges.c.parent_id,
                     )
-                ),
+                )
+                # A NULL edge whose parent ended: its child was released alone (revision
+                # 0018). Tested in the aggregate, on the parent's row as fetched, not as a
+                # filter of the parent's primary-key probe.
+                .filter(parent.c.status.not_in(_statuses(*models.FINISHED_STATUSES))),
                 sa.cast(sa.literal("{}"), ARRAY(sa.Text)),
             )
         )
@@ -359,10 +394,24 @@ def reopen_edges(ids: list[int]) -> sa.Update:
     )
 
 
-def _has_open_dependency() -> sa.Exists:
-    """The job (``jobs``, the statement's row) has a dependency that has not ended."""
+def _has_open_dependency(chosen: sa.BindParameter[Any]) -> sa.Exists:
+    """The job (``jobs``, the statement's row) has a dependency that has not ended: an
+    edge without an outcome whose parent is retried with it (``chosen``: this statement
+    does not see the parent's new status) or has not ended. A NULL edge whose parent
+    ended is resolved: its child was released alone (revision 0020)."""
+    parent = jobs.alias("parent")
+    running = (
+        sa.select(parent.c.id)
+        .where(
+            parent.c.id == workflow_edges.c.parent_id,
+            parent.c.status.not_in(_statuses(*models.FINISHED_STATUSES)),
+        )
+        .exists()
+    )
     return sa.exists().where(
-        workflow_edges.c.child_id == jobs.c.id, workflow_edges.c.parent_outcome.is_(None)
+        workflow_edges.c.child_id == jobs.c.id,
+        workflow_edges.c.parent_outcome.is_(None),
+        sa.or_(workflow_edges.c.parent_id == sa.any_(chosen), running),
     )
 
 
@@ -370,7 +419,7 @@ def reopen_steps(ids: list[int]) -> sa.Update:
     """The retried steps: waiting if a dependency has not ended, else queued and ready
     now, with a fresh set of attempts (as ``sqla_jobs.sql.admin.retry_jobs``)."""
     chosen = sa.bindparam("ids", ids, ARRAY(sa.BigInteger))
-    unmet = _has_open_dependency()
+    unmet = _has_open_dependency(chosen)
     return (
         sa.update(jobs)
         .where(
@@ -484,7 +533,7 @@ def wait_again(ids: list[int]) -> sa.Update:
     """The queued steps among ``ids`` with a dependency not ended (it is retried with them)
     back to waiting: they run after it, not beside it. RETURNING their ids."""
     chosen = sa.bindparam("ids", ids, ARRAY(sa.BigInteger))
-    unmet = _has_open_dependency()
+    unmet = _has_open_dependency(chosen)
     return (
         sa.update(jobs)
         .where(

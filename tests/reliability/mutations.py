@@ -68,6 +68,10 @@ FLOORS_ARCHIVE = _FLOORS + (
     "test_each_batch_of_a_long_archive_reads_as_much_as_the_first_in_every_range"
 )
 FLOORS_NO_JIT = _FLOORS + "test_archive_and_prune_batches_are_never_jit_compiled"
+FLOW_RELEASED_ALONE = _FLOWS + ("test_a_fan_outs_children_are_released_without_writing_their_edges")
+FLOW_APPEND_WHILE_ARCHIVING = _FLOWS + (
+    "test_a_step_appended_while_the_archiver_runs_keeps_its_workflow_whole"
+)
 FLOW_RETRY_REFUSED = _FLOWS + (
     "test_retrying_a_step_cancelled_by_its_failed_dependency_alone_is_refused_naming_it"
 )
@@ -317,7 +321,8 @@ LIMITS = "sqla_jobs/worker/_limits.py"
 COMPLETER = "sqla_jobs/worker/_completer.py"
 CONTROL = "sqla_jobs/control.py"
 ASYNC_EXECUTOR = "sqla_jobs/worker/_async_executor.py"
-WORKFLOWS_MIGRATION = "sqla_jobs/migrations/versions/0014_workflows.py"
+#: The release function as it runs now (revision 0020 replaced 0014's and 0019's).
+RESOLVE_MIGRATION = "sqla_jobs/migrations/versions/0020_fan_out_release.py"
 ADMIN_SQL = "sqla_jobs/sql/admin.py"
 
 
@@ -1333,7 +1338,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "workflow_release_waits_for_every_edge",
         "a step is released only when every dependency has ended (jobs_workflow_resolve)",
-        WORKFLOWS_MIGRATION,
+        RESOLVE_MIGRATION,
         "    WHERE j.id = ANY(near) AND j.status = 'waiting'\n      AND NOT EXISTS (",
         "    WHERE j.id = ANY(near) AND j.status = 'waiting'\n      AND true OR NOT EXISTS (",
         (FLOW_FAN_IN, FLOW_STORM),
@@ -1341,7 +1346,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "workflow_child_locked_before_its_edges_are_read",
         "two parents ending at once: the child's row lock makes exactly one release it",
-        WORKFLOWS_MIGRATION,
+        RESOLVE_MIGRATION,
         "      ORDER BY j.id FOR UPDATE OF j) AS locked;",
         "      ORDER BY j.id) AS locked;  -- MUTATION",
         (FLOW_CONCURRENT_PARENTS, FLOW_STORM),
@@ -1349,7 +1354,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "workflow_cancel_is_transitive",
         "the dependents of a cancelled step are resolved in the same transaction",
-        WORKFLOWS_MIGRATION,
+        RESOLVE_MIGRATION,
         "    frontier := cancelled;\n",
         "    frontier := '{{}}';  -- MUTATION\n",
         (FLOW_TRANSITIVE,),
@@ -1357,10 +1362,43 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "workflow_deleted_dependency_is_a_failure",
         "a deleted dependency cancels its dependents, as a dead one does",
-        WORKFLOWS_MIGRATION,
-        "      SET parent_outcome = coalesce(p.status::text, a.status::text, 'deleted')",
-        "      SET parent_outcome = coalesce(p.status::text, a.status::text, 'done')  -- MUTATION",
+        RESOLVE_MIGRATION,
+        "             coalesce(p.status::text, a.status::text, 'deleted') AS outcome,",
+        "             coalesce(p.status::text, a.status::text, 'done') AS outcome,  -- MUTATION",
         (FLOW_DELETED,),
+    ),
+    Mutation(
+        "workflow_released_alone_only_with_one_dependency",
+        "a step is released with its edge unwritten only when its one dependency ended",
+        RESOLVE_MIGRATION,
+        "                WHERE o.child_id = x.child_id AND o.parent_id <> x.parent_id)) AS alone",
+        "                WHERE false)) AS alone  -- MUTATION",
+        (FLOW_FAN_IN, FLOW_CONCURRENT_PARENTS),
+    ),
+    Mutation(
+        "workflow_released_alone_only_after_done",
+        "a step whose one dependency failed is not released alone (it is cancelled)",
+        RESOLVE_MIGRATION,
+        "             (x.requires <> 'failed' AND "
+        "coalesce(p.status::text, a.status::text, '') = 'done'",
+        "             (x.requires <> 'failed'  -- MUTATION",
+        (FLOW_TRANSITIVE,),
+    ),
+    Mutation(
+        "workflow_sweep_skips_steps_released_alone",
+        "the sweep's room goes to waiting steps, not to the unwritten edges of released ones",
+        "sqla_jobs/sql/workflows.py",
+        "        .where(child.c.status == _common.status(JobStatus.WAITING))\n",
+        "",
+        (FLOW_RELEASED_ALONE, FLOW_SWEEP),
+    ),
+    Mutation(
+        "workflow_waits_on_no_ended_parent",
+        "a step released alone waits on nothing (its unwritten edge's parent ended)",
+        "sqla_jobs/sql/workflows.py",
+        "                .filter(parent.c.status.not_in(_statuses(*models.FINISHED_STATUSES))),\n",
+        "                ,\n",
+        (FLOW_RELEASED_ALONE,),
     ),
     Mutation(
         "workflow_stale_done_releases_nothing",
@@ -1374,7 +1412,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "workflow_callback_requires_its_policy",
         "an on-failure step is cancelled when every dependency ended done",
-        WORKFLOWS_MIGRATION,
+        RESOLVE_MIGRATION,
         "      FROM unneeded AS u\n      WHERE j.id = u.c\n",
         "      FROM unneeded AS u\n      WHERE false  -- MUTATION\n",
         (FLOW_CALLBACKS,),
@@ -1421,6 +1459,22 @@ MUTATIONS: list[Mutation] = [
         '    session.execute(workflows_sql.set_jit("off"))  # SET LOCAL: until the commit\n',
         "    pass  # MUTATION\n",
         (FLOORS_NO_JIT,),
+    ),
+    Mutation(
+        "append_holds_its_workflow",
+        "a step appended to a finished workflow is not split from it by a concurrent archiver",
+        "sqla_jobs/workflows.py",
+        "        conn.execute(workflows_sql.hold_steps(workflow_id, models.jobs))\n",
+        "        pass  # MUTATION\n",
+        (FLOW_APPEND_WHILE_ARCHIVING,),
+    ),
+    Mutation(
+        "append_holds_its_archived_workflow",
+        "a step appended to an archived workflow is not split from it by a concurrent prune",
+        "sqla_jobs/workflows.py",
+        "        conn.execute(workflows_sql.hold_steps(workflow_id, models.jobs_archive))\n",
+        "        pass  # MUTATION\n",
+        (FLOW_APPEND_WHILE_ARCHIVING,),
     ),
     Mutation(
         "workflow_sweep_resolves_missed_parents",
@@ -1782,11 +1836,19 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "released_step_keeps_old_run_at",
-        "a workflow step released by its dependencies is ready from its release (0019)",
-        "sqla_jobs/migrations/versions/0019_released_steps_ready_now.py",
-        "    op.execute(_resolve(RELEASE))\n",
-        "    op.execute(_resolve(RELEASE_0014))  # MUTATION\n",
-        (RELEASED_STEP,),
+        "a workflow step released alone by its one dependency is ready from its release",
+        RESOLVE_MIGRATION,
+        "SET status = 'queued', run_at = greatest(j.run_at, statement_timestamp())\n",
+        "SET status = 'queued'  -- MUTATION\n",
+        (RELEASED_STEP + "[released-alone]",),
+    ),
+    Mutation(
+        "released_fan_in_step_keeps_old_run_at",
+        "a fan-in's step released by its last dependency is ready from its release",
+        RESOLVE_MIGRATION,
+        "    UPDATE jobs SET status = 'queued', run_at = greatest(run_at, statement_timestamp())\n",
+        "    UPDATE jobs SET status = 'queued'  -- MUTATION\n",
+        (RELEASED_STEP + "[fan-in]",),
     ),
 ]
 

@@ -4,7 +4,15 @@ SET status=CASE
                        (SELECT *
                         FROM jobs_workflow_edges
                         WHERE jobs_workflow_edges.child_id = jobs.id
-                          AND jobs_workflow_edges.parent_outcome IS NULL)) THEN 'waiting'::job_status
+                          AND jobs_workflow_edges.parent_outcome IS NULL
+                          AND (jobs_workflow_edges.parent_id = ANY (%(ids)s::BIGINT[])
+                               OR (EXISTS
+                                     (SELECT parent.id
+                                      FROM jobs AS parent
+                                      WHERE parent.id = jobs_workflow_edges.parent_id
+                                        AND (parent.status NOT IN ('done'::job_status,
+                                                                   'dead'::job_status,
+                                                                   'cancelled'::job_status))))))) THEN 'waiting'::job_status
                ELSE 'queued'::job_status
            END,
            run_at=statement_timestamp(),

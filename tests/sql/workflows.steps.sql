@@ -16,7 +16,8 @@ FROM
           jobs.last_error AS last_error,
 
      (SELECT coalesce(array_agg(coalesce(parent.step, CAST(parent.id AS TEXT))
-                                ORDER BY jobs_workflow_edges.parent_id), CAST(%(param_1)s::VARCHAR AS TEXT[])) AS coalesce_1
+                                ORDER BY jobs_workflow_edges.parent_id) FILTER (
+                                                                                WHERE (parent.status NOT IN ('done'::job_status, 'dead'::job_status, 'cancelled'::job_status))), CAST(%(param_1)s::VARCHAR AS TEXT[])) AS coalesce_1
       FROM jobs_workflow_edges
       JOIN jobs AS parent ON parent.id = jobs_workflow_edges.parent_id
       WHERE jobs_workflow_edges.child_id = jobs.id
