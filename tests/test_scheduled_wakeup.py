@@ -26,19 +26,28 @@ from sqla_jobs import NewJob, enqueue, enqueue_many
 POLL = "60"
 
 
-@pytest.fixture
-def worker(engine: sa.Engine, db_url: URL, tmp_path: Path) -> Iterator[Path]:
+def _worker(engine: sa.Engine, db_url: URL, tmp_path: Path, *args: str) -> Iterator[Path]:
     with engine.begin() as conn:
         conn.exec_driver_sql(SETUP_SQL)
     log = tmp_path / "w.log"
     procs: list[subprocess.Popen[bytes]] = [
-        spawn(db_url, log, "--poll-interval", POLL, app="queuecontrolapp:registry")
+        spawn(db_url, log, "--poll-interval", POLL, *args, app="queuecontrolapp:registry")
     ]
     wait_for(lambda: "started" in log.read_text(), message="the worker to start")
     try:
         yield log
     finally:
         stop_all(procs)
+
+
+@pytest.fixture
+def worker(engine: sa.Engine, db_url: URL, tmp_path: Path) -> Iterator[Path]:
+    yield from _worker(engine, db_url, tmp_path)
+
+
+@pytest.fixture
+def two_slot_worker(engine: sa.Engine, db_url: URL, tmp_path: Path) -> Iterator[Path]:
+    yield from _worker(engine, db_url, tmp_path, "--concurrency", "2")
 
 
 def _late(engine: sa.Engine) -> float:
@@ -85,3 +94,17 @@ def test_each_of_several_delayed_jobs_starts_on_time_after_the_one_before(
         )
     ]
     assert all(0.0 <= late < 10.0 for late in lateness), lateness  # the poll: 55 s or more
+
+
+def test_a_delayed_job_enqueued_beside_a_ready_one_starts_on_time_while_that_one_runs(
+    engine: sa.Engine, two_slot_worker: Path
+) -> None:
+    # One notification for both: its claim takes the ready job, and the look for the
+    # next due time, put off while that job starts (DUE_LOOK_DELAY_SECONDS), must not
+    # wait for the next round that claims nothing: here, the 20-s job's end.
+    with Session(engine) as s:
+        enqueue(s, "plain", {"sleep": 20})
+        enqueue(s, "plain", {}, delay=timedelta(seconds=1.5))
+        s.commit()
+    wait_for(lambda: _ran(engine, 2), timeout=40, message="the delayed job to run")
+    assert 0.0 <= _late(engine) < 10.0  # after the ready job's end: 18.5 s or more

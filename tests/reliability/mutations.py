@@ -288,6 +288,9 @@ ASYNC_STALE = f"{ASYNC}::test_stale_async_worker_resumed_after_takeover_is_fence
 
 SUPERVISOR = "sqla_jobs/worker/_supervisor.py"
 DISPATCHER = "sqla_jobs/worker/_dispatcher.py"
+SCHEDULED_BESIDE_READY = "tests/test_scheduled_wakeup.py::" + (
+    "test_a_delayed_job_enqueued_beside_a_ready_one_starts_on_time_while_that_one_runs"
+)
 EXECUTOR = "sqla_jobs/worker/_executor.py"
 INFLIGHT = "sqla_jobs/worker/_inflight.py"
 SERVICES = "sqla_jobs/worker/_services.py"
@@ -504,6 +507,15 @@ MUTATIONS: list[Mutation] = [
         "                else:\n                    self.wake()\n",
         "                else:\n                    pass  # MUTATION\n",
         (BUSY_LISTENER_FAULT, IDLE_LISTENER_FAULT),
+    ),
+    Mutation(
+        "due_look_put_off_unbounded",
+        "a look for the next due time put off past a round that filed jobs is made within "
+        "DUE_LOOK_DELAY_SECONDS, not only at the next round that files nothing",
+        DISPATCHER,
+        " " * 24 + "self._due_look_at = now + (DUE_LOOK_DELAY_SECONDS if filed else 0.0)\n",
+        " " * 24 + 'self._due_look_at = now + (float("inf") if filed else 0.0)  # MUTATION\n',
+        (SCHEDULED_BESIDE_READY,),
     ),
     Mutation(
         "listener_reconnect_poll",
