@@ -57,6 +57,16 @@ def unlimited_worker(engine: sa.Engine, db_url: URL, tmp_path: Path) -> Iterator
     yield from _worker(engine, db_url, tmp_path, "--concurrency", "2", app="jobapp:registry")
 
 
+def settle(engine: sa.Engine) -> None:
+    """Let a job run and end first: the worker's first rounds (raising the idle flag, then
+    looking for commits in flight) claim nothing, and would make the look themselves."""
+    with Session(engine) as s:
+        first = enqueue(s, "noop", {})
+        s.commit()
+    done = "SELECT status = 'done' FROM jobs WHERE id = :j"
+    wait_for(lambda: scalar(engine, done, j=first), message="the first job to end")
+
+
 def _late(engine: sa.Engine) -> float:
     """Seconds from the latest job's ``run_at`` to its handler's start (the log's clock)."""
     return float(
@@ -109,6 +119,7 @@ def test_a_delayed_job_enqueued_beside_a_ready_one_starts_on_time_while_that_one
     # One notification for both: its claim takes the ready job, and the look for the
     # next due time, put off while that job starts (DUE_LOOK_DELAY_SECONDS), must not
     # wait for the next round that claims nothing: here, the long job's end (120 s).
+    settle(engine)
     with Session(engine) as s:
         enqueue(s, "until_cancelled", {})
         delayed = enqueue(s, "noop", {}, delay=timedelta(seconds=1.5))
