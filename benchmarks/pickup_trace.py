@@ -26,9 +26,10 @@ from typing import Any
 ENV = "SQLA_JOBS_BENCH_TRACE"
 
 #: An experiment, not a mode: set as well, the worker never looks up the next due time
-#: (``Dispatcher._look_for_next_due``, one statement after each notification's claim,
-#: while the handler thread starts), to size what that statement costs the pickup.
-#: Scheduled jobs then wait for the poll.
+#: (``Dispatcher._look_for_next_due``, one statement after each notification's claim;
+#: it ran while the handler thread started until the dispatcher put it off, up to
+#: ``DUE_LOOK_DELAY_SECONDS``, past a round that filed jobs), to size what that
+#: statement costs the pickup. Scheduled jobs then wait for the poll.
 SKIP_NEXT_DUE_ENV = "SQLA_JOBS_BENCH_SKIP_NEXT_DUE"
 
 _lock = threading.Lock()

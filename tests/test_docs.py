@@ -584,3 +584,16 @@ def test_the_readme_has_no_relative_link_that_would_break_on_pypi() -> None:
     relative = [t for t in targets if not re.match(r"(https?://|#)", t)]
     assert not relative, f"relative links in README.md: {relative}"
     assert "(`docs/getting-started.md`)" in readme
+
+
+def test_the_packages_docstrings_use_no_sphinx_roles() -> None:
+    """mkdocstrings shows ``:func:`x``` as plain text: the API reference's docstrings
+    link with Markdown (``[name][sqla_jobs.x]``) or write code (````x````)."""
+    role = re.compile(r":(?:func|meth|class|data|attr|exc|mod|obj):`")
+    found = [
+        f"{path.relative_to(ROOT)}:{n}"
+        for path in sorted((ROOT / "sqla_jobs").rglob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if role.search(line)
+    ]
+    assert found == []

@@ -26,19 +26,45 @@ from sqla_jobs import NewJob, enqueue, enqueue_many
 POLL = "60"
 
 
-@pytest.fixture
-def worker(engine: sa.Engine, db_url: URL, tmp_path: Path) -> Iterator[Path]:
+def _worker(
+    engine: sa.Engine,
+    db_url: URL,
+    tmp_path: Path,
+    *args: str,
+    app: str = "queuecontrolapp:registry",
+) -> Iterator[Path]:
     with engine.begin() as conn:
         conn.exec_driver_sql(SETUP_SQL)
     log = tmp_path / "w.log"
     procs: list[subprocess.Popen[bytes]] = [
-        spawn(db_url, log, "--poll-interval", POLL, app="queuecontrolapp:registry")
+        spawn(db_url, log, "--poll-interval", POLL, *args, app=app)
     ]
     wait_for(lambda: "started" in log.read_text(), message="the worker to start")
     try:
         yield log
     finally:
         stop_all(procs)
+
+
+@pytest.fixture
+def worker(engine: sa.Engine, db_url: URL, tmp_path: Path) -> Iterator[Path]:
+    yield from _worker(engine, db_url, tmp_path)
+
+
+@pytest.fixture
+def unlimited_worker(engine: sa.Engine, db_url: URL, tmp_path: Path) -> Iterator[Path]:
+    # jobapp: no limited kinds, whose rechecks would run rounds of their own.
+    yield from _worker(engine, db_url, tmp_path, "--concurrency", "2", app="jobapp:registry")
+
+
+def settle(engine: sa.Engine) -> None:
+    """Let a job run and end first: the worker's first rounds (raising the idle flag, then
+    looking for commits in flight) claim nothing, and would make the look themselves."""
+    with Session(engine) as s:
+        first = enqueue(s, "noop", {})
+        s.commit()
+    done = "SELECT status = 'done' FROM jobs WHERE id = :j"
+    wait_for(lambda: scalar(engine, done, j=first), message="the first job to end")
 
 
 def _late(engine: sa.Engine) -> float:
@@ -85,3 +111,24 @@ def test_each_of_several_delayed_jobs_starts_on_time_after_the_one_before(
         )
     ]
     assert all(0.0 <= late < 10.0 for late in lateness), lateness  # the poll: 55 s or more
+
+
+def test_a_delayed_job_enqueued_beside_a_ready_one_starts_on_time_while_that_one_runs(
+    engine: sa.Engine, unlimited_worker: Path
+) -> None:
+    # One notification for both: its claim takes the ready job, and the look for the
+    # next due time, put off while that job starts (DUE_LOOK_DELAY_SECONDS), must not
+    # wait for the next round that claims nothing: here, the long job's end (120 s).
+    settle(engine)
+    with Session(engine) as s:
+        enqueue(s, "until_cancelled", {})
+        delayed = enqueue(s, "noop", {}, delay=timedelta(seconds=1.5))
+        s.commit()
+    claimed = "SELECT attempted_at IS NOT NULL FROM jobs WHERE id = :j"
+    wait_for(lambda: scalar(engine, claimed, j=delayed), timeout=30, message="the delayed job")
+    late = scalar(
+        engine,
+        "SELECT extract(epoch FROM attempted_at - run_at) FROM jobs WHERE id = :j",
+        j=delayed,
+    )
+    assert 0.0 <= float(late) < 10.0  # the poll (60 s) or the long job's end: 58 s or more

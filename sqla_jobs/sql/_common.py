@@ -102,15 +102,16 @@ def epoch(value: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
     return sa.func.extract("epoch", value)
 
 
-def priority_levels(top: sa.ColumnElement[Any] | None = None) -> Any:
-    """``levels(level)``: one row per priority, most urgent first, up to ``top`` (a bound
-    value) or the least urgent. A statement joined to it reads jobs_claim_idx one
-    priority's ``run_at`` range at a time, as a claim does, instead of sorting the rows
-    of every priority (the claim, the next due time, the unserved-jobs look)."""
+def priority_levels() -> Any:
+    """``levels(level)``: one row per priority, most urgent first. A statement joined to
+    it reads jobs_claim_idx one priority's ``run_at`` range at a time, as a claim does,
+    instead of sorting the rows of every priority (the claim, the next due time, the
+    unserved-jobs look). Both ends are constants, so a prepared statement's generic plan
+    counts ten levels (see ``lease.claim``)."""
     return (
         sa.func.generate_series(
             sa.literal_column(str(validation.MIN_PRIORITY)),
-            sa.literal_column(str(validation.MAX_PRIORITY)) if top is None else top,
+            sa.literal_column(str(validation.MAX_PRIORITY)),
         )
         .table_valued("level")
         .render_derived(name="levels")

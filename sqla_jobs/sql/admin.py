@@ -702,7 +702,7 @@ def _whole_workflows(table: sa.Table, picked: sa.CTE, row_test: sa.ColumnElement
     )
 
 
-#: What each range of :func:`archive_batch` holds, in the order a batch reads them: done
+#: What each range of ``archive_batch`` holds, in the order a batch reads them: done
 #: rows past ``done_older_than``, dead and cancelled ones past ``dead_older_than``. One
 #: status per range (not ``status IN (dead, cancelled)``): a range read in
 #: ``finished_at`` order is what lets a batch start where the previous one stopped.
@@ -710,7 +710,7 @@ ARCHIVED_STATUSES = (JobStatus.DONE, JobStatus.DEAD, JobStatus.CANCELLED)
 
 
 def _floor(name: str) -> sa.ColumnElement[Any]:
-    """A batch's lower bound on ``finished_at``, given at execution (:func:`next_floors`):
+    """A batch's lower bound on ``finished_at``, given at execution (``next_floors``):
     where the previous batch of the same call stopped; ``-infinity`` for the first."""
     stamp = sa.DateTime(timezone=True)
     return sa.func.coalesce(
@@ -728,7 +728,7 @@ def _reached(picked: sa.CTE, status: JobStatus | None = None) -> sa.ScalarSelect
 
 
 def next_floors(row: sa.Row[Any], floors: Mapping[str, datetime]) -> dict[str, datetime]:
-    """The parameters of the next batch of :func:`archive_batch` or :func:`prune_batch` in
+    """The parameters of the next batch of ``archive_batch`` or ``prune_batch`` in
     the same call: ``floors`` with each range's floor (``floor_<status>``, ``floor``) moved
     up to what ``row``, any row the batch returned, says it reached (``reached_<status>``,
     ``reached``). A range the batch did not read, or found empty, keeps its floor."""
@@ -752,12 +752,12 @@ def archive_batch(
     moved AS (DELETE ... RETURNING *) INSERT INTO jobs_archive SELECT ... FROM moved``.
     Done rows finished before ``now - done_older_than`` go; dead and cancelled rows only
     when ``dead_older_than`` is given. Each status is a range on jobs_finished_idx
-    (:data:`ARCHIVED_STATUSES`), read in ``finished_at`` order from its floor, the
+    (``ARCHIVED_STATUSES``), read in ``finished_at`` order from its floor, the
     parameter ``floor_<status>`` (none: from the start).
 
     Returns, per moved row, its id and ``reached_<status>``: the greatest ``finished_at``
     the batch picked in each range, the floor of the next batch of the same call
-    (:func:`next_floors`). Without it each batch re-read the index entries its
+    (``next_floors``). Without it each batch re-read the index entries its
     predecessors had just deleted, dead until vacuum: batch k of a call walked k batches
     of them; with ``dead_older_than`` the two ranges were one BitmapOr read whole. Rows
     below a floor that a batch skipped (locked, or their workflow not ready) wait for
@@ -833,7 +833,7 @@ def prune_batch(*, older_than: float, batch: int, now: Now = None) -> ReturningD
 
     Read in ``finished_at`` order from the parameter ``floor`` (none: from the start),
     ``reached`` of the previous batch of the same call, returned with every deleted
-    row's id (:func:`next_floors`): as :func:`archive_batch`, so that a batch does not
+    row's id (``next_floors``): as ``archive_batch``, so that a batch does not
     walk the dead index entries its predecessors left.
 
     An archived workflow goes as a unit (#26): once its last step ended before the

@@ -116,7 +116,7 @@ def hold_steps(workflow_id: Any, table: sa.Table) -> sa.Select[Any]:
     SHARE`` until the transaction ends: what a transaction appending steps holds.
 
     The archiver and ``prune`` take a workflow only with every step of it locked (``FOR
-    UPDATE SKIP LOCKED``, :func:`sqla_jobs.sql.admin.archive_batch`), as their snapshot
+    UPDATE SKIP LOCKED``, ``sqla_jobs.sql.admin.archive_batch``), as their snapshot
     showed it: without this lock, steps appended by a transaction that had not committed
     yet were invisible to that snapshot, and the workflow went without them (split: its
     old steps archived, the new ones waiting on them in ``jobs``). With it, a workflow

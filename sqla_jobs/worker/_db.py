@@ -133,11 +133,11 @@ def rows_and_commit(
 def commit_with(
     conn: sa.Connection, sql: str, params: dict[str, Any], *, prepare: bool, lost_text: str
 ) -> bool:
-    """Run ``sql`` and commit, in one round trip (:func:`pipelined`); False, with the
+    """Run ``sql`` and commit, in one round trip (``pipelined``); False, with the
     transaction rolled back, when ``sql`` failed with an error naming ``lost_text`` (a
     statement that fails aborts the transaction: the commit behind it does not run).
 
-    For :func:`sqla_jobs.sql.lease.complete_one_before_commit`. Any other error is
+    For ``sqla_jobs.sql.lease.complete_one_before_commit``. Any other error is
     raised, as SQLAlchemy's, the transaction left for the caller to roll back.
     """
     driver = cast("psycopg.Connection[Any]", conn.connection.driver_connection)

@@ -126,7 +126,7 @@ class GuardedConnection(sa.Connection):
 
     guard: Guard
     #: The job's done-mark (SQL, parameters, whether to prepare it), sent in the same
-    #: round trip as this transaction's COMMIT (:meth:`HandlerSession.worker_commit`);
+    #: round trip as this transaction's COMMIT (``HandlerSession.worker_commit``);
     #: None once sent.
     done_mark: tuple[str, dict[str, Any], bool] | None = None
 
@@ -372,7 +372,7 @@ class HandlerSession(Session):
     def worker_commit(self, done_mark: tuple[str, dict[str, Any], bool] | None = None) -> None:
         """Commit the job's transaction; with ``done_mark`` (a statement that fails when
         the claim was lost, see ``lease.complete_one_before_commit``), send it in the
-        same round trip as the COMMIT. Raises :class:`ClaimLost` when it found the claim
+        same round trip as the COMMIT. Raises ``ClaimLost`` when it found the claim
         lost (nothing committed)."""
         guard = self._guard()
         thread_conn = self._sqla_jobs_thread_conn

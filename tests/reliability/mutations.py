@@ -306,6 +306,12 @@ ASYNC_STALE = f"{ASYNC}::test_stale_async_worker_resumed_after_takeover_is_fence
 
 SUPERVISOR = "sqla_jobs/worker/_supervisor.py"
 DISPATCHER = "sqla_jobs/worker/_dispatcher.py"
+CLAIM_GENERIC_PLAN = (
+    "tests/test_fence_plans.py::test_the_prepared_claim_of_an_idle_worker_runs_its_generic_plan"
+)
+SCHEDULED_BESIDE_READY = "tests/test_scheduled_wakeup.py::" + (
+    "test_a_delayed_job_enqueued_beside_a_ready_one_starts_on_time_while_that_one_runs"
+)
 EXECUTOR = "sqla_jobs/worker/_executor.py"
 INFLIGHT = "sqla_jobs/worker/_inflight.py"
 SERVICES = "sqla_jobs/worker/_services.py"
@@ -531,6 +537,28 @@ MUTATIONS: list[Mutation] = [
         "                else:\n                    self.wake()\n",
         "                else:\n                    pass  # MUTATION\n",
         (BUSY_LISTENER_FAULT, IDLE_LISTENER_FAULT),
+    ),
+    Mutation(
+        "due_look_put_off_unbounded",
+        "a look for the next due time put off past a round that filed jobs is made within "
+        "DUE_LOOK_DELAY_SECONDS, not only at the next round that files nothing",
+        DISPATCHER,
+        " " * 24 + "self._due_look_at = now + (DUE_LOOK_DELAY_SECONDS if filed else 0.0)\n",
+        " " * 24 + 'self._due_look_at = now + (float("inf") if filed else 0.0)  # MUTATION\n',
+        (SCHEDULED_BESIDE_READY,),
+    ),
+    Mutation(
+        "claim_levels_end_at_a_parameter",
+        "the prepared claim of an idle worker runs its generic plan, not a new plan each time",
+        LEASE,
+        "    levels = _common.priority_levels()\n    max_priority = ",
+        "    levels = (  # MUTATION: the bound as generate_series' upper end\n"
+        '        sa.func.generate_series(0, sa.bindparam("max_priority", 9, sa.Integer))\n'
+        '        .table_valued("level")\n'
+        '        .render_derived(name="levels")\n'
+        "    )\n"
+        "    max_priority = ",
+        (CLAIM_GENERIC_PLAN,),
     ),
     Mutation(
         "listener_reconnect_poll",

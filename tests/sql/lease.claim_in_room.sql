@@ -1,6 +1,6 @@
 WITH picked AS MATERIALIZED
   (SELECT ready.id AS id
-   FROM generate_series(0, %(max_priority)s::INTEGER) AS levels(level)
+   FROM generate_series(0, 9) AS levels(level)
    JOIN LATERAL
      (SELECT jobs.id AS id
       FROM jobs
@@ -29,6 +29,7 @@ WITH picked AS MATERIALIZED
       ORDER BY jobs.run_at
       LIMIT %(limit)s::INTEGER
       FOR UPDATE SKIP LOCKED) AS ready ON true
+   WHERE levels.level <= %(max_priority)s::INTEGER
    LIMIT
      (SELECT greatest(%(greatest_2)s::INTEGER, least(%(limit)s::INTEGER, min(CASE
                                                                                  WHEN per_scope.paused THEN %(param_3)s::INTEGER

@@ -14,7 +14,7 @@ Here a child whose only dependency is the ended parent, which ended ``done`` (th
 does not run only on a failure), is released at once in the same statement, and its
 edge keeps ``parent_outcome`` NULL: no other parent can race for that child, so it needs
 no count, no row lock and no outcome. Readers take a NULL edge whose parent has ended
-(or is gone) as resolved (:mod:`sqla_jobs.sql.workflows`: the sweep, "waits on", a
+(or is gone) as resolved (``sqla_jobs.sql.workflows``: the sweep, "waits on", a
 retry's "has an open dependency"); an edge a retry reopens (NULL again) is open while
 its parent runs again, as before. Every other edge (a fan-in's, a failed or deleted
 parent's, an on-failure callback's) is written as before.
