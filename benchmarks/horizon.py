@@ -103,7 +103,7 @@ def _one_claim(url: str) -> str:
     as its other claims are made."""
     import run
 
-    from sqla_jobs.worker import _dispatcher
+    from sqla_jobs.worker import _floors
 
     sql, params = run._claim_sql()
     sql = sql.replace("'noop'", "'stamp'")
@@ -112,7 +112,7 @@ def _one_claim(url: str) -> str:
     with psycopg.connect(url) as conn:
         row = conn.execute(
             "SELECT max(run_at) - %s * interval '1 second' FROM jobs WHERE status = 'done'",
-            (_dispatcher.FLOOR_SLACK_SECONDS,),
+            (_floors.FLOOR_SLACK_SECONDS,),
         ).fetchone()
         floor = row[0] if row else None
         conn.execute("INSERT INTO jobs (kind, payload) VALUES ('stamp', '{}')")

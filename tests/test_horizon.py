@@ -20,12 +20,13 @@ from helpers import url_text
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
-from sqla_jobs import NewJob, WorkerConfig, Workflow, enqueue_many
+from sqla_jobs import NewJob, Registry, WorkerConfig, Workflow, enqueue_many
 from sqla_jobs.sql import lease
-from sqla_jobs.worker import _dispatcher
+from sqla_jobs.worker import _floors
 from sqla_jobs.worker._buffer import ThreadBuffer
 from sqla_jobs.worker._dispatcher import Dispatcher, Pool
 from sqla_jobs.worker._inflight import SYNC_POOL, Claimed, Inflight
+from sqla_jobs.worker._limits import Limits
 
 WORKER = "w:1"
 
@@ -115,10 +116,10 @@ def _run_jobs(engine: sa.Engine, pool: Pool, count: int) -> None:
                 worker=WORKER, lock_seconds=30, queues=["default"], kinds=["k"], limit=50
             )
             compiled = stmt.compile(dialect=conn.dialect)
-            params = {**compiled.params, "floors": pool.floor_values()}
+            params = {**compiled.params, "floors": pool.floors.values()}
             jobs = [Claimed(*row) for row in conn.exec_driver_sql(str(compiled), params)]
             assert len(jobs) == 50
-            pool.learn_floors(jobs)
+            pool.floors.learn(jobs)
             conn.execute(lease.complete(worker=WORKER, leases=[j.lease for j in jobs])).all()
 
 
@@ -136,7 +137,7 @@ def test_a_floored_claim_reads_the_same_buffers_however_many_jobs_ran_under_a_pi
         ran = count
         with engine.connect() as conn:
             conn.execute(sa.text("INSERT INTO jobs (kind, payload) VALUES ('k', '{}')"))
-            read[count] = (_claim_plan(conn, pool.floor_values()), _claim_plan(conn, None))
+            read[count] = (_claim_plan(conn, pool.floors.values()), _claim_plan(conn, None))
             conn.rollback()
     print(read)  # the evidence, with -s: {jobs run: (floored, from the start)}
     (floored_before, _), (floored_after, full_after) = read[200], read[3000]
@@ -166,16 +167,134 @@ def test_a_job_ready_below_the_floor_is_claimed_by_the_next_full_claim(
 
     first = enqueue()
     assert [j.id for j in dispatcher._claim_unlimited(pool, 4)] == [first]  # from the start
-    assert pool.floors
-    assert pool.full_claim_at <= time.monotonic() + _dispatcher.FULL_CLAIM_SECONDS
+    assert pool.floors.by_priority
+    assert pool.floors.full_claim_at <= time.monotonic() + _floors.FULL_CLAIM_SECONDS
     straggler = enqueue("now() - interval '1 hour'")
     fresh = enqueue()
-    pool.full_claim_at = time.monotonic() + 3600  # the test's pace, not the clock's
+    pool.floors.full_claim_at = time.monotonic() + 3600  # the test's pace, not the clock's
     assert [j.id for j in dispatcher._claim_unlimited(pool, 4)] == [fresh]  # floored
     # Short: the next full claim is on the timer, in case nothing else wakes the worker.
-    assert dispatcher._timers[0][0] == pool.full_claim_at
-    pool.full_claim_at = time.monotonic()  # due
+    assert dispatcher._timers[0][0] == pool.floors.full_claim_at
+    pool.floors.full_claim_at = time.monotonic()  # due
     assert [j.id for j in dispatcher._claim_unlimited(pool, 4)] == [straggler]
+
+
+def test_full_claims_come_less_often_as_they_cost_more_up_to_the_bound() -> None:
+    # The decision alone, on injected costs (no clock): a full claim reads the whole dead
+    # head of jobs_claim_idx, so its period grows with its cost to keep full claims
+    # under FULL_CLAIM_SHARE of the time, and stops at FULL_CLAIM_MAX_SECONDS, the
+    # longest a job ready below the floor waits for one.
+    period = _floors.full_claim_period
+    share, shortest = _floors.FULL_CLAIM_SHARE, _floors.FULL_CLAIM_SECONDS
+    longest = _floors.FULL_CLAIM_MAX_SECONDS
+    assert period(0.0) == period(0.012) == shortest  # a free horizon's, 12,000 dead entries
+    assert period(0.12) == pytest.approx(0.12 / share)  # 120,000: every 2.4 s, 5% of the time
+    assert shortest < period(0.12) < period(0.3) < longest
+    assert period(longest * share) == pytest.approx(longest)
+    assert period(5.0) == period(3600.0) == longest  # the bound holds whatever the cost
+    floors = _floors.Floors()
+    assert floors.full_due(0.0)  # the first claim is a full one
+    floors.full_claim_ran(100.0, 100.25)
+    assert (floors.full_claim_cost, floors.full_claim_at) == (0.25, 105.0)
+    assert not floors.full_due(104.9) and floors.full_due(105.0)
+    floors.full_claim_ran(105.0, 105.001)  # the horizon freed, vacuum ran: cheap again
+    assert floors.full_claim_at == 105.0 + shortest
+
+
+class _Clock:
+    """The dispatcher's clock for full claims, moved by the test."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_job_ready_below_the_floor_waits_at_most_the_bound_however_long_full_claims_take(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    # Full claims that take far longer than the share allows (a horizon pinned for
+    # hours): they come at most FULL_CLAIM_MAX_SECONDS apart, and a job committed below
+    # the floor meanwhile is claimed by the first one due. The clock is the test's: the
+    # first claim "takes" an hour.
+    config = WorkerConfig(database_url=url_text(db_url), concurrency=4, prefetch=0)
+    pool = Pool(SYNC_POOL, ("k",), 4, ThreadBuffer())
+    dispatcher = Dispatcher(
+        engine, config, ["k"], Inflight(on_room=lambda: None), ThreadBuffer(), [pool]
+    )
+    clock = dispatcher.clock = _Clock()
+    run_claim = dispatcher._run_claim
+
+    def slow_claim(*args: Any, **kwargs: Any) -> list[Claimed]:
+        found = run_claim(*args, **kwargs)
+        clock.now += cost
+        return found
+
+    dispatcher._run_claim = slow_claim  # type: ignore[method-assign]
+
+    def enqueue(run_at: str = "now()") -> int:
+        insert = f"INSERT INTO jobs (kind, payload, run_at) VALUES ('k', '{{}}', {run_at})"
+        with engine.begin() as conn:
+            return int(conn.execute(sa.text(insert + " RETURNING id")).scalar_one())
+
+    first, cost, started = enqueue(), 3600.0, clock.now
+    assert [j.id for j in dispatcher._claim_unlimited(pool, 4)] == [first]  # from the start
+    assert pool.floors.full_claim_cost == 3600.0
+    assert pool.floors.full_claim_at == started + _floors.FULL_CLAIM_MAX_SECONDS
+    cost = 0.0
+    clock.now = started + _floors.FULL_CLAIM_MAX_SECONDS - 0.5
+    straggler = enqueue("now() - interval '1 hour'")
+    fresh = enqueue()
+    assert [j.id for j in dispatcher._claim_unlimited(pool, 4)] == [fresh]  # floored
+    clock.now = started + _floors.FULL_CLAIM_MAX_SECONDS  # the bound: a full claim
+    assert [j.id for j in dispatcher._claim_unlimited(pool, 4)] == [straggler]
+
+
+def test_a_limited_kinds_job_ready_below_its_floor_is_claimed_by_its_next_full_claim(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    # A limited group's claims (sqla_jobs.worker._limits) start at the group's own
+    # floors as the dispatcher's do: a job ready below them is found by the group's next
+    # full claim, on the timer a short floored claim sets (it pokes the resting group).
+    registry = Registry()
+    registry.register("k", lambda session, payload: None, limit=10)
+    config = WorkerConfig(database_url=url_text(db_url), concurrency=4, worker_id=WORKER)
+    timers: list[float] = []
+    limits = Limits(
+        engine,
+        config.with_queues(("default",)),
+        registry,
+        Inflight(on_room=lambda: None),
+        timers.append,
+    )
+
+    def enqueue(run_at: str = "now()") -> int:
+        insert = f"INSERT INTO jobs (kind, payload, run_at) VALUES ('k', '{{}}', {run_at})"
+        with engine.begin() as conn:
+            return int(conn.execute(sa.text(insert + " RETURNING id")).scalar_one())
+
+    def claim() -> list[int]:
+        limits.poke()  # as a notification would: the group rests after a short claim
+        limits.refresh()
+        return [job.id for job in limits.claim(4, _no_rated_claims)]
+
+    first = enqueue()
+    assert claim() == [first]  # the group's first claim: from the start
+    (group,) = limits.groups
+    floors = limits._floors[group]
+    assert floors.by_priority
+    straggler = enqueue("now() - interval '1 hour'")
+    fresh = enqueue()
+    floors.full_claim_at = time.monotonic() + 3600  # the test's pace, not the clock's
+    assert claim() == [fresh]  # floored
+    assert timers == [floors.full_claim_at]  # short: the next full claim is on the timer
+    floors.full_claim_at = time.monotonic()  # due
+    assert claim() == [straggler]
+
+
+def _no_rated_claims(*args: Any, **kwargs: Any) -> list[Claimed]:
+    raise AssertionError("a concurrency-only group never takes the two-trip claim")
 
 
 @pytest.mark.parametrize("parents", [["a"], ["a", "c"]], ids=["released-alone", "fan-in"])

@@ -16,13 +16,14 @@ the newest ``run_at`` it claimed at that priority (``FLOOR_SLACK_SECONDS`` below
 at the start: while an application's transaction pins the MVCC horizon, the index
 entries of every job claimed since stay at the head of the index and a walk from the
 start reads past all of them, more with each job run (sqla_jobs.sql.lease._floor). A job
-can be ready below the floor: one committed late with an older ``run_at`` (a long
-producer transaction, ``run_at=`` in the past), one given back by a stopping worker,
-one skipped while another worker held its lock and then released. At least every
-``FULL_CLAIM_SECONDS`` the claim walks from the start (a full claim): such a job waits
-at most that much longer than it would have, given a free slot (when a floored claim
-comes back short, a timer makes sure that full claim happens even if nothing else
-wakes the worker), and is then claimed in priority order like any other.
+can be ready below the floor (committed late with an older ``run_at``, given back by a
+stopping worker): a claim from the start (a full claim) finds it, and is then claimed
+in priority order like any other. Full claims come ``FULL_CLAIM_SECONDS`` (1 s) apart
+while they are cheap, further apart as they cost more, so they take at most
+``FULL_CLAIM_SHARE`` (5%) of the time, and never more than ``FULL_CLAIM_MAX_SECONDS``
+(10 s) apart: the longest such a job waits, given a free slot (see
+``sqla_jobs.worker._floors``). When a floored claim comes back short, a timer makes
+sure that full claim happens even if nothing else wakes the worker.
 
 Each pool of handler slots (the handler threads for ``def`` handlers, the event loop
 for ``async def`` ones) has its own buffer, its own pace and its own claim, of its own
@@ -40,9 +41,8 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 import sqlalchemy as sa
@@ -53,6 +53,7 @@ from sqla_jobs.config import WorkerConfig
 from sqla_jobs.sql import lease, locks
 from sqla_jobs.worker import _connlost, _db
 from sqla_jobs.worker._buffer import Waiting
+from sqla_jobs.worker._floors import Floors
 from sqla_jobs.worker._inflight import SYNC_POOL, Claimed, Inflight
 from sqla_jobs.worker._limits import Limits
 
@@ -81,19 +82,6 @@ IDLE_RECHECK_SECONDS = 0.05
 #: sets (see _look_for_next_due): the claim compares with the server's clock, and a
 #: timer that fires first finds nothing.
 DUE_MARGIN_SECONDS = 0.001
-#: A pool's claim starts its walk of each priority this far below the newest ``run_at``
-#: it claimed there (see the module's docstring): jobs enqueued with a ``run_at`` up to
-#: this much older than ones already claimed (producers' transactions committing out
-#: of order) are still claimed at once; the dead entries walked past are those of the
-#: jobs claimed in this span (rate x span), not of all claimed since the horizon was
-#: pinned.
-FLOOR_SLACK_SECONDS = 1.0
-#: At least this often a pool's claim walks each priority from the start, so a job
-#: ready below the floor waits at most this long (plus a claim, given a free slot). Each
-#: full walk reads every dead entry at the head of the index while the horizon is
-#: pinned: the bigger, the cheaper the pinned case, the later such a job.
-FULL_CLAIM_SECONDS = 1.0
-FLOOR_SLACK = timedelta(seconds=FLOOR_SLACK_SECONDS)
 #: A round that filed jobs and found nothing more ready puts off its look for the next
 #: due time (see _loop) until the next round that files nothing, or this long at most:
 #: done at once, its statement and its Python ran on the dispatcher's thread just as the
@@ -136,30 +124,8 @@ class Pool:
     # The last claim came back full: claim again at this (monotonic) time whatever the
     # room (BUSY_LOOK_SECONDS); 0.0: not busy.
     look_at: float = 0.0
-    # Per priority: where its claims start in run_at (sqla_jobs.sql.lease._floor), the
-    # newest run_at claimed there minus FLOOR_SLACK_SECONDS; empty: from the start.
-    floors: dict[int, datetime] = field(default_factory=dict)
-    # The next claim from the start (FULL_CLAIM_SECONDS), monotonic; and the one a
-    # timer was set for (see Dispatcher._claim_unlimited).
-    full_claim_at: float = 0.0
-    full_claim_timer: float = 0.0
-
-    def floor_values(self) -> list[datetime | None] | None:
-        """The ``floors`` parameter of the claim: one per level, None for no floor."""
-        if not self.floors:
-            return None
-        levels = range(validation.MIN_PRIORITY, validation.MAX_PRIORITY + 1)
-        return [self.floors.get(level) for level in levels]
-
-    def learn_floors(self, jobs: list[Claimed]) -> None:
-        """Raise each priority's floor to just below the newest run_at claimed there."""
-        for job in jobs:
-            if job.run_at is None:
-                continue
-            floor = job.run_at - FLOOR_SLACK
-            current = self.floors.get(job.priority)
-            if current is None or floor > current:
-                self.floors[job.priority] = floor
+    # Where its claims start in jobs_claim_idx, and when one walks it from the start.
+    floors: Floors = field(default_factory=Floors)
 
     def job_took(self, seconds: float) -> None:
         """A handler ran for ``seconds``: the pace the buffer is sized from."""
@@ -203,6 +169,9 @@ class Dispatcher:
                     max_attempts=max_attempts,
                 ),
             )
+        #: The clock that times full claims and says when the next is due (monotonic;
+        #: replaced by tests to stand for a full claim's cost).
+        self.clock: Callable[[], float] = time.monotonic
         self._wake = threading.Event()
         self._woken = False  # a wake-up that may bring jobs (not only a freed slot)
         self._timer_fired = False  # a timer that may bring jobs came due (see _loop)
@@ -529,22 +498,22 @@ class Dispatcher:
         urgent, into the ledger."""
         sql, params = pool.claim_sql
         since = time.monotonic()
-        # From the start at least every FULL_CLAIM_SECONDS, else from each priority's
-        # floor (see the module's docstring).
-        full = since >= pool.full_claim_at
-        floors = None if full else pool.floor_values()
+        # From the start when one is due (full_claim_period), else from each priority's
+        # floor (see the module's docstring). Only a claim of every priority counts as
+        # the full claim: a look for more urgent jobs walks some of them.
+        every = max_priority == validation.MAX_PRIORITY
+        full = limit > 0 and every and pool.floors.full_due(self.clock())
+        floors = None if full else pool.floors.values()
         values = {**params, "max_priority": max_priority, "floors": floors}
         # Alone in autocommit mode: one statement, one round trip (sql.lease.claim).
         with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            started = self.clock()  # the claim's own time, not the pool's checkout
             jobs = self._run_claim(conn, (sql, values), limit)
-        if floors is None:
-            pool.full_claim_at = since + FULL_CLAIM_SECONDS
-        elif len(jobs) < limit and pool.full_claim_timer != pool.full_claim_at:
-            # Short: a job may be ready below a floor. An idle worker may get no other
-            # wake-up, so one is set for the next full claim.
-            pool.full_claim_timer = pool.full_claim_at
-            self.wake_at(pool.full_claim_at)
-        pool.learn_floors(jobs)
+        if full:
+            pool.floors.full_claim_ran(started, self.clock())
+        elif len(jobs) < limit and (when := pool.floors.timer_for_full_claim()) is not None:
+            self.wake_at(when)  # short: a job may be ready below a floor
+        pool.floors.learn(jobs)
         self.ledger.add(jobs, pool.number, since)
         return jobs
 

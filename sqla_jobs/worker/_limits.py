@@ -25,6 +25,13 @@ workers leave it room (a *reserve*, sized to about ``RESERVE_AHEAD_SECONDS``
 of its jobs) and start them through the worker's *gate*, as its own jobs end: see
 "reserves" below for why the limit still holds.
 
+Each group's claim starts each priority's walk of ``jobs_claim_idx`` at the group's own
+floors, with a full claim from the start when one is due, as the dispatcher's claims do
+(``sqla_jobs.worker._floors``: a job ready below a floor waits at most
+``FULL_CLAIM_MAX_SECONDS`` for it). A floor only narrows which queued rows the claim
+looks at: the room it may take (the limit minus the running rows, under the scopes'
+locks) is computed from the same statements as without one, so the limit holds alike.
+
 Which groups exist is read from ``jobs_controls`` at most every
 ``REFRESH_SECONDS``; a stale view can only delay a claim: the claim's SQL still
 refuses a paused or limited scope it does not hold the lock of.
@@ -47,6 +54,7 @@ from sqla_jobs.config import WorkerConfig
 from sqla_jobs.sql import control, lease
 from sqla_jobs.tasks import Registry
 from sqla_jobs.worker import _db
+from sqla_jobs.worker._floors import Floors
 from sqla_jobs.worker._inflight import KIND, QUEUE, SYNC_POOL, Claimed, Inflight
 
 log = logging.getLogger("sqla_jobs.worker")
@@ -188,6 +196,7 @@ class Limits:
         self._tried_at = 0.0
         self._known: dict[tuple[str, str], int] = {}  # last concurrency limits read
         self._empty: dict[Group, float] = {}  # groups with nothing ready, until then
+        self._floors: dict[Group, Floors] = {}  # where each group's claims start
         self._rated: set[Group] = set()  # groups with a rate limit, last we looked
         # Jobs claimed beyond a single-scope group's gate, held back (see _release), and
         # when the group's limits were last read (a reserve is started from only while
@@ -357,24 +366,46 @@ class Limits:
         # This worker's own jobs of the group's scopes, read once: the room the claim
         # computes and the room computed here must agree.
         mine = {scope: self.ledger.holding(scope, name) for scope, name in group.scopes}
+        floors = self._floors.setdefault(group, Floors())
         if group not in self._rated:
             since = time.monotonic()  # the claims' leases run from here at the latest
-            rows, room, found = self._claim_in_one_trip(group, free, mine)
+            full = floors.full_due(since)
+            rows, room, found = self._claim_in_one_trip(
+                group, free, mine, None if full else floors.values()
+            )
             trip = time.monotonic() - since
             self._claim_seconds = 0.8 * self._claim_seconds + 0.2 * trip
             if found or not _rates(rows):
+                self._walked(floors, full, since, room, found)
                 return started + self._claimed(group, rows, room, found, since)
             # A rate was set since we last looked (the claim took nothing): claim again
             # the way that records starts.
             self._rated.add(group)
         since = time.monotonic()
-        rows, room, found = self._claim_counting_starts(group, free, mine, run)
+        full = floors.full_due(since)
+        rows, room, found = self._claim_counting_starts(
+            group, free, mine, run, None if full else floors.values()
+        )
         if not _rates(rows):
             self._rated.discard(group)
+        self._walked(floors, full, since, room, found)
         return started + self._claimed(group, rows, room, found, since)
 
+    def _walked(
+        self, floors: Floors, full: bool, since: float, room: Room, found: list[Claimed]
+    ) -> None:
+        """After a group's claim: its floors, and its next full claim (see _floors)."""
+        if room.size > 0:  # a claim of no room walks nothing
+            if full:
+                floors.full_claim_ran(since, time.monotonic())
+            elif len(found) < room.size and (when := floors.timer_for_full_claim()) is not None:
+                # Short: a job may be ready below a floor, and the group now rests
+                # (_claimed) until a wake-up: this one pokes it.
+                self.wake_at(when)
+        floors.learn(found)
+
     def _claim_in_one_trip(
-        self, group: Group, free: int, mine: dict[str, int]
+        self, group: Group, free: int, mine: dict[str, int], floors: list[Any] | None
     ) -> tuple[list[Any], Room, list[Claimed]]:
         """Locks, capacity, the claim (of the room it computes itself) and the commit,
         pipelined: one round trip. Claims nothing of a rate-limited scope."""
@@ -386,6 +417,7 @@ class Limits:
             "mine_kind": mine.get(control.KIND, 0),
             "mine_queue": mine.get(control.QUEUE, 0),
             "reserve": reserve,
+            "floors": floors,
         }
         with self.engine.begin() as conn:
             rows, found, after = _db.pipelined(
@@ -400,7 +432,12 @@ class Limits:
         return rows, room, [Claimed(*r) for r in found]
 
     def _claim_counting_starts(
-        self, group: Group, free: int, mine: dict[str, int], run: Callable[..., list[Claimed]]
+        self,
+        group: Group,
+        free: int,
+        mine: dict[str, int],
+        run: Callable[..., list[Claimed]],
+        floors: list[Any] | None,
     ) -> tuple[list[Any], Room, list[Claimed]]:
         """Locks and capacity (one round trip), then the claim of the room left and, for
         each rate-limited scope, one row of starts (another)."""
@@ -416,7 +453,8 @@ class Limits:
             )
             room = self._room(rows, free, mine)
             # Without starts to record, the claim and the commit go in one round trip.
-            found = run(conn, sql.claim, room.size, commit=not room.rated) if room.size > 0 else []
+            claim = (sql.claim[0], {**sql.claim[1], "floors": floors})
+            found = run(conn, claim, room.size, commit=not room.rated) if room.size > 0 else []
             if found:
                 for scope, name, window in room.rated:
                     conn.execute(control.record_starts(scope=scope, name=name, count=len(found)))

@@ -300,6 +300,17 @@ RELEASED_STEP = "tests/test_horizon.py::" + (
 FLOOR_STRAGGLER = (
     "tests/test_horizon.py::test_a_job_ready_below_the_floor_is_claimed_by_the_next_full_claim"
 )
+LIMITED_FLOOR_STRAGGLER = (
+    "tests/test_horizon.py::"
+    "test_a_limited_kinds_job_ready_below_its_floor_is_claimed_by_its_next_full_claim"
+)
+FULL_CLAIM_BOUND = (
+    "tests/test_horizon.py::"
+    "test_a_job_ready_below_the_floor_waits_at_most_the_bound_however_long_full_claims_take"
+)
+FULL_CLAIM_PERIOD = (
+    "tests/test_horizon.py::test_full_claims_come_less_often_as_they_cost_more_up_to_the_bound"
+)
 ASYNC = f"{REL}/test_async_handlers.py"
 ASYNC_KILL_STORM = f"{ASYNC}::test_kill_storm_of_async_workers_loses_no_job_and_doubles_no_effect"
 ASYNC_STALE = f"{ASYNC}::test_stale_async_worker_resumed_after_takeover_is_fenced_and_rolls_back"
@@ -324,6 +335,7 @@ CONTROL_SQL = "sqla_jobs/sql/control.py"
 PERIODIC_SQL = "sqla_jobs/sql/periodic.py"
 PERIODIC = "sqla_jobs/periodic.py"
 LIMITS = "sqla_jobs/worker/_limits.py"
+FLOORS = "sqla_jobs/worker/_floors.py"
 COMPLETER = "sqla_jobs/worker/_completer.py"
 CONTROL = "sqla_jobs/control.py"
 ASYNC_EXECUTOR = "sqla_jobs/worker/_async_executor.py"
@@ -1856,11 +1868,36 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "claim_floor_never_falls_back",
-        "a job ready below the claim's floor is claimed by the next full claim (dispatcher)",
-        DISPATCHER,
-        "        full = since >= pool.full_claim_at\n",
-        "        full = not pool.floors  # MUTATION\n",
-        (FLOOR_STRAGGLER,),
+        "a job ready below the claim's floor is claimed by the next full claim (floors)",
+        FLOORS,
+        "        return now >= self.full_claim_at\n",
+        "        return not self.by_priority  # MUTATION\n",
+        (FLOOR_STRAGGLER, LIMITED_FLOOR_STRAGGLER),
+    ),
+    Mutation(
+        "full_claim_period_uncapped",
+        "a job ready below the floor waits at most FULL_CLAIM_MAX_SECONDS for a full claim",
+        FLOORS,
+        "    return min(FULL_CLAIM_MAX_SECONDS,"
+        " max(FULL_CLAIM_SECONDS, cost / FULL_CLAIM_SHARE))\n",
+        "    return max(FULL_CLAIM_SECONDS, cost / FULL_CLAIM_SHARE)  # MUTATION\n",
+        (FULL_CLAIM_BOUND, FULL_CLAIM_PERIOD),
+    ),
+    Mutation(
+        "limited_claim_from_the_head",
+        "a limited group's claim starts at the group's floors (limits)",
+        LIMITS,
+        '            "floors": floors,\n',
+        '            "floors": None,  # MUTATION\n',
+        (LIMITED_FLOOR_STRAGGLER,),
+    ),
+    Mutation(
+        "limited_full_claim_without_timer",
+        "a limited group's short floored claim sets the timer of its next full claim",
+        LIMITS,
+        "                self.wake_at(when)\n",
+        "                pass  # MUTATION\n",
+        (LIMITED_FLOOR_STRAGGLER,),
     ),
     Mutation(
         "released_step_keeps_old_run_at",
