@@ -40,6 +40,7 @@ from reliability.support import (
     stop_all,
 )
 from sqla_jobs import NewJob, enqueue, enqueue_many
+from sqla_jobs.worker import _floors
 
 pytestmark = [
     pytest.mark.reliability,
@@ -78,7 +79,16 @@ def _done(engine: sa.Engine, job_id: int | None) -> bool:
     return bool(scalar(engine, "SELECT status::text FROM jobs WHERE id = :i", i=job_id) == "done")
 
 
+def _after_the_full_claim() -> None:
+    """Let the worker's last full claim pass: a floored claim that came back short
+    after a job sets a timer for a claim from the start about FULL_CLAIM_SECONDS later
+    (sqla_jobs.worker._floors), and a job enqueued before it would be found by that
+    claim, not by a notification."""
+    time.sleep(_floors.FULL_CLAIM_SECONDS * 2)
+
+
 def _picked_by_notification(engine: sa.Engine, what: str) -> float:
+    _after_the_full_claim()
     with Session(engine) as s:
         job_id = enqueue(s, "work", {})
         s.commit()
@@ -400,6 +410,7 @@ def test_a_dead_listen_socket_is_noticed_by_the_probe_and_the_worker_claims_at_o
             wait_for(lambda: _listeners(engine), message="listener up")
             before = _picked_by_notification(engine, "a job before the fault")
             (port,) = _listeners(engine)
+            _after_the_full_claim()  # the job below must wait for the probe, not a claim
             proxy.black_hole_link(port)
             with Session(engine) as s:
                 job_id = enqueue(s, "work", {})
