@@ -6,7 +6,8 @@ not move with the load:
 
 * ``release``: the parent's done-mark, whose trigger releases the ``N`` children
   (``jobs_workflow_resolve``), in a scratch database migrated to ``0019`` (the function
-  of revision 0014 as 0019 left it, which writes every edge) and in one migrated to head
+  of revision 0014 as 0019 left it, which writes every edge; the fan-out is written at
+  head, then the schema downgraded) and in one migrated to head
   (revision 0020: a child whose only dependency ended done is released without writing
   its edge),
   in turn: wall ms, the backend's CPU ms (``/proc/<pid>/stat``: the server runs on this
@@ -33,6 +34,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
+import sqlalchemy as sa
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -41,7 +43,7 @@ import run  # noqa: E402
 from _db import scratch_database  # noqa: E402
 from sqlalchemy.orm import Session  # noqa: E402
 
-from sqla_jobs import NewJob, Workflow, enqueue_many, testing  # noqa: E402
+from sqla_jobs import NewJob, Workflow, config, enqueue_many, migrations, testing  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 #: The revision whose release function writes every edge (0014's), and head.
@@ -59,10 +61,23 @@ def _cpu_ms(pid: int) -> float:
 
 
 @contextmanager
-def _database(revision: str) -> Iterator[str]:
+def _database() -> Iterator[str]:
     with scratch_database("bench_fan_out") as url:
-        testing.migrate(url, revision)
+        testing.migrate(url, "heads")
         yield url
+
+
+def _downgrade(url: str, revision: str) -> None:
+    # The jobs are written by this code (at head), then the schema goes back to the
+    # revision compared: the rows stay, the functions and triggers become that revision's.
+    if revision == "heads":
+        return
+    engine = sa.create_engine(config.database_url(url), poolclass=sa.NullPool)
+    try:
+        with engine.connect() as conn:
+            migrations.downgrade(conn, revision)
+    finally:
+        engine.dispose()
 
 
 def _fan_out(url: str, n: int) -> int:
@@ -77,8 +92,9 @@ def _fan_out(url: str, n: int) -> int:
 
 
 def release(revision: str, n: int) -> dict[str, float]:
-    with _database(revision) as url:
+    with _database() as url:
         root = _fan_out(url, n)
+        _downgrade(url, revision)
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
             conn.execute("VACUUM ANALYZE jobs")
@@ -115,13 +131,14 @@ def _release_again_if_recycled(revision: str, n: int, tries: int = 3) -> dict[st
 
 
 def done_marks(shape: str, n: int) -> float:
-    with _database("0020_fan_out_release" if shape.endswith("0020") else "heads") as url:
+    with _database() as url:
         if shape == "independent":
             with run._engine(url) as engine, Session(engine) as s:
                 enqueue_many(s, [NewJob("noop") for _ in range(n)])
                 s.commit()
         else:
             root = _fan_out(url, n)
+            _downgrade(url, "0020_fan_out_release" if shape.endswith("0020") else "heads")
             with psycopg.connect(url, autocommit=True) as conn:
                 conn.execute(END_ROOT, (root,))
         with psycopg.connect(url, autocommit=True) as conn:
