@@ -33,7 +33,9 @@ each ``ALTER`` and the trigger swap (one transaction, the old trigger dropped an
 new created: no statement runs between without one) wait at most ``LOCK_TIMEOUT``.
 Deploy order: pre-deploy (new code writes the columns). Code built before it keeps
 working: its steps have ``workflow_leaf`` NULL and are listed as before; an append by
-such code after a leaf written by new code leaves that edge to the sweep.
+such code after a leaf written by new code leaves that edge to the sweep. An archive
+statement written by hand that lists ``jobs_archive``'s columns and selects ``moved.*``
+needs ``workflow_leaf`` after ``step`` (docs/operations.md shows it).
 
 Downgrade: the trigger without the leaf test is put back, the deferred trigger, its
 function and the columns are dropped.
