@@ -221,6 +221,10 @@ class Job(Base):
     # Revision 0014 (workflows): the workflow a step belongs to, and its name in it.
     workflow_id: Mapped[uuid.UUID | None] = mapped_column(sa.Uuid)
     step: Mapped[str | None] = mapped_column(sa.Text)
+    # Revision 0021: true when no step depends on this one (its end resolves nothing, so
+    # the row trigger does not list it); NULL (outside workflows, or written before
+    # 0021): it may have dependents.
+    workflow_leaf: Mapped[bool | None] = mapped_column(sa.Boolean)
 
     __table_args__ = (
         sa.CheckConstraint(
@@ -393,6 +397,7 @@ class JobArchive(Base):
     tags: Mapped[list[str] | None] = mapped_column(ARRAY(sa.Text))
     workflow_id: Mapped[uuid.UUID | None] = mapped_column(sa.Uuid)
     step: Mapped[str | None] = mapped_column(sa.Text)
+    workflow_leaf: Mapped[bool | None] = mapped_column(sa.Boolean)
     archived_at: Mapped[datetime] = mapped_column(
         sa.DateTime(timezone=True), server_default=_statement_time()
     )
@@ -582,6 +587,9 @@ class WorkflowEdge(Base):
     workflow_id: Mapped[uuid.UUID] = mapped_column(sa.Uuid)
     requires: Mapped[str] = mapped_column(sa.Text)
     parent_outcome: Mapped[str | None] = mapped_column(sa.Text)
+    #: Revision 0021: true when an append named a step that existed before it (the
+    #: parent may be a leaf: a deferred trigger clears its ``workflow_leaf``).
+    appended: Mapped[bool | None] = mapped_column(sa.Boolean)
 
     __table_args__ = (
         sa.CheckConstraint(

@@ -50,6 +50,18 @@ test and one call of the statement trigger per ``UPDATE``/``DELETE`` statement (
 reads one setting and returns); ``benchmarks/workflows.py`` measures both against a
 table without the triggers.
 
+*A leaf ends without the row trigger's work.* A step no other step depends on (each of a
+fan-out's children) has no edge to resolve: ``enqueue`` writes ``workflow_leaf`` true
+on it, and the row trigger's ``WHEN`` skips it (revision 0021; NULL, on older rows,
+reads as "may have dependents"). An append whose ``after`` names an existing step marks
+that edge ``appended``; a deferred trigger on it, at the append's commit, clears the
+parent's ``workflow_leaf`` (its done-mark is listed from then on) and resolves the
+parent if it ended meanwhile: in the append's own transaction (a step that appends
+after itself, then is marked done), or in one that committed while the append was
+open. Deferred, the parent's row is locked only during the commit, not while the rest
+of a handler runs (its heartbeat writes that row); a done-mark of the parent still open
+at that moment makes the commit wait for it, and is then resolved by the append.
+
 *Two parents ending at once.* Under READ COMMITTED two transactions each ending one of
 the last two parents could each see the other's edge still open, and neither would
 release the child. So a transaction that may be among the last locks the child
@@ -333,6 +345,10 @@ class Workflow:
         return order
 
     def _rows(self, order: Sequence[str]) -> str:
+        # A step no other step of this workflow names: its end resolves nothing, so its
+        # done-mark is not listed by the row trigger (revision 0021). A later append
+        # after it clears that (see insert_edges).
+        parents = {dep for s in self._steps.values() for dep in s.after}
         rows = []
         for name in order:
             step = self._steps[name]
@@ -342,6 +358,7 @@ class Workflow:
                 "k": job.kind,
                 "p": json.loads(job.payload_json),
                 "w": bool(step.after),
+                "l": name not in parents,
             }
             if job.queue is not None:
                 row["q"] = job.queue
@@ -365,10 +382,16 @@ class Workflow:
             rows.append(row)
         return json.dumps(rows)
 
-    def _edges(self, ids: Mapping[str, int]) -> str:
+    def _edges(self, ids: Mapping[str, int], existing: Mapping[str, int]) -> str:
+        # "a": the parent existed before this append, and may be a leaf.
         return json.dumps(
             [
-                {"c": ids[s.name], "p": ids[dep], "r": s.when}
+                {
+                    "c": ids[s.name],
+                    "p": ids[dep],
+                    "r": s.when,
+                    **({"a": True} if dep in existing else {}),
+                }
                 for s in self._steps.values()
                 for dep in s.after
             ]
@@ -395,7 +418,7 @@ class Workflow:
         if any(s.after for s in self._steps.values()):
             conn.execute(
                 workflows_sql.insert_edges(),
-                {"rows": self._edges({**existing, **ids}), "workflow_id": workflow_id},
+                {"rows": self._edges({**existing, **ids}, existing), "workflow_id": workflow_id},
             )
         earlier = sorted(
             {existing[d] for s in self._steps.values() for d in s.after if d in existing}

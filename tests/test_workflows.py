@@ -1113,6 +1113,70 @@ def test_steps_appended_to_a_running_workflow_wait_for_its_steps_or_run_at_once(
     assert statuses(flow_engine, ids)["after_b"] == "queued"
 
 
+def leaves(engine: sa.Engine, ids: WorkflowIds) -> dict[str, bool | None]:
+    found = rows(engine, "SELECT step, workflow_leaf FROM jobs WHERE workflow_id = :w", w=ids.id)
+    return {r.step: r.workflow_leaf for r in found}
+
+
+def test_a_step_no_step_depends_on_is_a_leaf_until_a_step_is_appended_after_it(
+    flow_engine: sa.Engine,
+) -> None:
+    # A leaf's done-mark is not listed by the row trigger (revision 0021): nothing to
+    # resolve. A step that is anyone's parent never is one.
+    flow = fan_out(2)
+    flow.add("c", "flow.step", after="b0")
+    ids = enqueue(flow_engine, flow)
+    assert leaves(flow_engine, ids) == {"a": False, "b0": False, "b1": True, "c": True}
+    more = Workflow(registry=registry, append_to=ids.id)
+    more.add("d", "flow.step", after="b1")
+    more.add("e", "flow.step", after="d")
+    added = enqueue(flow_engine, more)
+    assert leaves(flow_engine, added) == {
+        **{"a": False, "b0": False, "c": True},
+        **{"b1": False, "d": False, "e": True},
+    }
+
+
+def test_a_step_appended_by_a_leaf_after_itself_is_released_by_its_done_mark(
+    flow_engine: sa.Engine,
+) -> None:
+    # The handler's transaction appends after its own step, then the worker marks that
+    # step done in the same transaction: the done-mark found a leaf (not listed), and the
+    # append's deferred trigger resolves it at commit.
+    ids = enqueue(flow_engine, fan_out(1))
+    end_steps(flow_engine, "id = :id", "1 second", id=ids["a"])
+    claim_step(flow_engine, ids["b0"])
+    with flow_engine.begin() as conn:
+        more = Workflow(registry=registry, append_to=ids["b0"])
+        more.add("next", "flow.step", after="b0")
+        more.enqueue(conn)
+        done = conn.execute(lease.complete_one(worker="w1", job_id=ids["b0"], attempt=1))
+        assert done.rowcount == 1
+    assert statuses(flow_engine, ids) == {"a": "done", "b0": "done", "next": "queued"}
+
+
+def test_a_step_appended_after_a_leaf_that_ended_meanwhile_is_released_at_commit(
+    flow_engine: sa.Engine,
+) -> None:
+    # The leaf's done-mark (not listed: a leaf) commits after the append read it running
+    # and before the append commits: the append's commit resolves it, not the sweep.
+    ids = enqueue(flow_engine, fan_out(1))
+    end_steps(flow_engine, "id = :id", "1 second", id=ids["a"])
+    claim_step(flow_engine, ids["b0"])
+    with flow_engine.connect() as worker, flow_engine.connect() as appender:
+        done = worker.execute(lease.complete_one(worker="w1", job_id=ids["b0"], attempt=1))
+        assert done.rowcount == 1
+        more = Workflow(registry=registry, append_to=ids.id)
+        more.add("next", "flow.step", after="b0")
+        more.enqueue(appender)
+        worker.commit()
+        waits = sa.text("SELECT status::text FROM jobs WHERE workflow_id = :w AND step = 'next'")
+        assert appender.execute(waits, {"w": ids.id}).scalar() == "waiting"
+        appender.commit()
+    assert statuses(flow_engine, ids) == {"a": "done", "b0": "done", "next": "queued"}
+    assert leaves(flow_engine, ids)["b0"] is False
+
+
 def test_appending_checks_names_against_the_existing_workflow(flow_engine: sa.Engine) -> None:
     ids = enqueue(flow_engine, fan_in(1))
     with Session(flow_engine) as s:

@@ -33,7 +33,8 @@ def insert_steps() -> sa.Insert:
     """Insert a workflow's steps from one JSON array; RETURNING ``id, step``.
 
     Parameters: ``workflow_id`` and ``rows``, a JSON array of objects with ``s`` (step
-    name), ``k``, ``p``, ``w`` (true: the step waits for dependencies) and the optional
+    name), ``k``, ``p``, ``w`` (true: the step waits for dependencies), ``l`` (true: no
+    step depends on it, revision 0021's ``workflow_leaf``) and the optional
     ``q``, ``pr``, ``m``, ``at``, ``d``, ``t``, ``mt``, ``tg`` of
     ``sqla_jobs.sql.enqueue.insert_jobs_json``.
     No idempotency key: a step skipped by a conflict would leave a hole in the graph.
@@ -45,6 +46,7 @@ def insert_steps() -> sa.Insert:
             sa.column("k", sa.Text),
             sa.column("p", JSONB),
             sa.column("w", sa.Boolean),
+            sa.column("l", sa.Boolean),
             sa.column("q", sa.Text),
             sa.column("pr", sa.SmallInteger),
             sa.column("m", sa.Integer),
@@ -68,6 +70,7 @@ def insert_steps() -> sa.Insert:
         "status",
         "workflow_id",
         "step",
+        "workflow_leaf",
         "meta",
         "tags",
     ]
@@ -82,6 +85,7 @@ def insert_steps() -> sa.Insert:
         sa.case((c.w, _common.status(JobStatus.WAITING)), else_=_common.status(JobStatus.QUEUED)),
         sa.bindparam("workflow_id", type_=sa.Uuid),
         c.s,
+        c.l,
         c.mt,
         c.tg,
     ]
@@ -90,17 +94,28 @@ def insert_steps() -> sa.Insert:
 
 def insert_edges() -> sa.Insert:
     """Insert edges from one JSON array of ``{"c": child_id, "p": parent_id, "r": requires}``
-    (parameters ``rows`` and ``workflow_id``)."""
+    and, on an edge from a step that existed before this append, ``"a": true``
+    (parameters ``rows`` and ``workflow_id``).
+
+    An appended edge's parent may be a leaf (``workflow_leaf``, which its done-mark's
+    trigger does not list): a deferred trigger (revision 0021) clears that at commit and
+    resolves the parent if it ended meanwhile.
+    """
     rows = (
         sa.func.jsonb_to_recordset(sa.cast(sa.bindparam("rows", type_=sa.Text), JSONB))
         .table_valued(
-            sa.column("c", sa.BigInteger), sa.column("p", sa.BigInteger), sa.column("r", sa.Text)
+            sa.column("c", sa.BigInteger),
+            sa.column("p", sa.BigInteger),
+            sa.column("r", sa.Text),
+            sa.column("a", sa.Boolean),
         )
         .render_derived(name="edges", with_types=True)
     )
     return pg_insert(workflow_edges).from_select(
-        ["child_id", "parent_id", "workflow_id", "requires"],
-        sa.select(rows.c.c, rows.c.p, sa.bindparam("workflow_id", type_=sa.Uuid), rows.c.r),
+        ["child_id", "parent_id", "workflow_id", "requires", "appended"],
+        sa.select(
+            rows.c.c, rows.c.p, sa.bindparam("workflow_id", type_=sa.Uuid), rows.c.r, rows.c.a
+        ),
     )
 
 

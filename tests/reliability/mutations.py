@@ -69,6 +69,14 @@ FLOORS_ARCHIVE = _FLOORS + (
 )
 FLOORS_NO_JIT = _FLOORS + "test_archive_and_prune_batches_are_never_jit_compiled"
 FLOW_RELEASED_ALONE = _FLOWS + ("test_a_fan_outs_children_are_released_without_writing_their_edges")
+FLOW_APPENDED = _FLOWS + (
+    "test_steps_appended_to_a_running_workflow_wait_for_its_steps_or_run_at_once"
+)
+FLOW_LEAVES = _FLOWS + "test_a_step_no_step_depends_on_is_a_leaf_until_a_step_is_appended_after_it"
+FLOW_LEAF_SELF = _FLOWS + "test_a_step_appended_by_a_leaf_after_itself_is_released_by_its_done_mark"
+FLOW_LEAF_MEANWHILE = _FLOWS + (
+    "test_a_step_appended_after_a_leaf_that_ended_meanwhile_is_released_at_commit"
+)
 FLOW_APPEND_WHILE_ARCHIVING = _FLOWS + (
     "test_a_step_appended_while_the_archiver_runs_keeps_its_workflow_whole"
 )
@@ -342,6 +350,8 @@ ASYNC_EXECUTOR = "sqla_jobs/worker/_async_executor.py"
 #: The release function as it runs now (revision 0020 replaced 0014's and 0019's).
 RESOLVE_MIGRATION = "sqla_jobs/migrations/versions/0020_fan_out_release.py"
 ADMIN_SQL = "sqla_jobs/sql/admin.py"
+#: Leaf steps and the deferred trigger of an appended edge (revision 0021).
+LEAF_MIGRATION = "sqla_jobs/migrations/versions/0021_leaf_steps.py"
 
 
 def _drop_from_fence(call: str, *words: str) -> str:
@@ -1439,6 +1449,31 @@ MUTATIONS: list[Mutation] = [
         "                .filter(parent.c.status.not_in(_statuses(*models.FINISHED_STATUSES))),\n",
         "                ,\n",
         (FLOW_RELEASED_ALONE,),
+    ),
+    Mutation(
+        "workflow_parent_is_never_a_leaf",
+        "a step another step depends on is listed when it ends (workflow_leaf false)",
+        "sqla_jobs/workflows.py",
+        '                "l": name not in parents,\n',
+        '                "l": True,  # MUTATION\n',
+        (FLOW_FAN_IN, FLOW_LEAVES),
+    ),
+    Mutation(
+        "workflow_append_clears_the_leaf",
+        "a step appended after a leaf is released when that leaf ends later",
+        LEAF_MIGRATION,
+        "  UPDATE jobs SET workflow_leaf = false WHERE id = NEW.parent_id AND workflow_leaf;\n",
+        "",
+        (FLOW_APPENDED, FLOW_LEAVES),
+    ),
+    Mutation(
+        "workflow_append_resolves_an_ended_leaf_at_commit",
+        "a step appended after a leaf that ended in the append's transaction, or while it "
+        "was open, is released at the append's commit",
+        LEAF_MIGRATION,
+        "  PERFORM jobs_workflow_resolve(ARRAY[NEW.parent_id]);\n",
+        "",
+        (FLOW_LEAF_SELF, FLOW_LEAF_MEANWHILE),
     ),
     Mutation(
         "workflow_stale_done_releases_nothing",

@@ -184,8 +184,9 @@ WITH picked AS MATERIALIZED
                                        jobs.meta,
                                        jobs.tags,
                                        jobs.workflow_id,
-                                       jobs.step)
-INSERT INTO jobs_archive (id, kind, queue, priority, payload, status, run_at, locked_until, attempts, max_attempts, idempotency_key, worker, last_error, created_at, finished_at, result, timeout, snoozes, cancel_requested_at, attempted_at, errors, meta, tags, workflow_id, step, archived_at)
+                                       jobs.step,
+                                       jobs.workflow_leaf)
+INSERT INTO jobs_archive (id, kind, queue, priority, payload, status, run_at, locked_until, attempts, max_attempts, idempotency_key, worker, last_error, created_at, finished_at, result, timeout, snoozes, cancel_requested_at, attempted_at, errors, meta, tags, workflow_id, step, workflow_leaf, archived_at)
 SELECT moved.id,
        moved.kind,
        moved.queue,
@@ -211,6 +212,7 @@ SELECT moved.id,
        moved.tags,
        moved.workflow_id,
        moved.step,
+       moved.workflow_leaf,
        statement_timestamp() AS statement_timestamp_1
 FROM moved RETURNING jobs_archive.id,
 

@@ -22,7 +22,8 @@ SELECT jobs.id,
        jobs.meta,
        jobs.tags,
        jobs.workflow_id,
-       jobs.step
+       jobs.step,
+       jobs.workflow_leaf
 FROM jobs
 WHERE jobs.kind = ANY (%(param_1)s::TEXT[])
   AND jobs.status = 'queued'::job_status

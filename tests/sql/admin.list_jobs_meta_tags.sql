@@ -22,7 +22,8 @@ SELECT jobs.id,
        jobs.meta,
        jobs.tags,
        jobs.workflow_id,
-       jobs.step
+       jobs.step,
+       jobs.workflow_leaf
 FROM jobs
 WHERE jobs.meta @>
     (SELECT CAST(%(meta_match)s::VARCHAR AS JSONB) AS anon_1)

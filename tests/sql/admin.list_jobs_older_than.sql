@@ -40,7 +40,8 @@ SELECT jobs.id,
        jobs.meta,
        jobs.tags,
        jobs.workflow_id,
-       jobs.step
+       jobs.step,
+       jobs.workflow_leaf
 FROM jobs
 WHERE jobs.created_at <
     (SELECT statement_timestamp() - interval '1 second' * %(older_than)s AS anon_1)

@@ -22,7 +22,8 @@ SELECT jobs.id,
        jobs.meta,
        jobs.tags,
        jobs.workflow_id,
-       jobs.step
+       jobs.step,
+       jobs.workflow_leaf
 FROM jobs
 WHERE jobs.idempotency_key = %(key)s::VARCHAR
   AND jobs.id >= %(min_id)s::BIGINT

@@ -22,7 +22,8 @@ SELECT jobs.id,
        jobs.meta,
        jobs.tags,
        jobs.workflow_id,
-       jobs.step
+       jobs.step,
+       jobs.workflow_leaf
 FROM jobs
 WHERE jobs.status = ANY (ARRAY['queued'::job_status])
   AND jobs.id < %(after_id)s::BIGINT

@@ -23,6 +23,7 @@ SELECT jobs_archive.id,
        jobs_archive.tags,
        jobs_archive.workflow_id,
        jobs_archive.step,
+       jobs_archive.workflow_leaf,
        jobs_archive.archived_at
 FROM jobs_archive
 LIMIT %(param_1)s::INTEGER;

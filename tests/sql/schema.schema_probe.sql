@@ -22,6 +22,7 @@ SELECT jobs.id,
        jobs.meta,
        jobs.tags,
        jobs.workflow_id,
-       jobs.step
+       jobs.step,
+       jobs.workflow_leaf
 FROM jobs
 LIMIT %(param_1)s::INTEGER;
