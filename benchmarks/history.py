@@ -16,9 +16,11 @@ map sends each into a hole VACUUM recorded in a page of the history), the same w
 shaped like the history's, and 20,000 rows in batches of 1,000 (does batch 20 read
 more than batch 1?).
 
-Measurement first: this section changes nothing in the product. Not measured here yet:
-the periodic enqueuer (its statements read ``jobs_periodic`` and insert with a key).
-Full size 10,000,000 (``--quick``: 1,000,000).
+The periodic enqueuer is timed as a worker runs it (``periodic.enqueue_due``: register,
+lock the due row, insert the tick's job with its idempotency key, advance), one due tick
+per call (the database clock pinned a minute further each call). After the rounds,
+``sqla-jobs health`` on the long side, its output and wall time. Full size 10,000,000
+(``--quick``: 1,000,000).
 """
 
 from __future__ import annotations
@@ -165,6 +167,7 @@ def measure(engine: sa.Engine, repeats: int) -> dict[str, float]:
         out["show (archived job)"] = _ms(lambda: ops.get_job(s, archived), repeats)
         out["result"] = _ms(lambda: ops.result(s, done), repeats)
         out["health"] = _ms(lambda: ops.health(s), max(3, repeats // 3))
+        out["periodic enqueue (one due tick)"] = _periodic_ms(engine, repeats)
         s.rollback()
         out["archive (1,000 rows)"] = _batch_op(
             engine, _ARCHIVABLE, lambda: ops.archive(s, timedelta(days=7))
@@ -179,6 +182,32 @@ def measure(engine: sa.Engine, repeats: int) -> dict[str, float]:
             engine, _PRUNABLE_SPREAD, lambda: ops.prune(s, timedelta(days=90))
         )
     return out
+
+
+_periodic_calls = 0
+
+
+def _periodic_ms(engine: sa.Engine, repeats: int) -> float:
+    """Median ms of ``periodic.enqueue_due`` enqueueing one due tick: each call's pinned
+    clock a minute past the previous call's, on a schedule ticking every minute."""
+    global _periodic_calls
+    from datetime import datetime, timezone
+
+    from sqla_jobs import Registry, periodic
+
+    registry = Registry()
+    registry.handler("noop")(lambda session, payload, job: None)
+    registry.schedule("bench-minutely", "* * * * *", "noop")
+    base = datetime(2030, 1, 1, tzinfo=timezone.utc)
+    times = []
+    for n in range(repeats + 1):
+        _periodic_calls += 1
+        now = base + timedelta(minutes=_periodic_calls)
+        t0 = time.perf_counter()
+        done = periodic.enqueue_due(engine, registry, now=now)
+        times.append((time.perf_counter() - t0) * 1000)
+        assert done.ticks or n == 0, "no tick enqueued"
+    return statistics.median(times[1:])  # the first call registers the schedule
 
 
 def _done_mark_ms(engine: sa.Engine, claim_sql: str, params: dict[str, Any], repeats: int) -> float:
@@ -470,6 +499,9 @@ def section(quick: bool, step: Callable[[str], None]) -> list[Any]:
                 for name, value in measure(engine, repeats).items():
                     into.setdefault(name, []).append(value)
         before, after = buffers(empty_engine), buffers(long_engine)
+        print(f"  health on the {history:,}-job history:")
+        for line in run._health_cli(long_url).splitlines():
+            print(f"    {line}", flush=True)
         print(
             "  per statement, empty -> long history: buffers of the execution, of the"
             " planning, server ms (planning + execution), and the long side's first scan:"

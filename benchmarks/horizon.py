@@ -48,6 +48,7 @@ class Flow:
     updates: int = 0
     hot_updates: int = 0
     claim_buffers: str = ""
+    health: str = ""
 
     @property
     def throughput(self) -> float:
@@ -130,6 +131,15 @@ def _one_claim(url: str) -> str:
     return " | ".join(out)
 
 
+def _health(url: str, seconds: float) -> str:
+    """``sqla-jobs health`` while the flow's horizon is still held. The transaction-age
+    threshold is half the run (the default 5 min in the full run), so the pinned run's
+    holder is a finding."""
+    import run
+
+    return run._health_cli(url, "--max-transaction-age", f"{max(1, int(min(seconds / 2, 300)))}s")
+
+
 def flow(pinned: bool, seconds: float, rate: int, window: float) -> Flow:
     """One run; ``pinned``: with the REPEATABLE READ transaction held throughout."""
     import run
@@ -150,6 +160,7 @@ def flow(pinned: bool, seconds: float, rate: int, window: float) -> Flow:
             ran_for = time.time() - t0
             run._wait_all_done(url)
             result.claim_buffers = _one_claim(url)  # the horizon still held, if pinned
+            result.health = _health(url, seconds)
         finally:
             worker.stop()
             release.set()
@@ -198,6 +209,9 @@ def _print_flow(f: Flow) -> None:
         f"HOT {f.hot_updates} ({f.hot_updates / max(1, f.updates):.0%})",
     )
     print(f"    one claim after the flow: {f.claim_buffers}", flush=True)
+    print("    health at the end of the flow:")
+    for line in f.health.splitlines():
+        print(f"      {line}")
 
 
 def section(quick: bool, step: Callable[[str], None]) -> list[Any]:

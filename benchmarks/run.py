@@ -381,6 +381,23 @@ def server_only_enqueue(n_jobs: int, batch: int = 1_000) -> float:
 # --- drain -----------------------------------------------------------------------------
 
 
+def _health_cli(url: str, *flags: str) -> str:
+    """``sqla-jobs health`` as an operator runs it: its output, exit status and wall time
+    (a new process and connection each time, as a monitoring probe pays)."""
+    started = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "sqla_jobs", "health", *flags],
+        env={**os.environ, "DATABASE_URL": url},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    took = (time.perf_counter() - started) * 1000
+    head = " ".join(["$ sqla-jobs health", *flags])
+    head += f"   (exit {done.returncode}, {took:.0f} ms)"
+    return "\n".join([head, done.stdout.rstrip(), done.stderr.rstrip()]).rstrip()
+
+
 class WorkerProcess:
     """``python -m sqla_jobs.worker benchapp:registry`` as a child; ready when it logs."""
 
