@@ -509,11 +509,9 @@ class Dispatcher:
         with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             started = self.clock()  # the claim's own time, not the pool's checkout
             jobs = self._run_claim(conn, (sql, values), limit)
-        if full:
-            pool.floors.full_claim_ran(started, self.clock())
-        elif len(jobs) < limit and (when := pool.floors.timer_for_full_claim()) is not None:
+        when = pool.floors.claimed(jobs, room=limit, full=full, started=started, ended=self.clock())
+        if when is not None:
             self.wake_at(when)  # short: a job may be ready below a floor
-        pool.floors.learn(jobs)
         self.ledger.add(jobs, pool.number, since)
         return jobs
 

@@ -101,6 +101,23 @@ class Floors:
             if current is None or floor > current:
                 self.by_priority[job.priority] = floor
 
+    def claimed(
+        self, jobs: Sequence[Claim], *, room: int, full: bool, started: float, ended: float
+    ) -> float | None:
+        """After a claim with ``room`` free slots that ran from ``started`` to ``ended``
+        (``full``: from the head): learn its floors, and pace the next full claim.
+        Returns when to wake for that full claim if this floored claim came back short (a
+        job may be ready below a floor, and an idle worker may get no other wake-up),
+        else None. A claim with no room walked nothing and changes nothing but floors."""
+        when = None
+        if room > 0:
+            if full:
+                self.full_claim_ran(started, ended)
+            elif len(jobs) < room:
+                when = self.timer_for_full_claim()
+        self.learn(jobs)
+        return when
+
     def full_claim_ran(self, started: float, ended: float) -> None:
         """A full claim ran from ``started`` to ``ended``: the next one is due after a
         period that grows with its cost (``full_claim_period``)."""

@@ -395,14 +395,13 @@ class Limits:
         self, floors: Floors, full: bool, since: float, room: Room, found: list[Claimed]
     ) -> None:
         """After a group's claim: its floors, and its next full claim (see _floors)."""
-        if room.size > 0:  # a claim of no room walks nothing
-            if full:
-                floors.full_claim_ran(since, time.monotonic())
-            elif len(found) < room.size and (when := floors.timer_for_full_claim()) is not None:
-                # Short: a job may be ready below a floor, and the group now rests
-                # (_claimed) until a wake-up: this one pokes it.
-                self.wake_at(when)
-        floors.learn(found)
+        when = floors.claimed(
+            found, room=room.size, full=full, started=since, ended=time.monotonic()
+        )
+        if when is not None:
+            # Short: a job may be ready below a floor, and the group now rests
+            # (_claimed) until a wake-up: this one pokes it.
+            self.wake_at(when)
 
     def _claim_in_one_trip(
         self, group: Group, free: int, mine: dict[str, int], floors: list[Any] | None

@@ -1927,11 +1927,19 @@ MUTATIONS: list[Mutation] = [
         (LIMITED_FLOOR_STRAGGLER,),
     ),
     Mutation(
+        "full_claim_without_timer",
+        "a short floored claim sets the timer of the next full claim (an idle worker)",
+        FLOORS,
+        "                when = self.timer_for_full_claim()\n",
+        "                pass  # MUTATION\n",
+        (FLOOR_STRAGGLER, LIMITED_FLOOR_STRAGGLER),
+    ),
+    Mutation(
         "limited_full_claim_without_timer",
         "a limited group's short floored claim sets the timer of its next full claim",
         LIMITS,
-        "                self.wake_at(when)\n",
-        "                pass  # MUTATION\n",
+        "            self.wake_at(when)\n",
+        "            pass  # MUTATION\n",
         (LIMITED_FLOOR_STRAGGLER,),
     ),
     Mutation(
