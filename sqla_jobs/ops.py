@@ -54,7 +54,7 @@ import re
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -1205,6 +1205,48 @@ def _batch(session: Session, stmt: Any, floors: dict[str, datetime]) -> list[Any
     return rows
 
 
+#: (database, UTC day) this process already prepared ``jobs_archive`` for: the
+#: partitions of the week and the next exist, so one call a day per database is enough.
+_PREPARED: set[tuple[str, Any]] = set()
+#: How many times ``prepare_archive`` calls the function in a row: create partitions
+#: and add id CHECKs, validate them, see nothing left.
+_PREPARE_CALLS = 3
+
+
+def prepare_archive(session: Session) -> int:
+    """Make ``jobs_archive`` ready to take this week's rows (revision 0022): the
+    partitions of this week and the next exist, closed partitions carry a validated id
+    CHECK. Runs ``jobs_archive_prepare`` (a ``SECURITY DEFINER`` function: no DDL
+    right needed) until it has nothing left to do, each call committed; once a day per
+    process and database after that. Returns how many changes were made.
+    [``archive``][sqla_jobs.ops.archive] calls it first; call it yourself before an
+    archive statement of your own. Commits."""
+    bind = session.get_bind()
+    key = (bind.engine.url.render_as_string(hide_password=True), datetime.now(UTC).date())
+    if key in _PREPARED:
+        return 0
+    if session.in_transaction():
+        session.commit()
+    total = 0
+    for _ in range(_PREPARE_CALLS):
+        try:
+            changes = int(session.execute(admin.prepare_archive()).scalar_one())
+        except sa_exc.ProgrammingError as exc:
+            session.rollback()
+            if schema.missing_function(exc):
+                raise SchemaNotReadyError(
+                    "jobs_archive_prepare() does not exist: this code archives into the "
+                    "partitioned jobs_archive of revision 0022; " + schema.UPGRADE
+                ) from None
+            raise
+        session.commit()
+        total += changes
+        if not changes:
+            break
+    _PREPARED.add(key)
+    return total
+
+
 @_sessions.sync_form
 def archive_batches(
     session: Session,
@@ -1225,6 +1267,7 @@ def archive_batches(
     )
     if session.in_transaction():
         session.commit()
+    prepare_archive(session)
     floors: dict[str, datetime] = {}  # each batch starts where the previous one stopped
     while True:
         rows = _batch(session, stmt, floors)
@@ -1255,14 +1298,21 @@ def archive(
 
 @_sessions.sync_form
 def prune(session: Session, older_than: timedelta, batch: int = DEFAULT_BATCH) -> int:
-    """Delete archived jobs finished more than ``older_than`` ago, ``batch`` rows per
-    committed transaction; return how many were deleted."""
+    """Delete archived jobs finished more than ``older_than`` ago; return how many were
+    deleted.
+
+    First whole partitions of ``jobs_archive`` archived before the cutoff are dropped
+    (``jobs_archive_drop_before``, revision 0022: one short ACCESS EXCLUSIVE lock, no
+    dead rows), then the rows left (the newest partition the cutoff falls in, the
+    initial partition until its bound is past) go in ``batch``-row DELETEs, each
+    committed."""
     age = _seconds("older_than", older_than)
     assert age is not None
     stmt = admin.prune_batch(older_than=age, batch=_positive_int("batch", batch))
     if session.in_transaction():
         session.commit()
-    total = 0
+    total = int(session.execute(admin.drop_archive_before(older_than=age)).scalar_one())
+    session.commit()
     floors: dict[str, datetime] = {}  # each batch starts where the previous one stopped
     while True:
         rows = _batch(session, stmt, floors)
