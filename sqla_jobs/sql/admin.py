@@ -858,7 +858,7 @@ def archive_partitions() -> sa.Select[Any]:
         sa.column("upper_bound", sa.DateTime(timezone=True)),
         sa.column("id_check", sa.Boolean),
     )
-    return sa.select(parts.c).order_by(parts.c.lower_bound)
+    return sa.select(parts.c).order_by(parts.c.lower_bound.asc().nulls_first())
 
 
 def prune_batch(*, older_than: float, batch: int, now: Now = None) -> ReturningDelete[Any]:

@@ -54,8 +54,8 @@ migration, the table's owner) with ``search_path`` pinned to the schema migrated
   of rows dropped, counted under the parent's ACCESS EXCLUSIVE lock, which is taken
   under ``LOCK_TIMEOUT``; a lock not granted in time drops nothing (0) rather than
   failing the prune.
-* ``jobs_archive_partitions()``: each partition with its bounds and whether its id
-  CHECK is validated (plain ``SECURITY INVOKER``, catalog only).
+* ``jobs_archive_partitions()``: each partition with its bounds (NULL for MINVALUE)
+  and whether its id CHECK is validated (plain ``SECURITY INVOKER``, catalog only).
 
 ``EXECUTE`` on functions is granted to ``PUBLIC`` by default; docs/least-privilege.md
 says what to grant when a hardened database revokes it.
@@ -115,17 +115,16 @@ RETURNS TABLE (partition text, lower_bound timestamptz, upper_bound timestamptz,
                id_check boolean)
 LANGUAGE sql STABLE SET search_path = {schema}, pg_temp AS $$
   SELECT c.relname::text,
-         CASE WHEN b ~ 'FROM \\(MINVALUE\\)' THEN '-infinity'::timestamptz
-              ELSE substring(b FROM 'FROM \\(''([^'']+)''\\)')::timestamptz END,
-         CASE WHEN b ~ 'TO \\(MAXVALUE\\)' THEN 'infinity'::timestamptz
-              ELSE substring(b FROM 'TO \\(''([^'']+)''\\)')::timestamptz END,
+         -- NULL for MINVALUE (the initial partition's lower bound), MAXVALUE.
+         substring(b FROM 'FROM \\(''([^'']+)''\\)')::timestamptz,
+         substring(b FROM 'TO \\(''([^'']+)''\\)')::timestamptz,
          EXISTS (SELECT 1 FROM pg_constraint k WHERE k.conrelid = c.oid
                  AND k.conname = c.relname || '_ids' AND k.convalidated)
   FROM pg_inherits i
   JOIN pg_class c ON c.oid = i.inhrelid
   CROSS JOIN LATERAL pg_get_expr(c.relpartbound, c.oid) AS b
   WHERE i.inhparent = 'jobs_archive'::regclass
-  ORDER BY 2
+  ORDER BY 2 NULLS FIRST
 $$
 """
 
@@ -160,7 +159,8 @@ BEGIN
   FOR week IN SELECT date_trunc('week', at, 'UTC') + n * interval '1 week'
               FROM generate_series(0, 1) AS n LOOP
     CONTINUE WHEN EXISTS (SELECT 1 FROM jobs_archive_partitions() AS q
-                          WHERE q.lower_bound <= week AND week < q.upper_bound);
+                          WHERE coalesce(q.lower_bound <= week, true)
+                            AND coalesce(week < q.upper_bound, true));
     name := 'jobs_archive_p' || to_char(week AT TIME ZONE 'UTC', 'YYYYMMDD');
     EXECUTE format('CREATE TABLE %I (LIKE jobs_archive INCLUDING DEFAULTS)', name);
     EXECUTE format('ALTER TABLE jobs_archive ATTACH PARTITION %I FOR VALUES FROM (%L) TO (%L)',
