@@ -92,9 +92,12 @@ def test_partitioning_round_trips_with_rows_grants_and_archiving_going_on(
     thread.start()
     try:
         _migrate(engine, "heads")
-        assert scalar(
-            engine, "SELECT relkind::text FROM pg_class WHERE oid = 'jobs_archive'::regclass"
-        ) == "p"
+        assert (
+            scalar(
+                engine, "SELECT relkind::text FROM pg_class WHERE oid = 'jobs_archive'::regclass"
+            )
+            == "p"
+        )
         assert scalar(engine, f"SELECT has_table_privilege('{role}', 'jobs_archive', 'INSERT')")
         _migrate(engine, BEFORE)
         assert _shape(engine) == shape

@@ -1,95 +1,29 @@
 """``jobs_archive`` partitioned by week of ``archived_at`` (revision 0022, #25).
 
-Time is moved by the functions' own arguments, never by sleeping: the template's
-(empty) initial partition is re-attached to end some weeks ago, as if the migration
-had run months before, and rows are archived with an explicit ``now``
-(``admin.archive_batch(now=...)``) after ``jobs_archive_prepare(at)`` made their week.
+Time is moved by the functions' own arguments, never by sleeping (``archivetime``).
 """
 
 from __future__ import annotations
 
 import json
-import uuid
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import sqlalchemy as sa
+from archivetime import (
+    INITIAL,
+    WEEK,
+    archive_at,
+    migrated_long_ago,
+    partition_name,
+    partitions,
+    prepare,
+)
 from helpers import scalar
 from sqlalchemy.orm import Session
 
 from sqla_jobs import ops
 from sqla_jobs.sql import admin
-
-WEEK = timedelta(weeks=1)
-INITIAL = "jobs_archive_p_initial"
-
-
-def _this_week(engine: sa.Engine) -> datetime:
-    return scalar(engine, "SELECT date_trunc('week', now(), 'UTC')")  # type: ignore[no-any-return]
-
-
-def _migrated_long_ago(engine: sa.Engine, weeks: int) -> datetime:
-    """The initial partition ends ``weeks`` weeks before this week's Monday, as if
-    revision 0022 ran that long ago; returns this week's Monday."""
-    start = _this_week(engine)
-    with engine.begin() as conn:
-        conn.exec_driver_sql(f"ALTER TABLE jobs_archive DETACH PARTITION {INITIAL}")
-        conn.execute(
-            sa.text(
-                f"ALTER TABLE jobs_archive ATTACH PARTITION {INITIAL}"
-                " FOR VALUES FROM (MINVALUE) TO ('{}')".format((start - weeks * WEEK).isoformat())
-            )
-        )
-    return start
-
-
-def _name(week: datetime) -> str:
-    return "jobs_archive_p" + week.strftime("%Y%m%d")
-
-
-def _prepare(engine: sa.Engine, at: datetime) -> None:
-    """``jobs_archive_prepare(at)`` until it has nothing left to do, each call committed."""
-    for _ in range(3):
-        with engine.begin() as conn:
-            if not conn.execute(admin.prepare_archive(at)).scalar_one():
-                return
-    raise AssertionError("jobs_archive_prepare kept changing things")
-
-
-def _partitions(engine: sa.Engine) -> dict[str, bool]:
-    with engine.connect() as conn:
-        return {r.partition: r.id_check for r in conn.execute(admin.archive_partitions())}
-
-
-def _archive_at(engine: sa.Engine, at: datetime, n: int, workflows: int = 0) -> list[int]:
-    """``n`` done jobs (and ``workflows`` three-step workflows) finished an hour before
-    ``at``, archived at ``at``; their ids."""
-    _prepare(engine, at)
-    with engine.begin() as conn:
-        ids = list(
-            conn.execute(
-                sa.text(
-                    "INSERT INTO jobs (kind, payload, status, attempts, finished_at, result)"
-                    " SELECT 'noop', '{}', 'done', 1, :f, jsonb_build_object('n', g)"
-                    " FROM generate_series(1, :n) AS g RETURNING id"
-                ),
-                {"f": at - timedelta(hours=1), "n": n},
-            ).scalars()
-        )
-        for _ in range(workflows):
-            ids += conn.execute(
-                sa.text(
-                    "INSERT INTO jobs (kind, payload, status, attempts, finished_at,"
-                    "                  workflow_id, step)"
-                    " SELECT 'noop', '{}', 'done', 1, :f, :w, 's' || g"
-                    " FROM generate_series(1, 3) AS g RETURNING id"
-                ),
-                {"f": at - timedelta(hours=1), "w": uuid.uuid4()},
-            ).scalars()
-        stmt = admin.archive_batch(done_older_than=0, dead_older_than=None, batch=100_000, now=at)
-        moved = conn.execute(stmt).all()
-    assert len(moved) == len(ids)
-    return ids
 
 
 def _archived(engine: sa.Engine, ids: list[int]) -> int:
@@ -99,26 +33,26 @@ def _archived(engine: sa.Engine, ids: list[int]) -> int:
 def test_archive_creates_the_partition_of_its_week_before_moving_rows(
     engine: sa.Engine, session: Session
 ) -> None:
-    start = _migrated_long_ago(engine, 0)  # nothing covers this week any more
-    assert _name(start) not in _partitions(engine)
+    start = migrated_long_ago(engine, 0)  # nothing covers this week any more
+    assert partition_name(start) not in partitions(engine)
     with engine.begin() as conn:
         conn.exec_driver_sql(
             "INSERT INTO jobs (kind, payload, status, attempts, finished_at)"
             " SELECT 'noop', '{}', 'done', 1, now() - interval '2 days' FROM generate_series(1, 5)"
         )
     assert ops.archive(session, timedelta(days=1)) == 5
-    parts = _partitions(engine)
-    assert _name(start) in parts and _name(start + WEEK) in parts
-    assert scalar(engine, f"SELECT count(*) FROM {_name(start)}") == 5
+    parts = partitions(engine)
+    assert partition_name(start) in parts and partition_name(start + WEEK) in parts
+    assert scalar(engine, f"SELECT count(*) FROM {partition_name(start)}") == 5
 
 
 def test_prepare_is_safe_to_call_again_and_refuses_a_null_time(engine: sa.Engine) -> None:
-    start = _migrated_long_ago(engine, 0)
-    _prepare(engine, start)
-    before = _partitions(engine)
+    start = migrated_long_ago(engine, 0)
+    prepare(engine, start)
+    before = partitions(engine)
     with engine.begin() as conn:
         assert conn.execute(admin.prepare_archive(start)).scalar_one() == 0
-    assert _partitions(engine) == before
+    assert partitions(engine) == before
     with engine.connect() as conn:
         try:
             conn.exec_driver_sql("SELECT jobs_archive_prepare(NULL)")
@@ -131,20 +65,22 @@ def test_prepare_is_safe_to_call_again_and_refuses_a_null_time(engine: sa.Engine
 def test_prune_drops_whole_partitions_and_archived_jobs_kept_are_still_found(
     engine: sa.Engine, session: Session
 ) -> None:
-    start = _migrated_long_ago(engine, 6)
+    start = migrated_long_ago(engine, 6)
     day = timedelta(days=1)
-    oldest = _archive_at(engine, start - 5 * WEEK + day, 40, workflows=2)
-    older = _archive_at(engine, start - 4 * WEEK + day, 30, workflows=1)
-    kept = _archive_at(engine, start - 1 * WEEK + day, 20, workflows=1)
-    assert {_name(start - 5 * WEEK), _name(start - 4 * WEEK)} <= set(_partitions(engine))
+    oldest = archive_at(engine, start - 5 * WEEK + day, 40, workflows=2)
+    older = archive_at(engine, start - 4 * WEEK + day, 30, workflows=1)
+    kept = archive_at(engine, start - 1 * WEEK + day, 20, workflows=1)
+    assert {partition_name(start - 5 * WEEK), partition_name(start - 4 * WEEK)} <= set(
+        partitions(engine)
+    )
     cutoff = start - 4 * WEEK + 2 * day  # inside the week of `older`
     now = scalar(engine, "SELECT now()")
     pruned = ops.prune(session, now - cutoff)
     assert pruned == len(oldest) + len(older)
-    parts = _partitions(engine)
+    parts = partitions(engine)
     # Partitions wholly before the cutoff were dropped, not emptied row by row.
-    assert INITIAL not in parts and _name(start - 5 * WEEK) not in parts
-    assert _name(start - 4 * WEEK) in parts  # its upper bound is after the cutoff
+    assert INITIAL not in parts and partition_name(start - 5 * WEEK) not in parts
+    assert partition_name(start - 4 * WEEK) in parts  # its upper bound is after the cutoff
     assert _archived(engine, oldest + older) == 0
     assert _archived(engine, kept) == len(kept)
     for job_id in (kept[0], kept[-1]):  # a plain job, a workflow's last step
@@ -164,29 +100,30 @@ def test_prune_drops_whole_partitions_and_archived_jobs_kept_are_still_found(
 
 
 def test_drop_before_keeps_a_partition_whose_bound_is_after_the_cutoff(engine: sa.Engine) -> None:
-    start = _migrated_long_ago(engine, 6)
+    start = migrated_long_ago(engine, 6)
     day = timedelta(days=1)
-    oldest = _archive_at(engine, start - 5 * WEEK + day, 10)
-    older = _archive_at(engine, start - 4 * WEEK + day, 10)
+    oldest = archive_at(engine, start - 5 * WEEK + day, 10)
+    older = archive_at(engine, start - 4 * WEEK + day, 10)
     with engine.begin() as conn:
         dropped = conn.execute(
             sa.text("SELECT jobs_archive_drop_before(:c)"), {"c": start - 4 * WEEK + 3 * day}
         ).scalar_one()
     assert dropped == len(oldest)
     assert _archived(engine, older) == len(older)
-    assert _name(start - 4 * WEEK) in _partitions(engine)
+    assert partition_name(start - 4 * WEEK) in partitions(engine)
 
 
 def test_a_partition_holding_a_workflow_appended_to_after_archiving_is_not_dropped(
     engine: sa.Engine,
 ) -> None:
-    start = _migrated_long_ago(engine, 6)
-    ids = _archive_at(engine, start - 5 * WEEK + timedelta(days=1), 2, workflows=1)
+    start = migrated_long_ago(engine, 6)
+    ids = archive_at(engine, start - 5 * WEEK + timedelta(days=1), 2, workflows=1)
     workflow = scalar(engine, "SELECT workflow_id FROM jobs_archive WHERE id = :i", i=ids[-1])
     with engine.begin() as conn:  # a step appended later, still live
         conn.execute(
             sa.text(
-                "INSERT INTO jobs (kind, payload, workflow_id, step) VALUES ('noop', '{}', :w, 'late')"
+                "INSERT INTO jobs (kind, payload, workflow_id, step)"
+                " VALUES ('noop', '{}', :w, 'late')"
             ),
             {"w": workflow},
         )
@@ -222,12 +159,12 @@ def _plan_relations(engine: sa.Engine, stmt: Any) -> tuple[set[str], int]:
 def test_a_look_up_by_id_reads_only_the_closed_partition_that_can_hold_it(
     engine: sa.Engine,
 ) -> None:
-    start = _migrated_long_ago(engine, 10)
+    start = migrated_long_ago(engine, 10)
     day = timedelta(days=1)
-    weeks = {w: _archive_at(engine, start - w * WEEK + day, 50) for w in range(9, 1, -1)}
-    _prepare(engine, scalar(engine, "SELECT now()"))
-    parts = _partitions(engine)
-    closed = {_name(start - w * WEEK) for w in weeks}
+    weeks = {w: archive_at(engine, start - w * WEEK + day, 50) for w in range(9, 1, -1)}
+    prepare(engine, scalar(engine, "SELECT now()"))
+    parts = partitions(engine)
+    closed = {partition_name(start - w * WEEK) for w in weeks}
     assert all(parts[name] for name in closed), parts  # each has a validated id CHECK
     found: dict[int, tuple[set[str], int]] = {}
     for w in (9, 5, 2):
@@ -235,14 +172,14 @@ def test_a_look_up_by_id_reads_only_the_closed_partition_that_can_hold_it(
         found[w] = _plan_relations(engine, admin.get_archived_job(job_id))
         # Of the closed partitions only the one holding the id is read; the open ones
         # (no CHECK yet) are probed too, each an empty index.
-        assert found[w][0] & closed == {_name(start - w * WEEK)}, found[w]
+        assert found[w][0] & closed == {partition_name(start - w * WEEK)}, found[w]
     assert max(b for _, b in found.values()) <= 3 * (len(parts) - len(closed) + 1), found
 
 
 def test_health_sums_the_partitions_of_the_archive(engine: sa.Engine, session: Session) -> None:
-    start = _migrated_long_ago(engine, 6)
-    _archive_at(engine, start - 5 * WEEK + timedelta(days=1), 300)
-    _archive_at(engine, start - 2 * WEEK + timedelta(days=1), 300)
+    start = migrated_long_ago(engine, 6)
+    archive_at(engine, start - 5 * WEEK + timedelta(days=1), 300)
+    archive_at(engine, start - 2 * WEEK + timedelta(days=1), 300)
     sizes = [
         tuple(r)
         for r in engine.connect().execute(
