@@ -54,7 +54,7 @@ import re
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -1222,7 +1222,7 @@ def prepare_archive(session: Session) -> int:
     [``archive``][sqla_jobs.ops.archive] calls it first; call it yourself before an
     archive statement of your own. Commits."""
     bind = session.get_bind()
-    key = (bind.engine.url.render_as_string(hide_password=True), datetime.now(UTC).date())
+    key = (bind.engine.url.render_as_string(hide_password=True), datetime.now(timezone.utc).date())
     if key in _PREPARED:
         return 0
     if session.in_transaction():

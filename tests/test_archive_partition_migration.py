@@ -48,7 +48,7 @@ def role(engine: sa.Engine) -> Iterator[str]:
 
 def _shape(engine: sa.Engine) -> list[tuple[str, str]]:
     with engine.connect() as conn:
-        return [tuple(r) for r in conn.execute(sa.text(SHAPE))]  # type: ignore[misc]
+        return [tuple(r) for r in conn.execute(sa.text(SHAPE))]
 
 
 def _migrate(engine: sa.Engine, revision: str) -> None:

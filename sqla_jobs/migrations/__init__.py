@@ -39,7 +39,9 @@ SCRIPT_LOCATION = "sqla_jobs:migrations"
 ARCHIVE_PARTITION = re.compile(r"jobs_archive_p(?:_initial|\d{8})")
 
 
-def include_object(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
+def include_object(
+    obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any
+) -> bool:
     """``include_object`` for your app's ``env.py``: leave ``jobs_archive``'s partitions
     out of autogenerate and ``alembic check``.
 

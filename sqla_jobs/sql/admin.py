@@ -844,9 +844,7 @@ def drop_archive_before(*, older_than: float, now: Now = None) -> sa.Select[Any]
     it), returns the exact number of rows dropped (0 when the parent's lock was not
     granted within the function's lock_timeout)."""
     cutoff = _common.ago(sa.bindparam("age", older_than, sa.Float), now)
-    return sa.select(
-        sa.func.jobs_archive_drop_before(cutoff, type_=sa.BigInteger).label("dropped")
-    )
+    return sa.select(sa.func.jobs_archive_drop_before(cutoff, type_=sa.BigInteger).label("dropped"))
 
 
 def archive_partitions() -> sa.Select[Any]:
@@ -858,7 +856,7 @@ def archive_partitions() -> sa.Select[Any]:
         sa.column("upper_bound", sa.DateTime(timezone=True)),
         sa.column("id_check", sa.Boolean),
     )
-    return sa.select(parts.c).order_by(parts.c.lower_bound.asc().nulls_first())
+    return sa.select(*parts.c).order_by(parts.c.lower_bound.asc().nulls_first())
 
 
 def prune_batch(*, older_than: float, batch: int, now: Now = None) -> ReturningDelete[Any]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import signal
 import uuid
-from datetime import timedelta
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import psycopg

@@ -78,6 +78,7 @@ from __future__ import annotations
 from typing import Any
 
 import sqlalchemy as sa
+
 from alembic import op
 
 revision = "0022_partitioned_archive"
@@ -100,7 +101,9 @@ LOCK_KEY = 0x7371_6A61  # "sqja"
 #: jobs_archive's secondary indexes (revision 0017), as revision 0021 left them.
 INDEXES = {
     "jobs_archive_finished_at_idx": "(finished_at)",
-    "jobs_archive_workflow_finished_idx": "(workflow_id, finished_at) WHERE workflow_id IS NOT NULL",
+    "jobs_archive_workflow_finished_idx": (
+        "(workflow_id, finished_at) WHERE workflow_id IS NOT NULL"
+    ),
     "jobs_archive_workflow_status_idx": "(status, workflow_id) WHERE workflow_id IS NOT NULL",
 }
 
@@ -293,7 +296,8 @@ def upgrade() -> None:
         f"ALTER TABLE jobs_archive RENAME TO {INITIAL}",
         *(f"ALTER INDEX {name} RENAME TO {_initial_name(name)}" for name in INDEXES),
         f"ALTER TABLE {INITIAL} DROP CONSTRAINT jobs_archive_pkey",
-        f"ALTER TABLE {INITIAL} ADD CONSTRAINT {INITIAL}_pkey PRIMARY KEY USING INDEX {INITIAL}_pkey",
+        f"ALTER TABLE {INITIAL} ADD CONSTRAINT {INITIAL}_pkey"
+        f" PRIMARY KEY USING INDEX {INITIAL}_pkey",
         f"CREATE TABLE jobs_archive (LIKE {INITIAL} INCLUDING DEFAULTS)"
         " PARTITION BY RANGE (archived_at)",
         "ALTER TABLE jobs_archive ADD CONSTRAINT jobs_archive_pkey PRIMARY KEY (id, archived_at)",
@@ -309,7 +313,9 @@ def upgrade() -> None:
         op.execute(grant)
     for statement in functions(schema):
         op.execute(statement)
-    op.execute(sa.text("SELECT jobs_archive_prepare(CAST(:at AS timestamptz))").bindparams(at=bound))
+    op.execute(
+        sa.text("SELECT jobs_archive_prepare(CAST(:at AS timestamptz))").bindparams(at=bound)
+    )
 
 
 def downgrade() -> None:
@@ -318,7 +324,9 @@ def downgrade() -> None:
     if _scalar("SELECT to_regclass(:name)", name=INITIAL) is None:
         # Pruned (its rows all past retention): an empty plain table takes its place.
         op.execute(f"CREATE TABLE {INITIAL} (LIKE jobs_archive INCLUDING DEFAULTS)")
-        op.execute(f"ALTER TABLE {INITIAL} ADD CONSTRAINT {INITIAL}_pkey PRIMARY KEY (id, archived_at)")
+        op.execute(
+            f"ALTER TABLE {INITIAL} ADD CONSTRAINT {INITIAL}_pkey PRIMARY KEY (id, archived_at)"
+        )
         for name, cols in INDEXES.items():
             op.execute(f"CREATE INDEX {_initial_name(name)} ON {INITIAL} {cols}")
         op.execute(f"ALTER TABLE jobs_archive ATTACH PARTITION {INITIAL} DEFAULT")
