@@ -308,9 +308,10 @@ def upgrade() -> None:
         f" FOR VALUES FROM (MINVALUE) TO ({literal})",
         f"ALTER TABLE {INITIAL} DROP CONSTRAINT {INITIAL}_bound",
     ]
-    _with_lock_timeout(swap)
-    for grant in _grants(INITIAL, "jobs_archive"):
-        op.execute(grant)
+    # The old table's grants, read before the swap, given to the new parent with it.
+    _with_lock_timeout([*swap, *_grants("jobs_archive", "jobs_archive")])
+    with op.get_context().autocommit_block():
+        pass  # commits the swap: its ACCESS EXCLUSIVE lock goes before what follows
     for statement in functions(schema):
         op.execute(statement)
     op.execute(
