@@ -28,8 +28,9 @@ validates). Each step, on a large live table:
    parent created with the old names (``LIKE`` the old table: columns, defaults, NOT
    NULLs); ``ATTACH PARTITION ... FOR VALUES FROM (MINVALUE) TO (bound)`` (the CHECK
    proves the range: no scan; the old indexes are attached to the parent's, not
-   rebuilt); the old table's grants copied to the parent; the maintenance functions
-   created and the partitions of the two weeks from ``bound`` created ahead.
+   rebuilt); the old table's grants copied to the parent. Committed (about 20 ms
+   under the lock at 1,000,000 rows), then the maintenance functions are created and
+   the partitions of the two weeks from ``bound`` created ahead.
 
 Partition maintenance never needs the worker's role to own anything or run DDL: the
 functions below are ``SECURITY DEFINER`` (they run as the role that ran this
