@@ -1213,6 +1213,7 @@ _PREPARED: set[tuple[str, Any]] = set()
 _PREPARE_CALLS = 3
 
 
+@_sessions.sync_form
 def prepare_archive(session: Session) -> int:
     """Make ``jobs_archive`` ready to take this week's rows (revision 0022): the
     partitions of this week and the next exist, closed partitions carry a validated id
@@ -2086,6 +2087,7 @@ result_async = _sessions.async_form(result)
 delete_jobs_async = _sessions.async_form(delete_jobs)
 jobs_to_delete_async = _sessions.async_form(jobs_to_delete)
 archive_async = _sessions.async_form(archive)
+prepare_archive_async = _sessions.async_form(prepare_archive)
 prune_async = _sessions.async_form(prune)
 pause_async = _sessions.async_form(pause)
 resume_async = _sessions.async_form(resume)

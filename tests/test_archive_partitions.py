@@ -5,6 +5,7 @@ Time is moved by the functions' own arguments, never by sleeping (``archivetime`
 
 from __future__ import annotations
 
+import asyncio
 import json
 from datetime import timedelta
 from typing import Any
@@ -20,6 +21,8 @@ from archivetime import (
     prepare,
 )
 from helpers import scalar
+from sqlalchemy.engine import URL
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 from sqla_jobs import ops
@@ -193,3 +196,30 @@ def test_health_sums_the_partitions_of_the_archive(engine: sa.Engine, session: S
     assert archive.table_bytes == sum(s[0] for s in sizes) > max(s[0] for s in sizes)
     assert archive.index_bytes == sum(s[1] for s in sizes)
     assert json.dumps(archive.name) == '"jobs_archive"'
+
+
+def test_the_async_archive_and_prune_create_and_drop_partitions(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    start = migrated_long_ago(engine, 6)
+    old = archive_at(engine, start - 5 * WEEK + timedelta(days=1), 7)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "INSERT INTO jobs (kind, payload, status, attempts, finished_at)"
+            " SELECT 'noop', '{}', 'done', 1, now() - interval '2 days' FROM generate_series(1, 3)"
+        )
+    cutoff = start - 3 * WEEK
+
+    async def run() -> tuple[int, int]:
+        aengine = create_async_engine(db_url)
+        try:
+            async with AsyncSession(aengine) as s:
+                moved = await ops.archive_async(s, timedelta(days=1))
+                pruned = await ops.prune_async(s, scalar(engine, "SELECT now()") - cutoff)
+            return moved, pruned
+        finally:
+            await aengine.dispose()
+
+    assert asyncio.run(run()) == (3, len(old))
+    parts = partitions(engine)
+    assert partition_name(start) in parts and partition_name(start - 5 * WEEK) not in parts
