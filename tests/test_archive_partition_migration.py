@@ -5,14 +5,15 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 
 import pytest
 import sqlalchemy as sa
-from helpers import scalar
+from helpers import scalar, url_text
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
-from sqla_jobs import migrations, ops
+from sqla_jobs import Registry, SchemaNotReadyError, Worker, WorkerConfig, migrations, ops
 
 BEFORE = "0021_leaf_steps"
 ROWS = 500
@@ -111,3 +112,24 @@ def test_partitioning_round_trips_with_rows_grants_and_archiving_going_on(
     grants = f"SELECT has_table_privilege('{role}', 'jobs_archive', '{{}}')"
     assert all(scalar(engine, grants.format(p)) for p in ("SELECT", "INSERT", "DELETE"))
     assert not scalar(engine, grants.format("UPDATE"))
+
+
+def test_archiving_code_refuses_a_database_without_revision_0022(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    _migrate(engine, BEFORE)
+    with Session(engine) as s:
+        with pytest.raises(SchemaNotReadyError) as refused:
+            ops.archive(s, timedelta(days=1))
+        assert "jobs_archive_prepare() does not exist" in str(refused.value)
+        assert "revision 0022" in str(refused.value)
+        with pytest.raises(SchemaNotReadyError) as behind:
+            ops.check_schema(s)
+        assert "jobs_archive_partitions" in str(behind.value)
+    url = url_text(db_url)
+    registry = Registry()
+    registry.handler("noop")(lambda session, payload: None)
+    archiving = Worker(registry, WorkerConfig(database_url=url, archive_every=60))
+    with pytest.raises(SchemaNotReadyError):
+        archiving.check_schema()
+    Worker(registry, WorkerConfig(database_url=url)).check_schema()  # not archiving: fine
