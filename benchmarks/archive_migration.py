@@ -39,9 +39,9 @@ from sqlalchemy.orm import Session
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _db import scratch_database  # noqa: E402
+from _db import scratch_database
 
-from sqla_jobs import config, migrations, ops, testing  # noqa: E402
+from sqla_jobs import config, migrations, ops, testing
 
 BEFORE = "0021_leaf_steps"
 SPAN_DAYS = 98
@@ -223,7 +223,9 @@ def _phase(url: str, busy: Busy, name: str, revision: str) -> dict[str, Any]:
             ("SELECT set_config", "SELECT current_", "SELECT pg_catalog")
         ):
             continue
-        lock = max(watch.strongest(s0, s1), after, key=lambda m: MODES.index(m) if m in MODES else -1)
+        lock = max(
+            watch.strongest(s0, s1), after, key=lambda m: MODES.index(m) if m in MODES else -1
+        )
         rows.append((statement[:110], (s1 - s0) * 1000, lock))
     return {
         "name": name,
@@ -241,7 +243,8 @@ def run(rows: int) -> None:
             t0 = time.perf_counter()
             conn.execute(_ROWS_SQL % {"span": SPAN_DAYS, "rows": rows})
             conn.execute("VACUUM ANALYZE jobs_archive")
-            print(f"  {rows:,} archived rows generated and vacuumed in {time.perf_counter() - t0:.1f} s")
+            took = time.perf_counter() - t0
+            print(f"  {rows:,} archived rows generated and vacuumed in {took:.1f} s")
             conn.execute(
                 f"DO $$ BEGIN CREATE ROLE {ROLE}; EXCEPTION WHEN duplicate_object THEN NULL; END $$"
             )
@@ -273,7 +276,9 @@ def run(rows: int) -> None:
                 " WHERE table_name = 'jobs_archive' AND grantee = %s",
                 (ROLE,),
             ).fetchone()[0]  # type: ignore[index]
-            parts = conn.execute("SELECT partition, upper_bound FROM jobs_archive_partitions()").fetchall()
+            parts = conn.execute(
+                "SELECT partition, upper_bound FROM jobs_archive_partitions()"
+            ).fetchall()
             conn.execute(f"DROP OWNED BY {ROLE}")
             conn.execute(f"DROP ROLE {ROLE}")
             conn.commit()
@@ -283,7 +288,11 @@ def run(rows: int) -> None:
             f"  {phase['name']}: {phase['total']:.0f} ms; {phase['rows']:,} rows after it"
             f" (expected {phase['expected']:,}); the second connection's longest archive"
             f" {phase['archive_ms']:.0f} ms, show {phase['show_ms']:.0f} ms"
-            + (f"; 0021's indexes and constraints: {phase['shape_ok']}" if "shape_ok" in phase else "")
+            + (
+                f"; 0021's indexes and constraints: {phase['shape_ok']}"
+                if "shape_ok" in phase
+                else ""
+            )
         )
         for statement, ms, lock in phase["steps"]:
             print(f"    {ms:9.1f} ms | {lock:24} | {statement}")
