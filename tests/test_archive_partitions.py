@@ -223,3 +223,21 @@ def test_the_async_archive_and_prune_create_and_drop_partitions(
     assert asyncio.run(run()) == (3, len(old))
     parts = partitions(engine)
     assert partition_name(start) in parts and partition_name(start - 5 * WEEK) not in parts
+
+
+def test_a_long_reader_of_a_closed_partition_delays_its_id_check_not_the_archive(
+    engine: sa.Engine, session: Session
+) -> None:
+    start = migrated_long_ago(engine, 3)
+    ids = archive_at(engine, start - 2 * WEEK + timedelta(days=1), 5)
+    closed = partition_name(start - 2 * WEEK)
+    with engine.connect() as reader:
+        reader.exec_driver_sql(f"SELECT count(*) FROM {closed}")  # holds ACCESS SHARE
+        # Waits the function's lock_timeout (5 s) for that partition, then goes on.
+        assert ops.prepare_archive(session) >= 1  # this week's partitions: made
+        assert partition_name(start) in partitions(engine)
+        assert partitions(engine)[closed] is False
+        reader.rollback()
+    prepare(engine, scalar(engine, "SELECT now()"))
+    assert partitions(engine)[closed] is True
+    assert _archived(engine, ids) == len(ids)

@@ -417,6 +417,9 @@ PARTS_APPENDED = _PARTS + (
 )
 PARTS_ID_CHECKS = _PARTS + "test_a_look_up_by_id_reads_only_the_closed_partition_that_can_hold_it"
 PARTS_HEALTH = _PARTS + "test_health_sums_the_partitions_of_the_archive"
+PARTS_READER = _PARTS + (
+    "test_a_long_reader_of_a_closed_partition_delays_its_id_check_not_the_archive"
+)
 
 MUTATIONS: list[Mutation] = [
     # --- shutdown: buffered jobs given back, attempt not spent --------------------------
@@ -1992,6 +1995,16 @@ MUTATIONS: list[Mutation] = [
         "           WHERE q.upper_bound <= at - interval '{CLOSED_AFTER}'\n",
         "           WHERE false AND q.upper_bound <= at - interval '{CLOSED_AFTER}'  -- MUTATION\n",
         (PARTS_ID_CHECKS,),
+    ),
+    Mutation(
+        "id_check_never_fails_the_archive",
+        "an id CHECK whose partition lock is not granted in time is left for a later call;"
+        " the archive goes on",
+        PARTS_MIGRATION,
+        "    EXCEPTION WHEN lock_not_available THEN\n"
+        "      NULL;  -- a long reader holds it: the archive goes on, a later call adds it\n",
+        "    EXCEPTION WHEN division_by_zero THEN\n      NULL;  -- MUTATION\n",
+        (PARTS_READER,),
     ),
     Mutation(
         "health_sums_partitions",

@@ -46,7 +46,11 @@ migration, the table's owner) with ``search_path`` pinned to the schema migrated
   closed partition that cannot hold ``n``: a look-up by id reads the matching
   partition and the open ones (5 buffers at 14 partitions, against 29 without).
   Returns how many changes it made (0: nothing to do; call again until 0 to validate
-  what it added). Callers are serialised by a transaction-scoped advisory lock.
+  what it added). Callers are serialised by a transaction-scoped advisory lock. A
+  CHECK step whose lock is not granted within ``LOCK_TIMEOUT`` (a long reader of that
+  partition, its autovacuum) is skipped, not an error: archiving goes on and a later
+  call adds it; a partition that cannot be attached is an error (rows of its week
+  would have nowhere to go).
 * ``jobs_archive_drop_before(cutoff timestamptz) RETURNS bigint``: drops each
   partition whose upper bound is at or before ``cutoff`` (every row of it was archived,
   so finished, before the bound), except one holding an archived step of a workflow
@@ -154,8 +158,12 @@ BEGIN
            JOIN pg_class c ON c.oid = k.conrelid JOIN pg_inherits i ON i.inhrelid = c.oid
            WHERE i.inhparent = 'jobs_archive'::regclass AND NOT k.convalidated
              AND k.conname = c.relname || '_ids' LOOP
-    EXECUTE format('ALTER TABLE %I VALIDATE CONSTRAINT %I', p.relname, p.conname);
-    changes := changes + 1;
+    BEGIN
+      EXECUTE format('ALTER TABLE %I VALIDATE CONSTRAINT %I', p.relname, p.conname);
+      changes := changes + 1;
+    EXCEPTION WHEN lock_not_available THEN
+      NULL;  -- its autovacuum (or a DDL) holds it: validated by a later call
+    END;
   END LOOP;
   -- The partitions of at's week and the next, each a table of its own attached to the
   -- parent (ATTACH takes SHARE UPDATE EXCLUSIVE on the parent; CREATE TABLE ...
@@ -179,11 +187,15 @@ BEGIN
              AND NOT EXISTS (SELECT 1 FROM pg_constraint k
                              WHERE k.conrelid = to_regclass(quote_ident(q.partition))
                                AND k.conname = q.partition || '_ids') LOOP
-    EXECUTE format('LOCK TABLE %I IN ACCESS EXCLUSIVE MODE', p.partition);
-    EXECUTE format('SELECT min(id), max(id) FROM %I', p.partition) INTO lo, hi;
-    EXECUTE format('ALTER TABLE %I ADD CONSTRAINT %I CHECK (id BETWEEN %s AND %s) NOT VALID',
-                   p.partition, p.partition || '_ids', coalesce(lo, 1), coalesce(hi, 0));
-    changes := changes + 1;
+    BEGIN
+      EXECUTE format('LOCK TABLE %I IN ACCESS EXCLUSIVE MODE', p.partition);
+      EXECUTE format('SELECT min(id), max(id) FROM %I', p.partition) INTO lo, hi;
+      EXECUTE format('ALTER TABLE %I ADD CONSTRAINT %I CHECK (id BETWEEN %s AND %s) NOT VALID',
+                     p.partition, p.partition || '_ids', coalesce(lo, 1), coalesce(hi, 0));
+      changes := changes + 1;
+    EXCEPTION WHEN lock_not_available THEN
+      NULL;  -- a long reader holds it: the archive goes on, a later call adds it
+    END;
   END LOOP;
   RETURN changes;
 END $$
