@@ -35,7 +35,11 @@ short transaction each (``WITH moved AS (DELETE ... RETURNING *) INSERT ...``), 
 never holds many locks for long nor blocks a claim. ``archive`` and ``prune`` commit
 after every batch: call them outside your own unit of work. Workers can archive for you
 (``--archive-every``); a PostgreSQL advisory lock (``sql.locks.ARCHIVE_LOCK_KEY``)
-makes sure one worker of the fleet does it at a time.
+makes sure one worker of the fleet does it at a time. ``jobs_archive`` is partitioned
+by week of ``archived_at`` (revision 0022): ``archive`` first makes sure this week's
+partition exists (``prepare_archive``), ``prune`` first drops whole weeks past its
+cutoff, both through ``SECURITY DEFINER`` functions, so the caller's role needs no DDL
+right.
 
 **Async apps** call the ``_async`` twin of each function (``await ops.pause_async(session,
 "mail")``, ``ops.stats_async``, ...): it runs the function below on the ``AsyncSession``'s
@@ -134,7 +138,8 @@ def _ids(ids: Sequence[int] | None) -> list[int] | None:
 
 @_sessions.sync_form
 def check_schema(session: Session) -> None:
-    """Raise SchemaNotReadyError unless revision 0002 (cancelled, jobs_archive) is applied."""
+    """Raise SchemaNotReadyError unless revision 0002 (cancelled, jobs_archive) and 0022
+    (the partitioned jobs_archive and its functions) are applied."""
     schema.check_schema(session.connection(), archive=True)
 
 
