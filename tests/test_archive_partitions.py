@@ -183,15 +183,16 @@ def test_health_sums_the_partitions_of_the_archive(engine: sa.Engine, session: S
     start = migrated_long_ago(engine, 6)
     archive_at(engine, start - 5 * WEEK + timedelta(days=1), 300)
     archive_at(engine, start - 2 * WEEK + timedelta(days=1), 300)
-    sizes = [
-        tuple(r)
-        for r in engine.connect().execute(
-            sa.text(
-                "SELECT pg_table_size(relid), pg_indexes_size(relid)"
-                " FROM pg_partition_tree('jobs_archive') WHERE isleaf"
+    with engine.connect() as conn:
+        sizes = [
+            tuple(r)
+            for r in conn.execute(
+                sa.text(
+                    "SELECT pg_table_size(relid), pg_indexes_size(relid)"
+                    " FROM pg_partition_tree('jobs_archive') WHERE isleaf"
+                )
             )
-        )
-    ]
+        ]
     (archive,) = [t for t in ops.health(session).tables if t.name == "jobs_archive"]
     assert archive.table_bytes == sum(s[0] for s in sizes) > max(s[0] for s in sizes)
     assert archive.index_bytes == sum(s[1] for s in sizes)
