@@ -9,6 +9,7 @@ from datetime import timedelta
 
 import pytest
 import sqlalchemy as sa
+from archivetime import INITIAL, WEEK, archive_at, migrated_long_ago, partitions
 from helpers import scalar, url_text
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
@@ -129,7 +130,26 @@ def test_archiving_code_refuses_a_database_without_revision_0022(
     url = url_text(db_url)
     registry = Registry()
     registry.handler("noop")(lambda session, payload: None)
-    archiving = Worker(registry, WorkerConfig(database_url=url, archive_every=60))
+    archiving = Worker(registry, WorkerConfig(database_url=url, archive_every=60), engine=engine)
     with pytest.raises(SchemaNotReadyError):
         archiving.check_schema()
-    Worker(registry, WorkerConfig(database_url=url)).check_schema()  # not archiving: fine
+    # Not archiving: fine.
+    Worker(registry, WorkerConfig(database_url=url), engine=engine).check_schema()
+
+
+def test_downgrade_after_prune_dropped_the_initial_partition_keeps_every_row(
+    engine: sa.Engine,
+) -> None:
+    _migrate(engine, BEFORE)
+    shape = _shape(engine)
+    _migrate(engine, "heads")
+    start = migrated_long_ago(engine, 4)
+    kept = archive_at(engine, start - 2 * WEEK + timedelta(days=1), 30, workflows=2)
+    with engine.begin() as conn:  # the initial partition (empty here) is past retention
+        conn.execute(sa.text("SELECT jobs_archive_drop_before(:c)"), {"c": start - 3 * WEEK})
+    assert INITIAL not in partitions(engine)
+    _migrate(engine, BEFORE)
+    assert _shape(engine) == shape
+    assert scalar(engine, "SELECT count(*) FROM jobs_archive") == len(kept)
+    _migrate(engine, "heads")
+    assert scalar(engine, "SELECT count(*) FROM jobs_archive") == len(kept)
