@@ -237,3 +237,30 @@ def test_cancelled_migration_downgrade_folds_cancelled_into_dead_and_upgrades_ag
             assert compare_metadata(context, Base.metadata) == []
     finally:
         engine.dispose()
+
+
+def test_include_object_leaves_out_only_the_archives_partitions_found_by_reflection(
+    db_url: URL,
+) -> None:
+    engine = sa.create_engine(db_url, poolclass=sa.NullPool)
+    try:
+        with engine.connect() as conn:
+            context = MigrationContext.configure(
+                conn, opts={"version_table": migrations.VERSION_TABLE}
+            )
+            bare = compare_metadata(context, Base.metadata)
+    finally:
+        engine.dispose()
+    # Without the filter every partition (and its indexes) would be dropped.
+    dropped = {d[1].name for d in bare if d[0] == "remove_table"}
+    assert "jobs_archive_p_initial" in dropped
+    assert all(migrations.ARCHIVE_PARTITION.fullmatch(name) for name in dropped)
+    for diff in bare:
+        obj = diff[1]
+        assert not migrations.include_object(obj, obj.name, diff[0][7:], True, None)
+    table = Base.metadata.tables["jobs_archive"]
+    assert migrations.include_object(table, "jobs_archive", "table", True, table)
+    users = sa.Table("users", sa.MetaData(), sa.Column("id", sa.Integer))
+    assert migrations.include_object(users, "users", "table", True, None)
+    fake = sa.Table("jobs_archive_p20261214", sa.MetaData(), sa.Column("id", sa.Integer))
+    assert migrations.include_object(fake, fake.name, "table", False, None)  # in a model
