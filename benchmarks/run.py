@@ -1691,7 +1691,7 @@ def main(argv: list[str] | None = None) -> int:
         "--only",
         default=(
             "enqueue,orm,drain,backlog,tx,procs,async,pickup,claim,limits,slots,scheduled,"
-            "cli,dashboard,horizon,history,partitions,workflows"
+            "cli,dashboard,horizon,history,partitions,archive-migration,workflows"
         ),
         help=(
             "comma-separated sections to run (default: all); drain-target runs only "
@@ -2104,6 +2104,13 @@ def main(argv: list[str] | None = None) -> int:
         import archive_partitions
 
         rows += archive_partitions.section(args.quick, step)
+
+    if "archive-migration" in only:
+        # Revision 0022 (the partitioned archive) upgraded, downgraded and upgraded again
+        # on 1,000,000 archived rows (#25): see archive_migration.py.
+        import archive_migration
+
+        rows += archive_migration.section(args.quick, step)
 
     if "horizon" in only:
         # A steady flow with an app's REPEATABLE READ transaction held open beside the

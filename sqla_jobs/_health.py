@@ -123,7 +123,9 @@ class HorizonHolder:
 
 @dataclass(frozen=True)
 class TableHealth:
-    """One queue table: ``pg_stat_user_tables`` figures and its sizes in bytes."""
+    """One queue table: ``pg_stat_user_tables`` figures and its sizes in bytes (a
+    partitioned table, ``jobs_archive`` since revision 0022: its partitions summed,
+    vacuum times the oldest among those with dead rows)."""
 
     name: str
     live_tuples: int

@@ -367,6 +367,11 @@ class JobArchive(Base):
 
     Same columns as [``Job``][sqla_jobs.models.Job] plus ``archived_at``. No unique idempotency key:
     a key only deduplicates against live (unarchived) jobs.
+
+    Since revision 0022 the table is partitioned by week of ``archived_at``
+    (``PARTITION BY RANGE``): its primary key is ``(id, archived_at)``, as a partitioned
+    table's unique index must hold the partition key, while the ORM's identity stays
+    ``id`` (``session.get(JobArchive, job_id)``): ids come from ``jobs``, one row each.
     """
 
     __tablename__ = "jobs_archive"
@@ -399,9 +404,10 @@ class JobArchive(Base):
     step: Mapped[str | None] = mapped_column(sa.Text)
     workflow_leaf: Mapped[bool | None] = mapped_column(sa.Boolean)
     archived_at: Mapped[datetime] = mapped_column(
-        sa.DateTime(timezone=True), server_default=_statement_time()
+        sa.DateTime(timezone=True), server_default=_statement_time(), primary_key=True
     )
 
+    __mapper_args__ = {"primary_key": [id]}
     __table_args__ = (
         sa.Index("jobs_archive_finished_at_idx", "finished_at"),
         # Revision 0017 (replacing 0015's jobs_archive_workflow_id_idx): a workflow's

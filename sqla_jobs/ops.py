@@ -35,7 +35,11 @@ short transaction each (``WITH moved AS (DELETE ... RETURNING *) INSERT ...``), 
 never holds many locks for long nor blocks a claim. ``archive`` and ``prune`` commit
 after every batch: call them outside your own unit of work. Workers can archive for you
 (``--archive-every``); a PostgreSQL advisory lock (``sql.locks.ARCHIVE_LOCK_KEY``)
-makes sure one worker of the fleet does it at a time.
+makes sure one worker of the fleet does it at a time. ``jobs_archive`` is partitioned
+by week of ``archived_at`` (revision 0022): ``archive`` first makes sure this week's
+partition exists (``prepare_archive``), ``prune`` first drops whole weeks past its
+cutoff, both through ``SECURITY DEFINER`` functions, so the caller's role needs no DDL
+right.
 
 **Async apps** call the ``_async`` twin of each function (``await ops.pause_async(session,
 "mail")``, ``ops.stats_async``, ...): it runs the function below on the ``AsyncSession``'s
@@ -54,7 +58,7 @@ import re
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -134,7 +138,8 @@ def _ids(ids: Sequence[int] | None) -> list[int] | None:
 
 @_sessions.sync_form
 def check_schema(session: Session) -> None:
-    """Raise SchemaNotReadyError unless revision 0002 (cancelled, jobs_archive) is applied."""
+    """Raise SchemaNotReadyError unless revision 0002 (cancelled, jobs_archive) and 0022
+    (the partitioned jobs_archive and its functions) are applied."""
     schema.check_schema(session.connection(), archive=True)
 
 
@@ -1205,6 +1210,49 @@ def _batch(session: Session, stmt: Any, floors: dict[str, datetime]) -> list[Any
     return rows
 
 
+#: (database, UTC day) this process already prepared ``jobs_archive`` for: the
+#: partitions of the week and the next exist, so one call a day per database is enough.
+_PREPARED: set[tuple[str, Any]] = set()
+#: How many times ``prepare_archive`` calls the function in a row: create partitions
+#: and add id CHECKs, validate them, see nothing left.
+_PREPARE_CALLS = 3
+
+
+@_sessions.sync_form
+def prepare_archive(session: Session) -> int:
+    """Make ``jobs_archive`` ready to take this week's rows (revision 0022): the
+    partitions of this week and the next exist, closed partitions carry a validated id
+    CHECK. Runs ``jobs_archive_prepare`` (a ``SECURITY DEFINER`` function: no DDL
+    right needed) until it has nothing left to do, each call committed; once a day per
+    process and database after that. Returns how many changes were made.
+    [``archive``][sqla_jobs.ops.archive] calls it first; call it yourself before an
+    archive statement of your own. Commits."""
+    bind = session.get_bind()
+    key = (bind.engine.url.render_as_string(hide_password=True), datetime.now(timezone.utc).date())
+    if key in _PREPARED:
+        return 0
+    if session.in_transaction():
+        session.commit()
+    total = 0
+    for _ in range(_PREPARE_CALLS):
+        try:
+            changes = int(session.execute(admin.prepare_archive()).scalar_one())
+        except sa_exc.ProgrammingError as exc:
+            session.rollback()
+            if schema.missing_function(exc):
+                raise SchemaNotReadyError(
+                    "jobs_archive_prepare() does not exist: this code archives into the "
+                    "partitioned jobs_archive of revision 0022; " + schema.UPGRADE
+                ) from None
+            raise
+        session.commit()
+        total += changes
+        if not changes:
+            break
+    _PREPARED.add(key)
+    return total
+
+
 @_sessions.sync_form
 def archive_batches(
     session: Session,
@@ -1225,6 +1273,7 @@ def archive_batches(
     )
     if session.in_transaction():
         session.commit()
+    prepare_archive(session)
     floors: dict[str, datetime] = {}  # each batch starts where the previous one stopped
     while True:
         rows = _batch(session, stmt, floors)
@@ -1255,14 +1304,21 @@ def archive(
 
 @_sessions.sync_form
 def prune(session: Session, older_than: timedelta, batch: int = DEFAULT_BATCH) -> int:
-    """Delete archived jobs finished more than ``older_than`` ago, ``batch`` rows per
-    committed transaction; return how many were deleted."""
+    """Delete archived jobs finished more than ``older_than`` ago; return how many were
+    deleted.
+
+    First whole partitions of ``jobs_archive`` archived before the cutoff are dropped
+    (``jobs_archive_drop_before``, revision 0022: one short ACCESS EXCLUSIVE lock, no
+    dead rows), then the rows left (the newest partition the cutoff falls in, the
+    initial partition until its bound is past) go in ``batch``-row DELETEs, each
+    committed."""
     age = _seconds("older_than", older_than)
     assert age is not None
     stmt = admin.prune_batch(older_than=age, batch=_positive_int("batch", batch))
     if session.in_transaction():
         session.commit()
-    total = 0
+    total = int(session.execute(admin.drop_archive_before(older_than=age)).scalar_one())
+    session.commit()
     floors: dict[str, datetime] = {}  # each batch starts where the previous one stopped
     while True:
         rows = _batch(session, stmt, floors)
@@ -2036,6 +2092,7 @@ result_async = _sessions.async_form(result)
 delete_jobs_async = _sessions.async_form(delete_jobs)
 jobs_to_delete_async = _sessions.async_form(jobs_to_delete)
 archive_async = _sessions.async_form(archive)
+prepare_archive_async = _sessions.async_form(prepare_archive)
 prune_async = _sessions.async_form(prune)
 pause_async = _sessions.async_form(pause)
 resume_async = _sessions.async_form(resume)

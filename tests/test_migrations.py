@@ -37,11 +37,13 @@ def _alembic(args: list[str], cwd: Path, url: URL) -> subprocess.CompletedProces
 
 
 def _tables(url: URL) -> set[str]:
+    """The tables, jobs_archive's partitions (revision 0022) left out."""
     engine = sa.create_engine(url, poolclass=sa.NullPool)
     try:
-        return set(sa.inspect(engine).get_table_names())
+        names = sa.inspect(engine).get_table_names()
     finally:
         engine.dispose()
+    return {n for n in names if not migrations.ARCHIVE_PARTITION.fullmatch(n)}
 
 
 def test_models_and_migrations_agree(db_url: URL) -> None:
@@ -53,6 +55,7 @@ def test_models_and_migrations_agree(db_url: URL) -> None:
                 "version_table": migrations.VERSION_TABLE,
                 "compare_type": True,
                 "compare_server_default": True,
+                "include_object": migrations.include_object,
             },
         )
         diff = compare_metadata(context, Base.metadata)
@@ -90,6 +93,7 @@ APP_ENV = """
 import os
 from alembic import context
 from sqlalchemy import Column, Integer, MetaData, Table, create_engine, pool
+from sqla_jobs.migrations import include_object
 from sqla_jobs.models import Base as JobsBase
 
 app_metadata = MetaData()
@@ -100,7 +104,8 @@ url = os.environ["DATABASE_URL"].replace("postgresql://", "postgresql+psycopg://
 engine = create_engine(url,
                        poolclass=pool.NullPool)
 with engine.connect() as connection:
-    context.configure(connection=connection, target_metadata=target_metadata)
+    context.configure(connection=connection, target_metadata=target_metadata,
+                      include_object=include_object)
     with context.begin_transaction():
         context.run_migrations()
 """
@@ -223,8 +228,39 @@ def test_cancelled_migration_downgrade_folds_cancelled_into_dead_and_upgrades_ag
             assert _statuses(conn)[4:] == ["cancelled", "waiting"]
             context = MigrationContext.configure(
                 conn,
-                opts={"version_table": migrations.VERSION_TABLE, "compare_type": True},
+                opts={
+                    "version_table": migrations.VERSION_TABLE,
+                    "compare_type": True,
+                    "include_object": migrations.include_object,
+                },
             )
             assert compare_metadata(context, Base.metadata) == []
     finally:
         engine.dispose()
+
+
+def test_include_object_leaves_out_only_the_archives_partitions_found_by_reflection(
+    db_url: URL,
+) -> None:
+    engine = sa.create_engine(db_url, poolclass=sa.NullPool)
+    try:
+        with engine.connect() as conn:
+            context = MigrationContext.configure(
+                conn, opts={"version_table": migrations.VERSION_TABLE}
+            )
+            bare = compare_metadata(context, Base.metadata)
+    finally:
+        engine.dispose()
+    # Without the filter every partition (and its indexes) would be dropped.
+    dropped = {d[1].name for d in bare if d[0] == "remove_table"}
+    assert "jobs_archive_p_initial" in dropped
+    assert all(migrations.ARCHIVE_PARTITION.fullmatch(name) for name in dropped)
+    for diff in bare:
+        obj = diff[1]
+        assert not migrations.include_object(obj, obj.name, diff[0][7:], True, None)
+    table = Base.metadata.tables["jobs_archive"]
+    assert migrations.include_object(table, "jobs_archive", "table", True, table)
+    users = sa.Table("users", sa.MetaData(), sa.Column("id", sa.Integer))
+    assert migrations.include_object(users, "users", "table", True, None)
+    fake = sa.Table("jobs_archive_p20261214", sa.MetaData(), sa.Column("id", sa.Integer))
+    assert migrations.include_object(fake, fake.name, "table", False, None)  # in a model

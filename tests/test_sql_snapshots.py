@@ -48,6 +48,7 @@ MODULES = (
 NOT_BUILDERS = {
     "schema.check_schema",
     "schema.missing_jobs_table",
+    "schema.missing_function",
     "schema.no_schema_error",
     "control.lock_key",
     "admin.payload_in_two_steps",
@@ -146,6 +147,9 @@ CASES: dict[str, Callable[[], Any]] = {
         done_older_than=60, dead_older_than=None, batch=1000
     ),
     "admin.prune_batch": lambda: admin.prune_batch(older_than=86400, batch=1000),
+    "admin.prepare_archive": lambda: admin.prepare_archive(),
+    "admin.drop_archive_before": lambda: admin.drop_archive_before(older_than=86400),
+    "admin.archive_partitions": lambda: admin.archive_partitions(),
     "admin.queues_of_kinds": lambda: admin.queues_of_kinds(["a", "b"]),
     "admin.pending_count": lambda: admin.pending_count(["a"], ["default"]),
     "admin.get_archived_job": lambda: admin.get_archived_job(1),

@@ -828,6 +828,37 @@ def archive_batch(
     )
 
 
+def prepare_archive(now: Now = None) -> sa.Select[Any]:
+    """``jobs_archive_prepare(now)`` (revision 0022): the partitions of this week and
+    the next exist, closed partitions get (then, at the next call, validate) their id
+    CHECK. Returns how many changes it made: call again, in a new transaction, until 0.
+    A ``SECURITY DEFINER`` function: the caller needs no ownership and runs no DDL."""
+    return sa.select(
+        sa.func.jobs_archive_prepare(_common.clock(now), type_=sa.Integer).label("changes")
+    )
+
+
+def drop_archive_before(*, older_than: float, now: Now = None) -> sa.Select[Any]:
+    """``jobs_archive_drop_before(now - older_than)`` (revision 0022): drops every
+    partition of ``jobs_archive`` wholly archived before the cutoff (so finished before
+    it), returns the exact number of rows dropped (0 when the parent's lock was not
+    granted within the function's lock_timeout)."""
+    cutoff = _common.ago(sa.bindparam("age", older_than, sa.Float), now)
+    return sa.select(sa.func.jobs_archive_drop_before(cutoff, type_=sa.BigInteger).label("dropped"))
+
+
+def archive_partitions() -> sa.Select[Any]:
+    """``jobs_archive``'s partitions (revision 0022), oldest first: name, bounds and
+    whether the id CHECK is validated."""
+    parts = sa.func.jobs_archive_partitions().table_valued(
+        sa.column("partition", sa.Text),
+        sa.column("lower_bound", sa.DateTime(timezone=True)),
+        sa.column("upper_bound", sa.DateTime(timezone=True)),
+        sa.column("id_check", sa.Boolean),
+    )
+    return sa.select(*parts.c).order_by(parts.c.lower_bound.asc().nulls_first())
+
+
 def prune_batch(*, older_than: float, batch: int, now: Now = None) -> ReturningDelete[Any]:
     """Delete a batch of archived jobs finished before ``now - older_than``.
 

@@ -134,12 +134,17 @@ def horizon_prepared() -> sa.Select[Any]:
 
 
 def tables(names: Sequence[str]) -> sa.Select[Any]:
-    """Tuples, vacuum and analyze times and sizes of the queue's tables (this schema)."""
+    """Tuples, vacuum and analyze times and sizes of the queue's tables (this schema).
+
+    A partitioned table (``jobs_archive`` since revision 0022) is the sum of its
+    partitions (the leaves of ``pg_partition_tree``; a plain table is its own only
+    leaf): live and dead tuples, updates and sizes added up; each last-vacuum and
+    last-analyze time the oldest among the partitions that have dead rows (the one
+    vacuum is behind on), the newest when none has. Catalog and statistics reads only.
+    """
     user_tables = sa.table(
         "pg_stat_user_tables",
         sa.column("relid"),
-        sa.column("schemaname", sa.Text),
-        sa.column("relname", sa.Text),
         sa.column("n_live_tup", sa.BigInteger),
         sa.column("n_dead_tup", sa.BigInteger),
         sa.column("n_tup_upd", sa.BigInteger),
@@ -150,25 +155,42 @@ def tables(names: Sequence[str]) -> sa.Select[Any]:
         sa.column("last_autoanalyze", sa.DateTime(timezone=True)),
     )
     t = user_tables.c
+    wanted = sa.func.unnest(sa.literal(list(names), ARRAY(sa.Text))).table_valued("name")
+    qualified = sa.func.quote_ident(sa.func.current_schema()) + "." + wanted.c.name
+    table = sa.func.to_regclass(qualified)
+    # pg_partition_tree lists nothing for a table outside partitioning: it is its own leaf.
+    tree = (
+        sa.func.pg_partition_tree(table)
+        .table_valued(sa.column("relid"), sa.column("isleaf", sa.Boolean))
+        .lateral("tree")
+    )
+
+    def total(column: sa.ColumnElement[Any], name: str) -> sa.Label[Any]:
+        return sa.cast(sa.func.sum(column), sa.BigInteger).label(name)
+
+    def behind(column: sa.ColumnElement[Any]) -> sa.Label[Any]:
+        oldest_dirty = sa.func.min(column).filter(t.n_dead_tup > 0)
+        return sa.func.coalesce(oldest_dirty, sa.func.max(column)).label(column.name)
+
     return (
         sa.select(
-            t.relname.label("name"),
-            t.n_live_tup.label("live_tuples"),
-            t.n_dead_tup.label("dead_tuples"),
-            t.n_tup_upd.label("updates"),
-            t.n_tup_hot_upd.label("hot_updates"),
-            t.last_vacuum,
-            t.last_autovacuum,
-            t.last_analyze,
-            t.last_autoanalyze,
-            sa.func.pg_table_size(t.relid, type_=sa.BigInteger).label("table_bytes"),
-            sa.func.pg_indexes_size(t.relid, type_=sa.BigInteger).label("index_bytes"),
+            wanted.c.name,
+            total(t.n_live_tup, "live_tuples"),
+            total(t.n_dead_tup, "dead_tuples"),
+            total(t.n_tup_upd, "updates"),
+            total(t.n_tup_hot_upd, "hot_updates"),
+            behind(t.last_vacuum),
+            behind(t.last_autovacuum),
+            behind(t.last_analyze),
+            behind(t.last_autoanalyze),
+            total(sa.func.pg_table_size(t.relid, type_=sa.BigInteger), "table_bytes"),
+            total(sa.func.pg_indexes_size(t.relid, type_=sa.BigInteger), "index_bytes"),
         )
-        .where(
-            t.schemaname == sa.func.current_schema(),
-            t.relname == sa.any_(sa.literal(list(names), ARRAY(sa.Text))),
-        )
-        .order_by(t.relname)
+        .select_from(wanted)
+        .outerjoin(tree, tree.c.isleaf)
+        .join(user_tables, t.relid == sa.func.coalesce(tree.c.relid, table))
+        .group_by(wanted.c.name)
+        .order_by(wanted.c.name)
     )
 
 

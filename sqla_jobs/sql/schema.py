@@ -31,6 +31,11 @@ def missing_jobs_table(exc: sa_exc.DBAPIError) -> bool:
     return isinstance(exc.orig, psycopg.errors.UndefinedTable)
 
 
+def missing_function(exc: sa_exc.DBAPIError) -> bool:
+    """Whether ``exc`` says a function is missing (revision 0022's maintenance ones)."""
+    return isinstance(exc.orig, psycopg.errors.UndefinedFunction)
+
+
 def no_schema_error(exc: sa_exc.DBAPIError, *, doing: str = "") -> SchemaNotReadyError:
     """The error for a database without sqla_jobs' tables (none of its migrations ran)."""
     return SchemaNotReadyError(
@@ -40,8 +45,15 @@ def no_schema_error(exc: sa_exc.DBAPIError, *, doing: str = "") -> SchemaNotRead
 
 
 def archive_probe() -> sa.Select[Any]:
-    """Reads every column of jobs_archive; fails if revision 0002 is missing."""
-    return sa.select(*models.jobs_archive.c).limit(0)
+    """Reads every column of jobs_archive and names its partitions' function; fails if
+    revision 0002 (the table) or 0022 (partitioned, ``jobs_archive_partitions()``)
+    is missing."""
+    parts = sa.func.jobs_archive_partitions().table_valued(sa.column("partition", sa.Text))
+    return (
+        sa.select(*models.jobs_archive.c)
+        .select_from(models.jobs_archive.join(parts, sa.false()))
+        .limit(0)
+    )
 
 
 def table_probe() -> sa.Select[Any]:

@@ -203,7 +203,9 @@ class Worker:
             return
         with self.engine.connect() as conn:
             periodic = self.config.periodic and bool(self.registry.schedules)
-            schema.check_schema(conn, periodic=periodic)
+            # An archiving worker needs revision 0022's jobs_archive_prepare (#25).
+            archive = self.config.archive_every is not None
+            schema.check_schema(conn, periodic=periodic, archive=archive)
 
     def run(self, *, install_signal_handlers: bool = False) -> None:
         """Work until ``stop()`` (or a signal); returns after a graceful drain."""

@@ -407,6 +407,20 @@ def _in_statement(anchor: str, *words: str) -> str:
     return anchor.replace(_FENCE_CALL, _drop_from_fence("_fence(worker, leases)", *words))
 
 
+# The partitioned archive (#25, revision 0022).
+_PARTS = "tests/test_archive_partitions.py::"
+PARTS_MIGRATION = "sqla_jobs/migrations/versions/0022_partitioned_archive.py"
+PARTS_PREPARED = _PARTS + "test_archive_creates_the_partition_of_its_week_before_moving_rows"
+PARTS_DROP_BOUND = _PARTS + "test_drop_before_keeps_a_partition_whose_bound_is_after_the_cutoff"
+PARTS_APPENDED = _PARTS + (
+    "test_a_partition_holding_a_workflow_appended_to_after_archiving_is_not_dropped"
+)
+PARTS_ID_CHECKS = _PARTS + "test_a_look_up_by_id_reads_only_the_closed_partition_that_can_hold_it"
+PARTS_HEALTH = _PARTS + "test_health_sums_the_partitions_of_the_archive"
+PARTS_READER = _PARTS + (
+    "test_a_long_reader_of_a_closed_partition_delays_its_id_check_not_the_archive"
+)
+
 MUTATIONS: list[Mutation] = [
     # --- shutdown: buffered jobs given back, attempt not spent --------------------------
     Mutation(
@@ -1957,6 +1971,56 @@ MUTATIONS: list[Mutation] = [
         "    UPDATE jobs SET status = 'queued', run_at = greatest(run_at, statement_timestamp())\n",
         "    UPDATE jobs SET status = 'queued'  -- MUTATION\n",
         (RELEASED_STEP + "[fan-in]",),
+    ),
+    Mutation(
+        "archive_prepares_its_partitions",
+        "an archive makes its week's partition (jobs_archive_prepare) before it moves rows",
+        "sqla_jobs/ops.py",
+        "    prepare_archive(session)\n",
+        "    pass  # MUTATION\n",
+        (PARTS_PREPARED,),
+    ),
+    Mutation(
+        "drop_before_only_partitions_ended_by_the_cutoff",
+        "prune drops a partition only when its upper bound is at or before the cutoff",
+        PARTS_MIGRATION,
+        "           WHERE q.upper_bound <= cutoff LOOP\n",
+        "           WHERE q.lower_bound <= cutoff LOOP  -- MUTATION\n",
+        (PARTS_DROP_BOUND,),
+    ),
+    Mutation(
+        "drop_before_keeps_appended_workflows",
+        "a partition holding a workflow with a step still in jobs is not dropped",
+        PARTS_MIGRATION,
+        "    CONTINUE WHEN busy;\n",
+        "    NULL;  -- MUTATION\n",
+        (PARTS_APPENDED,),
+    ),
+    Mutation(
+        "closed_partitions_get_id_checks",
+        "a closed partition gets a validated id CHECK, so a look-up by id skips it",
+        PARTS_MIGRATION,
+        "           WHERE q.upper_bound <= at - interval '{CLOSED_AFTER}'\n",
+        "           WHERE false AND q.upper_bound <= at - interval '{CLOSED_AFTER}'  -- MUTATION\n",
+        (PARTS_ID_CHECKS,),
+    ),
+    Mutation(
+        "id_check_never_fails_the_archive",
+        "an id CHECK whose partition lock is not granted in time is left for a later call;"
+        " the archive goes on",
+        PARTS_MIGRATION,
+        "    EXCEPTION WHEN lock_not_available THEN\n"
+        "      NULL;  -- a long reader holds it: the archive goes on, a later call adds it\n",
+        "    EXCEPTION WHEN division_by_zero THEN\n      NULL;  -- MUTATION\n",
+        (PARTS_READER,),
+    ),
+    Mutation(
+        "health_sums_partitions",
+        "health reports a partitioned table as the sum of its partitions",
+        "sqla_jobs/sql/health.py",
+        "        .outerjoin(tree, tree.c.isleaf)\n",
+        "        .outerjoin(tree, sa.false())  # MUTATION\n",
+        (PARTS_HEALTH,),
     ),
 ]
 

@@ -5,17 +5,19 @@ from __future__ import annotations
 import signal
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import psycopg
 import pytest
 import sqlalchemy as sa
-from helpers import rows, wait_for
+from archivetime import WEEK, archive_at, migrated_long_ago, partition_name, partitions
+from helpers import rows, scalar, wait_for
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
 from reliability.support import all_done, count, exactly_once, oracle, setup_app, spawn, stop_all
-from sqla_jobs import enqueue
+from sqla_jobs import enqueue, ops
 
 pytestmark = pytest.mark.reliability
 
@@ -30,6 +32,7 @@ GRANT SELECT, INSERT, UPDATE ON TABLE jobs_controls TO {role};
 GRANT SELECT, INSERT, DELETE ON TABLE jobs_rate_starts TO {role};
 GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE jobs_workers TO {role};
 GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE jobs_workflow_edges TO {role};
+GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE jobs_archive TO {role};
 """
 #: The test handlers' own tables (not sqla_jobs'), as an application would grant them.
 APP_GRANTS = """
@@ -79,6 +82,10 @@ def dml_role(engine: sa.Engine, db_url: URL) -> Iterator[str]:
         "TRUNCATE jobs",
         "ALTER TYPE job_status ADD VALUE 'intruder'",
         "DROP TRIGGER jobs_notify ON jobs",
+        # The archive's partitions are made and dropped by revision 0022's functions.
+        "CREATE TABLE intruder PARTITION OF jobs_archive"
+        " FOR VALUES FROM ('2000-01-03') TO ('2000-01-10')",
+        "DROP TABLE jobs_archive_p_initial",
     ],
 )
 def test_the_dml_role_cannot_run_ddl(db_url: URL, dml_role: str, ddl: str) -> None:
@@ -119,3 +126,59 @@ def test_worker_and_enqueue_run_as_a_role_with_only_dml(
     assert oracle(engine) == exactly_once(JOBS)
     assert count(engine, "SELECT count(DISTINCT worker) FROM jobs") == 1
     assert rows(engine, SCHEMA_SNAPSHOT) == before  # nothing created, altered or dropped
+
+
+def test_the_dml_role_archives_and_prunes_through_the_partition_functions(
+    engine: sa.Engine, db_url: URL, dml_role: str, tmp_path: Path
+) -> None:
+    """Partitions are created (by a worker's archiver) and dropped (by ``ops.prune``)
+    for a role that owns nothing: revision 0022's SECURITY DEFINER functions."""
+    start = migrated_long_ago(engine, 6)  # this week's partition does not exist yet
+    role_url = db_url.set(username=dml_role)
+    role_engine = sa.create_engine(role_url, poolclass=sa.NullPool)
+    log = tmp_path / "worker.log"
+    try:
+        # Older weeks archived by the role itself, with an explicit time.
+        old = archive_at(role_engine, start - 5 * WEEK + timedelta(days=1), 10, workflows=1)
+        with Session(role_engine) as s:
+            for i in range(JOBS):
+                enqueue(s, "work", {"i": i})
+            s.commit()
+        proc = spawn(
+            role_url,
+            log,
+            "--concurrency",
+            "2",
+            "--archive-every",
+            "0.2",
+            "--archive-older-than",
+            "0s",
+        )
+        try:
+            wait_for(
+                lambda: (
+                    count(engine, "SELECT count(*) FROM jobs_archive WHERE kind = 'work'") == JOBS
+                ),
+                message="the worker's archiver moved every job",
+            )
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(30) == 0
+        finally:
+            stop_all([proc])
+        assert partition_name(start) in partitions(engine)
+        assert scalar(engine, f"SELECT count(*) FROM {partition_name(start)}") == JOBS
+        cutoff = start - 3 * WEEK
+        with Session(role_engine) as s:
+            pruned = ops.prune(s, scalar(engine, "SELECT now()") - cutoff)
+        assert pruned == len(old)
+        assert partition_name(start - 5 * WEEK) not in partitions(engine)
+    finally:
+        role_engine.dispose()
+    out = log.read_text()
+    assert "permission denied" not in out and "Traceback" not in out, out
+    owners = rows(
+        engine,
+        "SELECT DISTINCT pg_get_userbyid(c.relowner) FROM pg_inherits i"
+        " JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'jobs_archive'::regclass",
+    )
+    assert owners == [("postgres",)]  # made by the functions, as their owner

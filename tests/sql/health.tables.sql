@@ -1,15 +1,20 @@
-SELECT pg_stat_user_tables.relname AS name,
-       pg_stat_user_tables.n_live_tup AS live_tuples,
-       pg_stat_user_tables.n_dead_tup AS dead_tuples,
-       pg_stat_user_tables.n_tup_upd AS updates,
-       pg_stat_user_tables.n_tup_hot_upd AS hot_updates,
-       pg_stat_user_tables.last_vacuum,
-       pg_stat_user_tables.last_autovacuum,
-       pg_stat_user_tables.last_analyze,
-       pg_stat_user_tables.last_autoanalyze,
-       pg_table_size(pg_stat_user_tables.relid) AS table_bytes,
-       pg_indexes_size(pg_stat_user_tables.relid) AS index_bytes
-FROM pg_stat_user_tables
-WHERE pg_stat_user_tables.schemaname = current_schema()
-  AND pg_stat_user_tables.relname = ANY (%(param_1)s::TEXT[])
-ORDER BY pg_stat_user_tables.relname;
+SELECT anon_1.name,
+       CAST(sum(pg_stat_user_tables.n_live_tup) AS BIGINT) AS live_tuples,
+       CAST(sum(pg_stat_user_tables.n_dead_tup) AS BIGINT) AS dead_tuples,
+       CAST(sum(pg_stat_user_tables.n_tup_upd) AS BIGINT) AS updates,
+       CAST(sum(pg_stat_user_tables.n_tup_hot_upd) AS BIGINT) AS hot_updates,
+       coalesce(min(pg_stat_user_tables.last_vacuum) FILTER (
+                                                             WHERE pg_stat_user_tables.n_dead_tup > %(n_dead_tup_1)s::BIGINT), max(pg_stat_user_tables.last_vacuum)) AS last_vacuum,
+       coalesce(min(pg_stat_user_tables.last_autovacuum) FILTER (
+                                                                 WHERE pg_stat_user_tables.n_dead_tup > %(n_dead_tup_2)s::BIGINT), max(pg_stat_user_tables.last_autovacuum)) AS last_autovacuum,
+       coalesce(min(pg_stat_user_tables.last_analyze) FILTER (
+                                                              WHERE pg_stat_user_tables.n_dead_tup > %(n_dead_tup_3)s::BIGINT), max(pg_stat_user_tables.last_analyze)) AS last_analyze,
+       coalesce(min(pg_stat_user_tables.last_autoanalyze) FILTER (
+                                                                  WHERE pg_stat_user_tables.n_dead_tup > %(n_dead_tup_4)s::BIGINT), max(pg_stat_user_tables.last_autoanalyze)) AS last_autoanalyze,
+       CAST(sum(pg_table_size(pg_stat_user_tables.relid)) AS BIGINT) AS table_bytes,
+       CAST(sum(pg_indexes_size(pg_stat_user_tables.relid)) AS BIGINT) AS index_bytes
+FROM unnest(%(param_1)s::TEXT[]) AS anon_1
+LEFT OUTER JOIN LATERAL pg_partition_tree(to_regclass(quote_ident(current_schema()) || %(quote_ident_1)s::VARCHAR || anon_1.name)) AS tree ON tree.isleaf
+JOIN pg_stat_user_tables ON pg_stat_user_tables.relid = coalesce(tree.relid, to_regclass(quote_ident(current_schema()) || %(quote_ident_1)s::VARCHAR || anon_1.name))
+GROUP BY anon_1.name
+ORDER BY anon_1.name;

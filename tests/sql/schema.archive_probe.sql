@@ -26,4 +26,5 @@ SELECT jobs_archive.id,
        jobs_archive.workflow_leaf,
        jobs_archive.archived_at
 FROM jobs_archive
+JOIN jobs_archive_partitions() AS anon_1 ON false
 LIMIT %(param_1)s::INTEGER;

@@ -1,0 +1,6 @@
+SELECT anon_1.partition,
+       anon_1.lower_bound,
+       anon_1.upper_bound,
+       anon_1.id_check
+FROM jobs_archive_partitions() AS anon_1
+ORDER BY anon_1.lower_bound ASC NULLS FIRST;

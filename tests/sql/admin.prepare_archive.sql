@@ -1,0 +1,1 @@
+SELECT jobs_archive_prepare(statement_timestamp()) AS changes;
