@@ -5,9 +5,12 @@ repeats, ms) in both, in turns (three rounds, the median of the rounds), one of 
 with ``history`` finished jobs added in SQL
 (``generate_series``) the way the product stores them: half as done rows in ``jobs``
 finished 1 hour to 6 days ago (not yet archivable at ``--older-than 7d``), half in
-``jobs_archive`` finished 10 to 80 days ago (not yet prunable at 90 days), then
-``VACUUM ANALYZE`` (both). The ratio long/empty is compared with the issue's 1.2x. The
-live part is the same in both: queued jobs to claim, a few dead, expired and done ones.
+``jobs_archive`` finished 10 to 80 days ago (not yet prunable at 90 days) and archived a
+day after, in weekly partitions as a partitioned install has them after months (the
+closed weeks with their id CHECKs; the empty side is a fresh install: the migration's
+initial partition and the two weeks ahead), then ``VACUUM ANALYZE`` (both). The ratio
+long/empty is compared with the issue's 1.2x. The live part is the same in both: queued
+jobs to claim, a few dead, expired and done ones.
 
 Before the timed rounds, ``moves`` runs each archive and prune shape once per side with
 auto_explain on, and prints what the server counted (buffers, pages dirtied, each
@@ -68,12 +71,36 @@ INSERT INTO jobs (kind, payload, status, attempts, worker, run_at, created_at, f
          '{"ok": true}'
   FROM generate_series(1, %(half)s) AS g;
 INSERT INTO jobs_archive (id, kind, queue, priority, payload, status, run_at, attempts,
-                          worker, created_at, finished_at, result)
+                          worker, created_at, finished_at, result, archived_at)
   SELECT 1000000000 + g, 'noop', 'default', 0, '{"n": 1}', 'done',
          now() - interval '80 days' + g * (interval '70 days' / %(half)s), 1, 'old:1',
          now() - interval '80 days' + g * (interval '70 days' / %(half)s),
-         now() - interval '80 days' + g * (interval '70 days' / %(half)s), '{"ok": true}'
+         now() - interval '80 days' + g * (interval '70 days' / %(half)s), '{"ok": true}',
+         now() - interval '79 days' + g * (interval '70 days' / %(half)s)
   FROM generate_series(1, %(half)s) AS g;
+"""
+# The archive as a partitioned install has it after months (revision 0022): instead of
+# the migration's initial partition (MINVALUE to the week after next), one partition per
+# week from before the oldest archived row on, in the archiver's names, so the history
+# lands in the weeks it was archived in. After the rows are in, the archiver's own
+# jobs_archive_prepare (twice: add, then validate) gives the closed weeks their id CHECKs.
+_WEEKLY_SQL = """
+DO $$
+DECLARE
+  bound timestamptz;
+  week timestamptz;
+BEGIN
+  SELECT upper_bound INTO bound FROM jobs_archive_partitions()
+   WHERE partition = 'jobs_archive_p_initial';
+  ALTER TABLE jobs_archive DETACH PARTITION jobs_archive_p_initial;
+  DROP TABLE jobs_archive_p_initial;
+  FOR week IN SELECT generate_series(date_trunc('week', now() - interval '90 days', 'UTC'),
+                                     bound - interval '1 week', interval '1 week') LOOP
+    EXECUTE format('CREATE TABLE %%I PARTITION OF jobs_archive FOR VALUES FROM (%%L) TO (%%L)',
+                   'jobs_archive_p' || to_char(week AT TIME ZONE 'UTC', 'YYYYMMDD'),
+                   week, week + interval '1 week');
+  END LOOP;
+END $$
 """
 # Rows smaller than the history's (no worker, no result): after the history's VACUUM
 # nearly every page of jobs_archive has a hole that fits exactly one of them, and the
@@ -442,10 +469,16 @@ def _read_plan(plan: list[str]) -> Plan:
 
 def _prepare(url: str, engine: sa.Engine, history: int) -> None:
     with engine.begin() as conn:
+        if history:
+            conn.exec_driver_sql(_WEEKLY_SQL, {})  # {}: the driver reads %% as %
         conn.exec_driver_sql(_LIVE_SQL)
         if history:
             for statement in _HISTORY_SQL.split(";")[:2]:
                 conn.exec_driver_sql(statement, {"half": history // 2})
+    if history:
+        for _ in range(2):
+            with engine.begin() as conn:
+                conn.exec_driver_sql("SELECT jobs_archive_prepare()")
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.exec_driver_sql("VACUUM ANALYZE")
 
