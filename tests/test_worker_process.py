@@ -331,3 +331,38 @@ def test_database_url_option_overrides_the_environment(engine: sa.Engine, db_url
         wait_for(lambda: scalar(engine, "SELECT status::text FROM jobs") == "done", timeout=30)
     finally:
         stop(proc)
+
+
+def test_a_job_whose_connection_the_server_closes_while_its_outcome_is_recorded_fails_after_its_give_backs(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    """The worker's role has an idle_in_transaction_session_timeout shorter than the
+    handler: its session is closed while it sleeps, the done-mark finds the connection
+    lost. Given back MAX_LOST_GIVEBACKS times, then a failed attempt, not running for ever."""
+    from sqla_jobs.worker import _completer
+
+    setup_app_tables(engine)
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.exec_driver_sql(
+            f'ALTER DATABASE "{db_url.database}" SET idle_in_transaction_session_timeout = 1000'
+        )
+    with Session(engine) as s:
+        job_id = enqueue(s, "read_then_idle", {"sleep": 2})
+        s.commit()
+    proc = start_worker(db_url, "--poll-interval", "0.2")
+    try:
+        wait_for(
+            lambda: scalar(engine, "SELECT status::text FROM jobs WHERE id = :i", i=job_id)
+            == "dead",
+            timeout=60,
+            message="the job dead after its give-backs",
+        )
+    finally:
+        out = stop(proc)
+    runs = scalar(engine, "SELECT count(*) FROM runs WHERE job_id = :i", i=job_id)
+    assert 1 < runs <= _completer.MAX_LOST_GIVEBACKS + 1, out
+    error = scalar(engine, "SELECT last_error FROM jobs WHERE id = :i", i=job_id)
+    assert "connection was lost while the job's outcome was recorded" in error
+    assert "idle_in_transaction_session_timeout" in error
+    assert "terminated backend" in error and "failover" in error
+    assert scalar(engine, "SELECT attempts FROM jobs WHERE id = :i", i=job_id) == 1

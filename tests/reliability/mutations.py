@@ -1747,6 +1747,21 @@ MUTATIONS: list[Mutation] = [
         (PROBE_TIMEOUT_SETTING,),
     ),
     Mutation(
+        "outcome_unknown_gives_back_a_few_times",
+        "a job whose connection is lost while its outcome is recorded is given back at most "
+        "MAX_LOST_GIVEBACKS times, then its run is a failed attempt (not running for ever)",
+        COMPLETER,
+        "            if not self._may_give_back(job.id):\n"
+        "                self._lost_while_recording(job, exc)\n"
+        "                return\n",
+        "            pass  # MUTATION\n",
+        (
+            "tests/test_worker_process.py::"
+            "test_a_job_whose_connection_the_server_closes_while_its_outcome_is_recorded_"
+            "fails_after_its_give_backs",
+        ),
+    ),
+    Mutation(
         "timed_out_socket_is_a_lost_connection",
         "a socket ended without a server answer (tcp_user_timeout) is a lost connection: "
         "the job is given back, no attempt spent",
