@@ -722,6 +722,14 @@ def _health_thresholds(args: argparse.Namespace) -> dict[str, Any]:
     return given
 
 
+def _holder_state(x: Any) -> str:
+    if x.holder == "slot":
+        return "active" if x.detail.get("active") else "inactive"
+    if x.detail.get("hidden"):
+        return "hidden"
+    return str(x.detail.get("state") or "-")
+
+
 def _health_text(h: Any) -> str:
     lines = [f"sqla_jobs health at {h.taken_at.isoformat(timespec='seconds')}", ""]
     if h.horizon:
@@ -729,10 +737,10 @@ def _health_text(h: Any) -> str:
             (
                 x.holder,
                 x.name,
-                _age(x.age_seconds),
+                "hidden" if x.detail.get("hidden") else _age(x.age_seconds),
                 "-" if x.xid_age is None else x.xid_age,
                 x.detail.get("application_name") or x.detail.get("owner") or "-",
-                x.detail.get("state") or ("active" if x.detail.get("active") else "-"),
+                _holder_state(x),
             )
             for x in h.horizon
         ]

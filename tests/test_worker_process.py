@@ -333,7 +333,7 @@ def test_database_url_option_overrides_the_environment(engine: sa.Engine, db_url
         stop(proc)
 
 
-def test_a_job_whose_connection_the_server_closes_while_its_outcome_is_recorded_fails_after_its_give_backs(
+def test_a_connection_lost_while_recording_the_outcome_fails_the_job_after_its_give_backs(
     engine: sa.Engine, db_url: URL
 ) -> None:
     """The worker's role has an idle_in_transaction_session_timeout shorter than the
@@ -352,8 +352,9 @@ def test_a_job_whose_connection_the_server_closes_while_its_outcome_is_recorded_
     proc = start_worker(db_url, "--poll-interval", "0.2")
     try:
         wait_for(
-            lambda: scalar(engine, "SELECT status::text FROM jobs WHERE id = :i", i=job_id)
-            == "dead",
+            lambda: (
+                scalar(engine, "SELECT status::text FROM jobs WHERE id = :i", i=job_id) == "dead"
+            ),
             timeout=60,
             message="the job dead after its give-backs",
         )

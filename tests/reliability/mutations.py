@@ -1757,8 +1757,7 @@ MUTATIONS: list[Mutation] = [
         "            pass  # MUTATION\n",
         (
             "tests/test_worker_process.py::"
-            "test_a_job_whose_connection_the_server_closes_while_its_outcome_is_recorded_"
-            "fails_after_its_give_backs",
+            "test_a_connection_lost_while_recording_the_outcome_fails_the_job_after_its_give_backs",
         ),
     ),
     Mutation(
