@@ -1761,6 +1761,39 @@ MUTATIONS: list[Mutation] = [
         ),
     ),
     Mutation(
+        "health_visibility_finding",
+        "health run by a role that cannot see other roles' sessions says so (a finding)",
+        "sqla_jobs/_health.py",
+        "    if h.sees_other_roles:\n        return []\n",
+        "    if True:  # MUTATION\n        return []\n",
+        (
+            "tests/test_health.py::"
+            "test_health_without_pg_read_all_stats_says_it_cannot_see_other_roles_transactions",
+        ),
+    ),
+    Mutation(
+        "health_inactive_slot_without_xmin",
+        "health flags an inactive replication slot that holds no xmin (it retains WAL)",
+        "sqla_jobs/sql/health.py",
+        "                sa.not_(slots.c.active),\n",
+        "                sa.false(),  # MUTATION\n",
+        (
+            "tests/test_health.py::"
+            "test_an_inactive_replication_slot_without_xmin_is_flagged_with_the_wal_it_retains",
+        ),
+    ),
+    Mutation(
+        "health_never_vacuumed_aged_from_stats",
+        "a never-vacuumed table's age counts from when its database's statistics began",
+        "sqla_jobs/_health.py",
+        "    since = vacuumed if vacuumed is not None else h.stats_since\n",
+        "    since = vacuumed  # MUTATION\n",
+        (
+            "tests/test_health.py::"
+            "test_a_never_vacuumed_table_is_as_old_as_its_databases_statistics",
+        ),
+    ),
+    Mutation(
         "timed_out_socket_is_a_lost_connection",
         "a socket ended without a server answer (tcp_user_timeout) is a lost connection: "
         "the job is given back, no attempt spent",
