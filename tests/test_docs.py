@@ -440,6 +440,8 @@ def test_the_grants_of_the_least_privilege_page_run(engine: sa.Engine) -> None:
             f"WHERE grantee = '{role}'"
         ).scalar()
         assert granted == sql.count("ON TABLE ")
+        member = f"SELECT pg_has_role('{role}', 'pg_read_all_stats', 'MEMBER')"
+        assert conn.exec_driver_sql(member).scalar() is True  # for health's visibility
         trans.rollback()
 
 
