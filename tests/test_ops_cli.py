@@ -292,7 +292,10 @@ def test_archive_and_prune_commands_move_and_delete_rows(engine: sa.Engine, db_u
         (["list", "--min-id", "5", "--max-id", "3"], "min_id 5 is above max_id 3: no job is in"),
         (["archive", "--older-than", "soon"], "invalid duration 'soon'"),
         (["archive"], "the following arguments are required: --older-than"),
-        (["show", "424242"], "no job with id 424242"),
+        (
+            ["show", "424242"],
+            "no job with id 424242 (never existed, deleted, or pruned from the archive)",
+        ),
         (["show", "abc"], "invalid int value: 'abc'"),
         (["retry", "424242"], "no job with id 424242"),
         (["retry"], "give job ids, or --all-dead"),
@@ -566,3 +569,51 @@ def test_the_operations_guide_lists_every_command_with_every_option() -> None:
                 if ours and flag not in text:
                     missing.append(f"{name} {flag}")
     assert not missing, f"docs/operations.md's command table lacks {missing}"
+
+
+def test_result_prints_a_done_jobs_result_as_json_archived_too_and_exits_1_without_one(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    insert(
+        engine,
+        """
+        INSERT INTO jobs (kind, payload, status, finished_at, result)
+        VALUES ('noop', '{}', 'done', now() - interval '2 days', '{"total": 3, "ok": true}'),
+               ('noop', '{}', 'done', now(), NULL),
+               ('noop', '{}', 'queued', NULL, NULL)
+        """,
+    )
+    archived, no_value, queued = (r[0] for r in rows(engine, "SELECT id FROM jobs ORDER BY id"))
+    with Session(engine) as session:
+        assert ops.archive(session, older_than=ops.parse_duration("1d")) == 1
+    found = cli(db_url, "result", str(archived))
+    assert found.returncode == 0, found.stderr
+    assert json.loads(found.stdout) == {"total": 3, "ok": True}
+    assert cli(db_url, "result", str(no_value)).stdout == "null\n"
+    not_done = cli(db_url, "result", str(queued))
+    assert not_done.returncode == 1
+    assert not_done.stderr == (
+        f"sqla_jobs: error: job {queued} is queued: only done jobs have a result\n"
+    )
+    missing = cli(db_url, "result", "424242")
+    assert missing.returncode == 1
+    assert missing.stderr == (
+        "sqla_jobs: error: no job with id 424242 (never existed, deleted, or pruned from "
+        "the archive)\n"
+    )
+
+
+def test_archive_and_prune_show_their_required_older_than_in_usage_and_reference() -> None:
+    for command in ("archive", "prune"):
+        usage = subprocess.run(
+            [sys.executable, "-m", "sqla_jobs", command, "--help"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
+        flat = " ".join(usage.split())
+        assert " --older-than DURATION " in flat and "[--older-than" not in flat, usage
+    reference = (TESTS.parent / "docs" / "reference" / "cli.md").read_text()
+    assert "sqla-jobs archive --older-than DURATION [options]" in reference
+    assert "sqla-jobs prune --older-than DURATION [options]" in reference
+    assert "| `--older-than DURATION` | required |" in reference
