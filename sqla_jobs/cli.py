@@ -195,6 +195,13 @@ def worker_parser(prog: str = "python -m sqla_jobs.worker") -> argparse.Argument
         help="with --archive-every: archive done jobs older than this; default %(default)s",
     )
     p.add_argument(
+        "--archive-dead-after",
+        default=None,
+        metavar="DURATION",
+        help="with --archive-every: archive dead and cancelled jobs finished longer ago than "
+        "this too, e.g. 30d (default: they stay in jobs)",
+    )
+    p.add_argument(
         "--metrics-port",
         type=int,
         default=None,
@@ -248,6 +255,13 @@ def _build_config(args: argparse.Namespace) -> config_mod.WorkerConfig:
 
         options["archive_every"] = args.archive_every * 60
         options["archive_older_than"] = ops.parse_duration(args.archive_older_than).total_seconds()
+        if args.archive_dead_after is not None:
+            dead_after = ops.parse_duration(args.archive_dead_after)
+            options["archive_dead_after"] = dead_after.total_seconds()
+    elif args.archive_dead_after is not None:
+        raise ConfigError(
+            "--archive-dead-after goes with --archive-every (which turns archiving on)"
+        )
     return config_mod.WorkerConfig(
         database_url=_url_arg(args),
         concurrency=args.concurrency,

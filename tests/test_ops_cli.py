@@ -396,6 +396,76 @@ def test_worker_archives_only_while_it_holds_the_fleet_lock(engine: sa.Engine, d
     assert scalar(engine, "SELECT count(*) FROM jobs") == 0, text
 
 
+def test_worker_archives_dead_and_cancelled_jobs_only_with_archive_dead_after(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    """``--archive-every`` moves done jobs; dead and cancelled ones stay unless
+    ``--archive-dead-after`` says after how long; the start-up log says what it archives."""
+    insert(
+        engine,
+        """
+        INSERT INTO jobs (kind, payload, status, finished_at)
+        SELECT 'noop', '{}', s::job_status, now() - interval '2 days'
+          FROM unnest(ARRAY['done', 'dead', 'cancelled']) AS s
+        """,
+    )
+
+    def statuses(table: str) -> list[str]:
+        return [r[0] for r in rows(engine, f"SELECT status::text FROM {table} ORDER BY 1")]
+
+    first = start_worker(db_url, "--archive-every", "0.005", "--archive-older-than", "1d")
+    try:
+        wait_for(lambda: statuses("jobs_archive") == ["done"], message="the done job archived")
+    finally:
+        out = stop(first)
+    assert (
+        "archiving every 0.3s (one worker of the fleet at a time): done jobs finished over "
+        "86400s ago; dead and cancelled jobs stay in jobs"
+    ) in out
+    assert statuses("jobs") == ["cancelled", "dead"]
+    second = start_worker(
+        db_url,
+        *("--archive-every", "0.005", "--archive-older-than", "1d"),
+        *("--archive-dead-after", "1d"),
+    )
+    try:
+        wait_for(lambda: statuses("jobs") == [], message="dead and cancelled jobs archived")
+    finally:
+        out = stop(second)
+    assert "dead and cancelled jobs finished over 86400s ago" in out
+    assert statuses("jobs_archive") == ["cancelled", "dead", "done"]
+
+
+def test_a_negative_archive_dead_after_is_refused_when_the_config_is_built(db_url: URL) -> None:
+    from sqla_jobs import ConfigError, WorkerConfig
+
+    with pytest.raises(ConfigError) as caught:
+        WorkerConfig(database_url=url_text(db_url), archive_every=60, archive_dead_after=-1)
+    assert str(caught.value).startswith("archive_dead_after must be >= 0"), caught.value
+
+
+def test_archive_dead_after_without_archive_every_is_refused(db_url: URL) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sqla_jobs.worker",
+            "jobapp:registry",
+            "--archive-dead-after",
+            "30d",
+        ],
+        env=cli_env(db_url),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert (
+        "sqla_jobs: error: --archive-dead-after goes with --archive-every (which turns "
+        "archiving on)"
+    ) in result.stderr
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -1794,6 +1794,17 @@ MUTATIONS: list[Mutation] = [
         ),
     ),
     Mutation(
+        "worker_archives_dead_after",
+        "a worker started with --archive-dead-after archives dead and cancelled jobs too",
+        SERVICES,
+        "                        session, self.older_than, include_dead_after=self.dead_after\n",
+        "                        session, self.older_than, include_dead_after=None  # MUTATION\n",
+        (
+            "tests/test_ops_cli.py::"
+            "test_worker_archives_dead_and_cancelled_jobs_only_with_archive_dead_after",
+        ),
+    ),
+    Mutation(
         "timed_out_socket_is_a_lost_connection",
         "a socket ended without a server answer (tcp_user_timeout) is a lost connection: "
         "the job is given back, no attempt spent",
