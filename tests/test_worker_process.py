@@ -367,3 +367,31 @@ def test_a_connection_lost_while_recording_the_outcome_fails_the_job_after_its_g
     assert "idle_in_transaction_session_timeout" in error
     assert "terminated backend" in error and "failover" in error
     assert scalar(engine, "SELECT attempts FROM jobs WHERE id = :i", i=job_id) == 1
+
+
+def test_a_worker_url_that_turns_the_idle_timeout_off_runs_a_handler_longer_than_it(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    """The remedy Running for years gives when the app and the workers share a role:
+    ``options=-c idle_in_transaction_session_timeout=0`` in the workers' URL."""
+    setup_app_tables(engine)
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.exec_driver_sql(
+            f'ALTER DATABASE "{db_url.database}" SET idle_in_transaction_session_timeout = 1000'
+        )
+    with Session(engine) as s:
+        job_id = enqueue(s, "read_then_idle", {"sleep": 2})
+        s.commit()
+    url = db_url.update_query_dict({"options": "-c idle_in_transaction_session_timeout=0"})
+    proc = start_worker(url, "--poll-interval", "0.2")
+    try:
+        wait_for(
+            lambda: (
+                scalar(engine, "SELECT status::text FROM jobs WHERE id = :i", i=job_id) == "done"
+            ),
+            timeout=60,
+            message="the job done",
+        )
+    finally:
+        out = stop(proc)
+    assert scalar(engine, "SELECT count(*) FROM runs WHERE job_id = :i", i=job_id) == 1, out
