@@ -123,8 +123,10 @@ class HealthThresholds:
 class HorizonHolder:
     """Something keeping vacuum from removing dead rows: a session, a slot or a
     prepared transaction. ``name`` is the pid, slot name or gid; ``age_seconds`` is
-    how long its transaction has been open (None for a slot: slots have no clock);
-    ``xid_age`` how many transactions back it holds the horizon."""
+    how long its transaction has been open (None for a slot: slots have no clock; None
+    too for another role's session the reader may not see, ``detail["hidden"]``);
+    ``xid_age`` how many transactions back it holds the horizon (None for an inactive
+    slot without an xmin, listed for the WAL it keeps: ``detail["retained_wal_bytes"]``)."""
 
     holder: str  # "session", "slot" or "prepared"
     name: str
