@@ -54,6 +54,8 @@ def _names(action: argparse.Action) -> str:
 
 
 def _default(action: argparse.Action) -> str:
+    if action.required and action.option_strings:
+        return "required"
     if action.nargs == 0 or action.default in (None, argparse.SUPPRESS):
         return ""
     return f"`{action.default}`"
@@ -68,6 +70,9 @@ def _usage(name: str, parser: argparse.ArgumentParser) -> str:
         if action.choices is not None and action.metavar is None:
             meta = "{" + ",".join(str(c) for c in action.choices) + "}"
         words.append(f"[{meta}]" if action.nargs in ("?", "*") else str(meta))
+    for action in parser._actions:  # required options: in the usage, as argparse shows them
+        if action.option_strings and action.required:
+            words.append(f"{action.option_strings[0]} {action.metavar or action.dest.upper()}")
     words.append("[options]")
     return " ".join(words)
 

@@ -34,7 +34,7 @@ from sqla_jobs.sql import schema
 #: too long. Defaults to 5 minutes.
 DEFAULT_MAX_TRANSACTION_AGE = timedelta(minutes=5)
 #: A replication slot holding the horizon this many transactions back. Defaults to
-#: 1,000,000 (an inactive slot holding it is a finding at any age).
+#: 1,000,000 (an inactive slot is a finding whatever it holds: it keeps its WAL).
 DEFAULT_MAX_SLOT_XID_AGE = 1_000_000
 #: Dead tuples in one queue table, when they are also over ``max_dead_ratio`` of its
 #: tuples. Defaults to 50,000 (claims slowed tenfold at 24k in PlanetScale's test).
@@ -47,6 +47,9 @@ DEFAULT_MAX_VACUUM_AGE = timedelta(days=1)
 VACUUM_MIN_DEAD = 1_000
 #: Size of the hot ``jobs`` table with its indexes. Defaults to 2 GiB: archive.
 DEFAULT_MAX_JOBS_TABLE_BYTES = 2 * 1024**3
+#: A ``jobs`` table over its size limit whose live rows (count x average width) fill
+#: less than this share of its heap is bloated: archiving will not shrink it.
+BLOAT_LIVE_SHARE = 0.25
 #: Running jobs whose lease expired over LEASE_GRACE ago. Defaults to 0.
 DEFAULT_MAX_EXPIRED_LEASES = 0
 LEASE_GRACE = timedelta(minutes=1)
@@ -59,15 +62,24 @@ DEFAULT_MAX_HEARTBEAT_AGE = timedelta(minutes=1)
 #: Every check's name, as ``Finding.check`` spells it.
 CHECKS = (
     *("transaction", "prepared", "slot", "dead_tuples", "vacuum", "table_size"),
-    *("expired_leases", "ready_age", "stale_workers"),
+    *("expired_leases", "ready_age", "stale_workers", "visibility"),
 )
 #: The queue's tables whose tuples, vacuum and sizes are reported.
 TABLES = (jobs.name, jobs_archive.name, worker_records.name)
 
-_TIMEOUT_ADVICE = (
-    "end it (SELECT pg_terminate_backend({pid})) and make the app close its transactions; "
+_END_IT = (
+    "end it (SELECT pg_terminate_backend({pid}); another role's session takes a superuser, "
+    "a member of that role or of pg_signal_backend) and make the app close its transactions; "
+)
+_IDLE_ADVICE = _END_IT + (
     "set idle_in_transaction_session_timeout (and transaction_timeout on PostgreSQL 17+) "
     "for the app's role so it cannot happen again"
+)
+_ACTIVE_ADVICE = _END_IT + (
+    "it is running a statement, and on PostgreSQL 15-16 neither "
+    "idle_in_transaction_session_timeout nor transaction_timeout (17+ only) stops an active "
+    "transaction: set statement_timeout for the app's role (ALTER ROLE app IN DATABASE ... "
+    "SET statement_timeout = '1min'), and transaction_timeout on PostgreSQL 17+"
 )
 
 
@@ -111,8 +123,10 @@ class HealthThresholds:
 class HorizonHolder:
     """Something keeping vacuum from removing dead rows: a session, a slot or a
     prepared transaction. ``name`` is the pid, slot name or gid; ``age_seconds`` is
-    how long its transaction has been open (None for a slot: slots have no clock);
-    ``xid_age`` how many transactions back it holds the horizon."""
+    how long its transaction has been open (None for a slot: slots have no clock; None
+    too for another role's session the reader may not see, ``detail["hidden"]``);
+    ``xid_age`` how many transactions back it holds the horizon (None for an inactive
+    slot without an xmin, listed for the WAL it keeps: ``detail["retained_wal_bytes"]``)."""
 
     holder: str  # "session", "slot" or "prepared"
     name: str
@@ -163,7 +177,8 @@ class StaleWorker:
 class Finding:
     """A check over its threshold: ``check`` names it (``transaction``, ``slot``,
     ``prepared``, ``dead_tuples``, ``vacuum``, ``table_size``, ``expired_leases``,
-    ``ready_age``, ``stale_workers``), ``subject`` what it is about, ``advice`` what to do."""
+    ``ready_age``, ``stale_workers``, ``visibility``), ``subject`` what it is about,
+    ``advice`` what to do."""
 
     check: str
     subject: str
@@ -173,7 +188,16 @@ class Finding:
 
 @dataclass(frozen=True)
 class Health:
-    """One look at the queue's health, as of ``taken_at`` (the database's clock)."""
+    """One look at the queue's health, as of ``taken_at`` (the database's clock).
+
+    ``reader``: the role that read it; ``sees_other_roles``: whether it is a superuser
+    or a member of ``pg_read_all_stats`` (else other roles' transaction ages are
+    hidden, a ``visibility`` finding); ``stats_since``: when this database's statistics
+    began (its last reset, else the server's start); ``oldest_ready_queue`` and
+    ``oldest_ready_kind``: the oldest ready job's; ``live_workers``: registered workers
+    that beat within ``max_heartbeat_age``; ``jobs_row_bytes``: a live ``jobs`` row's
+    average size per ``pg_stats`` (None before its first ANALYZE).
+    """
 
     taken_at: datetime
     thresholds: HealthThresholds
@@ -184,6 +208,13 @@ class Health:
     oldest_ready_seconds: float | None
     stale_workers: tuple[StaleWorker, ...]
     findings: tuple[Finding, ...]
+    reader: str = ""
+    sees_other_roles: bool = True
+    stats_since: datetime | None = None
+    oldest_ready_queue: str | None = None
+    oldest_ready_kind: str | None = None
+    live_workers: int = 0
+    jobs_row_bytes: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -246,6 +277,7 @@ def _thresholds(given: dict[str, Any]) -> HealthThresholds:
 
 def _read(conn: sa.Connection, limits: HealthThresholds) -> Health:
     taken_at = conn.execute(sa.select(sa.func.statement_timestamp())).scalar_one()
+    reader = conn.execute(health_sql.reader()).one()
     horizon = (
         *(_session_holder(r) for r in conn.execute(health_sql.horizon_sessions())),
         *(_slot_holder(r) for r in conn.execute(health_sql.horizon_slots())),
@@ -254,12 +286,14 @@ def _read(conn: sa.Connection, limits: HealthThresholds) -> Health:
     tables = tuple(TableHealth(**r._asdict()) for r in conn.execute(health_sql.tables(TABLES)))
     grace = LEASE_GRACE.total_seconds()
     leases = conn.execute(health_sql.expired_leases(grace, taken_at)).one()
-    oldest_ready = conn.execute(health_sql.oldest_ready(taken_at)).scalar_one()
+    oldest_ready = conn.execute(health_sql.oldest_ready(taken_at)).first()
     heartbeat_age = limits.max_heartbeat_age.total_seconds()
     stale = tuple(
         StaleWorker(**r._asdict())
         for r in conn.execute(health_sql.stale_workers(heartbeat_age, taken_at))
     )
+    live = conn.execute(health_sql.live_workers(heartbeat_age, taken_at)).scalar_one()
+    row_bytes = conn.execute(health_sql.average_row_bytes(jobs.name)).scalar_one()
     snapshot = Health(
         taken_at=taken_at,
         thresholds=limits,
@@ -267,9 +301,16 @@ def _read(conn: sa.Connection, limits: HealthThresholds) -> Health:
         tables=tables,
         expired_leases=int(leases.expired),
         oldest_expired_lease_seconds=_float(leases.oldest_seconds),
-        oldest_ready_seconds=_float(oldest_ready),
+        oldest_ready_seconds=None if oldest_ready is None else _float(oldest_ready.seconds),
         stale_workers=stale,
         findings=(),
+        reader=reader.role,
+        sees_other_roles=bool(reader.sees_all),
+        stats_since=reader.stats_since,
+        oldest_ready_queue=None if oldest_ready is None else oldest_ready.queue,
+        oldest_ready_kind=None if oldest_ready is None else oldest_ready.kind,
+        live_workers=int(live),
+        jobs_row_bytes=_int(row_bytes),
     )
     return Health(**{**_fields(snapshot), "findings": tuple(_findings(snapshot, limits))})
 
@@ -295,6 +336,9 @@ def _session_holder(row: Any) -> HorizonHolder:
         "xact_start": row.xact_start,
         "query_start": row.query_start,
         "query": row.query,
+        # Another role's session, read without pg_read_all_stats: no state, query or
+        # transaction start (its backend_xmin and xid are public).
+        "hidden": row.xact_start is None,
     }
     return HorizonHolder(
         "session", str(row.pid), _float(row.age_seconds), _int(row.xid_age), detail
@@ -302,7 +346,11 @@ def _session_holder(row: Any) -> HorizonHolder:
 
 
 def _slot_holder(row: Any) -> HorizonHolder:
-    detail = {"slot_type": row.slot_type, "active": row.active}
+    detail = {
+        "slot_type": row.slot_type,
+        "active": row.active,
+        "retained_wal_bytes": _int(row.retained_wal_bytes),
+    }
     return HorizonHolder("slot", row.slot_name, None, _int(row.xid_age), detail)
 
 
@@ -321,9 +369,9 @@ def _age_text(seconds: float) -> str:
 
 
 def _findings(h: Health, limits: HealthThresholds) -> Sequence[Finding]:
-    found = [*_horizon_findings(h.horizon, limits)]
+    found = [*_visibility_findings(h), *_horizon_findings(h.horizon, limits)]
     for table in h.tables:
-        found.extend(_table_findings(table, h.taken_at, limits))
+        found.extend(_table_findings(table, h, limits))
     if h.expired_leases > limits.max_expired_leases:
         found.append(
             Finding(
@@ -343,10 +391,18 @@ def _findings(h: Health, limits: HealthThresholds) -> Sequence[Finding]:
             Finding(
                 "ready_age",
                 "jobs",
-                f"the oldest ready job has waited {_age_text(h.oldest_ready_seconds)}, "
+                f"the oldest ready job (queue {h.oldest_ready_queue!r}, kind "
+                f"{h.oldest_ready_kind!r}) has waited {_age_text(h.oldest_ready_seconds)}, "
                 f"over {_age_text(ready_limit)}",
-                "workers are behind or none serves that queue: see `sqla-jobs stats` "
-                "(unserved queues, paused queues, limits) and add workers or concurrency",
+                (
+                    "no live worker is registered (`sqla-jobs workers`): start one that "
+                    f"serves queue {h.oldest_ready_queue!r}"
+                    if not h.live_workers
+                    else f"workers are behind or none serves queue {h.oldest_ready_queue!r} "
+                    f"or kind {h.oldest_ready_kind!r}: see `sqla-jobs stats` (unserved "
+                    "queues, paused queues and kinds, limits) and `sqla-jobs workers`, "
+                    "and add workers or concurrency"
+                ),
             )
         )
     for worker in h.stale_workers:
@@ -358,7 +414,13 @@ def _findings(h: Health, limits: HealthThresholds) -> Sequence[Finding]:
                 f"{_age_text(worker.age_seconds)} ago, over "
                 f"{_age_text(limits.max_heartbeat_age.total_seconds())}",
                 "the process is hung or gone: check it on its host; its jobs come back "
-                "to the queue when their leases expire",
+                "to the queue when their leases expire and a live worker rescues them"
+                + (
+                    ""
+                    if h.live_workers
+                    else "; no live worker is registered now: start one (`sqla-jobs workers` "
+                    "lists them)"
+                ),
             )
         )
     return found
@@ -379,7 +441,7 @@ def _horizon_findings(holders: Sequence[HorizonHolder], limits: HealthThresholds
                     f"{_age_text(h.age_seconds or 0)} (over {_age_text(max_age)}), "
                     f"{h.xid_age} transactions behind: vacuum cannot remove dead rows "
                     "newer than its snapshot",
-                    _TIMEOUT_ADVICE.format(pid=h.name),
+                    (_IDLE_ADVICE if _idle(d["state"]) else _ACTIVE_ADVICE).format(pid=h.name),
                 )
             )
         elif h.holder == "prepared" and (h.age_seconds or 0) > max_age:
@@ -393,17 +455,28 @@ def _horizon_findings(holders: Sequence[HorizonHolder], limits: HealthThresholds
                     "(its transaction manager lost track of it)",
                 )
             )
-        elif h.holder == "slot" and (
-            not h.detail["active"] or (h.xid_age or 0) > limits.max_slot_xid_age
-        ):
-            state = "active" if h.detail["active"] else "inactive"
+        elif h.holder == "slot" and not h.detail["active"]:
+            wal = h.detail.get("retained_wal_bytes")
+            holds = "" if h.xid_age is None else f" and the horizon {h.xid_age} transactions back"
             found.append(
                 Finding(
                     "slot",
                     h.name,
-                    f"{state} replication slot {h.name!r} holds the horizon "
-                    f"{h.xid_age} transactions back (limit {limits.max_slot_xid_age} "
-                    "when active, 0 when inactive)",
+                    f"inactive {h.detail['slot_type']} replication slot {h.name!r} retains "
+                    f"{'?' if wal is None else wal} bytes of WAL{holds}: nothing reads it, "
+                    "and its WAL grows until the disk fills",
+                    f"drop it if nobody reads it (SELECT pg_drop_replication_slot('{h.name}')); "
+                    "else bring its standby or consumer back; set max_slot_wal_keep_size "
+                    "so a slot cannot fill the disk",
+                )
+            )
+        elif h.holder == "slot" and (h.xid_age or 0) > limits.max_slot_xid_age:
+            found.append(
+                Finding(
+                    "slot",
+                    h.name,
+                    f"active replication slot {h.name!r} holds the horizon "
+                    f"{h.xid_age} transactions back (over {limits.max_slot_xid_age})",
                     f"drop a slot nobody reads (SELECT pg_drop_replication_slot('{h.name}')); "
                     "for a lagging standby or consumer, fix it or turn off "
                     "hot_standby_feedback; set max_slot_wal_keep_size",
@@ -412,8 +485,30 @@ def _horizon_findings(holders: Sequence[HorizonHolder], limits: HealthThresholds
     return found
 
 
-def _table_findings(t: TableHealth, now: datetime, limits: HealthThresholds) -> list[Finding]:
+def _idle(state: str | None) -> bool:
+    return (state or "").startswith("idle in transaction")
+
+
+def _visibility_findings(h: Health) -> list[Finding]:
+    if h.sees_other_roles:
+        return []
+    hidden = sum(1 for x in h.horizon if x.detail.get("hidden"))
+    return [
+        Finding(
+            "visibility",
+            h.reader,
+            f"role {h.reader} is neither a superuser nor a member of pg_read_all_stats: "
+            "health cannot see other roles' transaction ages, states and queries, so it "
+            "cannot flag an old transaction of another role"
+            + (f" ({hidden} horizon holder(s) hidden now)" if hidden else ""),
+            f"as a superuser: GRANT pg_read_all_stats TO {h.reader}",
+        )
+    ]
+
+
+def _table_findings(t: TableHealth, h: Health, limits: HealthThresholds) -> list[Finding]:
     found = []
+    now = h.taken_at
     if t.dead_tuples > limits.max_dead_tuples and t.dead_ratio > limits.max_dead_ratio:
         found.append(
             Finding(
@@ -427,13 +522,21 @@ def _table_findings(t: TableHealth, now: datetime, limits: HealthThresholds) -> 
         )
     vacuumed = t.last_vacuumed
     vacuum_limit = limits.max_vacuum_age
-    if t.dead_tuples >= VACUUM_MIN_DEAD and (vacuumed is None or now - vacuumed > vacuum_limit):
-        when = "never" if vacuumed is None else f"last {vacuumed.isoformat(timespec='seconds')}"
+    # A table never vacuumed is as old as the statistics that would record a vacuum:
+    # a new database's tables are not "never vacuumed, over a day ago".
+    since = vacuumed if vacuumed is not None else h.stats_since
+    if t.dead_tuples >= VACUUM_MIN_DEAD and (since is None or now - since > vacuum_limit):
+        when = (
+            f"was last vacuumed {vacuumed.isoformat(timespec='seconds')}"
+            if vacuumed is not None
+            else "no vacuum recorded since "
+            + ("statistics began" if since is None else since.isoformat(timespec="seconds"))
+        )
         found.append(
             Finding(
                 "vacuum",
                 t.name,
-                f"{t.name} has {t.dead_tuples} dead tuples and was vacuumed {when}, "
+                f"{t.name} has {t.dead_tuples} dead tuples and {when}, "
                 f"over {_age_text(vacuum_limit.total_seconds())} ago",
                 f"check that autovacuum runs (pg_stat_activity, autovacuum_max_workers); "
                 f"VACUUM (ANALYZE) {t.name}",
@@ -441,13 +544,27 @@ def _table_findings(t: TableHealth, now: datetime, limits: HealthThresholds) -> 
         )
     size = t.table_bytes + t.index_bytes
     if t.name == jobs.name and size > limits.max_jobs_table_bytes:
+        live_bytes = None if h.jobs_row_bytes is None else t.live_tuples * h.jobs_row_bytes
+        if live_bytes is not None and live_bytes < BLOAT_LIVE_SHARE * t.table_bytes:
+            advice = (
+                f"it is bloated: its {t.live_tuples} live rows take about {live_bytes} bytes, "
+                "so archiving will not shrink it (the space is dead rows' and index "
+                "entries'). For the indexes: REINDEX TABLE CONCURRENTLY jobs; for the heap: "
+                "pg_repack, or VACUUM FULL jobs (takes an ACCESS EXCLUSIVE lock for the "
+                "whole rewrite: downtime for enqueue and workers)"
+            )
+        else:
+            advice = (
+                "move finished jobs out of the hot table: `sqla-jobs archive --older-than 1d` "
+                "(or workers' --archive-every 10 --archive-older-than 1d) and "
+                "`sqla-jobs prune --older-than 90d` the archive"
+            )
         found.append(
             Finding(
                 "table_size",
                 t.name,
                 f"{t.name} and its indexes take {size} bytes, over {limits.max_jobs_table_bytes}",
-                "move finished jobs out of the hot table: `sqla-jobs archive` "
-                "(or workers' --archive-every) and `sqla-jobs prune` the archive",
+                advice,
             )
         )
     return found

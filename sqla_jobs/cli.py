@@ -35,6 +35,8 @@ EXIT_USAGE = 2
 #: ``sqla-jobs health``: a check crossed its threshold (0: none did; 2: bad usage or
 #: the database could not be read).
 EXIT_UNHEALTHY = 1
+#: ``sqla-jobs result``: no such job, or it is not done (so it has no result).
+EXIT_NO_RESULT = 1
 #: ``sqla-jobs list | head``: the reader left before the output ended (128 + SIGPIPE, as
 #: a shell reports a tool the signal stopped).
 EXIT_BROKEN_PIPE = 141
@@ -193,6 +195,13 @@ def worker_parser(prog: str = "python -m sqla_jobs.worker") -> argparse.Argument
         help="with --archive-every: archive done jobs older than this; default %(default)s",
     )
     p.add_argument(
+        "--archive-dead-after",
+        default=None,
+        metavar="DURATION",
+        help="with --archive-every: archive dead and cancelled jobs finished longer ago than "
+        "this too, e.g. 30d (default: they stay in jobs)",
+    )
+    p.add_argument(
         "--metrics-port",
         type=int,
         default=None,
@@ -246,6 +255,13 @@ def _build_config(args: argparse.Namespace) -> config_mod.WorkerConfig:
 
         options["archive_every"] = args.archive_every * 60
         options["archive_older_than"] = ops.parse_duration(args.archive_older_than).total_seconds()
+        if args.archive_dead_after is not None:
+            dead_after = ops.parse_duration(args.archive_dead_after)
+            options["archive_dead_after"] = dead_after.total_seconds()
+    elif args.archive_dead_after is not None:
+        raise ConfigError(
+            "--archive-dead-after goes with --archive-every (which turns archiving on)"
+        )
     return config_mod.WorkerConfig(
         database_url=_url_arg(args),
         concurrency=args.concurrency,
@@ -560,6 +576,9 @@ def _add_ops_commands(sub: Any) -> None:
     p.add_argument("--json", action="store_true")
     p.add_argument("--app", help="'module:registry' to show the handler's timeout")
 
+    p = command("result", "print a done job's result as JSON (archived jobs too)")
+    p.add_argument("id", type=int, help="the job's id; exit 1 if it is missing or not done")
+
     p = command("retry", "put dead (or cancelled) jobs back in the queue")
     p.add_argument("ids", type=int, nargs="*", metavar="ID")
     p.add_argument("--all-dead", action="store_true", help="every dead job matching filters")
@@ -584,14 +603,18 @@ def _add_ops_commands(sub: Any) -> None:
     )
 
     p = command("archive", "move finished jobs to jobs_archive, in batches")
-    p.add_argument("--older-than", required=True, metavar="DURATION", help="e.g. 7d")
+    p.add_argument(
+        "--older-than", required=True, metavar="DURATION", help="finished longer ago, e.g. 7d"
+    )
     p.add_argument("--batch", type=int, default=10_000, help="rows per transaction")
     p.add_argument(
         "--dead-older-than", metavar="DURATION", help="also dead/cancelled jobs, e.g. 30d"
     )
 
     p = command("prune", "delete archived jobs past a retention")
-    p.add_argument("--older-than", required=True, metavar="DURATION", help="e.g. 90d")
+    p.add_argument(
+        "--older-than", required=True, metavar="DURATION", help="archived longer ago, e.g. 90d"
+    )
     p.add_argument("--batch", type=int, default=10_000, help="rows per transaction")
 
     for name, text in (
@@ -722,6 +745,14 @@ def _health_thresholds(args: argparse.Namespace) -> dict[str, Any]:
     return given
 
 
+def _holder_state(x: Any) -> str:
+    if x.holder == "slot":
+        return "active" if x.detail.get("active") else "inactive"
+    if x.detail.get("hidden"):
+        return "hidden"
+    return str(x.detail.get("state") or "-")
+
+
 def _health_text(h: Any) -> str:
     lines = [f"sqla_jobs health at {h.taken_at.isoformat(timespec='seconds')}", ""]
     if h.horizon:
@@ -729,10 +760,10 @@ def _health_text(h: Any) -> str:
             (
                 x.holder,
                 x.name,
-                _age(x.age_seconds),
+                "hidden" if x.detail.get("hidden") else _age(x.age_seconds),
                 "-" if x.xid_age is None else x.xid_age,
                 x.detail.get("application_name") or x.detail.get("owner") or "-",
-                x.detail.get("state") or ("active" if x.detail.get("active") else "-"),
+                _holder_state(x),
             )
             for x in h.horizon
         ]
@@ -1063,6 +1094,19 @@ def _max_attempts(value: int | None, *, short: bool) -> str:
     if value is not None:
         return str(value)
     return "handler's" if short else "the handler's (else 8), set when a worker claims it"
+
+
+def _cmd_result(session: Any, args: argparse.Namespace) -> int:
+    from sqla_jobs import ops
+    from sqla_jobs.exceptions import JobNotDoneError, JobNotFoundError
+
+    try:
+        value = ops.result(session, args.id)
+    except (JobNotFoundError, JobNotDoneError) as exc:
+        print(f"sqla_jobs: error: {exc}", file=sys.stderr)
+        return EXIT_NO_RESULT
+    _print_json(value)
+    return 0
 
 
 def _cmd_show(session: Any, args: argparse.Namespace) -> int:
@@ -1594,6 +1638,7 @@ _OPS_COMMANDS: dict[str, Callable[[Any, argparse.Namespace], int]] = {
     "periodic": _cmd_periodic,
     "list": _cmd_list,
     "show": _cmd_show,
+    "result": _cmd_result,
     "retry": _cmd_retry,
     "cancel": _cmd_cancel,
     "delete": _cmd_delete,

@@ -33,6 +33,7 @@ DEFAULT_PREFETCH = 500
 #: Archiving by workers (``--archive-every``): off unless asked; done jobs older than a week.
 DEFAULT_ARCHIVE_EVERY: float | None = None
 DEFAULT_ARCHIVE_OLDER_THAN = 7 * 86400.0
+DEFAULT_ARCHIVE_DEAD_AFTER: float | None = None
 #: Seconds between two runs of the workflow repair sweep (#26) by some worker.
 DEFAULT_WORKFLOW_SWEEP_EVERY = 10.0
 #: The listener's self-NOTIFY (#24): sent every 5 s, answered within 5 s, so a dead LISTEN
@@ -127,6 +128,9 @@ class WorkerConfig:
             time, the others skip their turn. Defaults to None (workers do not archive).
         archive_older_than: done jobs finished longer ago than this many seconds are
             archived. Defaults to 604800 (7 days).
+        archive_dead_after: dead and cancelled jobs finished longer ago than this many
+            seconds are archived too (``ops.archive``'s ``include_dead_after``). Defaults
+            to None (they stay in ``jobs``, the error log someone has to read).
         workflow_sweep_every: seconds between two runs of the workflow repair sweep
             ([``sqla_jobs.workflows.sweep``][sqla_jobs.workflows.sweep]): it releases or cancels
             steps whose dependency ended in a transaction that could not see them (a step appended
@@ -166,6 +170,7 @@ class WorkerConfig:
     prepared_statements: bool = True
     archive_every: float | None = DEFAULT_ARCHIVE_EVERY
     archive_older_than: float = DEFAULT_ARCHIVE_OLDER_THAN
+    archive_dead_after: float | None = DEFAULT_ARCHIVE_DEAD_AFTER
     workflow_sweep_every: float = DEFAULT_WORKFLOW_SWEEP_EVERY
     listener_probe_interval: float = DEFAULT_LISTENER_PROBE_INTERVAL
     listener_probe_timeout: float = DEFAULT_LISTENER_PROBE_TIMEOUT
@@ -199,6 +204,8 @@ class WorkerConfig:
         if self.archive_every is not None:
             _positive("archive_every", self.archive_every)
         _positive("archive_older_than", self.archive_older_than, allow_zero=True)
+        if self.archive_dead_after is not None:
+            _positive("archive_dead_after", self.archive_dead_after, allow_zero=True)
         _positive("workflow_sweep_every", self.workflow_sweep_every)
         _positive("listener_probe_interval", self.listener_probe_interval)
         _positive("listener_probe_timeout", self.listener_probe_timeout)

@@ -26,7 +26,9 @@ this database holding the xmin horizon; 0 when none), ``sqla_jobs_horizon_xid_ag
 ``sqla_jobs_stale_workers``, per queue table (label ``table``)
 ``sqla_jobs_table_dead_tuples_by_table``, ``sqla_jobs_table_bytes`` and
 ``sqla_jobs_table_index_bytes``, and ``sqla_jobs_health_findings`` (label ``check``:
-how many findings over their default thresholds).
+how many findings over their default thresholds). Another role's transaction counts in
+``sqla_jobs_horizon_age_seconds`` only when the worker's role is a superuser or a member
+of ``pg_read_all_stats``; otherwise ``sqla_jobs_health_findings{check="visibility"}`` is 1.
 
 The alerts that matter: ``max(sqla_jobs_dead) > 0`` (see docs/operations.md) and
 ``max(sqla_jobs_health_findings) > 0`` (run ``sqla-jobs health`` to see what to do).

@@ -896,7 +896,11 @@ def get_job(session: Session, id: int, *, archived: bool = True) -> JobRecord:
     if row is None and archived:
         row = session.execute(admin.get_archived_job(id)).one_or_none()
     if row is None:
-        where = "" if archived else " (not looking in jobs_archive)"
+        where = (
+            " (never existed, deleted, or pruned from the archive)"
+            if archived
+            else " (not looking in jobs_archive)"
+        )
         raise JobNotFoundError(f"no job with id {id}{where}")
     return _record(row)
 
@@ -1156,7 +1160,9 @@ def result(session: Session, job_id: int) -> Any:
     validation.integer("job_id", job_id, minimum=0, error=ConfigError)
     row = session.execute(admin.job_result(job_id)).one_or_none()
     if row is None:
-        raise JobNotFoundError(f"no job with id {job_id}")
+        raise JobNotFoundError(
+            f"no job with id {job_id} (never existed, deleted, or pruned from the archive)"
+        )
     status = JobStatus(row.status)
     if status is not JobStatus.DONE:
         raise JobNotDoneError(f"job {job_id} is {status.value}: only done jobs have a result")

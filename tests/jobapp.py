@@ -141,3 +141,12 @@ def until_cancelled(session: Session, payload: dict[str, Any], job: JobContext) 
     while time.monotonic() < deadline:
         job.check()
         time.sleep(0.05)
+
+
+@registry.handler("read_then_idle", max_attempts=1)
+def read_then_idle(session: Session, payload: dict[str, Any], job: JobContext) -> None:
+    """Reads, then sleeps ``sleep`` seconds with its transaction idle (logged in runs): an
+    idle_in_transaction_session_timeout shorter than that closes its session."""
+    _log_start(session, job)
+    session.execute(sa.text("SELECT 1"))
+    time.sleep(float(payload["sleep"]))

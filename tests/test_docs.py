@@ -405,7 +405,9 @@ def test_the_role_settings_of_the_guide_run(engine: sa.Engine) -> None:
         trans = conn.begin()
         conn.exec_driver_sql(f"CREATE ROLE {role}")
         for line in sql.splitlines():
-            statement = line.replace("ROLE app ", f"ROLE {role} ")
+            statement = line.replace("ROLE app ", f"ROLE {role} ").replace(
+                "IN DATABASE appdb ", f'IN DATABASE "{engine.url.database}" '
+            )
             if "PostgreSQL 17+" in line and version < (17,):
                 refused = pytest.raises(sa.exc.ProgrammingError, match="transaction_timeout")
                 with refused, conn.begin_nested():
@@ -414,7 +416,8 @@ def test_the_role_settings_of_the_guide_run(engine: sa.Engine) -> None:
             conn.exec_driver_sql(statement)
         settings = conn.exec_driver_sql(
             "SELECT unnest(setconfig) FROM pg_db_role_setting s JOIN pg_roles r "
-            f"ON r.oid = s.setrole WHERE r.rolname = '{role}'"
+            f"ON r.oid = s.setrole JOIN pg_database d ON d.oid = s.setdatabase "
+            f"WHERE r.rolname = '{role}' AND d.datname = current_database()"
         ).scalars()
         assert "idle_in_transaction_session_timeout=5min" in list(settings)
         trans.rollback()
@@ -437,6 +440,8 @@ def test_the_grants_of_the_least_privilege_page_run(engine: sa.Engine) -> None:
             f"WHERE grantee = '{role}'"
         ).scalar()
         assert granted == sql.count("ON TABLE ")
+        member = f"SELECT pg_has_role('{role}', 'pg_read_all_stats', 'MEMBER')"
+        assert conn.exec_driver_sql(member).scalar() is True  # for health's visibility
         trans.rollback()
 
 

@@ -11,6 +11,8 @@ import asyncio
 import json
 import shutil
 import tempfile
+import threading
+import uuid
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -190,6 +192,13 @@ def test_health_reports_expired_leases_waiting_jobs_and_stale_workers(
         max_heartbeat_age=timedelta(hours=1),
     )
     assert lenient.ok, lenient.findings
+    ready = next(f for f in found.findings if f.check == "ready_age")
+    assert "the oldest ready job (queue 'default', kind 'noop') has waited" in ready.message
+    assert "workers are behind or none serves queue 'default' or kind 'noop'" in ready.advice
+    stale = next(f for f in found.findings if f.check == "stale_workers")
+    assert stale.advice.endswith(
+        "its jobs come back to the queue when their leases expire and a live worker rescues them"
+    )
     result = cli(db_url, "health")
     assert result.returncode == 1
     assert "PROBLEM [stale_workers] worker w-hung (pid 4242 on box)" in result.stdout
@@ -200,6 +209,10 @@ def test_health_reports_expired_leases_waiting_jobs_and_stale_workers(
 def test_health_reports_dead_tuples_and_hot_updates_of_the_jobs_table(
     session: Session, engine: sa.Engine
 ) -> None:
+    insert(engine, "ALTER TABLE jobs SET (autovacuum_enabled = false)")  # no vacuum meanwhile
+    with engine.connect() as conn:  # statistics begin now (stats_reset)
+        conn.exec_driver_sql("SELECT pg_stat_reset()")
+        conn.commit()
     insert(
         engine,
         "INSERT INTO jobs (kind, payload) SELECT 'noop', '{}' FROM generate_series(1, 2000)",
@@ -217,9 +230,44 @@ def test_health_reports_dead_tuples_and_hot_updates_of_the_jobs_table(
     assert {t.name for t in found.tables} == {"jobs", "jobs_archive", "jobs_workers"}
     finding = next(f for f in found.findings if f.check == "dead_tuples")
     assert finding.subject == "jobs" and "VACUUM (ANALYZE) jobs" in finding.advice
-    # Never vacuumed, with 1,000 dead tuples: the vacuum check too.
-    assert "vacuum" in {f.check for f in found.findings}
     assert not [f for f in ops.health(session).findings if f.check == "dead_tuples"]
+
+
+def test_a_never_vacuumed_table_is_as_old_as_its_databases_statistics(
+    session: Session, engine: sa.Engine
+) -> None:
+    """A brand-new database's table with 1,000+ dead tuples is not "vacuumed never, over
+    24h00m ago": its age counts from when statistics began (stats_reset, else the
+    server's start), and the finding names that moment."""
+    insert(engine, "ALTER TABLE jobs SET (autovacuum_enabled = false)")  # no vacuum meanwhile
+    with engine.connect() as conn:
+        conn.exec_driver_sql("SELECT pg_stat_reset()")
+        conn.commit()
+    insert(
+        engine,
+        "INSERT INTO jobs (kind, payload) SELECT 'noop', '{}' FROM generate_series(1, 2000)",
+    )
+    insert(engine, "DELETE FROM jobs WHERE id % 2 = 0")
+
+    def counted() -> Any:
+        found = ops.health(session)
+        jobs = next(t for t in found.tables if t.name == "jobs")
+        return found if jobs.dead_tuples >= 1000 else None
+
+    found = wait_for(counted, message="the statistics collector counting the deletes")
+    since = scalar(
+        engine, "SELECT stats_reset FROM pg_stat_database WHERE datname = current_database()"
+    )
+    assert found.stats_since == since
+    assert not [f for f in found.findings if f.check == "vacuum"], found.findings
+    strict = ops.health(session, max_vacuum_age=timedelta(0))
+    finding = next(f for f in strict.findings if f.check == "vacuum")
+    assert finding.subject == "jobs"
+    assert (
+        f"jobs has {next(t for t in strict.tables if t.name == 'jobs').dead_tuples} dead "
+        f"tuples and no vacuum recorded since {since.isoformat(timespec='seconds')}, over 0s ago"
+    ) in finding.message
+    assert "never" not in finding.message
 
 
 @pytest.mark.parametrize(
@@ -329,3 +377,241 @@ def test_health_threshold_written_with_a_leading_minus_is_explained_not_reported
     joined = cli(db_url, "health", "--max-transaction-age=-1s")
     assert joined.returncode == 2
     assert "--max-transaction-age '-1s': invalid duration '-1s'" in joined.stderr
+
+
+@pytest.fixture
+def stats_blind_url(engine: sa.Engine, db_url: URL) -> Iterator[URL]:
+    """A login role of the test's own with the least-privilege grants and without
+    pg_read_all_stats: the URL of the test's database as that role."""
+    role = f"health_{uuid.uuid4().hex[:8]}"
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.exec_driver_sql(f"CREATE ROLE {role} LOGIN")
+        conn.exec_driver_sql(f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role}")
+    try:
+        yield db_url.set(username=role, password=None)
+    finally:
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.exec_driver_sql(f"DROP OWNED BY {role}")
+            conn.exec_driver_sql(f"DROP ROLE {role}")
+
+
+def test_health_without_pg_read_all_stats_says_it_cannot_see_other_roles_transactions(
+    stats_blind_url: URL, held: int
+) -> None:
+    """Run as a least-privilege role, another role's old REPEATABLE READ has no visible
+    age: health says so (a ``visibility`` finding, exit 1), shows the age as hidden,
+    and the worker's findings gauge counts it."""
+    role = stats_blind_url.username
+    blind = sa.create_engine(stats_blind_url, poolclass=sa.NullPool)
+    try:
+        with Session(blind) as session:
+            found = ops.health(session, max_transaction_age=timedelta(0))
+            holder = next(h for h in found.horizon if h.name == str(held))
+            assert holder.age_seconds is None and holder.detail["hidden"] is True
+            assert found.reader == role and found.sees_other_roles is False
+            finding = next(f for f in found.findings if f.check == "visibility")
+            assert finding.subject == role
+            assert (
+                f"role {role} is neither a superuser nor a member of pg_read_all_stats: "
+                "health cannot see other roles' transaction ages, states and queries, so it "
+                "cannot flag an old transaction of another role"
+            ) in finding.message
+            assert finding.advice == f"as a superuser: GRANT pg_read_all_stats TO {role}"
+            metrics = pytest.importorskip("sqla_jobs.metrics")
+            gauges = metrics.Metrics()
+            gauges.refresh_health(session)
+            text = gauges.client.generate_latest(gauges.registry).decode()
+            assert 'sqla_jobs_health_findings{check="visibility"} 1.0' in text
+    finally:
+        blind.dispose()
+    result = cli(stats_blind_url, "health")
+    assert result.returncode == 1, result.stdout + result.stderr
+    row = next(line for line in result.stdout.splitlines() if f" {held} " in line)
+    assert row.split()[:3] == ["session", str(held), "hidden"]
+    assert f"PROBLEM [visibility] role {role} is neither a superuser" in result.stdout
+    assert f"what to do: as a superuser: GRANT pg_read_all_stats TO {role}" in result.stdout
+
+
+def test_a_superuser_or_member_of_pg_read_all_stats_gets_no_visibility_finding(
+    engine: sa.Engine, stats_blind_url: URL, held: int
+) -> None:
+    role = stats_blind_url.username
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.exec_driver_sql(f"GRANT pg_read_all_stats TO {role}")
+    blind = sa.create_engine(stats_blind_url, poolclass=sa.NullPool)
+    try:
+        with Session(blind) as session:
+            found = ops.health(session, max_transaction_age=timedelta(0))
+    finally:
+        blind.dispose()
+    assert found.sees_other_roles and "visibility" not in {f.check for f in found.findings}
+    holder = next(h for h in found.horizon if h.name == str(held))
+    assert holder.age_seconds is not None and not holder.detail["hidden"]
+    assert f"pid {held}" in {f.subject for f in found.findings if f.check == "transaction"}
+
+
+@pytest.fixture
+def inactive_slot(engine: sa.Engine) -> Iterator[str]:
+    """A physical slot that reserves WAL now and that nothing reads (no xmin)."""
+    name = f"health_{uuid.uuid4().hex[:8]}"
+    try:
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.exec_driver_sql(f"SELECT pg_create_physical_replication_slot('{name}', true)")
+    except sa.exc.DBAPIError as exc:
+        pytest.skip(f"this server cannot create a replication slot: {exc.orig}")
+    try:
+        yield name
+    finally:
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.exec_driver_sql(f"SELECT pg_drop_replication_slot('{name}')")
+
+
+def test_an_inactive_replication_slot_without_xmin_is_flagged_with_the_wal_it_retains(
+    session: Session, engine: sa.Engine, db_url: URL, inactive_slot: str
+) -> None:
+    insert(engine, "SELECT pg_switch_wal()")  # some WAL past the slot's restart_lsn
+    found = ops.health(session)  # default thresholds: an inactive slot is flagged at any age
+    holder = next(h for h in found.horizon if h.name == inactive_slot)
+    assert holder.xid_age is None and holder.detail["active"] is False
+    wal = holder.detail["retained_wal_bytes"]
+    assert isinstance(wal, int) and wal > 0
+    finding = next(f for f in found.findings if f.subject == inactive_slot)
+    assert finding.check == "slot"
+    assert (
+        f"inactive physical replication slot '{inactive_slot}' retains {wal} bytes of WAL"
+    ) in finding.message
+    assert "the disk fills" in finding.message
+    assert (
+        f"drop it if nobody reads it (SELECT pg_drop_replication_slot('{inactive_slot}'))"
+    ) in finding.advice
+    result = cli(db_url, "health")
+    assert result.returncode == 1, result.stdout + result.stderr
+    row = next(line for line in result.stdout.splitlines() if f" {inactive_slot} " in line)
+    assert row.split()[0] == "slot" and row.split()[-1] == "inactive"
+    assert f"PROBLEM [slot] inactive physical replication slot '{inactive_slot}'" in result.stdout
+
+
+def test_with_no_live_worker_the_ready_age_and_stale_worker_advice_say_start_one(
+    session: Session, engine: sa.Engine
+) -> None:
+    insert(
+        engine,
+        """
+        INSERT INTO jobs (kind, payload, queue, run_at)
+        VALUES ('mail', '{}', 'emails', now() - interval '20 minutes');
+        INSERT INTO jobs_workers (id, host, pid, version, queues, kinds, concurrency,
+                                  started_at, heartbeat_at, expires_at)
+        VALUES ('w-gone', 'box', 4242, '0', '{emails}', '{mail}', 1,
+                now() - interval '1 hour', now() - interval '5 minutes', now() + interval '1 hour')
+        """,
+    )
+    found = ops.health(session)
+    assert found.live_workers == 0
+    assert (found.oldest_ready_queue, found.oldest_ready_kind) == ("emails", "mail")
+    ready = next(f for f in found.findings if f.check == "ready_age")
+    assert "the oldest ready job (queue 'emails', kind 'mail') has waited" in ready.message
+    assert ready.advice == (
+        "no live worker is registered (`sqla-jobs workers`): start one that serves queue 'emails'"
+    )
+    stale = next(f for f in found.findings if f.check == "stale_workers")
+    assert "when their leases expire and a live worker rescues them" in stale.advice
+    assert stale.advice.endswith(
+        "no live worker is registered now: start one (`sqla-jobs workers` lists them)"
+    )
+
+
+@pytest.fixture
+def active(engine: sa.Engine) -> Iterator[int]:
+    """A transaction that wrote and is running a long statement (state active): its pid."""
+    pids: list[int] = []
+
+    def run() -> None:
+        with engine.connect() as conn:
+            conn.exec_driver_sql("SET application_name = 'long-report'")
+            pids.append(conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one())
+            conn.exec_driver_sql("SELECT txid_current()")
+            with pytest.raises(sa.exc.DBAPIError):  # cancelled at the end of the test
+                conn.exec_driver_sql("SELECT pg_sleep(60)")
+            conn.rollback()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    wait_for(lambda: pids, message="the session's pid")
+    pid = pids[0]
+    wait_for(
+        lambda: (
+            scalar(engine, "SELECT state FROM pg_stat_activity WHERE pid = :p", p=pid) == "active"
+        ),
+        message="the long statement running",
+    )
+    yield pid
+    scalar(engine, "SELECT pg_cancel_backend(:p)", p=pid)
+    thread.join(30)
+
+
+def test_an_active_transactions_advice_is_statement_timeout_and_an_idle_ones_the_idle_timeout(
+    session: Session, active: int, held: int
+) -> None:
+    found = ops.health(session, max_transaction_age=timedelta(0))
+    by_pid = {f.subject: f for f in found.findings if f.check == "transaction"}
+    running, idle = by_pid[f"pid {active}"], by_pid[f"pid {held}"]
+    assert "long-report" in running.message and ", active)" in running.message
+    for finding, pid in ((running, active), (idle, held)):
+        assert finding.advice.startswith(
+            f"end it (SELECT pg_terminate_backend({pid}); another role's session takes a "
+            "superuser, a member of that role or of pg_signal_backend)"
+        )
+    assert (
+        "on PostgreSQL 15-16 neither idle_in_transaction_session_timeout nor "
+        "transaction_timeout (17+ only) stops an active transaction: set statement_timeout "
+        "for the app's role"
+    ) in running.advice
+    assert "transaction_timeout on PostgreSQL 17+" in running.advice
+    assert "statement_timeout" not in idle.advice
+    assert (
+        "set idle_in_transaction_session_timeout (and transaction_timeout on PostgreSQL 17+) "
+        "for the app's role"
+    ) in idle.advice
+
+
+def test_a_big_jobs_table_is_told_to_archive_and_a_bloated_one_that_archiving_will_not_help(
+    session: Session, engine: sa.Engine
+) -> None:
+    insert(
+        engine,
+        "INSERT INTO jobs (kind, payload, status, finished_at) "
+        "SELECT 'noop', jsonb_build_object('n', g, 'pad', repeat('x', 200)), 'done', now() "
+        "FROM generate_series(1, 4000) AS g",
+    )
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.exec_driver_sql("VACUUM ANALYZE jobs")
+
+    def table_size() -> Any:
+        found = ops.health(session, max_jobs_table_bytes=0)
+        jobs = next(t for t in found.tables if t.name == "jobs")
+        return found if jobs.live_tuples == 4000 else None
+
+    found = wait_for(table_size, message="the statistics counting 4,000 live rows")
+    big = next(f for f in found.findings if f.check == "table_size")
+    assert big.advice == (
+        "move finished jobs out of the hot table: `sqla-jobs archive --older-than 1d` "
+        "(or workers' --archive-every 10 --archive-older-than 1d) and "
+        "`sqla-jobs prune --older-than 90d` the archive"
+    )
+    # Most rows gone, spread over every page: the files keep their size.
+    insert(engine, "DELETE FROM jobs WHERE id % 400 <> 0")
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.exec_driver_sql("VACUUM ANALYZE jobs")
+
+    def bloated() -> Any:
+        found = ops.health(session, max_jobs_table_bytes=0)
+        jobs = next(t for t in found.tables if t.name == "jobs")
+        return found if jobs.live_tuples == 10 else None
+
+    found = wait_for(bloated, message="the statistics counting 10 live rows")
+    finding = next(f for f in found.findings if f.check == "table_size")
+    assert "it is bloated: its 10 live rows take about" in finding.advice
+    assert "archiving will not shrink it" in finding.advice
+    assert "REINDEX TABLE CONCURRENTLY jobs" in finding.advice
+    assert "pg_repack, or VACUUM FULL jobs (takes an ACCESS EXCLUSIVE lock" in finding.advice
+    assert "downtime" in finding.advice

@@ -292,7 +292,10 @@ def test_archive_and_prune_commands_move_and_delete_rows(engine: sa.Engine, db_u
         (["list", "--min-id", "5", "--max-id", "3"], "min_id 5 is above max_id 3: no job is in"),
         (["archive", "--older-than", "soon"], "invalid duration 'soon'"),
         (["archive"], "the following arguments are required: --older-than"),
-        (["show", "424242"], "no job with id 424242"),
+        (
+            ["show", "424242"],
+            "no job with id 424242 (never existed, deleted, or pruned from the archive)",
+        ),
         (["show", "abc"], "invalid int value: 'abc'"),
         (["retry", "424242"], "no job with id 424242"),
         (["retry"], "give job ids, or --all-dead"),
@@ -391,6 +394,76 @@ def test_worker_archives_only_while_it_holds_the_fleet_lock(engine: sa.Engine, d
         finally:
             text = "".join(out) + stop(proc)
     assert scalar(engine, "SELECT count(*) FROM jobs") == 0, text
+
+
+def test_worker_archives_dead_and_cancelled_jobs_only_with_archive_dead_after(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    """``--archive-every`` moves done jobs; dead and cancelled ones stay unless
+    ``--archive-dead-after`` says after how long; the start-up log says what it archives."""
+    insert(
+        engine,
+        """
+        INSERT INTO jobs (kind, payload, status, finished_at)
+        SELECT 'noop', '{}', s::job_status, now() - interval '2 days'
+          FROM unnest(ARRAY['done', 'dead', 'cancelled']) AS s
+        """,
+    )
+
+    def statuses(table: str) -> list[str]:
+        return [r[0] for r in rows(engine, f"SELECT status::text FROM {table} ORDER BY 1")]
+
+    first = start_worker(db_url, "--archive-every", "0.005", "--archive-older-than", "1d")
+    try:
+        wait_for(lambda: statuses("jobs_archive") == ["done"], message="the done job archived")
+    finally:
+        out = stop(first)
+    assert (
+        "archiving every 0.3s (one worker of the fleet at a time): done jobs finished over "
+        "86400s ago; dead and cancelled jobs stay in jobs"
+    ) in out
+    assert statuses("jobs") == ["cancelled", "dead"]
+    second = start_worker(
+        db_url,
+        *("--archive-every", "0.005", "--archive-older-than", "1d"),
+        *("--archive-dead-after", "1d"),
+    )
+    try:
+        wait_for(lambda: statuses("jobs") == [], message="dead and cancelled jobs archived")
+    finally:
+        out = stop(second)
+    assert "dead and cancelled jobs finished over 86400s ago" in out
+    assert statuses("jobs_archive") == ["cancelled", "dead", "done"]
+
+
+def test_a_negative_archive_dead_after_is_refused_when_the_config_is_built(db_url: URL) -> None:
+    from sqla_jobs import ConfigError, WorkerConfig
+
+    with pytest.raises(ConfigError) as caught:
+        WorkerConfig(database_url=url_text(db_url), archive_every=60, archive_dead_after=-1)
+    assert str(caught.value).startswith("archive_dead_after must be >= 0"), caught.value
+
+
+def test_archive_dead_after_without_archive_every_is_refused(db_url: URL) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sqla_jobs.worker",
+            "jobapp:registry",
+            "--archive-dead-after",
+            "30d",
+        ],
+        env=cli_env(db_url),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert (
+        "sqla_jobs: error: --archive-dead-after goes with --archive-every (which turns "
+        "archiving on)"
+    ) in result.stderr
 
 
 def free_port() -> int:
@@ -566,3 +639,51 @@ def test_the_operations_guide_lists_every_command_with_every_option() -> None:
                 if ours and flag not in text:
                     missing.append(f"{name} {flag}")
     assert not missing, f"docs/operations.md's command table lacks {missing}"
+
+
+def test_result_prints_a_done_jobs_result_as_json_archived_too_and_exits_1_without_one(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    insert(
+        engine,
+        """
+        INSERT INTO jobs (kind, payload, status, finished_at, result)
+        VALUES ('noop', '{}', 'done', now() - interval '2 days', '{"total": 3, "ok": true}'),
+               ('noop', '{}', 'done', now(), NULL),
+               ('noop', '{}', 'queued', NULL, NULL)
+        """,
+    )
+    archived, no_value, queued = (r[0] for r in rows(engine, "SELECT id FROM jobs ORDER BY id"))
+    with Session(engine) as session:
+        assert ops.archive(session, older_than=ops.parse_duration("1d")) == 1
+    found = cli(db_url, "result", str(archived))
+    assert found.returncode == 0, found.stderr
+    assert json.loads(found.stdout) == {"total": 3, "ok": True}
+    assert cli(db_url, "result", str(no_value)).stdout == "null\n"
+    not_done = cli(db_url, "result", str(queued))
+    assert not_done.returncode == 1
+    assert not_done.stderr == (
+        f"sqla_jobs: error: job {queued} is queued: only done jobs have a result\n"
+    )
+    missing = cli(db_url, "result", "424242")
+    assert missing.returncode == 1
+    assert missing.stderr == (
+        "sqla_jobs: error: no job with id 424242 (never existed, deleted, or pruned from "
+        "the archive)\n"
+    )
+
+
+def test_archive_and_prune_show_their_required_older_than_in_usage_and_reference() -> None:
+    for command in ("archive", "prune"):
+        usage = subprocess.run(
+            [sys.executable, "-m", "sqla_jobs", command, "--help"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
+        flat = " ".join(usage.split())
+        assert " --older-than DURATION " in flat and "[--older-than" not in flat, usage
+    reference = (TESTS.parent / "docs" / "reference" / "cli.md").read_text()
+    assert "sqla-jobs archive --older-than DURATION [options]" in reference
+    assert "sqla-jobs prune --older-than DURATION [options]" in reference
+    assert "| `--older-than DURATION` | required |" in reference

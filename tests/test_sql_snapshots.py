@@ -306,6 +306,9 @@ CASES: dict[str, Callable[[], Any]] = {
     "health.expired_leases": lambda: health.expired_leases(60.0),
     "health.oldest_ready": lambda: health.oldest_ready(),
     "health.stale_workers": lambda: health.stale_workers(60.0),
+    "health.reader": lambda: health.reader(),
+    "health.live_workers": lambda: health.live_workers(60.0),
+    "health.average_row_bytes": lambda: health.average_row_bytes("jobs"),
     "stats.throughput": lambda: stats.throughput(60),
     "audit.record": lambda: audit.record(
         actor="alice", action="retry", scope="job", target="1", detail='{"n": 1}'

@@ -331,3 +331,67 @@ def test_database_url_option_overrides_the_environment(engine: sa.Engine, db_url
         wait_for(lambda: scalar(engine, "SELECT status::text FROM jobs") == "done", timeout=30)
     finally:
         stop(proc)
+
+
+def test_a_connection_lost_while_recording_the_outcome_fails_the_job_after_its_give_backs(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    """The worker's role has an idle_in_transaction_session_timeout shorter than the
+    handler: its session is closed while it sleeps, the done-mark finds the connection
+    lost. Given back MAX_LOST_GIVEBACKS times, then a failed attempt, not running for ever."""
+    from sqla_jobs.worker import _completer
+
+    setup_app_tables(engine)
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.exec_driver_sql(
+            f'ALTER DATABASE "{db_url.database}" SET idle_in_transaction_session_timeout = 1000'
+        )
+    with Session(engine) as s:
+        job_id = enqueue(s, "read_then_idle", {"sleep": 2})
+        s.commit()
+    proc = start_worker(db_url, "--poll-interval", "0.2")
+    try:
+        wait_for(
+            lambda: (
+                scalar(engine, "SELECT status::text FROM jobs WHERE id = :i", i=job_id) == "dead"
+            ),
+            timeout=60,
+            message="the job dead after its give-backs",
+        )
+    finally:
+        out = stop(proc)
+    runs = scalar(engine, "SELECT count(*) FROM runs WHERE job_id = :i", i=job_id)
+    assert 1 < runs <= _completer.MAX_LOST_GIVEBACKS + 1, out
+    error = scalar(engine, "SELECT last_error FROM jobs WHERE id = :i", i=job_id)
+    assert "connection was lost while the job's outcome was recorded" in error
+    assert "idle_in_transaction_session_timeout" in error
+    assert "terminated backend" in error and "failover" in error
+    assert scalar(engine, "SELECT attempts FROM jobs WHERE id = :i", i=job_id) == 1
+
+
+def test_a_worker_url_that_turns_the_idle_timeout_off_runs_a_handler_longer_than_it(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    """The remedy Running for years gives when the app and the workers share a role:
+    ``options=-c idle_in_transaction_session_timeout=0`` in the workers' URL."""
+    setup_app_tables(engine)
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.exec_driver_sql(
+            f'ALTER DATABASE "{db_url.database}" SET idle_in_transaction_session_timeout = 1000'
+        )
+    with Session(engine) as s:
+        job_id = enqueue(s, "read_then_idle", {"sleep": 2})
+        s.commit()
+    url = db_url.update_query_dict({"options": "-c idle_in_transaction_session_timeout=0"})
+    proc = start_worker(url, "--poll-interval", "0.2")
+    try:
+        wait_for(
+            lambda: (
+                scalar(engine, "SELECT status::text FROM jobs WHERE id = :i", i=job_id) == "done"
+            ),
+            timeout=60,
+            message="the job done",
+        )
+    finally:
+        out = stop(proc)
+    assert scalar(engine, "SELECT count(*) FROM runs WHERE job_id = :i", i=job_id) == 1, out

@@ -79,9 +79,45 @@ def horizon_sessions(*, limit: int = 3) -> sa.Select[Any]:
     )
 
 
+def reader() -> sa.Select[Any]:
+    """The reading role, whether it sees other roles' sessions, and since when this
+    database's statistics run.
+
+    ``sees_all``: a superuser or a member of ``pg_read_all_stats`` (``pg_has_role``'s
+    MEMBER is true for a superuser); any other role sees only its own sessions' states,
+    queries and transaction starts in ``pg_stat_activity``. ``stats_since``: the last
+    reset of this database's statistics, else the server's start (when its counters,
+    the vacuum times among them, began).
+    """
+    database = sa.table(
+        "pg_stat_database",
+        sa.column("datname", sa.Text),
+        sa.column("stats_reset", sa.DateTime(timezone=True)),
+    )
+    started = sa.func.pg_postmaster_start_time(type_=sa.DateTime(timezone=True))
+    since = (
+        sa.select(sa.func.coalesce(database.c.stats_reset, started))
+        .where(database.c.datname == sa.func.current_database())
+        .scalar_subquery()
+    )
+    return sa.select(
+        sa.func.current_user().label("role"),
+        sa.func.pg_has_role(
+            sa.func.current_user(),
+            sa.literal("pg_read_all_stats"),
+            sa.literal("MEMBER"),
+            type_=sa.Boolean,
+        ).label("sees_all"),
+        sa.func.coalesce(since, started).label("stats_since"),
+    )
+
+
 def horizon_slots() -> sa.Select[Any]:
-    """Replication slots holding the horizon: physical ones (cluster-wide, e.g. with
-    ``hot_standby_feedback``) and this database's logical ones."""
+    """Replication slots holding the horizon or WAL: physical ones (cluster-wide, e.g.
+    with ``hot_standby_feedback``) and this database's logical ones, with an xmin, or
+    inactive (an inactive slot keeps its WAL from ``restart_lsn`` on, xmin or not).
+    ``retained_wal_bytes``: the WAL from its ``restart_lsn`` to now (on a standby, to
+    the last replayed position)."""
     slots = sa.table(
         "pg_replication_slots",
         sa.column("slot_name", sa.Text),
@@ -90,8 +126,14 @@ def horizon_slots() -> sa.Select[Any]:
         sa.column("active", sa.Boolean),
         sa.column("xmin", _XID),
         sa.column("catalog_xmin", _XID),
+        sa.column("restart_lsn", _XID),
     )
     xid_age = sa.func.greatest(_xid_age(slots.c.xmin), _xid_age(slots.c.catalog_xmin))
+    current_lsn = sa.case(
+        (sa.func.pg_is_in_recovery(), sa.func.pg_last_wal_replay_lsn()),
+        else_=sa.func.pg_current_wal_lsn(),
+    )
+    retained = sa.func.pg_wal_lsn_diff(current_lsn, slots.c.restart_lsn, type_=sa.BigInteger)
     return (
         sa.select(
             slots.c.slot_name,
@@ -100,12 +142,17 @@ def horizon_slots() -> sa.Select[Any]:
             _xid_age(slots.c.xmin).label("xmin_age"),
             _xid_age(slots.c.catalog_xmin).label("catalog_xmin_age"),
             xid_age.label("xid_age"),
+            retained.label("retained_wal_bytes"),
         )
         .where(
-            sa.or_(slots.c.xmin.is_not(None), slots.c.catalog_xmin.is_not(None)),
+            sa.or_(
+                slots.c.xmin.is_not(None),
+                slots.c.catalog_xmin.is_not(None),
+                sa.not_(slots.c.active),
+            ),
             sa.or_(slots.c.database.is_(None), slots.c.database == sa.func.current_database()),
         )
-        .order_by(xid_age.desc())
+        .order_by(xid_age.desc().nulls_last(), slots.c.slot_name)
     )
 
 
@@ -208,7 +255,8 @@ def expired_leases(grace_seconds: float, now: Now = None) -> sa.Select[Any]:
 
 
 def oldest_ready(now: Now = None) -> sa.Select[Any]:
-    """Seconds the oldest ready job has waited (NULL when none is ready).
+    """The oldest ready job: seconds it has waited, its queue and kind (no row when
+    none is ready).
 
     Read like a claim: per priority level the first ready row in ``run_at`` order
     (a range scan of jobs_claim_idx stopped at its first match), then the oldest of
@@ -216,7 +264,7 @@ def oldest_ready(now: Now = None) -> sa.Select[Any]:
     """
     levels = _common.priority_levels()
     first = (
-        sa.select(jobs.c.run_at)
+        sa.select(jobs.c.run_at, jobs.c.queue, jobs.c.kind)
         .where(
             jobs.c.status == _common.status(JobStatus.QUEUED),
             jobs.c.priority == levels.c.level,
@@ -226,9 +274,23 @@ def oldest_ready(now: Now = None) -> sa.Select[Any]:
         .limit(1)
         .lateral("first")
     )
-    return sa.select(_common.epoch(_common.clock(now) - sa.func.min(first.c.run_at))).select_from(
-        levels.join(first, sa.true())
+    return (
+        sa.select(
+            _common.epoch(_common.clock(now) - first.c.run_at).label("seconds"),
+            first.c.queue,
+            first.c.kind,
+        )
+        .select_from(levels.join(first, sa.true()))
+        .order_by(first.c.run_at)
+        .limit(1)
     )
+
+
+def live_workers(max_age_seconds: float, now: Now = None) -> sa.Select[Any]:
+    """How many registered workers beat within ``max_age_seconds``."""
+    w = worker_records.c
+    cutoff = _common.ago(sa.bindparam("max_age", max_age_seconds, sa.Float), now)
+    return sa.select(sa.func.count()).where(w.heartbeat_at >= cutoff)
 
 
 def stale_workers(max_age_seconds: float, now: Now = None) -> sa.Select[Any]:
@@ -246,4 +308,20 @@ def stale_workers(max_age_seconds: float, now: Now = None) -> sa.Select[Any]:
             w.heartbeat_at < _common.ago(sa.bindparam("max_age", max_age_seconds, sa.Float), now)
         )
         .order_by(w.heartbeat_at)
+    )
+
+
+def average_row_bytes(table: str) -> sa.Select[Any]:
+    """A live row's average size in ``table`` per ``pg_stats`` (ANALYZE's sample): its
+    columns' ``avg_width`` plus the tuple header and line pointer (28 bytes); NULL
+    before the table's first ANALYZE."""
+    stats = sa.table(
+        "pg_stats",
+        sa.column("schemaname", sa.Text),
+        sa.column("tablename", sa.Text),
+        sa.column("avg_width", sa.Integer),
+    )
+    return sa.select(sa.func.sum(stats.c.avg_width, type_=sa.BigInteger) + 28).where(
+        stats.c.schemaname == sa.func.current_schema(),
+        stats.c.tablename == sa.bindparam("table", table),
     )

@@ -284,8 +284,16 @@ class Completer:
         """Recording ``job``'s outcome failed. A lost connection (see _connlost) gets its
         claim given back at once, fenced: if the done-mark did commit, the release
         matches nothing; if not, the job is queued again without spending an attempt.
-        Any other failure (the database down) leaves it to its lease."""
+        Past MAX_LOST_GIVEBACKS give-backs of the same job (shared with ``fail``'s), the
+        run is recorded as a failed attempt instead, on a fresh connection and fenced:
+        a server that closes the session of every run of it (an
+        idle_in_transaction_session_timeout shorter than the handler) must not keep it
+        ``running`` for ever with no attempt spent. Any other failure (the database
+        down) leaves it to its lease."""
         if _connlost.is_lost(exc):
+            if not self._may_give_back(job.id):
+                self._lost_while_recording(job, exc)
+                return
             _connlost.THROTTLE.warning(
                 "job %s (%s): the connection was lost while its outcome was recorded (%s); "
                 "given back unless it committed",
@@ -303,6 +311,27 @@ class Completer:
             extra=fields(job),
         )
         self.ledger.remove([job])
+
+    def _lost_while_recording(self, job: Claimed, exc: Exception) -> None:
+        error = SqlaJobsError(
+            f"the database connection was lost while the job's outcome was recorded "
+            f"({str(_db.reason(exc)).strip()}); given back {MAX_LOST_GIVEBACKS} times "
+            "already, this run counts as a failed attempt. Likely causes: an "
+            "idle_in_transaction_session_timeout (or transaction_timeout) of the worker's "
+            "role shorter than the handler (its transaction stays open while it runs), a "
+            "terminated backend (pg_terminate_backend), or a failover"
+        )
+        try:
+            self.fail(Attempt(job, 0.0, error))
+        except sa_exc.SQLAlchemyError as again:  # the database is down: the lease decides
+            log.error(
+                "could not record the failed attempt of job %s; it will be retried after "
+                "its lease expires: %s",
+                job.id,
+                _db.reason(again),
+                extra=fields(job),
+            )
+            self.ledger.remove([job])
 
     def give_up(self, job: Claimed, control: Control) -> Outcome | None:
         """Record the outcome of a run whose handler ignored its timeout or cancel.

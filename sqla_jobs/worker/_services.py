@@ -419,6 +419,11 @@ class Archiver(Service):
         super().__init__(until, config.archive_every)
         self.engine = engine
         self.older_than = timedelta(seconds=config.archive_older_than)
+        self.dead_after = (
+            None
+            if config.archive_dead_after is None
+            else timedelta(seconds=config.archive_dead_after)
+        )
 
     def round(self) -> None:
         from sqla_jobs import ops  # ops imports the registry and stats: only when archiving
@@ -434,7 +439,10 @@ class Archiver(Service):
             moved = 0
             try:
                 with Session(bind=conn) as session:
-                    for count in ops.archive_batches(session, self.older_than):
+                    batches = ops.archive_batches(
+                        session, self.older_than, include_dead_after=self.dead_after
+                    )
+                    for count in batches:
                         moved += count
                         if self.until.is_set():
                             break

@@ -225,6 +225,15 @@ class Worker:
             self._executor.threads,
             self.config.async_concurrency if self._async_executor is not None else "-",
         )
+        if self.config.archive_every is not None:
+            dead_after = self.config.archive_dead_after
+            log.info(
+                "archiving every %gs (one worker of the fleet at a time): done jobs finished "
+                "over %gs ago; dead and cancelled jobs %s",
+                self.config.archive_every,
+                self.config.archive_older_than,
+                "stay in jobs" if dead_after is None else f"finished over {dead_after:g}s ago",
+            )
         self._warn_unserved_queues()
         self._run_dispatcher()
 

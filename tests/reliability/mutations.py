@@ -1761,6 +1761,64 @@ MUTATIONS: list[Mutation] = [
         (PROBE_TIMEOUT_SETTING,),
     ),
     Mutation(
+        "outcome_unknown_gives_back_a_few_times",
+        "a job whose connection is lost while its outcome is recorded is given back at most "
+        "MAX_LOST_GIVEBACKS times, then its run is a failed attempt (not running for ever)",
+        COMPLETER,
+        "            if not self._may_give_back(job.id):\n"
+        "                self._lost_while_recording(job, exc)\n"
+        "                return\n",
+        "            pass  # MUTATION\n",
+        (
+            "tests/test_worker_process.py::"
+            "test_a_connection_lost_while_recording_the_outcome_fails_the_job_after_its_give_backs",
+        ),
+    ),
+    Mutation(
+        "health_visibility_finding",
+        "health run by a role that cannot see other roles' sessions says so (a finding)",
+        "sqla_jobs/_health.py",
+        "    if h.sees_other_roles:\n        return []\n",
+        "    if True:  # MUTATION\n        return []\n",
+        (
+            "tests/test_health.py::"
+            "test_health_without_pg_read_all_stats_says_it_cannot_see_other_roles_transactions",
+        ),
+    ),
+    Mutation(
+        "health_inactive_slot_without_xmin",
+        "health flags an inactive replication slot that holds no xmin (it retains WAL)",
+        "sqla_jobs/sql/health.py",
+        "                sa.not_(slots.c.active),\n",
+        "                sa.false(),  # MUTATION\n",
+        (
+            "tests/test_health.py::"
+            "test_an_inactive_replication_slot_without_xmin_is_flagged_with_the_wal_it_retains",
+        ),
+    ),
+    Mutation(
+        "health_never_vacuumed_aged_from_stats",
+        "a never-vacuumed table's age counts from when its database's statistics began",
+        "sqla_jobs/_health.py",
+        "    since = vacuumed if vacuumed is not None else h.stats_since\n",
+        "    since = vacuumed  # MUTATION\n",
+        (
+            "tests/test_health.py::"
+            "test_a_never_vacuumed_table_is_as_old_as_its_databases_statistics",
+        ),
+    ),
+    Mutation(
+        "worker_archives_dead_after",
+        "a worker started with --archive-dead-after archives dead and cancelled jobs too",
+        SERVICES,
+        "                        session, self.older_than, include_dead_after=self.dead_after\n",
+        "                        session, self.older_than, include_dead_after=None  # MUTATION\n",
+        (
+            "tests/test_ops_cli.py::"
+            "test_worker_archives_dead_and_cancelled_jobs_only_with_archive_dead_after",
+        ),
+    ),
+    Mutation(
         "timed_out_socket_is_a_lost_connection",
         "a socket ended without a server answer (tcp_user_timeout) is a lost connection: "
         "the job is given back, no attempt spent",
