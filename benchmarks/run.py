@@ -1674,7 +1674,7 @@ def main(argv: list[str] | None = None) -> int:
         "--only",
         default=(
             "enqueue,orm,drain,backlog,tx,procs,async,pickup,claim,limits,slots,scheduled,"
-            "cli,dashboard,horizon,history,partitions,workflows"
+            "cli,dashboard,horizon,history,partitions,workflows,autovacuum"
         ),
         help=(
             "comma-separated sections to run (default: all); drain-target runs only "
@@ -2094,6 +2094,13 @@ def main(argv: list[str] | None = None) -> int:
         import horizon
 
         rows += horizon.section(args.quick, step)
+
+    if "autovacuum" in only:
+        # Autovacuum on jobs with PostgreSQL's defaults beside per-table settings, a day
+        # of finished jobs in the table and a steady flow (#25): see autovacuum.py.
+        import autovacuum
+
+        rows += autovacuum.section(args.quick, step)
 
     if "workflows" in only:
         # Workflow steps beside independent jobs at the sizes (#26): see
