@@ -1691,7 +1691,7 @@ def main(argv: list[str] | None = None) -> int:
         "--only",
         default=(
             "enqueue,orm,drain,backlog,tx,procs,async,pickup,claim,limits,slots,scheduled,"
-            "cli,dashboard,horizon,history,partitions,archive-migration,workflows"
+            "cli,dashboard,horizon,history,partitions,archive-migration,workflows,autovacuum"
         ),
         help=(
             "comma-separated sections to run (default: all); drain-target runs only "
@@ -2118,6 +2118,13 @@ def main(argv: list[str] | None = None) -> int:
         import horizon
 
         rows += horizon.section(args.quick, step)
+
+    if "autovacuum" in only:
+        # Autovacuum on jobs with PostgreSQL's defaults beside per-table settings, a day
+        # of finished jobs in the table and a steady flow (#25): see autovacuum.py.
+        import autovacuum
+
+        rows += autovacuum.section(args.quick, step)
 
     if "workflows" in only:
         # Workflow steps beside independent jobs at the sizes (#26): see

@@ -152,6 +152,16 @@ class DelayedRunAt:
     seconds: float
 
 
+#: The storage parameters of ``jobs`` (revision 0022): autovacuum starts after 1,000
+#: dead rows plus 1% of the table's rows (PostgreSQL's default: 50 plus 20%). SQLAlchemy
+#: neither emits nor reflects a table's storage parameters, so Alembic cannot compare
+#: them: a test reads ``pg_class.reloptions`` of a database at head against this.
+JOBS_STORAGE_PARAMETERS: dict[str, str] = {
+    "autovacuum_vacuum_scale_factor": "0.01",
+    "autovacuum_vacuum_threshold": "1000",
+}
+
+
 class Job(Base):
     """One background job. ``session.add(Job(kind=..., payload=...))`` enqueues it.
 

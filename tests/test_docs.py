@@ -133,6 +133,9 @@ RUN_BY: dict[str, str] = {
     "docs/guides/running-for-years.md | Running for years | 4": (
         "test_the_role_settings_of_the_guide_run"
     ),
+    "docs/guides/running-for-years.md | Running for years | 5": (
+        "test_the_autovacuum_settings_of_the_guide_run"
+    ),
     **{
         f"docs/guides/testing.md | Testing your app | {n}": (
             "test_readme_testing_section_runs_as_the_apps_own_test_suite"
@@ -420,6 +423,20 @@ def test_the_role_settings_of_the_guide_run(engine: sa.Engine) -> None:
             f"WHERE r.rolname = '{role}' AND d.datname = current_database()"
         ).scalars()
         assert "idle_in_transaction_session_timeout=5min" in list(settings)
+        trans.rollback()
+
+
+def test_the_autovacuum_settings_of_the_guide_run(engine: sa.Engine) -> None:
+    """ "Autovacuum on jobs": the override, what it shows, and the RESET, rolled back."""
+    sql = _sql_block("docs/guides/running-for-years.md", "Running for years", 2)
+    code = "\n".join(line.split("--")[0] for line in sql.splitlines())
+    set_, show, reset = (s for s in code.split(";") if s.strip())
+    with engine.connect() as conn, conn.begin() as trans:
+        conn.exec_driver_sql(set_)
+        shown = conn.exec_driver_sql(show).scalar_one()
+        assert "autovacuum_vacuum_scale_factor=0.002" in shown
+        conn.exec_driver_sql(reset)
+        assert conn.exec_driver_sql(show).scalar_one() is None
         trans.rollback()
 
 

@@ -14,7 +14,7 @@ from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.engine import URL
 
-from sqla_jobs import migrations
+from sqla_jobs import migrations, models
 from sqla_jobs.models import Base
 
 REPO = Path(__file__).resolve().parents[1]
@@ -61,6 +61,52 @@ def test_models_and_migrations_agree(db_url: URL) -> None:
         diff = compare_metadata(context, Base.metadata)
     engine.dispose()
     assert diff == []
+
+
+#: The revision that sets ``jobs``' autovacuum parameters.
+AUTOVACUUM_REVISION = "0023_jobs_autovacuum"
+
+
+def _reloptions(conn: sa.Connection, table: str) -> dict[str, str]:
+    options = conn.execute(
+        sa.text("SELECT reloptions FROM pg_class WHERE oid = to_regclass(:t)"), {"t": table}
+    ).scalar_one()
+    return dict(option.split("=", 1) for option in options or [])
+
+
+def test_jobs_storage_parameters_at_head_are_the_models(db_url: URL) -> None:
+    # Alembic's comparison does not see storage parameters (SQLAlchemy reflects none).
+    engine = sa.create_engine(db_url, poolclass=sa.NullPool)
+    try:
+        with engine.connect() as conn:
+            assert _reloptions(conn, "jobs") == models.JOBS_STORAGE_PARAMETERS
+            assert _reloptions(conn, "jobs_workflow_edges") == {}
+            assert _reloptions(conn, "jobs_workers") == {}
+    finally:
+        engine.dispose()
+
+
+def test_autovacuum_revision_downgrade_resets_the_parameters_and_keeps_the_apps_own(
+    empty_db_url: URL,
+) -> None:
+    script = ScriptDirectory.from_config(migrations.alembic_config())
+    before = script.get_revision(AUTOVACUUM_REVISION).down_revision
+    assert isinstance(before, str)
+    engine = sa.create_engine(empty_db_url, poolclass=sa.NullPool)
+    try:
+        with engine.connect() as conn:
+            migrations.upgrade(conn, "heads")
+            conn.execute(sa.text("ALTER TABLE jobs SET (fillfactor = 90)"))
+            conn.commit()
+            migrations.downgrade(conn, before)
+            assert _reloptions(conn, "jobs") == {"fillfactor": "90"}
+            migrations.upgrade(conn, "heads")
+            assert _reloptions(conn, "jobs") == {
+                "fillfactor": "90",
+                **models.JOBS_STORAGE_PARAMETERS,
+            }
+    finally:
+        engine.dispose()
 
 
 def test_standalone_downgrade_base_then_upgrade_head_round_trips(empty_db_url: URL) -> None:
