@@ -650,9 +650,12 @@ def _last_end(table: sa.Table, workflow_id: sa.ColumnElement[Any]) -> sa.ScalarS
     )
 
 
-def _whole_workflows(table: sa.Table, picked: sa.CTE, row_test: sa.ColumnElement[bool]) -> sa.CTE:
+def _whole_workflows(
+    table: sa.Table, picked: sa.CTE, row_test: sa.ColumnElement[bool], key: Sequence[str] = ("id",)
+) -> sa.CTE:
     """The rows that go with ``picked``: its rows outside workflows, and every step of each
-    workflow it touched, or none of them.
+    workflow it touched, or none of them, by ``key`` (columns of both ``table`` and
+    ``picked``).
 
     A batch picks rows up to its size; the workflows among them are then taken whole
     (each of their steps locked, SKIP LOCKED), even past the batch size. A workflow one
@@ -675,7 +678,7 @@ def _whole_workflows(table: sa.Table, picked: sa.CTE, row_test: sa.ColumnElement
     # row as locked), not a filter: in the filter the planner read every old dead job
     # of the table through jobs_finished_idx to test it against the units.
     locked = (
-        sa.select(table.c.id, table.c.workflow_id, row_test.label("goes"))
+        sa.select(*(table.c[k] for k in key), table.c.workflow_id, row_test.label("goes"))
         .where(table.c.workflow_id == sa.any_(unit_ids))
         .with_for_update(of=table, skip_locked=True)
         .cte("unit_steps")
@@ -694,8 +697,8 @@ def _whole_workflows(table: sa.Table, picked: sa.CTE, row_test: sa.ColumnElement
     )
     return (
         sa.union_all(
-            sa.select(picked.c.id).where(picked.c.workflow_id.is_(None)),
-            sa.select(locked.c.id).where(locked.c.workflow_id.in_(whole)),
+            sa.select(*(picked.c[k] for k in key)).where(picked.c.workflow_id.is_(None)),
+            sa.select(*(locked.c[k] for k in key)).where(locked.c.workflow_id.in_(whole)),
         )
         .cte("chosen")
         .prefix_with("MATERIALIZED")
@@ -878,7 +881,7 @@ def prune_batch(*, older_than: float, batch: int, now: Now = None) -> ReturningD
         sa.not_(workflows.has_step_in(archive.c.workflow_id)),
     )
     picked = (
-        sa.select(archive.c.id, archive.c.workflow_id, archive.c.finished_at)
+        sa.select(archive.c.id, archive.c.archived_at, archive.c.workflow_id, archive.c.finished_at)
         .where(
             archive.c.finished_at >= _floor("floor"),
             archive.c.finished_at < age,
@@ -890,10 +893,15 @@ def prune_batch(*, older_than: float, batch: int, now: Now = None) -> ReturningD
         .cte("picked")
         .prefix_with("MATERIALIZED")
     )
-    chosen = _whole_workflows(archive, picked, archive.c.finished_at < age)
+    # By (id, archived_at), the primary key: the partition key lets each deleted row's
+    # look-up probe its own partition (run-time pruning), where an id alone probed every
+    # weekly partition's primary key (revision 0022; 38,000 buffers for 1,000 rows at
+    # 15 partitions, against 6,000 unpartitioned).
+    key = ("id", "archived_at")
+    chosen = _whole_workflows(archive, picked, archive.c.finished_at < age, key)
     return (
         sa.delete(archive)
-        .where(archive.c.id == chosen.c.id)
+        .where(archive.c.id == chosen.c.id, archive.c.archived_at == chosen.c.archived_at)
         .returning(archive.c.id, _reached(picked).label("reached"))
     )
 

@@ -64,6 +64,9 @@ FLOW_PRUNE_WHOLE = _FLOWS + "test_prune_deletes_an_archived_workflow_as_a_unit"
 # History (#25): a long archive or prune starts each batch where the last one stopped.
 _FLOORS = "tests/test_archive_floors.py::"
 FLOORS_PRUNE = _FLOORS + "test_each_batch_of_a_long_prune_reads_as_much_as_the_first"
+PRUNE_OWN_PARTITION = _FLOORS + (
+    "test_a_prune_batch_deletes_each_row_from_its_own_partition_not_from_every_week"
+)
 FLOORS_ARCHIVE = _FLOORS + (
     "test_each_batch_of_a_long_archive_reads_as_much_as_the_first_in_every_range"
 )
@@ -1519,8 +1522,10 @@ MUTATIONS: list[Mutation] = [
         "archive_takes_whole_workflows",
         "the archiver and prune take every step of a workflow their batch touched",
         ADMIN_SQL,
-        "            sa.select(locked.c.id).where(locked.c.workflow_id.in_(whole)),\n",
-        "            sa.select(picked.c.id).where(picked.c.workflow_id.is_not(None)),  # MUT\n",
+        "            sa.select(*(locked.c[k] for k in key))"
+        ".where(locked.c.workflow_id.in_(whole)),\n",
+        "            sa.select(*(picked.c[k] for k in key))"
+        ".where(picked.c.workflow_id.is_not(None)),  # MUT\n",
         (FLOW_ARCHIVE_WHOLE, FLOW_PRUNE_WHOLE),
     ),
     Mutation(
@@ -1530,6 +1535,15 @@ MUTATIONS: list[Mutation] = [
         "        .having(sa.and_(sa.func.bool_and(locked.c.goes), sa.func.count() == all_steps))\n",
         "        .having(sa.true())  # MUTATION\n",
         (FLOW_ARCHIVE_LOCKED, FLOW_PRUNE_WHOLE, FLOW_ARCHIVER),
+    ),
+    Mutation(
+        "prune_deletes_by_id_alone",
+        "a prune batch deletes each row from its own partition (by id and archived_at)",
+        ADMIN_SQL,
+        "        .where(archive.c.id == chosen.c.id, archive.c.archived_at == chosen.c.archived_at)"
+        "\n",
+        "        .where(archive.c.id == chosen.c.id)  # MUTATION\n",
+        (PRUNE_OWN_PARTITION, FLOW_PRUNE_WHOLE),
     ),
     Mutation(
         "batches_start_at_the_floor",

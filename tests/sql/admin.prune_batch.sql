@@ -1,5 +1,6 @@
 WITH picked AS MATERIALIZED
   (SELECT jobs_archive.id AS id,
+          jobs_archive.archived_at AS archived_at,
           jobs_archive.workflow_id AS workflow_id,
           jobs_archive.finished_at AS finished_at
    FROM jobs_archive
@@ -22,6 +23,7 @@ WITH picked AS MATERIALIZED
    FROM picked
    WHERE picked.workflow_id IS NOT NULL), unit_steps AS MATERIALIZED
   (SELECT jobs_archive.id AS id,
+          jobs_archive.archived_at AS archived_at,
           jobs_archive.workflow_id AS workflow_id,
           jobs_archive.finished_at < statement_timestamp() - interval '1 second' * %(age)s AS goes
    FROM jobs_archive
@@ -30,10 +32,12 @@ WITH picked AS MATERIALIZED
                                                   FROM units)))
      FOR
      UPDATE OF jobs_archive SKIP LOCKED), chosen AS MATERIALIZED
-  (SELECT picked.id AS id
+  (SELECT picked.id AS id,
+          picked.archived_at AS archived_at
    FROM picked
    WHERE picked.workflow_id IS NULL
-   UNION ALL SELECT unit_steps.id AS id
+   UNION ALL SELECT unit_steps.id AS id,
+                    unit_steps.archived_at AS archived_at
    FROM unit_steps
    WHERE unit_steps.workflow_id IN
        (SELECT unit_steps.workflow_id
@@ -46,7 +50,8 @@ WITH picked AS MATERIALIZED
            WHERE any_step.workflow_id = unit_steps.workflow_id)))
 DELETE
 FROM jobs_archive USING chosen
-WHERE jobs_archive.id = chosen.id RETURNING jobs_archive.id,
+WHERE jobs_archive.id = chosen.id
+  AND jobs_archive.archived_at = chosen.archived_at RETURNING jobs_archive.id,
 
   (SELECT max(picked.finished_at) AS max_2
    FROM picked) AS reached;
