@@ -1159,6 +1159,8 @@ def result(session: Session, job_id: int) -> Any:
     """
     validation.integer("job_id", job_id, minimum=0, error=ConfigError)
     row = session.execute(admin.job_result(job_id)).one_or_none()
+    if row is None:  # archived (or never was): a job leaves jobs only for the archive
+        row = session.execute(admin.job_result(job_id, archived=True)).one_or_none()
     if row is None:
         raise JobNotFoundError(
             f"no job with id {job_id} (never existed, deleted, or pruned from the archive)"

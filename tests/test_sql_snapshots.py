@@ -137,6 +137,7 @@ CASES: dict[str, Callable[[], Any]] = {
     "admin.cancel_jobs": lambda: admin.cancel_jobs(kind="a"),
     "admin.request_cancel": lambda: admin.request_cancel(ids=[1, 2]),
     "admin.job_result": lambda: admin.job_result(1),
+    "admin.job_result.archived": lambda: admin.job_result(1, archived=True),
     "admin.delete_jobs": lambda: admin.delete_jobs(statuses=[JobStatus.DONE], queue="q"),
     "admin.matching_jobs": lambda: admin.matching_jobs(statuses=[JobStatus.DONE], queue="q"),
     "admin.archive_batch": lambda: admin.archive_batch(
@@ -350,6 +351,7 @@ def test_every_statement_builder_has_a_snapshot_case() -> None:
         "admin.list_jobs_older_than",
         "admin.list_jobs_workflow",
         "admin.archive_batch_done",
+        "admin.job_result.archived",
         "workflows.list_workflows_running",
         "workflows.list_workflows_finished",
         "workflows.hold_archived_steps",

@@ -575,13 +575,14 @@ def request_cancel(
     return sa.select(marked.c.id, notified.label("notified")).order_by(marked.c.id)
 
 
-def job_result(job_id: int) -> sa.Select[Any]:
-    """``(status, result)`` of a job, live or archived (revision 0005)."""
-    archive = models.jobs_archive
+def job_result(job_id: int, *, archived: bool = False) -> sa.Select[Any]:
+    """``(status, result)`` of a job in ``jobs`` (revision 0005), or ``archived`` in
+    ``jobs_archive``. Two statements, not one: planning a look-up in the archive weighs
+    each of its weekly partitions (revision 0022: 0.19 -> 0.49 ms at 15), which the
+    result of a live job, the common case, does not need."""
+    table = models.jobs_archive if archived else jobs
     job_id_param = sa.bindparam("id", job_id, sa.BigInteger)
-    live = sa.select(jobs.c.status, jobs.c.result).where(jobs.c.id == job_id_param)
-    archived = sa.select(archive.c.status, archive.c.result).where(archive.c.id == job_id_param)
-    return sa.select(sa.union_all(live, archived).subquery("found")).limit(1)
+    return sa.select(table.c.status, table.c.result).where(table.c.id == job_id_param)
 
 
 def delete_jobs(
