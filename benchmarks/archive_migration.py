@@ -39,6 +39,7 @@ from sqlalchemy.orm import Session
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import archive_partitions
 from _db import scratch_database
 
 from sqla_jobs import config, migrations, ops, testing
@@ -47,19 +48,6 @@ BEFORE = "0021_leaf_steps"
 SPAN_DAYS = 98
 ROLE = "bench_archive_worker"
 
-_ROWS_SQL = """
-INSERT INTO jobs_archive (id, kind, queue, priority, payload, status, run_at, attempts,
-                          worker, created_at, finished_at, result, workflow_id, step,
-                          archived_at)
-  SELECT 1000000000 + g, 'noop', 'default', 0, '{"n": 1}', 'done', at, 1, 'old:1',
-         at - interval '1 day', at - interval '1 day', '{"ok": true}',
-         CASE WHEN mod(g, 2) = 0 THEN md5((g / 10)::text)::uuid END,
-         CASE WHEN mod(g, 2) = 0 THEN 's' || mod(g, 10) END,
-         at
-  FROM (SELECT g, now() - interval '%(span)s days'
-                  + ((g / 10) * 10) * (interval '%(span)s days' / %(rows)s) AS at
-        FROM generate_series(0, %(rows)s - 1) AS g) AS r
-"""
 ARCHIVE_ONE = """
 INSERT INTO jobs_archive (id, kind, queue, priority, payload, status, run_at, attempts,
                           created_at, finished_at, archived_at)
@@ -241,7 +229,7 @@ def run(rows: int) -> None:
         testing.migrate(url, BEFORE)
         with psycopg.connect(url, autocommit=True) as conn:
             t0 = time.perf_counter()
-            conn.execute(_ROWS_SQL % {"span": SPAN_DAYS, "rows": rows})
+            conn.execute(archive_partitions.ROWS_SQL % {"span": SPAN_DAYS, "rows": rows})
             conn.execute("VACUUM ANALYZE jobs_archive")
             took = time.perf_counter() - t0
             print(f"  {rows:,} archived rows generated and vacuumed in {took:.1f} s")

@@ -57,7 +57,7 @@ _SIDES: dict[str, tuple[str, int, bool]] = {
     "id 14": ("id", 14, False),
     "id 98": ("id", 98, False),
 }
-_ROWS_SQL = """
+ROWS_SQL = """
 INSERT INTO jobs_archive (id, kind, queue, priority, payload, status, run_at, attempts,
                           worker, created_at, finished_at, result, workflow_id, step,
                           archived_at)
@@ -170,7 +170,7 @@ def _side(side: str, rows: int) -> Iterator[tuple[str, sa.Engine]]:
         with psycopg.connect(url, autocommit=True) as conn:
             if partitions:
                 _partition(conn, key, partitions, rows)
-            conn.execute(_ROWS_SQL % {"span": SPAN_DAYS, "rows": rows})
+            conn.execute(ROWS_SQL % {"span": SPAN_DAYS, "rows": rows})
             if checks:
                 _check_id_ranges(conn)
             conn.execute("VACUUM ANALYZE")

@@ -299,22 +299,7 @@ def run_side(
             }
             side.final = _final(conn)
     side.done = sum(1 for t in started.values() if t <= t0 + side.seconds)
-    by_window: dict[int, list[float]] = {}
-    for job_id, before in sent.items():
-        latency = (started[job_id] - before) * 1000
-        side.latencies.append(latency)
-        by_window.setdefault(int((before - t0) // window), []).append(latency)
-    for index in sorted(by_window):
-        values = by_window[index]
-        done = sum(1 for t in started.values() if index * window <= t - t0 < (index + 1) * window)
-        side.windows.append(
-            (
-                index * window,
-                run._percentile(values, 0.5),
-                run._percentile(values, 0.99),
-                done / window,
-            )
-        )
+    side.latencies, side.windows = run._windows(sent, started, t0, window)
     return side
 
 

@@ -179,22 +179,7 @@ def flow(pinned: bool, seconds: float, rate: int, window: float) -> Flow:
             result.updates, result.hot_updates = (int(stats[0]), int(stats[1])) if stats else (0, 0)
             result.dead_tuples, result.dead_source = _dead_tuples(conn)
     result.seconds = ran_for
-    by_window: dict[int, list[float]] = {}
-    for job_id, before in sent.items():
-        latency = (started[job_id] - before) * 1000
-        result.latencies.append(latency)
-        by_window.setdefault(int((before - t0) // window), []).append(latency)
-    for index in sorted(by_window):
-        values = by_window[index]
-        done = sum(1 for t in started.values() if index * window <= t - t0 < (index + 1) * window)
-        result.windows.append(
-            (
-                index * window,
-                run._percentile(values, 0.5),
-                run._percentile(values, 0.99),
-                done / window,
-            )
-        )
+    result.latencies, result.windows = run._windows(sent, started, t0, window)
     return result
 
 

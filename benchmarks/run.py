@@ -381,6 +381,28 @@ def server_only_enqueue(n_jobs: int, batch: int = 1_000) -> float:
 # --- drain -----------------------------------------------------------------------------
 
 
+def _windows(
+    sent: dict[int, float], started: dict[int, float], t0: float, window: float
+) -> tuple[list[float], list[tuple[float, float, float, float]]]:
+    """A steady flow's claim latencies (ms: handler start minus the moment before its
+    enqueue), and per ``window`` seconds from ``t0``: start, p50, p99, jobs started a
+    second."""
+    latencies: list[float] = []
+    by_window: dict[int, list[float]] = {}
+    for job_id, before in sent.items():
+        latency = (started[job_id] - before) * 1000
+        latencies.append(latency)
+        by_window.setdefault(int((before - t0) // window), []).append(latency)
+    windows = []
+    for index in sorted(by_window):
+        values = by_window[index]
+        done = sum(1 for t in started.values() if index * window <= t - t0 < (index + 1) * window)
+        windows.append(
+            (index * window, _percentile(values, 0.5), _percentile(values, 0.99), done / window)
+        )
+    return latencies, windows
+
+
 def _health_cli(url: str, *flags: str) -> str:
     """``sqla-jobs health`` as an operator runs it: its output, exit status and wall time
     (a new process and connection each time, as a monitoring probe pays)."""
