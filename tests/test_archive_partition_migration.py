@@ -113,6 +113,17 @@ def test_partitioning_round_trips_with_rows_grants_and_archiving_going_on(
     grants = f"SELECT has_table_privilege('{role}', 'jobs_archive', '{{}}')"
     assert all(scalar(engine, grants.format(p)) for p in ("SELECT", "INSERT", "DELETE"))
     assert not scalar(engine, grants.format("UPDATE"))
+    # The SECURITY DEFINER functions: EXECUTE for the roles that may write the archive
+    # (INSERT: prepare, DELETE: drop_before), not for PUBLIC.
+    execute = "SELECT has_function_privilege('{}', 'jobs_archive_{}(timestamptz)', 'EXECUTE')"
+    assert scalar(engine, execute.format(role, "prepare"))
+    assert scalar(engine, execute.format(role, "drop_before"))
+    public = (
+        "SELECT count(*) FROM pg_proc p CROSS JOIN LATERAL aclexplode(p.proacl) AS a"
+        " WHERE p.proname IN ('jobs_archive_prepare', 'jobs_archive_drop_before')"
+        " AND a.grantee = 0"
+    )
+    assert scalar(engine, public) == 0
 
 
 def test_archiving_code_refuses_a_database_without_revision_0022(

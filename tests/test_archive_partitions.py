@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from datetime import timedelta
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 from archivetime import (
     INITIAL,
@@ -242,3 +244,29 @@ def test_a_long_reader_of_a_closed_partition_delays_its_id_check_not_the_archive
     prepare(engine, scalar(engine, "SELECT now()"))
     assert partitions(engine)[closed] is True
     assert _archived(engine, ids) == len(ids)
+
+
+def test_a_role_with_only_connect_cannot_drop_or_make_archive_partitions(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    """Revision 0022's SECURITY DEFINER functions are not executable by PUBLIC: they
+    run as the table's owner."""
+    role = f"sqla_jobs_connect_{uuid.uuid4().hex[:8]}"
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f"CREATE ROLE {role} LOGIN")
+        conn.exec_driver_sql(f'GRANT CONNECT ON DATABASE "{db_url.database}" TO {role}')
+    other = sa.create_engine(db_url.set(username=role), poolclass=sa.NullPool)
+    try:
+        for call in ("jobs_archive_drop_before('2030-01-01')", "jobs_archive_prepare()"):
+            with pytest.raises(sa.exc.ProgrammingError) as denied, other.connect() as conn:
+                conn.exec_driver_sql(f"SELECT {call}")
+            name = call.split("(")[0]
+            assert f"permission denied for function {name}" in str(denied.value)
+        with other.connect() as conn:  # catalog only: still readable
+            conn.execute(admin.archive_partitions()).all()
+    finally:
+        other.dispose()
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f"DROP OWNED BY {role}")
+            conn.exec_driver_sql(f"DROP ROLE {role}")
+    assert INITIAL in partitions(engine)

@@ -420,6 +420,7 @@ PARTS_HEALTH = _PARTS + "test_health_sums_the_partitions_of_the_archive"
 PARTS_READER = _PARTS + (
     "test_a_long_reader_of_a_closed_partition_delays_its_id_check_not_the_archive"
 )
+PARTS_EXECUTE = _PARTS + "test_a_role_with_only_connect_cannot_drop_or_make_archive_partitions"
 
 MUTATIONS: list[Mutation] = [
     # --- shutdown: buffered jobs given back, attempt not spent --------------------------
@@ -2079,6 +2080,14 @@ MUTATIONS: list[Mutation] = [
         "        .outerjoin(tree, tree.c.isleaf)\n",
         "        .outerjoin(tree, sa.false())  # MUTATION\n",
         (PARTS_HEALTH,),
+    ),
+    Mutation(
+        "partition_functions_not_executable_by_public",
+        "a role with no privilege on jobs_archive cannot run its SECURITY DEFINER functions",
+        PARTS_MIGRATION,
+        '        statements.append(f"REVOKE EXECUTE ON FUNCTION {function} FROM PUBLIC")\n',
+        "        pass  # MUTATION\n",
+        (PARTS_EXECUTE,),
     ),
 ]
 

@@ -62,8 +62,14 @@ migration, the table's owner) with ``search_path`` pinned to the schema migrated
 * ``jobs_archive_partitions()``: each partition with its bounds (NULL for MINVALUE)
   and whether its id CHECK is validated (plain ``SECURITY INVOKER``, catalog only).
 
-``EXECUTE`` on functions is granted to ``PUBLIC`` by default; docs/least-privilege.md
-says what to grant when a hardened database revokes it.
+``EXECUTE`` on functions is granted to ``PUBLIC`` by default: revoked here from
+``jobs_archive_prepare`` and ``jobs_archive_drop_before`` (they run as the table's
+owner, and a role with no privilege on ``jobs_archive`` could otherwise drop the whole
+archive), granted back on ``jobs_archive_prepare`` to the roles holding ``INSERT`` on
+``jobs_archive`` and on ``jobs_archive_drop_before`` to those holding ``DELETE``, as
+the grants stand when the migration runs (docs/least-privilege.md: what to grant a
+role made later). ``jobs_archive_partitions()`` reads the catalog only and stays
+executable by ``PUBLIC``.
 
 Deploy order: pre-deploy (migrate, then roll out the code). Code of this revision
 calls ``jobs_archive_prepare`` before it archives, and its schema check refuses to
@@ -261,6 +267,39 @@ def _scalar(sql: str, **params: Any) -> Any:
     return op.get_bind().execute(sa.text(sql), params).scalar()
 
 
+#: Who may run each SECURITY DEFINER function: the roles holding this privilege on
+#: jobs_archive (PUBLIC loses EXECUTE; the owner keeps it).
+EXECUTE_FOR = {
+    "jobs_archive_prepare(timestamptz)": "INSERT",
+    "jobs_archive_drop_before(timestamptz)": "DELETE",
+}
+
+
+def _execute_grants() -> list[str]:
+    """REVOKE EXECUTE from PUBLIC on the SECURITY DEFINER functions; GRANT it to the
+    roles that hold the matching privilege on jobs_archive now."""
+    statements = []
+    for function, privilege in EXECUTE_FOR.items():
+        statements.append(f"REVOKE EXECUTE ON FUNCTION {function} FROM PUBLIC")
+        grantees = (
+            op.get_bind()
+            .execute(
+                sa.text(
+                    "SELECT DISTINCT CASE WHEN a.grantee = 0 THEN 'PUBLIC'"
+                    " ELSE quote_ident(r.rolname) END"
+                    " FROM pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) AS a"
+                    " LEFT JOIN pg_roles r ON r.oid = a.grantee"
+                    " WHERE c.oid = 'jobs_archive'::regclass AND a.grantee <> c.relowner"
+                    " AND a.privilege_type = :privilege ORDER BY 1"
+                ),
+                {"privilege": privilege},
+            )
+            .scalars()
+        )
+        statements += [f"GRANT EXECUTE ON FUNCTION {function} TO {g}" for g in grantees]
+    return statements
+
+
 def _grants(source: str, target: str) -> list[str]:
     """GRANT statements giving ``target`` the privileges others hold on ``source``."""
     rows = op.get_bind().execute(
@@ -325,7 +364,7 @@ def upgrade() -> None:
     _with_lock_timeout([*swap, *_grants("jobs_archive", "jobs_archive")])
     with op.get_context().autocommit_block():
         pass  # commits the swap: its ACCESS EXCLUSIVE lock goes before what follows
-    for statement in functions(schema):
+    for statement in [*functions(schema), *_execute_grants()]:
         op.execute(statement)
     op.execute(
         sa.text("SELECT jobs_archive_prepare(CAST(:at AS timestamptz))").bindparams(at=bound)
