@@ -1224,17 +1224,34 @@ _PREPARED: set[tuple[str, Any]] = set()
 _PREPARE_CALLS = 3
 
 
+def _prepared_key(session: Session) -> tuple[str, Any]:
+    bind = session.get_bind()
+    return (bind.engine.url.render_as_string(hide_password=True), datetime.now(timezone.utc).date())
+
+
+def _forget_prepared(session: Session) -> None:
+    _PREPARED.discard(_prepared_key(session))
+
+
+def _no_partition(exc: sa_exc.IntegrityError) -> bool:
+    """The archive's row had no partition to go to (SQLSTATE 23514, check_violation)."""
+    return getattr(exc.orig, "sqlstate", None) == "23514" and "no partition of relation" in str(
+        exc.orig
+    )
+
+
 @_sessions.sync_form
 def prepare_archive(session: Session) -> int:
     """Make ``jobs_archive`` ready to take this week's rows (revision 0022): the
     partitions of this week and the next exist, closed partitions carry a validated id
     CHECK. Runs ``jobs_archive_prepare`` (a ``SECURITY DEFINER`` function: no DDL
     right needed) until it has nothing left to do, each call committed; once a day per
-    process and database after that. Returns how many changes were made.
+    process and database after that (forgotten when an archive batch finds no partition
+    for its rows: it prepares again and retries the batch once). Returns how many
+    changes were made.
     [``archive``][sqla_jobs.ops.archive] calls it first; call it yourself before an
     archive statement of your own. Commits."""
-    bind = session.get_bind()
-    key = (bind.engine.url.render_as_string(hide_password=True), datetime.now(timezone.utc).date())
+    key = _prepared_key(session)
     if key in _PREPARED:
         return 0
     if session.in_transaction():
@@ -1282,7 +1299,18 @@ def archive_batches(
     prepare_archive(session)
     floors: dict[str, datetime] = {}  # each batch starts where the previous one stopped
     while True:
-        rows = _batch(session, stmt, floors)
+        try:
+            rows = _batch(session, stmt, floors)
+        except sa_exc.IntegrityError as exc:
+            session.rollback()
+            if not _no_partition(exc):
+                raise
+            # This week's partition is gone (dropped by hand, or by a drop_before of
+            # code older than its future-time guard) though this process prepared it
+            # today: prepare again, retry the batch once.
+            _forget_prepared(session)
+            prepare_archive(session)
+            rows = _batch(session, stmt, floors)
         if rows:
             yield len(rows)
         if len(rows) < batch:

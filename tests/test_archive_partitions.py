@@ -270,3 +270,56 @@ def test_a_role_with_only_connect_cannot_drop_or_make_archive_partitions(
             conn.exec_driver_sql(f"DROP OWNED BY {role}")
             conn.exec_driver_sql(f"DROP ROLE {role}")
     assert INITIAL in partitions(engine)
+
+
+def test_prepare_and_drop_before_refuse_a_future_time(engine: sa.Engine) -> None:
+    """A future ``at`` would close the open partitions with an empty id range (every
+    archive then fails); a future cutoff would drop the partition archived into now."""
+    before = partitions(engine)
+    refused = {
+        "jobs_archive_prepare(now() + interval '6 weeks')": (
+            "jobs_archive_prepare: at must not be in the future (got ",
+            "); call it with no argument",
+        ),
+        "jobs_archive_drop_before(now() + interval '6 weeks')": (
+            "jobs_archive_drop_before: cutoff must not be in the future (got ",
+            "); pass now() minus the retention",
+        ),
+    }
+    for call, (head, tail) in refused.items():
+        with pytest.raises(sa.exc.DBAPIError) as info, engine.begin() as conn:
+            conn.exec_driver_sql(f"SELECT {call}")
+        first = str(info.value.orig).splitlines()[0]
+        assert first.startswith(head) and first.endswith(tail), first
+    assert partitions(engine) == before
+    with engine.begin() as conn:  # now itself is not the future
+        conn.exec_driver_sql("SELECT jobs_archive_prepare(now()), jobs_archive_drop_before(now())")
+
+
+def test_an_archive_whose_partition_went_missing_prepares_again_and_moves_its_rows(
+    engine: sa.Engine, session: Session
+) -> None:
+    start = migrated_long_ago(engine, 0)
+    finished = (
+        "INSERT INTO jobs (kind, payload, status, attempts, finished_at)"
+        " SELECT 'noop', '{}', 'done', 1, now() - interval '2 days' FROM generate_series(1, 4)"
+    )
+    with engine.begin() as conn:
+        conn.exec_driver_sql(finished)
+    assert ops.archive(session, timedelta(days=1)) == 4  # prepared: cached for today
+    with engine.begin() as conn:  # this week's partition dropped behind its back
+        conn.exec_driver_sql(f"DROP TABLE {partition_name(start)}")
+        conn.exec_driver_sql(finished)
+    assert ops.archive(session, timedelta(days=1)) == 4
+    assert scalar(engine, f"SELECT count(*) FROM {partition_name(start)}") == 4
+
+
+def test_one_prepare_archive_adds_and_validates_a_closed_partitions_id_check(
+    engine: sa.Engine, session: Session
+) -> None:
+    start = migrated_long_ago(engine, 3)
+    archive_at(engine, start - 2 * WEEK + timedelta(days=1), 5)
+    closed = partition_name(start - 2 * WEEK)
+    assert closed in partitions(engine) and partitions(engine)[closed] is False
+    assert ops.prepare_archive(session) >= 2  # added, then validated
+    assert partitions(engine)[closed] is True

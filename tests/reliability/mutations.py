@@ -421,6 +421,10 @@ PARTS_READER = _PARTS + (
     "test_a_long_reader_of_a_closed_partition_delays_its_id_check_not_the_archive"
 )
 PARTS_EXECUTE = _PARTS + "test_a_role_with_only_connect_cannot_drop_or_make_archive_partitions"
+PARTS_FUTURE = _PARTS + "test_prepare_and_drop_before_refuse_a_future_time"
+PARTS_MISSING = _PARTS + (
+    "test_an_archive_whose_partition_went_missing_prepares_again_and_moves_its_rows"
+)
 
 MUTATIONS: list[Mutation] = [
     # --- shutdown: buffered jobs given back, attempt not spent --------------------------
@@ -2088,6 +2092,31 @@ MUTATIONS: list[Mutation] = [
         '        statements.append(f"REVOKE EXECUTE ON FUNCTION {function} FROM PUBLIC")\n',
         "        pass  # MUTATION\n",
         (PARTS_EXECUTE,),
+    ),
+    Mutation(
+        "prepare_refuses_a_future_time",
+        "jobs_archive_prepare refuses a time after the clock (it would close open partitions)",
+        PARTS_MIGRATION,
+        "  IF at > clock_timestamp() THEN\n",
+        "  IF false THEN  -- MUTATION\n",
+        (PARTS_FUTURE,),
+    ),
+    Mutation(
+        "drop_before_refuses_a_future_cutoff",
+        "jobs_archive_drop_before refuses a cutoff after the clock (it would drop this week's"
+        " partition)",
+        PARTS_MIGRATION,
+        "  IF cutoff > clock_timestamp() THEN\n",
+        "  IF false THEN  -- MUTATION\n",
+        (PARTS_FUTURE,),
+    ),
+    Mutation(
+        "archive_retries_a_missing_partition",
+        "an archive batch with no partition for its rows prepares again and is retried once",
+        "sqla_jobs/ops.py",
+        "            _forget_prepared(session)\n",
+        "            raise  # MUTATION\n",
+        (PARTS_MISSING,),
     ),
 ]
 

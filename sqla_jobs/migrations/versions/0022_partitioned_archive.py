@@ -36,7 +36,8 @@ Partition maintenance never needs the worker's role to own anything or run DDL: 
 functions below are ``SECURITY DEFINER`` (they run as the role that ran this
 migration, the table's owner) with ``search_path`` pinned to the schema migrated:
 
-* ``jobs_archive_prepare(at timestamptz DEFAULT now()) RETURNS integer``: makes sure
+* ``jobs_archive_prepare(at timestamptz DEFAULT now()) RETURNS integer`` (``at``
+  after the clock is refused: it would close partitions still written to): makes sure
   the partitions of ``at``'s week and the next exist (a table ``LIKE`` the parent,
   then ``ATTACH``: SHARE UPDATE EXCLUSIVE on the parent, archive and reads go on), and
   gives each closed partition (its upper bound over ``CLOSED_AFTER`` before ``at``) a
@@ -51,7 +52,8 @@ migration, the table's owner) with ``search_path`` pinned to the schema migrated
   partition, its autovacuum) is skipped, not an error: archiving goes on and a later
   call adds it; a partition that cannot be attached is an error (rows of its week
   would have nowhere to go).
-* ``jobs_archive_drop_before(cutoff timestamptz) RETURNS bigint``: drops each
+* ``jobs_archive_drop_before(cutoff timestamptz) RETURNS bigint`` (``cutoff`` after
+  the clock is refused: it would drop the partition archived into now): drops each
   partition whose upper bound is at or before ``cutoff`` (every row of it was archived,
   so finished, before the bound), except one holding an archived step of a workflow
   that still has a step in ``jobs`` (an append after archiving: its rows stay for
@@ -157,6 +159,11 @@ BEGIN
   IF at IS NULL THEN
     RAISE EXCEPTION 'jobs_archive_prepare: at must be a time, got NULL';
   END IF;
+  -- A future at would close (and give an empty id range to) partitions still open.
+  IF at > clock_timestamp() THEN
+    RAISE EXCEPTION 'jobs_archive_prepare: at must not be in the future (got %);'
+                    ' call it with no argument', at;
+  END IF;
   PERFORM pg_advisory_xact_lock({LOCK_KEY});
   -- Id CHECKs added by an earlier call (committed: their ACCESS EXCLUSIVE is gone),
   -- validated by a scan under SHARE UPDATE EXCLUSIVE.
@@ -221,6 +228,11 @@ BEGIN
   IF cutoff IS NULL THEN
     RAISE EXCEPTION 'jobs_archive_drop_before: cutoff must be a time, got NULL';
   END IF;
+  -- A future cutoff would drop the partition archiving writes into now.
+  IF cutoff > clock_timestamp() THEN
+    RAISE EXCEPTION 'jobs_archive_drop_before: cutoff must not be in the future (got %);'
+                    ' pass now() minus the retention', cutoff;
+  END IF;
   PERFORM pg_advisory_xact_lock({LOCK_KEY});
   FOR p IN SELECT q.partition FROM jobs_archive_partitions() AS q
            WHERE q.upper_bound <= cutoff LOOP
@@ -245,6 +257,24 @@ BEGIN
     dropped := dropped + n;
   END LOOP;
   RETURN dropped;
+END $$
+"""
+
+#: The partitions of the two weeks from the initial partition's bound, as
+#: jobs_archive_prepare makes them (a table LIKE the parent, attached).
+AHEAD = """
+DO $$
+DECLARE
+  week timestamptz;
+  name text;
+BEGIN
+  FOR week IN SELECT timestamptz {bound} + n * interval '1 week'
+              FROM generate_series(0, 1) AS n LOOP
+    name := 'jobs_archive_p' || to_char(week AT TIME ZONE 'UTC', 'YYYYMMDD');
+    EXECUTE format('CREATE TABLE %I (LIKE jobs_archive INCLUDING DEFAULTS)', name);
+    EXECUTE format('ALTER TABLE jobs_archive ATTACH PARTITION %I FOR VALUES FROM (%L) TO (%L)',
+                   name, week, week + interval '1 week');
+  END LOOP;
 END $$
 """
 
@@ -366,9 +396,8 @@ def upgrade() -> None:
         pass  # commits the swap: its ACCESS EXCLUSIVE lock goes before what follows
     for statement in [*functions(schema), *_execute_grants()]:
         op.execute(statement)
-    op.execute(
-        sa.text("SELECT jobs_archive_prepare(CAST(:at AS timestamptz))").bindparams(at=bound)
-    )
+    # The two weeks from bound, made here (jobs_archive_prepare refuses a future time).
+    _with_lock_timeout([AHEAD.format(bound=literal)])
 
 
 def downgrade() -> None:
