@@ -2039,8 +2039,8 @@ MUTATIONS: list[Mutation] = [
         "archive_prepares_its_partitions",
         "an archive makes its week's partition (jobs_archive_prepare) before it moves rows",
         "sqla_jobs/ops.py",
-        "    prepare_archive(session)\n",
-        "    pass  # MUTATION\n",
+        "    prepare_archive(session)\n    floors",
+        "    pass  # MUTATION\n    floors",
         (PARTS_PREPARED,),
     ),
     Mutation(
