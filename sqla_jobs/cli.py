@@ -37,6 +37,9 @@ EXIT_USAGE = 2
 EXIT_UNHEALTHY = 1
 #: ``sqla-jobs result``: no such job, or it is not done (so it has no result).
 EXIT_NO_RESULT = 1
+#: An operations command whose statement the server refused (a privilege, a lock
+#: timeout): one line with the server's message.
+EXIT_DATABASE = 1
 #: ``sqla-jobs list | head``: the reader left before the output ended (128 + SIGPIPE, as
 #: a shell reports a tool the signal stopped).
 EXIT_BROKEN_PIPE = 141
@@ -834,10 +837,26 @@ def _run_ops(args: argparse.Namespace) -> int:
             engine.dispose()
     except SqlaJobsError as exc:
         return _fail(str(exc))
-    except sa_exc.OperationalError as exc:
-        return _fail(f"cannot connect to the database: {' '.join(str(exc.orig).split())}")
+    except sa_exc.DBAPIError as exc:
+        if _connection_failed(exc):
+            return _fail(f"cannot connect to the database: {' '.join(str(exc.orig).split())}")
+        # The server refused a statement (a privilege, a lock timeout, a constraint): its
+        # own first line, no SQL, no traceback.
+        print(f"sqla_jobs: error: {args.command}: {exceptions.db_error_text(exc)}", file=sys.stderr)
+        return EXIT_DATABASE
     except KeyboardInterrupt:
         return 0
+
+
+def _connection_failed(exc: Any) -> bool:
+    """A database error raised while connecting (no SQLSTATE, or class 08), not by a
+    statement the server ran."""
+    from sqlalchemy import exc as sa_exc
+
+    if not isinstance(exc, sa_exc.OperationalError):
+        return False
+    state = getattr(exc.orig, "sqlstate", None)
+    return state is None or str(state).startswith("08")
 
 
 def _print_json(data: Any) -> None:

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import urllib.request
+import uuid
 from pathlib import Path
 
 import pytest
@@ -687,3 +688,29 @@ def test_archive_and_prune_show_their_required_older_than_in_usage_and_reference
     assert "sqla-jobs archive --older-than DURATION [options]" in reference
     assert "sqla-jobs prune --older-than DURATION [options]" in reference
     assert "| `--older-than DURATION` | required |" in reference
+
+
+def test_a_database_error_in_archive_or_prune_prints_the_servers_first_line_and_exits_1(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    """A role granted the archive's table but not its functions (least-privilege page):
+    the server's refusal, one line, no SQL, no traceback."""
+    role = f"sqla_jobs_noexec_{uuid.uuid4().hex[:8]}"
+    insert(engine, f"CREATE ROLE {role} LOGIN")
+    insert(engine, f'GRANT CONNECT ON DATABASE "{db_url.database}" TO {role}')
+    insert(engine, f"GRANT USAGE ON SCHEMA public TO {role}")
+    insert(engine, f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role}")
+    insert(engine, f"GRANT SELECT, INSERT, UPDATE, DELETE ON jobs, jobs_archive TO {role}")
+    try:
+        for command, function in (
+            ("archive", "jobs_archive_prepare"),
+            ("prune", "jobs_archive_drop_before"),
+        ):
+            result = cli(db_url.set(username=role), command, "--older-than", "1d")
+            assert result.returncode == 1, result.stderr
+            assert result.stderr == (
+                f"sqla_jobs: error: {command}: permission denied for function {function}\n"
+            )
+    finally:
+        insert(engine, f"DROP OWNED BY {role}")
+        insert(engine, f"DROP ROLE {role}")
