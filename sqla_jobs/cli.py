@@ -616,7 +616,7 @@ def _add_ops_commands(sub: Any) -> None:
 
     p = command("prune", "delete archived jobs past a retention")
     p.add_argument(
-        "--older-than", required=True, metavar="DURATION", help="archived longer ago, e.g. 90d"
+        "--older-than", required=True, metavar="DURATION", help="finished longer ago, e.g. 90d"
     )
     p.add_argument("--batch", type=int, default=10_000, help="rows per transaction")
 
