@@ -218,8 +218,12 @@ def test_the_async_archive_and_prune_create_and_drop_partitions(
         try:
             async with AsyncSession(aengine) as s:
                 moved = await ops.archive_async(s, timedelta(days=1))
-                pruned = await ops.prune_async(s, scalar(engine, "SELECT now()") - cutoff)
-            return moved, pruned
+                listed = await ops.archive_partitions_async(s)
+                assert [p.name for p in listed] == list(partitions(engine))
+                assert listed[0].lower_bound is None  # the initial partition: MINVALUE
+                counted = await ops.prune_counts_async(s, scalar(engine, "SELECT now()") - cutoff)
+                assert counted.dropped_partitions >= 2 and counted.deleted_rows == 0
+            return moved, counted.total
         finally:
             await aengine.dispose()
 

@@ -133,6 +133,10 @@ RUN_BY: dict[str, str] = {
     "docs/guides/running-for-years.md | Running for years | 4": (
         "test_the_role_settings_of_the_guide_run"
     ),
+    # `sqla-jobs partitions` and `prune`'s output: the layout that test asserts.
+    "docs/guides/running-for-years.md | Running for years | 5": (
+        "test_partitions_lists_the_archives_weeks_and_prune_says_what_it_dropped"
+    ),
     **{
         f"docs/guides/testing.md | Testing your app | {n}": (
             "test_readme_testing_section_runs_as_the_apps_own_test_suite"
