@@ -77,7 +77,8 @@ Deploy order: pre-deploy (migrate, then roll out the code). Code of this revisio
 calls ``jobs_archive_prepare`` before it archives, and its schema check refuses to
 archive without it. Code built before it keeps working against the partitioned table
 (an ``INSERT`` into the parent is routed) until the partitions created here run out:
-two weeks after ``bound``.
+two weeks after ``bound``, 3 to 4 weeks after the migration (``bound`` is 1 to 2
+weeks ahead).
 
 Downgrade (also without long locks): the first partition detached and renamed back
 (one short transaction), the newer partitions' rows moved into it in batches of
