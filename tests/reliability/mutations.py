@@ -421,6 +421,14 @@ PARTS_READER = _PARTS + (
     "test_a_long_reader_of_a_closed_partition_delays_its_id_check_not_the_archive"
 )
 PARTS_EXECUTE = _PARTS + "test_a_role_with_only_connect_cannot_drop_or_make_archive_partitions"
+HEALTH_AUTOVACUUM_OFF = (
+    "tests/test_health.py::"
+    "test_with_autovacuum_off_a_queue_table_with_many_dead_tuples_is_a_vacuum_finding_at_once"
+)
+HEALTH_STALE_LISTED = (
+    "tests/test_health.py::"
+    "test_with_no_live_worker_the_ready_age_and_stale_worker_advice_say_start_one"
+)
 PARTS_FUTURE = _PARTS + "test_prepare_and_drop_before_refuse_a_future_time"
 PARTS_MISSING = _PARTS + (
     "test_an_archive_whose_partition_went_missing_prepares_again_and_moves_its_rows"
@@ -2117,6 +2125,23 @@ MUTATIONS: list[Mutation] = [
         "            _forget_prepared(session)\n",
         "            raise  # MUTATION\n",
         (PARTS_MISSING,),
+    ),
+    Mutation(
+        "health_flags_dead_tuples_with_autovacuum_off",
+        "with autovacuum off, a queue table with 1,000+ dead tuples is a vacuum finding at once",
+        "sqla_jobs/_health.py",
+        "    if t.dead_tuples >= VACUUM_MIN_DEAD and not (t.server_autovacuum and"
+        " t.table_autovacuum):\n",
+        "    if False:  # MUTATION\n",
+        (HEALTH_AUTOVACUUM_OFF,),
+    ),
+    Mutation(
+        "health_stale_worker_says_workers_lists_it",
+        "a stale worker's finding says whether `sqla-jobs workers` still lists it",
+        "sqla_jobs/_health.py",
+        "        listed = worker.expires_at is not None and worker.expires_at >= h.taken_at\n",
+        "        listed = False  # MUTATION\n",
+        (HEALTH_STALE_LISTED,),
     ),
 ]
 
