@@ -152,6 +152,10 @@ class TableHealth:
     last_autoanalyze: datetime | None
     table_bytes: int
     index_bytes: int
+    #: The server's ``autovacuum`` setting is on.
+    server_autovacuum: bool = True
+    #: No partition of it (or the table) has ``autovacuum_enabled`` set to false.
+    table_autovacuum: bool = True
 
     @property
     def dead_ratio(self) -> float:
@@ -171,6 +175,8 @@ class StaleWorker:
     pid: int
     heartbeat_at: datetime
     age_seconds: float
+    #: When its lease expires: ``sqla-jobs workers`` lists it until then.
+    expires_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -395,8 +401,9 @@ def _findings(h: Health, limits: HealthThresholds) -> Sequence[Finding]:
                 f"{h.oldest_ready_kind!r}) has waited {_age_text(h.oldest_ready_seconds)}, "
                 f"over {_age_text(ready_limit)}",
                 (
-                    "no live worker is registered (`sqla-jobs workers`): start one that "
-                    f"serves queue {h.oldest_ready_queue!r}"
+                    "no worker is live and on time (`sqla-jobs workers` lists none, or only "
+                    f"late ones: stale_workers): start one that serves queue "
+                    f"{h.oldest_ready_queue!r}"
                     if not h.live_workers
                     else f"workers are behind or none serves queue {h.oldest_ready_queue!r} "
                     f"or kind {h.oldest_ready_kind!r}: see `sqla-jobs stats` (unserved "
@@ -406,6 +413,7 @@ def _findings(h: Health, limits: HealthThresholds) -> Sequence[Finding]:
             )
         )
     for worker in h.stale_workers:
+        listed = worker.expires_at is not None and worker.expires_at >= h.taken_at
         found.append(
             Finding(
                 "stale_workers",
@@ -416,11 +424,12 @@ def _findings(h: Health, limits: HealthThresholds) -> Sequence[Finding]:
                 "the process is hung or gone: check it on its host; its jobs come back "
                 "to the queue when their leases expire and a live worker rescues them"
                 + (
-                    ""
-                    if h.live_workers
-                    else "; no live worker is registered now: start one (`sqla-jobs workers` "
-                    "lists them)"
-                ),
+                    f"; `sqla-jobs workers` lists it until its lease expires at "
+                    f"{worker.expires_at.isoformat(timespec='seconds')}"
+                    if listed and worker.expires_at is not None
+                    else "; its lease expired: `sqla-jobs workers` no longer lists it"
+                )
+                + ("" if h.live_workers else "; no other worker is live and on time: start one"),
             )
         )
     return found
@@ -525,7 +534,25 @@ def _table_findings(t: TableHealth, h: Health, limits: HealthThresholds) -> list
     # A table never vacuumed is as old as the statistics that would record a vacuum:
     # a new database's tables are not "never vacuumed, over a day ago".
     since = vacuumed if vacuumed is not None else h.stats_since
-    if t.dead_tuples >= VACUUM_MIN_DEAD and (since is None or now - since > vacuum_limit):
+    if t.dead_tuples >= VACUUM_MIN_DEAD and not (t.server_autovacuum and t.table_autovacuum):
+        # No age needed: nothing but a VACUUM by hand will remove them.
+        if not t.server_autovacuum:
+            where = "on this server (autovacuum = off)"
+            turn_on = "ALTER SYSTEM SET autovacuum = on; SELECT pg_reload_conf()"
+        else:
+            where = f"for {t.name} (autovacuum_enabled = false)"
+            turn_on = f"ALTER TABLE {t.name} RESET (autovacuum_enabled)"
+        found.append(
+            Finding(
+                "vacuum",
+                t.name,
+                f"{t.name} has {t.dead_tuples} dead tuples and autovacuum is off {where}: "
+                "nothing vacuums it",
+                f"autovacuum is off: turn it on ({turn_on}), or VACUUM (ANALYZE) {t.name} "
+                "from cron",
+            )
+        )
+    elif t.dead_tuples >= VACUUM_MIN_DEAD and (since is None or now - since > vacuum_limit):
         when = (
             f"was last vacuumed {vacuumed.isoformat(timespec='seconds')}"
             if vacuumed is not None

@@ -2,7 +2,9 @@
 
 The environment (``DATABASE_URL``) is read here and nowhere else. User errors (a bad
 app path, URL or option, an unreachable database, an unmigrated schema) print one line
-on stderr and exit with status 2; no traceback.
+on stderr and exit with status 2; no traceback. A job that does not exist (or, for
+``result``, is not done) exits with status 1, and so does a statement the server
+refuses while a command runs.
 """
 
 from __future__ import annotations
@@ -35,8 +37,13 @@ EXIT_USAGE = 2
 #: ``sqla-jobs health``: a check crossed its threshold (0: none did; 2: bad usage or
 #: the database could not be read).
 EXIT_UNHEALTHY = 1
-#: ``sqla-jobs result``: no such job, or it is not done (so it has no result).
-EXIT_NO_RESULT = 1
+#: No such job (``show``, ``result``, ``retry``, ``cancel``, ``delete`` of an id), or
+#: ``result`` of a job that is not done (so it has no result). Bad input is EXIT_USAGE.
+EXIT_NOT_FOUND = 1
+EXIT_NO_RESULT = EXIT_NOT_FOUND
+#: An operations command whose statement the server refused (a privilege, a lock
+#: timeout): one line with the server's message.
+EXIT_DATABASE = 1
 #: ``sqla-jobs list | head``: the reader left before the output ended (128 + SIGPIPE, as
 #: a shell reports a tool the signal stopped).
 EXIT_BROKEN_PIPE = 141
@@ -613,7 +620,7 @@ def _add_ops_commands(sub: Any) -> None:
 
     p = command("prune", "delete archived jobs past a retention")
     p.add_argument(
-        "--older-than", required=True, metavar="DURATION", help="archived longer ago, e.g. 90d"
+        "--older-than", required=True, metavar="DURATION", help="finished longer ago, e.g. 90d"
     )
     p.add_argument("--batch", type=int, default=10_000, help="rows per transaction")
 
@@ -642,6 +649,12 @@ def _add_ops_commands(sub: Any) -> None:
     )
 
     p = command("limits", "list paused and limited queues and kinds")
+    p.add_argument("--json", action="store_true")
+
+    p = command(
+        "partitions",
+        "list jobs_archive's weekly partitions: bounds, id CHECK, estimated rows (catalog only)",
+    )
     p.add_argument("--json", action="store_true")
 
     p = command("workers", "list live workers (the registry their heartbeats refresh)")
@@ -832,12 +845,31 @@ def _run_ops(args: argparse.Namespace) -> int:
                 return _OPS_COMMANDS[args.command](session, args)
         finally:
             engine.dispose()
+    except exceptions.JobNotFoundError as exc:
+        print(f"sqla_jobs: error: {exc}", file=sys.stderr)
+        return EXIT_NOT_FOUND
     except SqlaJobsError as exc:
         return _fail(str(exc))
-    except sa_exc.OperationalError as exc:
-        return _fail(f"cannot connect to the database: {' '.join(str(exc.orig).split())}")
+    except sa_exc.DBAPIError as exc:
+        if _connection_failed(exc):
+            return _fail(f"cannot connect to the database: {' '.join(str(exc.orig).split())}")
+        # The server refused a statement (a privilege, a lock timeout, a constraint): its
+        # own first line, no SQL, no traceback.
+        print(f"sqla_jobs: error: {args.command}: {exceptions.db_error_text(exc)}", file=sys.stderr)
+        return EXIT_DATABASE
     except KeyboardInterrupt:
         return 0
+
+
+def _connection_failed(exc: Any) -> bool:
+    """A database error raised while connecting (no SQLSTATE, or class 08), not by a
+    statement the server ran."""
+    from sqlalchemy import exc as sa_exc
+
+    if not isinstance(exc, sa_exc.OperationalError):
+        return False
+    state = getattr(exc.orig, "sqlstate", None)
+    return state is None or str(state).startswith("08")
 
 
 def _print_json(data: Any) -> None:
@@ -1337,8 +1369,38 @@ def _cmd_prune(session: Any, args: argparse.Namespace) -> int:
 
     older = _duration(args.older_than)
     assert older is not None
-    n = ops.prune(session, older, args.batch)
-    print(f"pruned {n} archived job(s)")
+    pruned = ops.prune_counts(session, older, args.batch)
+    print(
+        f"pruned {pruned.total} archived job(s): {pruned.dropped_rows} with "
+        f"{pruned.dropped_partitions} whole partition(s) dropped, {pruned.deleted_rows} "
+        "by batched DELETE"
+    )
+    return 0
+
+
+def _cmd_partitions(session: Any, args: argparse.Namespace) -> int:
+    from sqla_jobs import ops
+
+    parts = ops.archive_partitions(session)
+    if args.json:
+        _print_json({"partitions": [p.to_dict() for p in parts]})
+        return 0
+
+    def bound(value: Any, edge: str) -> str:
+        return edge if value is None else value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M")
+
+    rows = [
+        (
+            p.name,
+            bound(p.lower_bound, "MINVALUE"),
+            bound(p.upper_bound, "MAXVALUE"),
+            "validated" if p.id_check else "-",
+            "-" if p.estimated_rows is None else f"~{p.estimated_rows}",
+        )
+        for p in parts
+    ]
+    header = ("PARTITION", "FROM (UTC)", "TO (UTC)", "ID CHECK", "ROWS")
+    print("\n".join(_table(header, rows, {4})))
     return 0
 
 
@@ -1644,6 +1706,7 @@ _OPS_COMMANDS: dict[str, Callable[[Any, argparse.Namespace], int]] = {
     "delete": _cmd_delete,
     "archive": _cmd_archive,
     "prune": _cmd_prune,
+    "partitions": _cmd_partitions,
     "pause": _cmd_pause,
     "resume": _cmd_resume,
     "limit": _cmd_limit,

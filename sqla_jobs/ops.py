@@ -1226,17 +1226,34 @@ _PREPARED: set[tuple[str, Any]] = set()
 _PREPARE_CALLS = 3
 
 
+def _prepared_key(session: Session) -> tuple[str, Any]:
+    bind = session.get_bind()
+    return (bind.engine.url.render_as_string(hide_password=True), datetime.now(timezone.utc).date())
+
+
+def _forget_prepared(session: Session) -> None:
+    _PREPARED.discard(_prepared_key(session))
+
+
+def _no_partition(exc: sa_exc.IntegrityError) -> bool:
+    """The archive's row had no partition to go to (SQLSTATE 23514, check_violation)."""
+    return getattr(exc.orig, "sqlstate", None) == "23514" and "no partition of relation" in str(
+        exc.orig
+    )
+
+
 @_sessions.sync_form
 def prepare_archive(session: Session) -> int:
     """Make ``jobs_archive`` ready to take this week's rows (revision 0022): the
     partitions of this week and the next exist, closed partitions carry a validated id
     CHECK. Runs ``jobs_archive_prepare`` (a ``SECURITY DEFINER`` function: no DDL
     right needed) until it has nothing left to do, each call committed; once a day per
-    process and database after that. Returns how many changes were made.
+    process and database after that (forgotten when an archive batch finds no partition
+    for its rows: it prepares again and retries the batch once). Returns how many
+    changes were made.
     [``archive``][sqla_jobs.ops.archive] calls it first; call it yourself before an
     archive statement of your own. Commits."""
-    bind = session.get_bind()
-    key = (bind.engine.url.render_as_string(hide_password=True), datetime.now(timezone.utc).date())
+    key = _prepared_key(session)
     if key in _PREPARED:
         return 0
     if session.in_transaction():
@@ -1249,8 +1266,7 @@ def prepare_archive(session: Session) -> int:
             session.rollback()
             if schema.missing_function(exc):
                 raise SchemaNotReadyError(
-                    "jobs_archive_prepare() does not exist: this code archives into the "
-                    "partitioned jobs_archive of revision 0022; " + schema.UPGRADE
+                    "jobs_archive_prepare() does not exist: " + schema.PARTITIONED_MISSING
                 ) from None
             raise
         session.commit()
@@ -1284,7 +1300,18 @@ def archive_batches(
     prepare_archive(session)
     floors: dict[str, datetime] = {}  # each batch starts where the previous one stopped
     while True:
-        rows = _batch(session, stmt, floors)
+        try:
+            rows = _batch(session, stmt, floors)
+        except sa_exc.IntegrityError as exc:
+            session.rollback()
+            if not _no_partition(exc):
+                raise
+            # This week's partition is gone (dropped by hand, or by a drop_before of
+            # code older than its future-time guard) though this process prepared it
+            # today: prepare again, retry the batch once.
+            _forget_prepared(session)
+            prepare_archive(session)
+            rows = _batch(session, stmt, floors)
         if rows:
             yield len(rows)
         if len(rows) < batch:
@@ -1310,30 +1337,101 @@ def archive(
     return sum(archive_batches(session, older_than, batch, include_dead_after))
 
 
+@dataclass(frozen=True)
+class Pruned:
+    """What [``prune_counts``][sqla_jobs.ops.prune_counts] removed, and how."""
+
+    #: Rows that went with whole partitions dropped (``jobs_archive_drop_before``).
+    dropped_rows: int
+    #: How many partitions were dropped.
+    dropped_partitions: int
+    #: Rows removed by the batched DELETEs that followed.
+    deleted_rows: int
+
+    @property
+    def total(self) -> int:
+        """Every archived job removed: what [``prune``][sqla_jobs.ops.prune] returns."""
+        return self.dropped_rows + self.deleted_rows
+
+    def to_dict(self) -> dict[str, int]:
+        return {**asdict(self), "total": self.total}
+
+
+@_sessions.sync_form
+def prune_counts(session: Session, older_than: timedelta, batch: int = DEFAULT_BATCH) -> Pruned:
+    """[``prune``][sqla_jobs.ops.prune], saying how the rows went: whole partitions
+    dropped (how many, their rows) and rows deleted in batches. Commits."""
+    age = _seconds("older_than", older_than)
+    assert age is not None
+    stmt = admin.prune_batch(older_than=age, batch=_positive_int("batch", batch))
+    if session.in_transaction():
+        session.commit()
+    before = set(session.execute(admin.archive_partitions()).scalars())
+    dropped = int(session.execute(admin.drop_archive_before(older_than=age)).scalar_one())
+    # Partitions are created (prepare) and dropped (this) under one advisory lock; one
+    # missing now was dropped by this call.
+    gone = len(before - set(session.execute(admin.archive_partitions()).scalars()))
+    session.commit()
+    deleted = 0
+    floors: dict[str, datetime] = {}  # each batch starts where the previous one stopped
+    while True:
+        rows = _batch(session, stmt, floors)
+        deleted += len(rows)
+        if len(rows) < batch:
+            return Pruned(dropped_rows=dropped, dropped_partitions=gone, deleted_rows=deleted)
+        floors = admin.next_floors(rows[0], floors)
+
+
 @_sessions.sync_form
 def prune(session: Session, older_than: timedelta, batch: int = DEFAULT_BATCH) -> int:
     """Delete archived jobs finished more than ``older_than`` ago; return how many were
-    deleted.
+    deleted ([``prune_counts``][sqla_jobs.ops.prune_counts] says how).
 
     First whole partitions of ``jobs_archive`` archived before the cutoff are dropped
     (``jobs_archive_drop_before``, revision 0022: one short ACCESS EXCLUSIVE lock, no
     dead rows), then the rows left (the newest partition the cutoff falls in, the
     initial partition until its bound is past) go in ``batch``-row DELETEs, each
     committed."""
-    age = _seconds("older_than", older_than)
-    assert age is not None
-    stmt = admin.prune_batch(older_than=age, batch=_positive_int("batch", batch))
-    if session.in_transaction():
-        session.commit()
-    total = int(session.execute(admin.drop_archive_before(older_than=age)).scalar_one())
-    session.commit()
-    floors: dict[str, datetime] = {}  # each batch starts where the previous one stopped
-    while True:
-        rows = _batch(session, stmt, floors)
-        total += len(rows)
-        if len(rows) < batch:
-            return total
-        floors = admin.next_floors(rows[0], floors)
+    return prune_counts(session, older_than, batch).total
+
+
+@dataclass(frozen=True)
+class ArchivePartition:
+    """One partition of ``jobs_archive`` (revision 0022), as
+    [``archive_partitions``][sqla_jobs.ops.archive_partitions] reads it from the catalog."""
+
+    name: str
+    #: Its rows' ``archived_at`` from (None: MINVALUE, the initial partition) ...
+    lower_bound: datetime | None
+    #: ... up to, not included.
+    upper_bound: datetime | None
+    #: Whether its ``CHECK (id BETWEEN ...)`` is validated (a look-up by id then skips it).
+    id_check: bool
+    #: The planner's estimate of its rows (``pg_class.reltuples``); None until the
+    #: partition was first vacuumed or analyzed.
+    estimated_rows: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: times as ISO 8601 strings."""
+        return dict(_jsonable(asdict(self)))
+
+
+@_sessions.sync_form
+def archive_partitions(session: Session) -> list[ArchivePartition]:
+    """The partitions of ``jobs_archive``, oldest first: bounds, whether the id CHECK
+    is validated, estimated rows. Reads the catalog only (no scan of the archive)."""
+    return [
+        ArchivePartition(
+            name=r.partition,
+            lower_bound=r.lower_bound,
+            upper_bound=r.upper_bound,
+            id_check=bool(r.id_check),
+            estimated_rows=None
+            if r.estimated_rows is None or r.estimated_rows < 0
+            else int(r.estimated_rows),
+        )
+        for r in session.execute(admin.archive_partitions())
+    ]
 
 
 # --- queue control: pause, limits, workers (revision 0006) ---------------------------
@@ -2102,6 +2200,8 @@ jobs_to_delete_async = _sessions.async_form(jobs_to_delete)
 archive_async = _sessions.async_form(archive)
 prepare_archive_async = _sessions.async_form(prepare_archive)
 prune_async = _sessions.async_form(prune)
+prune_counts_async = _sessions.async_form(prune_counts)
+archive_partitions_async = _sessions.async_form(archive_partitions)
 pause_async = _sessions.async_form(pause)
 resume_async = _sessions.async_form(resume)
 unserved_async = _sessions.async_form(unserved)

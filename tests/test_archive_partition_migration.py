@@ -113,6 +113,17 @@ def test_partitioning_round_trips_with_rows_grants_and_archiving_going_on(
     grants = f"SELECT has_table_privilege('{role}', 'jobs_archive', '{{}}')"
     assert all(scalar(engine, grants.format(p)) for p in ("SELECT", "INSERT", "DELETE"))
     assert not scalar(engine, grants.format("UPDATE"))
+    # The SECURITY DEFINER functions: EXECUTE for the roles that may write the archive
+    # (INSERT: prepare, DELETE: drop_before), not for PUBLIC.
+    execute = "SELECT has_function_privilege('{}', 'jobs_archive_{}(timestamptz)', 'EXECUTE')"
+    assert scalar(engine, execute.format(role, "prepare"))
+    assert scalar(engine, execute.format(role, "drop_before"))
+    public = (
+        "SELECT count(*) FROM pg_proc p CROSS JOIN LATERAL aclexplode(p.proacl) AS a"
+        " WHERE p.proname IN ('jobs_archive_prepare', 'jobs_archive_drop_before')"
+        " AND a.grantee = 0"
+    )
+    assert scalar(engine, public) == 0
 
 
 def test_archiving_code_refuses_a_database_without_revision_0022(
@@ -123,10 +134,15 @@ def test_archiving_code_refuses_a_database_without_revision_0022(
         with pytest.raises(SchemaNotReadyError) as refused:
             ops.archive(s, timedelta(days=1))
         assert "jobs_archive_prepare() does not exist" in str(refused.value)
-        assert "revision 0022" in str(refused.value)
+        assert "revision 0022_partitioned_archive" in str(refused.value)
         with pytest.raises(SchemaNotReadyError) as behind:
             ops.check_schema(s)
-        assert "jobs_archive_partitions" in str(behind.value)
+        assert str(behind.value).startswith(
+            "the sqla_jobs tables are behind this code: it archives into the partitioned "
+            "jobs_archive of revision 0022_partitioned_archive (and its functions), which "
+            "has not run; run `alembic upgrade heads`"
+        )
+        assert not str(behind.value).endswith("does not exist)")
     url = url_text(db_url)
     registry = Registry()
     registry.handler("noop")(lambda session, payload: None)

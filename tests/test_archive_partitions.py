@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from datetime import timedelta
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 from archivetime import (
     INITIAL,
@@ -216,8 +218,12 @@ def test_the_async_archive_and_prune_create_and_drop_partitions(
         try:
             async with AsyncSession(aengine) as s:
                 moved = await ops.archive_async(s, timedelta(days=1))
-                pruned = await ops.prune_async(s, scalar(engine, "SELECT now()") - cutoff)
-            return moved, pruned
+                listed = await ops.archive_partitions_async(s)
+                assert [p.name for p in listed] == list(partitions(engine))
+                assert listed[0].lower_bound is None  # the initial partition: MINVALUE
+                counted = await ops.prune_counts_async(s, scalar(engine, "SELECT now()") - cutoff)
+                assert counted.dropped_partitions >= 2 and counted.deleted_rows == 0
+            return moved, counted.total
         finally:
             await aengine.dispose()
 
@@ -242,3 +248,82 @@ def test_a_long_reader_of_a_closed_partition_delays_its_id_check_not_the_archive
     prepare(engine, scalar(engine, "SELECT now()"))
     assert partitions(engine)[closed] is True
     assert _archived(engine, ids) == len(ids)
+
+
+def test_a_role_with_only_connect_cannot_drop_or_make_archive_partitions(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    """Revision 0022's SECURITY DEFINER functions are not executable by PUBLIC: they
+    run as the table's owner."""
+    role = f"sqla_jobs_connect_{uuid.uuid4().hex[:8]}"
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f"CREATE ROLE {role} LOGIN")
+        conn.exec_driver_sql(f'GRANT CONNECT ON DATABASE "{db_url.database}" TO {role}')
+    other = sa.create_engine(db_url.set(username=role), poolclass=sa.NullPool)
+    try:
+        for call in ("jobs_archive_drop_before('2030-01-01')", "jobs_archive_prepare()"):
+            with pytest.raises(sa.exc.ProgrammingError) as denied, other.connect() as conn:
+                conn.exec_driver_sql(f"SELECT {call}")
+            name = call.split("(")[0]
+            assert f"permission denied for function {name}" in str(denied.value)
+        with other.connect() as conn:  # catalog only: still readable
+            conn.execute(admin.archive_partitions()).all()
+    finally:
+        other.dispose()
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f"DROP OWNED BY {role}")
+            conn.exec_driver_sql(f"DROP ROLE {role}")
+    assert INITIAL in partitions(engine)
+
+
+def test_prepare_and_drop_before_refuse_a_future_time(engine: sa.Engine) -> None:
+    """A future ``at`` would close the open partitions with an empty id range (every
+    archive then fails); a future cutoff would drop the partition archived into now."""
+    before = partitions(engine)
+    refused = {
+        "jobs_archive_prepare(now() + interval '6 weeks')": (
+            "jobs_archive_prepare: at must not be in the future (got ",
+            "); call it with no argument",
+        ),
+        "jobs_archive_drop_before(now() + interval '6 weeks')": (
+            "jobs_archive_drop_before: cutoff must not be in the future (got ",
+            "); pass now() minus the retention",
+        ),
+    }
+    for call, (head, tail) in refused.items():
+        with pytest.raises(sa.exc.DBAPIError) as info, engine.begin() as conn:
+            conn.exec_driver_sql(f"SELECT {call}")
+        first = str(info.value.orig).splitlines()[0]
+        assert first.startswith(head) and first.endswith(tail), first
+    assert partitions(engine) == before
+    with engine.begin() as conn:  # now itself is not the future
+        conn.exec_driver_sql("SELECT jobs_archive_prepare(now()), jobs_archive_drop_before(now())")
+
+
+def test_an_archive_whose_partition_went_missing_prepares_again_and_moves_its_rows(
+    engine: sa.Engine, session: Session
+) -> None:
+    start = migrated_long_ago(engine, 0)
+    finished = (
+        "INSERT INTO jobs (kind, payload, status, attempts, finished_at)"
+        " SELECT 'noop', '{}', 'done', 1, now() - interval '2 days' FROM generate_series(1, 4)"
+    )
+    with engine.begin() as conn:
+        conn.exec_driver_sql(finished)
+    assert ops.archive(session, timedelta(days=1)) == 4  # prepared: cached for today
+    with engine.begin() as conn:  # this week's partition dropped behind its back
+        conn.exec_driver_sql(f"DROP TABLE {partition_name(start)}")
+        conn.exec_driver_sql(finished)
+    assert ops.archive(session, timedelta(days=1)) == 4
+    assert scalar(engine, f"SELECT count(*) FROM {partition_name(start)}") == 4
+
+
+def test_one_prepare_archive_adds_and_validates_a_closed_partitions_id_check(
+    engine: sa.Engine, session: Session
+) -> None:
+    start = migrated_long_ago(engine, 3)
+    archive_at(engine, start - 2 * WEEK + timedelta(days=1), 5)
+    closed = partition_name(start - 2 * WEEK)
+    assert closed in partitions(engine) and partitions(engine)[closed] is False
+    assert ops.prepare_archive(session) >= 2  # added, then validated
+    assert partitions(engine)[closed] is True

@@ -133,7 +133,11 @@ RUN_BY: dict[str, str] = {
     "docs/guides/running-for-years.md | Running for years | 4": (
         "test_the_role_settings_of_the_guide_run"
     ),
+    # `sqla-jobs partitions` and `prune`'s output: the layout that test asserts.
     "docs/guides/running-for-years.md | Running for years | 5": (
+        "test_partitions_lists_the_archives_weeks_and_prune_says_what_it_dropped"
+    ),
+    "docs/guides/running-for-years.md | Running for years | 6": (
         "test_the_autovacuum_settings_of_the_guide_run"
     ),
     **{

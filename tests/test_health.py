@@ -8,6 +8,7 @@ of zero make a finding without waiting for a clock.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import shutil
 import tempfile
@@ -27,7 +28,7 @@ from sqlalchemy.orm import Session
 from test_ops import insert
 from test_ops_cli import cli
 
-from sqla_jobs import ConfigError, config, ops, testing
+from sqla_jobs import ConfigError, _health, config, ops, testing
 from sqla_jobs.sql import health as health_sql
 
 
@@ -196,9 +197,11 @@ def test_health_reports_expired_leases_waiting_jobs_and_stale_workers(
     assert "the oldest ready job (queue 'default', kind 'noop') has waited" in ready.message
     assert "workers are behind or none serves queue 'default' or kind 'noop'" in ready.advice
     stale = next(f for f in found.findings if f.check == "stale_workers")
-    assert stale.advice.endswith(
-        "its jobs come back to the queue when their leases expire and a live worker rescues them"
-    )
+    assert (
+        "its jobs come back to the queue when their leases expire and a live worker rescues "
+        "them; `sqla-jobs workers` lists it until its lease expires at "
+    ) in stale.advice
+    assert "no other worker" not in stale.advice  # w-fine is live and on time
     result = cli(db_url, "health")
     assert result.returncode == 1
     assert "PROBLEM [stale_workers] worker w-hung (pid 4242 on box)" in result.stdout
@@ -259,12 +262,24 @@ def test_a_never_vacuumed_table_is_as_old_as_its_databases_statistics(
         engine, "SELECT stats_reset FROM pg_stat_database WHERE datname = current_database()"
     )
     assert found.stats_since == since
-    assert not [f for f in found.findings if f.check == "vacuum"], found.findings
-    strict = ops.health(session, max_vacuum_age=timedelta(0))
-    finding = next(f for f in strict.findings if f.check == "vacuum")
+    # Autovacuum is off for this table (and, on the suite's server, for all): that is a
+    # finding at once. The age rule is the one for a table autovacuum runs on: the same
+    # figures, read as if it did.
+    (off,) = [f for f in found.findings if f.check == "vacuum"]
+    assert "autovacuum is off" in off.message
+    as_if_on = dataclasses.replace(
+        found,
+        tables=tuple(
+            dataclasses.replace(t, server_autovacuum=True, table_autovacuum=True)
+            for t in found.tables
+        ),
+    )
+    assert not [f for f in _health._findings(as_if_on, found.thresholds) if f.check == "vacuum"]
+    strict = _health._thresholds({"max_vacuum_age": timedelta(0)})
+    finding = next(f for f in _health._findings(as_if_on, strict) if f.check == "vacuum")
     assert finding.subject == "jobs"
     assert (
-        f"jobs has {next(t for t in strict.tables if t.name == 'jobs').dead_tuples} dead "
+        f"jobs has {next(t for t in found.tables if t.name == 'jobs').dead_tuples} dead "
         f"tuples and no vacuum recorded since {since.isoformat(timespec='seconds')}, over 0s ago"
     ) in finding.message
     assert "never" not in finding.message
@@ -511,13 +526,18 @@ def test_with_no_live_worker_the_ready_age_and_stale_worker_advice_say_start_one
     ready = next(f for f in found.findings if f.check == "ready_age")
     assert "the oldest ready job (queue 'emails', kind 'mail') has waited" in ready.message
     assert ready.advice == (
-        "no live worker is registered (`sqla-jobs workers`): start one that serves queue 'emails'"
+        "no worker is live and on time (`sqla-jobs workers` lists none, or only late ones: "
+        "stale_workers): start one that serves queue 'emails'"
     )
+    # `sqla-jobs workers` still lists w-gone (its lease runs an hour): the advice says so.
+    assert [w.id for w in ops.workers(session)] == ["w-gone"]
     stale = next(f for f in found.findings if f.check == "stale_workers")
     assert "when their leases expire and a live worker rescues them" in stale.advice
-    assert stale.advice.endswith(
-        "no live worker is registered now: start one (`sqla-jobs workers` lists them)"
-    )
+    assert "; `sqla-jobs workers` lists it until its lease expires at " in stale.advice
+    assert stale.advice.endswith("; no other worker is live and on time: start one")
+    insert(engine, "UPDATE jobs_workers SET expires_at = now() - interval '1 minute'")
+    stale = next(f for f in ops.health(session).findings if f.check == "stale_workers")
+    assert "; its lease expired: `sqla-jobs workers` no longer lists it;" in stale.advice
 
 
 @pytest.fixture
@@ -615,3 +635,52 @@ def test_a_big_jobs_table_is_told_to_archive_and_a_bloated_one_that_archiving_wi
     assert "REINDEX TABLE CONCURRENTLY jobs" in finding.advice
     assert "pg_repack, or VACUUM FULL jobs (takes an ACCESS EXCLUSIVE lock" in finding.advice
     assert "downtime" in finding.advice
+
+
+def test_with_autovacuum_off_a_queue_table_with_many_dead_tuples_is_a_vacuum_finding_at_once(
+    session: Session, engine: sa.Engine
+) -> None:
+    """This host's server runs with ``autovacuum = off``; elsewhere the table's own
+    ``autovacuum_enabled = false`` turns it off. Either way no age is needed."""
+    server_on = scalar(engine, "SELECT current_setting('autovacuum')") == "on"
+    if server_on:
+        insert(engine, "ALTER TABLE jobs SET (autovacuum_enabled = false)")
+    insert(
+        engine, "INSERT INTO jobs (kind, payload) SELECT 'noop', '{}' FROM generate_series(1, 20)"
+    )
+    insert(engine, "DELETE FROM jobs")
+    wait_for(
+        lambda: next(t for t in ops.health(session).tables if t.name == "jobs").dead_tuples >= 20,
+        message="the statistics count the deleted rows",
+    )
+    assert not [f for f in ops.health(session).findings if f.check == "vacuum"]  # a small table
+    insert(
+        engine, "INSERT INTO jobs (kind, payload) SELECT 'noop', '{}' FROM generate_series(1, 1200)"
+    )
+    insert(engine, "DELETE FROM jobs")
+    wait_for(
+        lambda: any(f.check == "vacuum" for f in ops.health(session).findings),
+        message="a vacuum finding",
+    )
+    (finding,) = [f for f in ops.health(session).findings if f.check == "vacuum"]
+    assert finding.subject == "jobs"
+    if server_on:
+        assert finding.message.endswith(
+            "dead tuples and autovacuum is off for jobs (autovacuum_enabled = false): "
+            "nothing vacuums it"
+        )
+        assert finding.advice == (
+            "autovacuum is off: turn it on (ALTER TABLE jobs RESET (autovacuum_enabled)), "
+            "or VACUUM (ANALYZE) jobs from cron"
+        )
+    else:
+        assert finding.message.endswith(
+            "dead tuples and autovacuum is off on this server (autovacuum = off): "
+            "nothing vacuums it"
+        )
+        assert finding.advice == (
+            "autovacuum is off: turn it on (ALTER SYSTEM SET autovacuum = on; "
+            "SELECT pg_reload_conf()), or VACUUM (ANALYZE) jobs from cron"
+        )
+    table = next(t for t in ops.health(session).tables if t.name == "jobs")
+    assert table.server_autovacuum is server_on and table.table_autovacuum is not server_on

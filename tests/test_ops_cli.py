@@ -10,10 +10,13 @@ import socket
 import subprocess
 import sys
 import urllib.request
+import uuid
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from archivetime import WEEK, archive_at, migrated_long_ago, partition_name
 from helpers import TESTS, rows, scalar, start_worker, stop, url_text, wait_for
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
@@ -268,7 +271,9 @@ def test_archive_and_prune_commands_move_and_delete_rows(engine: sa.Engine, db_u
     assert scalar(engine, "SELECT count(*) FROM jobs_archive") == 30
     out = ok(db_url, "archive", "--older-than", "1h", "--dead-older-than", "12h")
     assert out == "archived 2 job(s)\n"  # the 2-hour-old done job and the day-old dead one
-    assert ok(db_url, "prune", "--older-than", "9d") == "pruned 30 archived job(s)\n"
+    assert ok(db_url, "prune", "--older-than", "9d") == (
+        "pruned 30 archived job(s): 0 with 0 whole partition(s) dropped, 30 by batched DELETE\n"
+    )
     assert dict(rows(engine, "SELECT status::text, count(*) FROM jobs_archive GROUP BY 1")) == {
         "done": 1,
         "dead": 1,
@@ -292,12 +297,7 @@ def test_archive_and_prune_commands_move_and_delete_rows(engine: sa.Engine, db_u
         (["list", "--min-id", "5", "--max-id", "3"], "min_id 5 is above max_id 3: no job is in"),
         (["archive", "--older-than", "soon"], "invalid duration 'soon'"),
         (["archive"], "the following arguments are required: --older-than"),
-        (
-            ["show", "424242"],
-            "no job with id 424242 (never existed, deleted, or pruned from the archive)",
-        ),
         (["show", "abc"], "invalid int value: 'abc'"),
-        (["retry", "424242"], "no job with id 424242"),
         (["retry"], "give job ids, or --all-dead"),
         (["cancel"], "cancel needs job ids or a --kind/--queue filter"),
         (["delete", "--kind", "noop"], "delete needs job ids or a --status filter"),
@@ -687,3 +687,71 @@ def test_archive_and_prune_show_their_required_older_than_in_usage_and_reference
     assert "sqla-jobs archive --older-than DURATION [options]" in reference
     assert "sqla-jobs prune --older-than DURATION [options]" in reference
     assert "| `--older-than DURATION` | required |" in reference
+
+
+def test_a_database_error_in_archive_or_prune_prints_the_servers_first_line_and_exits_1(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    """A role granted the archive's table but not its functions (least-privilege page):
+    the server's refusal, one line, no SQL, no traceback."""
+    role = f"sqla_jobs_noexec_{uuid.uuid4().hex[:8]}"
+    insert(engine, f"CREATE ROLE {role} LOGIN")
+    insert(engine, f'GRANT CONNECT ON DATABASE "{db_url.database}" TO {role}')
+    insert(engine, f"GRANT USAGE ON SCHEMA public TO {role}")
+    insert(engine, f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role}")
+    insert(engine, f"GRANT SELECT, INSERT, UPDATE, DELETE ON jobs, jobs_archive TO {role}")
+    try:
+        for command, function in (
+            ("archive", "jobs_archive_prepare"),
+            ("prune", "jobs_archive_drop_before"),
+        ):
+            result = cli(db_url.set(username=role), command, "--older-than", "1d")
+            assert result.returncode == 1, result.stderr
+            assert result.stderr == (
+                f"sqla_jobs: error: {command}: permission denied for function {function}\n"
+            )
+    finally:
+        insert(engine, f"DROP OWNED BY {role}")
+        insert(engine, f"DROP ROLE {role}")
+
+
+def test_partitions_lists_the_archives_weeks_and_prune_says_what_it_dropped(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    start = migrated_long_ago(engine, 6)
+    old = archive_at(engine, start - 5 * WEEK + timedelta(days=1), 12)
+    kept = archive_at(engine, start - 2 * WEEK + timedelta(days=1), 8)
+    insert(engine, f"ANALYZE {partition_name(start - 5 * WEEK)}")
+    data = json.loads(ok(db_url, "partitions", "--json"))["partitions"]
+    by_name = {p["name"]: p for p in data}
+    oldest = by_name[partition_name(start - 5 * WEEK)]
+    assert oldest["estimated_rows"] == len(old) and oldest["id_check"] is True
+    assert oldest["lower_bound"] == (start - 5 * WEEK).isoformat()
+    assert by_name["jobs_archive_p_initial"]["lower_bound"] is None  # MINVALUE
+    newer = by_name[partition_name(start - 2 * WEEK)]
+    assert newer["estimated_rows"] is None and newer["id_check"] is False  # not analyzed
+    table = ok(db_url, "partitions").splitlines()
+    assert table[0].split() == ["PARTITION", "FROM", "(UTC)", "TO", "(UTC)", "ID", "CHECK", "ROWS"]
+    assert table[1].split()[:2] == ["jobs_archive_p_initial", "MINVALUE"]
+    line = next(x for x in table if x.startswith(partition_name(start - 5 * WEEK)))
+    assert line.split()[-2:] == ["validated", f"~{len(old)}"]
+    now = scalar(engine, "SELECT now()")
+    # Past the initial partition, the oldest week and the (empty) week made after it.
+    days = (now - (start - 3 * WEEK)).days
+    out = ok(db_url, "prune", "--older-than", f"{days}d")
+    assert out == (
+        f"pruned {len(old)} archived job(s): {len(old)} with 3 whole partition(s) dropped,"
+        " 0 by batched DELETE\n"
+    )
+    assert scalar(engine, "SELECT count(*) FROM jobs_archive") == len(kept)
+
+
+@pytest.mark.parametrize("command", ["show", "result", "retry", "cancel", "delete"])
+def test_a_job_that_does_not_exist_exits_1_whatever_the_command(db_url: URL, command: str) -> None:
+    """Not found is exit 1 (as ``result`` of a job not done); bad input is exit 2."""
+    result = cli(db_url, command, "424242")
+    assert result.returncode == 1, result.stderr
+    assert result.stderr == (
+        "sqla_jobs: error: no job with id 424242 (never existed, deleted, or pruned from "
+        "the archive)\n"
+    )

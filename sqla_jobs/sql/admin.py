@@ -852,15 +852,25 @@ def drop_archive_before(*, older_than: float, now: Now = None) -> sa.Select[Any]
 
 
 def archive_partitions() -> sa.Select[Any]:
-    """``jobs_archive``'s partitions (revision 0022), oldest first: name, bounds and
-    whether the id CHECK is validated."""
+    """``jobs_archive``'s partitions (revision 0022), oldest first: name, bounds,
+    whether the id CHECK is validated, and the planner's estimate of its rows
+    (``pg_class.reltuples``: -1 until the partition is first vacuumed or analyzed;
+    catalog only, no scan)."""
     parts = sa.func.jobs_archive_partitions().table_valued(
         sa.column("partition", sa.Text),
         sa.column("lower_bound", sa.DateTime(timezone=True)),
         sa.column("upper_bound", sa.DateTime(timezone=True)),
         sa.column("id_check", sa.Boolean),
     )
-    return sa.select(*parts.c).order_by(parts.c.lower_bound.asc().nulls_first())
+    pg_class = sa.table("pg_class", sa.column("oid"), sa.column("reltuples", sa.Float))
+    estimate = (
+        sa.select(pg_class.c.reltuples)
+        .where(pg_class.c.oid == sa.func.to_regclass(sa.func.quote_ident(parts.c.partition)))
+        .scalar_subquery()
+    )
+    return sa.select(*parts.c, estimate.label("estimated_rows")).order_by(
+        parts.c.lower_bound.asc().nulls_first()
+    )
 
 
 def prune_batch(*, older_than: float, batch: int, now: Now = None) -> ReturningDelete[Any]:

@@ -187,7 +187,9 @@ def tables(names: Sequence[str]) -> sa.Select[Any]:
     partitions (the leaves of ``pg_partition_tree``; a plain table is its own only
     leaf): live and dead tuples, updates and sizes added up; each last-vacuum and
     last-analyze time the oldest among the partitions that have dead rows (the one
-    vacuum is behind on), the newest when none has. Catalog and statistics reads only.
+    vacuum is behind on), the newest when none has. ``server_autovacuum``: the
+    ``autovacuum`` setting is on; ``table_autovacuum``: no leaf has
+    ``autovacuum_enabled`` false. Catalog and statistics reads only.
     """
     user_tables = sa.table(
         "pg_stat_user_tables",
@@ -215,6 +217,12 @@ def tables(names: Sequence[str]) -> sa.Select[Any]:
     def total(column: sa.ColumnElement[Any], name: str) -> sa.Label[Any]:
         return sa.cast(sa.func.sum(column), sa.BigInteger).label(name)
 
+    # ALTER TABLE ... SET (autovacuum_enabled = false) on a table (a partition).
+    pg_class = sa.table("pg_class", sa.column("oid"), sa.column("reloptions", ARRAY(sa.Text)))
+    disabled = sa.func.array_to_string(pg_class.c.reloptions, ",").regexp_match(
+        "(^|,)autovacuum_enabled=(false|off|no|n|f|0)(,|$)", flags="i"
+    )
+
     def behind(column: sa.ColumnElement[Any]) -> sa.Label[Any]:
         oldest_dirty = sa.func.min(column).filter(t.n_dead_tup > 0)
         return sa.func.coalesce(oldest_dirty, sa.func.max(column)).label(column.name)
@@ -232,10 +240,13 @@ def tables(names: Sequence[str]) -> sa.Select[Any]:
             behind(t.last_autoanalyze),
             total(sa.func.pg_table_size(t.relid, type_=sa.BigInteger), "table_bytes"),
             total(sa.func.pg_indexes_size(t.relid, type_=sa.BigInteger), "index_bytes"),
+            (sa.func.current_setting("autovacuum") == "on").label("server_autovacuum"),
+            sa.not_(sa.func.coalesce(sa.func.bool_or(disabled), False)).label("table_autovacuum"),
         )
         .select_from(wanted)
         .outerjoin(tree, tree.c.isleaf)
         .join(user_tables, t.relid == sa.func.coalesce(tree.c.relid, table))
+        .join(pg_class, pg_class.c.oid == t.relid)
         .group_by(wanted.c.name)
         .order_by(wanted.c.name)
     )
@@ -287,10 +298,13 @@ def oldest_ready(now: Now = None) -> sa.Select[Any]:
 
 
 def live_workers(max_age_seconds: float, now: Now = None) -> sa.Select[Any]:
-    """How many registered workers beat within ``max_age_seconds``."""
+    """How many workers are live and on time: listed by ``sqla-jobs workers`` (their
+    lease not expired, ``workers.live``) and beat within ``max_age_seconds``."""
     w = worker_records.c
     cutoff = _common.ago(sa.bindparam("max_age", max_age_seconds, sa.Float), now)
-    return sa.select(sa.func.count()).where(w.heartbeat_at >= cutoff)
+    return sa.select(sa.func.count()).where(
+        w.heartbeat_at >= cutoff, w.expires_at >= _common.clock(now)
+    )
 
 
 def stale_workers(max_age_seconds: float, now: Now = None) -> sa.Select[Any]:
@@ -303,6 +317,7 @@ def stale_workers(max_age_seconds: float, now: Now = None) -> sa.Select[Any]:
             w.pid,
             w.heartbeat_at,
             _common.epoch(_common.clock(now) - w.heartbeat_at).label("age_seconds"),
+            w.expires_at,
         )
         .where(
             w.heartbeat_at < _common.ago(sa.bindparam("max_age", max_age_seconds, sa.Float), now)

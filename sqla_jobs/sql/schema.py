@@ -25,6 +25,14 @@ UPGRADE = (
 )
 
 
+#: The refusal of code that archives, on a database before revision 0022.
+PARTITIONED_MISSING = (
+    "the sqla_jobs tables are behind this code: it archives into the partitioned "
+    "jobs_archive of revision 0022_partitioned_archive (and its functions), which has not "
+    f"run; {UPGRADE}"
+)
+
+
 def missing_jobs_table(exc: sa_exc.DBAPIError) -> bool:
     """Whether ``exc`` says a table is missing: from a statement that reads only ``jobs``,
     the whole schema (revision 0001 creates it)."""
@@ -122,6 +130,8 @@ def _not_ready(failed: str, exc: sa_exc.ProgrammingError) -> SchemaNotReadyError
             f"(revision 0004) is missing: the schema is behind; {UPGRADE} "
             f"({exceptions.db_error_text(exc)})"
         )
+    if missing_function(exc):  # the archive probe: only revision 0022 makes functions
+        return SchemaNotReadyError(PARTITIONED_MISSING)
     return SchemaNotReadyError(
         "the sqla_jobs tables are behind this code (a migration has not run); "
         f"{UPGRADE} ({exceptions.db_error_text(exc)})"

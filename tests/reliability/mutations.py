@@ -423,6 +423,19 @@ PARTS_HEALTH = _PARTS + "test_health_sums_the_partitions_of_the_archive"
 PARTS_READER = _PARTS + (
     "test_a_long_reader_of_a_closed_partition_delays_its_id_check_not_the_archive"
 )
+PARTS_EXECUTE = _PARTS + "test_a_role_with_only_connect_cannot_drop_or_make_archive_partitions"
+HEALTH_AUTOVACUUM_OFF = (
+    "tests/test_health.py::"
+    "test_with_autovacuum_off_a_queue_table_with_many_dead_tuples_is_a_vacuum_finding_at_once"
+)
+HEALTH_STALE_LISTED = (
+    "tests/test_health.py::"
+    "test_with_no_live_worker_the_ready_age_and_stale_worker_advice_say_start_one"
+)
+PARTS_FUTURE = _PARTS + "test_prepare_and_drop_before_refuse_a_future_time"
+PARTS_MISSING = _PARTS + (
+    "test_an_archive_whose_partition_went_missing_prepares_again_and_moves_its_rows"
+)
 
 MUTATIONS: list[Mutation] = [
     # --- shutdown: buffered jobs given back, attempt not spent --------------------------
@@ -2048,8 +2061,8 @@ MUTATIONS: list[Mutation] = [
         "archive_prepares_its_partitions",
         "an archive makes its week's partition (jobs_archive_prepare) before it moves rows",
         "sqla_jobs/ops.py",
-        "    prepare_archive(session)\n",
-        "    pass  # MUTATION\n",
+        "    prepare_archive(session)\n    floors",
+        "    pass  # MUTATION\n    floors",
         (PARTS_PREPARED,),
     ),
     Mutation(
@@ -2093,6 +2106,56 @@ MUTATIONS: list[Mutation] = [
         "        .outerjoin(tree, tree.c.isleaf)\n",
         "        .outerjoin(tree, sa.false())  # MUTATION\n",
         (PARTS_HEALTH,),
+    ),
+    Mutation(
+        "partition_functions_not_executable_by_public",
+        "a role with no privilege on jobs_archive cannot run its SECURITY DEFINER functions",
+        PARTS_MIGRATION,
+        '        statements.append(f"REVOKE EXECUTE ON FUNCTION {function} FROM PUBLIC")\n',
+        "        pass  # MUTATION\n",
+        (PARTS_EXECUTE,),
+    ),
+    Mutation(
+        "prepare_refuses_a_future_time",
+        "jobs_archive_prepare refuses a time after the clock (it would close open partitions)",
+        PARTS_MIGRATION,
+        "  IF at > clock_timestamp() THEN\n",
+        "  IF false THEN  -- MUTATION\n",
+        (PARTS_FUTURE,),
+    ),
+    Mutation(
+        "drop_before_refuses_a_future_cutoff",
+        "jobs_archive_drop_before refuses a cutoff after the clock (it would drop this week's"
+        " partition)",
+        PARTS_MIGRATION,
+        "  IF cutoff > clock_timestamp() THEN\n",
+        "  IF false THEN  -- MUTATION\n",
+        (PARTS_FUTURE,),
+    ),
+    Mutation(
+        "archive_retries_a_missing_partition",
+        "an archive batch with no partition for its rows prepares again and is retried once",
+        "sqla_jobs/ops.py",
+        "            _forget_prepared(session)\n",
+        "            raise  # MUTATION\n",
+        (PARTS_MISSING,),
+    ),
+    Mutation(
+        "health_flags_dead_tuples_with_autovacuum_off",
+        "with autovacuum off, a queue table with 1,000+ dead tuples is a vacuum finding at once",
+        "sqla_jobs/_health.py",
+        "    if t.dead_tuples >= VACUUM_MIN_DEAD and not (t.server_autovacuum and"
+        " t.table_autovacuum):\n",
+        "    if False:  # MUTATION\n",
+        (HEALTH_AUTOVACUUM_OFF,),
+    ),
+    Mutation(
+        "health_stale_worker_says_workers_lists_it",
+        "a stale worker's finding says whether `sqla-jobs workers` still lists it",
+        "sqla_jobs/_health.py",
+        "        listed = worker.expires_at is not None and worker.expires_at >= h.taken_at\n",
+        "        listed = False  # MUTATION\n",
+        (HEALTH_STALE_LISTED,),
     ),
 ]
 

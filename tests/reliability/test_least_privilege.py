@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
+import docpages
 import psycopg
 import pytest
 import sqlalchemy as sa
@@ -23,17 +24,24 @@ pytestmark = pytest.mark.reliability
 
 JOBS = 50
 
-#: The statements of docs/least-privilege.md, for this test's role and database.
-GRANTS = """
-GRANT CONNECT ON DATABASE "{db}" TO {role};
-GRANT USAGE ON SCHEMA public TO {role};
-GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE jobs TO {role};
-GRANT SELECT, INSERT, UPDATE ON TABLE jobs_controls TO {role};
-GRANT SELECT, INSERT, DELETE ON TABLE jobs_rate_starts TO {role};
-GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE jobs_workers TO {role};
-GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE jobs_workflow_edges TO {role};
-GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE jobs_archive TO {role};
-"""
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "least-privilege.md"
+
+
+def _docs_grants(db: str, role: str) -> str:
+    """The GRANT statements of docs/least-privilege.md (its first sql block), for this
+    test's role and database (the role is created by the fixture)."""
+    block = next(b for b in docpages.blocks(DOCS) if b.language == "sql")
+    statements = []
+    for statement in block.code.split(";"):
+        body = "\n".join(x for x in statement.splitlines() if not x.startswith("--")).strip()
+        if body.startswith("GRANT"):
+            statements.append(
+                body.replace("app_jobs", role).replace("ON DATABASE app ", f'ON DATABASE "{db}" ')
+            )
+    assert any("jobs_archive_drop_before" in x for x in statements), statements
+    return ";\n".join(statements) + ";"
+
+
 #: The test handlers' own tables (not sqla_jobs'), as an application would grant them.
 APP_GRANTS = """
 GRANT SELECT, INSERT, UPDATE ON TABLE effects, runs TO {role};
@@ -59,7 +67,7 @@ def dml_role(engine: sa.Engine, db_url: URL) -> Iterator[str]:
     setup_app(engine)
     with engine.begin() as conn:
         conn.exec_driver_sql(f"CREATE ROLE {role} LOGIN")
-        conn.exec_driver_sql(GRANTS.format(db=db_url.database, role=role))
+        conn.exec_driver_sql(_docs_grants(str(db_url.database), role))
         conn.exec_driver_sql(APP_GRANTS.format(role=role))
     try:
         yield role

@@ -36,7 +36,8 @@ Partition maintenance never needs the worker's role to own anything or run DDL: 
 functions below are ``SECURITY DEFINER`` (they run as the role that ran this
 migration, the table's owner) with ``search_path`` pinned to the schema migrated:
 
-* ``jobs_archive_prepare(at timestamptz DEFAULT now()) RETURNS integer``: makes sure
+* ``jobs_archive_prepare(at timestamptz DEFAULT now()) RETURNS integer`` (``at``
+  after the clock is refused: it would close partitions still written to): makes sure
   the partitions of ``at``'s week and the next exist (a table ``LIKE`` the parent,
   then ``ATTACH``: SHARE UPDATE EXCLUSIVE on the parent, archive and reads go on), and
   gives each closed partition (its upper bound over ``CLOSED_AFTER`` before ``at``) a
@@ -51,7 +52,8 @@ migration, the table's owner) with ``search_path`` pinned to the schema migrated
   partition, its autovacuum) is skipped, not an error: archiving goes on and a later
   call adds it; a partition that cannot be attached is an error (rows of its week
   would have nowhere to go).
-* ``jobs_archive_drop_before(cutoff timestamptz) RETURNS bigint``: drops each
+* ``jobs_archive_drop_before(cutoff timestamptz) RETURNS bigint`` (``cutoff`` after
+  the clock is refused: it would drop the partition archived into now): drops each
   partition whose upper bound is at or before ``cutoff`` (every row of it was archived,
   so finished, before the bound), except one holding an archived step of a workflow
   that still has a step in ``jobs`` (an append after archiving: its rows stay for
@@ -62,14 +64,21 @@ migration, the table's owner) with ``search_path`` pinned to the schema migrated
 * ``jobs_archive_partitions()``: each partition with its bounds (NULL for MINVALUE)
   and whether its id CHECK is validated (plain ``SECURITY INVOKER``, catalog only).
 
-``EXECUTE`` on functions is granted to ``PUBLIC`` by default; docs/least-privilege.md
-says what to grant when a hardened database revokes it.
+``EXECUTE`` on functions is granted to ``PUBLIC`` by default: revoked here from
+``jobs_archive_prepare`` and ``jobs_archive_drop_before`` (they run as the table's
+owner, and a role with no privilege on ``jobs_archive`` could otherwise drop the whole
+archive), granted back on ``jobs_archive_prepare`` to the roles holding ``INSERT`` on
+``jobs_archive`` and on ``jobs_archive_drop_before`` to those holding ``DELETE``, as
+the grants stand when the migration runs (docs/least-privilege.md: what to grant a
+role made later). ``jobs_archive_partitions()`` reads the catalog only and stays
+executable by ``PUBLIC``.
 
 Deploy order: pre-deploy (migrate, then roll out the code). Code of this revision
 calls ``jobs_archive_prepare`` before it archives, and its schema check refuses to
 archive without it. Code built before it keeps working against the partitioned table
 (an ``INSERT`` into the parent is routed) until the partitions created here run out:
-two weeks after ``bound``.
+two weeks after ``bound``, 3 to 4 weeks after the migration (``bound`` is 1 to 2
+weeks ahead).
 
 Downgrade (also without long locks): the first partition detached and renamed back
 (one short transaction), the newer partitions' rows moved into it in batches of
@@ -151,6 +160,11 @@ BEGIN
   IF at IS NULL THEN
     RAISE EXCEPTION 'jobs_archive_prepare: at must be a time, got NULL';
   END IF;
+  -- A future at would close (and give an empty id range to) partitions still open.
+  IF at > clock_timestamp() THEN
+    RAISE EXCEPTION 'jobs_archive_prepare: at must not be in the future (got %);'
+                    ' call it with no argument', at;
+  END IF;
   PERFORM pg_advisory_xact_lock({LOCK_KEY});
   -- Id CHECKs added by an earlier call (committed: their ACCESS EXCLUSIVE is gone),
   -- validated by a scan under SHARE UPDATE EXCLUSIVE.
@@ -215,6 +229,11 @@ BEGIN
   IF cutoff IS NULL THEN
     RAISE EXCEPTION 'jobs_archive_drop_before: cutoff must be a time, got NULL';
   END IF;
+  -- A future cutoff would drop the partition archiving writes into now.
+  IF cutoff > clock_timestamp() THEN
+    RAISE EXCEPTION 'jobs_archive_drop_before: cutoff must not be in the future (got %);'
+                    ' pass now() minus the retention', cutoff;
+  END IF;
   PERFORM pg_advisory_xact_lock({LOCK_KEY});
   FOR p IN SELECT q.partition FROM jobs_archive_partitions() AS q
            WHERE q.upper_bound <= cutoff LOOP
@@ -242,6 +261,24 @@ BEGIN
 END $$
 """
 
+#: The partitions of the two weeks from the initial partition's bound, as
+#: jobs_archive_prepare makes them (a table LIKE the parent, attached).
+AHEAD = """
+DO $$
+DECLARE
+  week timestamptz;
+  name text;
+BEGIN
+  FOR week IN SELECT timestamptz {bound} + n * interval '1 week'
+              FROM generate_series(0, 1) AS n LOOP
+    name := 'jobs_archive_p' || to_char(week AT TIME ZONE 'UTC', 'YYYYMMDD');
+    EXECUTE format('CREATE TABLE %I (LIKE jobs_archive INCLUDING DEFAULTS)', name);
+    EXECUTE format('ALTER TABLE jobs_archive ATTACH PARTITION %I FOR VALUES FROM (%L) TO (%L)',
+                   name, week, week + interval '1 week');
+  END LOOP;
+END $$
+"""
+
 FUNCTIONS = (
     "jobs_archive_prepare(timestamptz)",
     "jobs_archive_drop_before(timestamptz)",
@@ -259,6 +296,39 @@ def _with_lock_timeout(statements: list[str]) -> None:
 
 def _scalar(sql: str, **params: Any) -> Any:
     return op.get_bind().execute(sa.text(sql), params).scalar()
+
+
+#: Who may run each SECURITY DEFINER function: the roles holding this privilege on
+#: jobs_archive (PUBLIC loses EXECUTE; the owner keeps it).
+EXECUTE_FOR = {
+    "jobs_archive_prepare(timestamptz)": "INSERT",
+    "jobs_archive_drop_before(timestamptz)": "DELETE",
+}
+
+
+def _execute_grants() -> list[str]:
+    """REVOKE EXECUTE from PUBLIC on the SECURITY DEFINER functions; GRANT it to the
+    roles that hold the matching privilege on jobs_archive now."""
+    statements = []
+    for function, privilege in EXECUTE_FOR.items():
+        statements.append(f"REVOKE EXECUTE ON FUNCTION {function} FROM PUBLIC")
+        grantees = (
+            op.get_bind()
+            .execute(
+                sa.text(
+                    "SELECT DISTINCT CASE WHEN a.grantee = 0 THEN 'PUBLIC'"
+                    " ELSE quote_ident(r.rolname) END"
+                    " FROM pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) AS a"
+                    " LEFT JOIN pg_roles r ON r.oid = a.grantee"
+                    " WHERE c.oid = 'jobs_archive'::regclass AND a.grantee <> c.relowner"
+                    " AND a.privilege_type = :privilege ORDER BY 1"
+                ),
+                {"privilege": privilege},
+            )
+            .scalars()
+        )
+        statements += [f"GRANT EXECUTE ON FUNCTION {function} TO {g}" for g in grantees]
+    return statements
 
 
 def _grants(source: str, target: str) -> list[str]:
@@ -325,11 +395,10 @@ def upgrade() -> None:
     _with_lock_timeout([*swap, *_grants("jobs_archive", "jobs_archive")])
     with op.get_context().autocommit_block():
         pass  # commits the swap: its ACCESS EXCLUSIVE lock goes before what follows
-    for statement in functions(schema):
+    for statement in [*functions(schema), *_execute_grants()]:
         op.execute(statement)
-    op.execute(
-        sa.text("SELECT jobs_archive_prepare(CAST(:at AS timestamptz))").bindparams(at=bound)
-    )
+    # The two weeks from bound, made here (jobs_archive_prepare refuses a future time).
+    _with_lock_timeout([AHEAD.format(bound=literal)])
 
 
 def downgrade() -> None:
