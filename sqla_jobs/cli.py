@@ -729,7 +729,7 @@ _HEALTH_FLAGS = (
     ("--max-slot-xid-age", "N", "xids a replication slot holds back (default 1000000)"),
     ("--max-dead-tuples", "N", "dead tuples of a queue table (default 50000)"),
     ("--max-dead-ratio", "R", "...when also over this share of its rows (default 0.2)"),
-    ("--max-vacuum-age", "DURATION", "since a table with dead tuples was vacuumed (1d)"),
+    ("--max-vacuum-age", "DURATION", "since a table with 1,000+ dead tuples was vacuumed (1d)"),
     ("--max-jobs-table-bytes", "N", "jobs table with indexes (default 2147483648)"),
     ("--max-expired-leases", "N", "leases expired over a minute ago (default 0)"),
     ("--max-ready-age", "DURATION", "wait of the oldest ready job (default 5m)"),

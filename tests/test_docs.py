@@ -164,6 +164,9 @@ RUN_BY: dict[str, str] = {
     "docs/least-privilege.md | Running sqla_jobs with least privilege | 1": (
         "test_the_grants_of_the_least_privilege_page_run"
     ),
+    "docs/least-privilege.md | Running sqla_jobs with least privilege | 2": (
+        "test_the_pages_monitoring_role_reads_health_and_stats_a_role_without_grants_is_told_so"
+    ),
     "docs/operations.md | Example session | 1": (
         "test_the_documented_commands_are_ones_the_tools_accept"
     ),

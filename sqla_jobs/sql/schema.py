@@ -132,6 +132,14 @@ def _not_ready(failed: str, exc: sa_exc.ProgrammingError) -> SchemaNotReadyError
         )
     if missing_function(exc):  # the archive probe: only revision 0022 makes functions
         return SchemaNotReadyError(PARTITIONED_MISSING)
+    if isinstance(exc.orig, psycopg.errors.InsufficientPrivilege):
+        # Not a schema behind the code: a role without the grants (a monitoring role
+        # given none but pg_read_all_stats said "a migration has not run").
+        return SchemaNotReadyError(
+            f"this role may not read sqla_jobs' tables ({exceptions.db_error_text(exc)}): "
+            "grant it what its work needs, as the least privilege page of the "
+            "documentation says (a role that only reads: SELECT on the queue's tables)"
+        )
     return SchemaNotReadyError(
         "the sqla_jobs tables are behind this code (a migration has not run); "
         f"{UPGRADE} ({exceptions.db_error_text(exc)})"

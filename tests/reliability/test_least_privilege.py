@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -190,3 +193,65 @@ def test_the_dml_role_archives_and_prunes_through_the_partition_functions(
         " JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'jobs_archive'::regclass",
     )
     assert owners == [("postgres",)]  # made by the functions, as their owner
+
+
+def _monitor_statements(db: str, role: str) -> list[str]:
+    """docs/least-privilege.md's monitoring role (its second sql block), for this test's
+    role and database: the GRANTs (the role itself is made by the test)."""
+    blocks = [b for b in docpages.blocks(DOCS) if b.language == "sql"]
+    statements = []
+    for statement in blocks[1].code.split(";"):
+        body = "\n".join(x for x in statement.splitlines() if not x.startswith("--")).strip()
+        if body.startswith("GRANT"):
+            statements.append(
+                body.replace("app_monitor", role).replace(
+                    "ON DATABASE app ", f'ON DATABASE "{db}" '
+                )
+            )
+    return statements
+
+
+def _cli(url: URL, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "DATABASE_URL": url.render_as_string(hide_password=False)}
+    return subprocess.run(
+        [sys.executable, "-m", "sqla_jobs", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_the_pages_monitoring_role_reads_health_and_stats_a_role_without_grants_is_told_so(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    setup_app(engine)
+    role, bare = (f"sqla_jobs_{name}_{uuid.uuid4().hex[:8]}" for name in ("mon", "bare"))
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f"CREATE ROLE {role} LOGIN")
+        conn.exec_driver_sql(f"CREATE ROLE {bare} LOGIN")
+        for statement in _monitor_statements(str(db_url.database), role):
+            conn.exec_driver_sql(statement)
+    try:
+        as_monitor = db_url.set(username=role)
+        for args in (("health", "--json"), ("stats",), ("list",), ("workers",), ("partitions",)):
+            done = _cli(as_monitor, *args)
+            assert done.returncode in (0, 1) if args[0] == "health" else done.returncode == 0, (
+                args,
+                done.stderr,
+            )
+            assert "permission denied" not in done.stderr, (args, done.stderr)
+        assert '"visibility"' not in _cli(as_monitor, "health", "--json").stdout
+        refused = _cli(db_url.set(username=bare), "stats")
+        assert refused.returncode == 2
+        assert "this role may not read sqla_jobs' tables (permission denied for" in refused.stderr
+        assert "a migration has not run" not in refused.stderr
+    finally:
+        with engine.begin() as conn:
+            for name in (role, bare):
+                conn.exec_driver_sql(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    f" WHERE usename = '{name}'"
+                )
+                conn.exec_driver_sql(f"DROP OWNED BY {name}")
+                conn.exec_driver_sql(f"DROP ROLE {name}")
