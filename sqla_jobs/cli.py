@@ -1130,11 +1130,11 @@ def _max_attempts(value: int | None, *, short: bool) -> str:
 
 def _cmd_result(session: Any, args: argparse.Namespace) -> int:
     from sqla_jobs import ops
-    from sqla_jobs.exceptions import JobNotDoneError, JobNotFoundError
+    from sqla_jobs.exceptions import JobNotDoneError
 
     try:
         value = ops.result(session, args.id)
-    except (JobNotFoundError, JobNotDoneError) as exc:
+    except JobNotDoneError as exc:  # a missing job: main's JobNotFoundError, the same exit
         print(f"sqla_jobs: error: {exc}", file=sys.stderr)
         return EXIT_NO_RESULT
     _print_json(value)
