@@ -333,14 +333,9 @@ def test_database_url_option_overrides_the_environment(engine: sa.Engine, db_url
         stop(proc)
 
 
-def test_a_connection_lost_while_recording_the_outcome_fails_the_job_after_its_give_backs(
-    engine: sa.Engine, db_url: URL
-) -> None:
-    """The worker's role has an idle_in_transaction_session_timeout shorter than the
-    handler: its session is closed while it sleeps, the done-mark finds the connection
-    lost. Given back MAX_LOST_GIVEBACKS times, then a failed attempt, not running for ever."""
-    from sqla_jobs.worker import _completer
-
+def _a_job_idle_past_the_databases_timeout(engine: sa.Engine, db_url: URL) -> int:
+    """A job whose handler reads, then sleeps 2 s with its transaction open, in a
+    database whose sessions are closed after 1 s idle in transaction."""
     setup_app_tables(engine)
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.exec_driver_sql(
@@ -349,6 +344,19 @@ def test_a_connection_lost_while_recording_the_outcome_fails_the_job_after_its_g
     with Session(engine) as s:
         job_id = enqueue(s, "read_then_idle", {"sleep": 2})
         s.commit()
+    assert job_id is not None
+    return job_id
+
+
+def test_a_connection_lost_while_recording_the_outcome_fails_the_job_after_its_give_backs(
+    engine: sa.Engine, db_url: URL
+) -> None:
+    """The worker's role has an idle_in_transaction_session_timeout shorter than the
+    handler: its session is closed while it sleeps, the done-mark finds the connection
+    lost. Given back MAX_LOST_GIVEBACKS times, then a failed attempt, not running for ever."""
+    from sqla_jobs.worker import _completer
+
+    job_id = _a_job_idle_past_the_databases_timeout(engine, db_url)
     proc = start_worker(db_url, "--poll-interval", "0.2")
     try:
         wait_for(
@@ -374,14 +382,7 @@ def test_a_worker_url_that_turns_the_idle_timeout_off_runs_a_handler_longer_than
 ) -> None:
     """The remedy Running for years gives when the app and the workers share a role:
     ``options=-c idle_in_transaction_session_timeout=0`` in the workers' URL."""
-    setup_app_tables(engine)
-    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.exec_driver_sql(
-            f'ALTER DATABASE "{db_url.database}" SET idle_in_transaction_session_timeout = 1000'
-        )
-    with Session(engine) as s:
-        job_id = enqueue(s, "read_then_idle", {"sleep": 2})
-        s.commit()
+    job_id = _a_job_idle_past_the_databases_timeout(engine, db_url)
     url = db_url.update_query_dict({"options": "-c idle_in_transaction_session_timeout=0"})
     proc = start_worker(url, "--poll-interval", "0.2")
     try:
