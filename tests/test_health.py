@@ -594,6 +594,20 @@ def test_an_active_transactions_advice_is_statement_timeout_and_an_idle_ones_the
     ) in idle.advice
 
 
+def _vacuumed_health(engine: sa.Engine, session: Session, *, live: int) -> Any:
+    """``VACUUM ANALYZE jobs``, then health (every size over its limit) once its
+    statistics count ``live`` rows in ``jobs``."""
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.exec_driver_sql("VACUUM ANALYZE jobs")
+
+    def counted() -> Any:
+        found = ops.health(session, max_jobs_table_bytes=0)
+        jobs = next(t for t in found.tables if t.name == "jobs")
+        return found if jobs.live_tuples == live else None
+
+    return wait_for(counted, message=f"the statistics counting {live:,} live rows")
+
+
 def test_a_big_jobs_table_is_told_to_archive_and_a_bloated_one_that_archiving_will_not_help(
     session: Session, engine: sa.Engine
 ) -> None:
@@ -603,15 +617,7 @@ def test_a_big_jobs_table_is_told_to_archive_and_a_bloated_one_that_archiving_wi
         "SELECT 'noop', jsonb_build_object('n', g, 'pad', repeat('x', 200)), 'done', now() "
         "FROM generate_series(1, 4000) AS g",
     )
-    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.exec_driver_sql("VACUUM ANALYZE jobs")
-
-    def table_size() -> Any:
-        found = ops.health(session, max_jobs_table_bytes=0)
-        jobs = next(t for t in found.tables if t.name == "jobs")
-        return found if jobs.live_tuples == 4000 else None
-
-    found = wait_for(table_size, message="the statistics counting 4,000 live rows")
+    found = _vacuumed_health(engine, session, live=4000)
     big = next(f for f in found.findings if f.check == "table_size")
     assert big.advice == (
         "move finished jobs out of the hot table: `sqla-jobs archive --older-than 1d` "
@@ -620,15 +626,7 @@ def test_a_big_jobs_table_is_told_to_archive_and_a_bloated_one_that_archiving_wi
     )
     # Most rows gone, spread over every page: the files keep their size.
     insert(engine, "DELETE FROM jobs WHERE id % 400 <> 0")
-    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.exec_driver_sql("VACUUM ANALYZE jobs")
-
-    def bloated() -> Any:
-        found = ops.health(session, max_jobs_table_bytes=0)
-        jobs = next(t for t in found.tables if t.name == "jobs")
-        return found if jobs.live_tuples == 10 else None
-
-    found = wait_for(bloated, message="the statistics counting 10 live rows")
+    found = _vacuumed_health(engine, session, live=10)
     finding = next(f for f in found.findings if f.check == "table_size")
     assert "it is bloated: its 10 live rows take about" in finding.advice
     assert "archiving will not shrink it" in finding.advice
